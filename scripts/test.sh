@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every nvshim test: unit tests, and end-to-end tests that start real containers with
+# runc (and the engines the tests name) on a simulated GPU host. Needs root (mknod, runc).
+# The same command runs in CI (.ci/run) and on a developer's machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: the end-to-end tests start containers and need root (try: sudo $0)" >&2
+  exit 1
+fi
+
+# The e2e tests run the built binaries of every workspace member (nvshim-runtime,
+# nvshim-hook, nvshim, the fake host builder), so build them all first.
+cargo build --workspace --all-targets
+cargo test --workspace -- "$@"

@@ -1,0 +1,202 @@
+//! The OCI bundle's `config.json`: read as a JSON document that keeps every field (including
+//! fields newer than oci-spec knows, in their original order), and written back atomically.
+//!
+//! NVIDIA's runtime decodes config.json into Go structs and truncates the file in place
+//! (nvidia-toolkit-behaviour.md §2.1 step 8): unknown fields are lost and a crash mid-write
+//! leaves a torn file. Here the document stays a `serde_json::Value` (with `preserve_order`),
+//! only the parts nvshim edits are touched, and the new file replaces the old one by `rename`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum BundleError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid JSON: {source}")]
+    Malformed {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path} is not an OCI runtime spec: {what}")]
+    NotASpec { path: PathBuf, what: &'static str },
+    #[error("cannot write {path}: {source} (the original config.json is unchanged)")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A loaded bundle: where it is and its config.json document.
+#[derive(Debug, Clone)]
+pub struct Bundle {
+    dir: PathBuf,
+    config_path: PathBuf,
+    /// The bytes as read, to decide the output layout and to detect "no change".
+    original: Vec<u8>,
+    pub spec: Value,
+}
+
+impl Bundle {
+    /// Loads `<dir>/config.json`. `dir` is used as given (runc resolves a relative bundle
+    /// against its cwd, and so do we, since we exec runc from the same cwd).
+    pub fn load(dir: &Path) -> Result<Bundle, BundleError> {
+        let config_path = dir.join("config.json");
+        let original = fs::read(&config_path).map_err(|source| BundleError::Read {
+            path: config_path.clone(),
+            source,
+        })?;
+        let spec: Value =
+            serde_json::from_slice(&original).map_err(|source| BundleError::Malformed {
+                path: config_path.clone(),
+                source,
+            })?;
+        if !spec.is_object() {
+            return Err(BundleError::NotASpec {
+                path: config_path,
+                what: "the top level is not an object",
+            });
+        }
+        if let Some(process) = spec.get("process") {
+            if !process.is_object() {
+                return Err(BundleError::NotASpec {
+                    path: config_path,
+                    what: "\"process\" is not an object",
+                });
+            }
+            if let Some(env) = process.get("env") {
+                let ok = env
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|v| v.is_string()));
+                if !ok {
+                    return Err(BundleError::NotASpec {
+                        path: config_path,
+                        what: "\"process.env\" is not a list of strings",
+                    });
+                }
+            }
+        }
+        Ok(Bundle {
+            dir: dir.to_path_buf(),
+            config_path,
+            original,
+            spec,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Serialises the document in the layout the original used (pretty if it had newlines).
+    pub fn render(&self) -> Vec<u8> {
+        let pretty = self.original.contains(&b'\n');
+        // Serialising a Value cannot fail: keys are strings and numbers are finite.
+        let mut out = if pretty {
+            serde_json::to_vec_pretty(&self.spec).unwrap_or_default()
+        } else {
+            serde_json::to_vec(&self.spec).unwrap_or_default()
+        };
+        if pretty {
+            out.push(b'\n');
+        }
+        out
+    }
+
+    /// Writes config.json atomically: a temporary file in the bundle directory, fsync, rename
+    /// over config.json, fsync of the directory. On any error the temporary file is removed and
+    /// the original is untouched.
+    pub fn save(&self) -> Result<(), BundleError> {
+        let bytes = self.render();
+        let err = |source| BundleError::Write {
+            path: self.config_path.clone(),
+            source,
+        };
+        let mode = fs::metadata(&self.config_path)
+            .map(|m| m.permissions().mode() & 0o7777)
+            .unwrap_or(0o644);
+        let tmp = self
+            .dir
+            .join(format!(".config.json.nvshim-{}", std::process::id()));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &self.config_path)?;
+            // Make the rename itself durable.
+            File::open(&self.dir)?.sync_all()
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result.map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_json_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("config.json"), b"{\"process\": ").unwrap();
+        let err = Bundle::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("config.json is not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn env_must_be_strings() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("config.json"),
+            br#"{"process":{"env":[1]}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            Bundle::load(dir.path()),
+            Err(BundleError::NotASpec { .. })
+        ));
+    }
+
+    #[test]
+    fn round_trip_keeps_unknown_fields_and_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"ociVersion":"1.2.0","zzzFuture":{"b":1,"a":[1,2]},"process":{"env":[],"newField":true},"linux":{"netDevices":{"eth0":{"name":"x"}}}}"#;
+        fs::write(dir.path().join("config.json"), text).unwrap();
+        let b = Bundle::load(dir.path()).unwrap();
+        b.save().unwrap();
+        assert_eq!(fs::read_to_string(dir.path().join("config.json")).unwrap(), text);
+    }
+
+    #[test]
+    fn failed_save_leaves_original() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        fs::write(&path, b"{}").unwrap();
+        let mut b = Bundle::load(dir.path()).unwrap();
+        b.spec["x"] = Value::from(1);
+        // A directory where the temp file would go makes the create fail.
+        fs::create_dir(dir.path().join(format!(".config.json.nvshim-{}", std::process::id())))
+            .unwrap();
+        assert!(b.save().is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"{}");
+    }
+}

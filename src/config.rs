@@ -1,0 +1,205 @@
+//! nvshim's configuration file: TOML at `$NVSHIM_CONFIG`, else `/etc/nvshim/config.toml`.
+//!
+//! A missing file means defaults; a file that does not parse, or has a key nvshim does not know,
+//! is an error that names the file (a typo in a security knob must not pass silently).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Environment variable naming the config file.
+pub const CONFIG_ENV: &str = "NVSHIM_CONFIG";
+/// Where the config lives when `$NVSHIM_CONFIG` is not set.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/nvshim/config.toml";
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read nvshim config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid nvshim config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+/// How requests are turned into edits (see the CDI issue): `auto` uses CDI when every request is
+/// a fully qualified CDI name, `legacy` always resolves against the host, `cdi` always uses specs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Auto,
+    Legacy,
+    Cdi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_tracing(self) -> tracing::Level {
+        match self {
+            LogLevel::Error => tracing::Level::ERROR,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Trace => tracing::Level::TRACE,
+        }
+    }
+}
+
+/// The whole configuration, resolved once at start and passed down. Library code never reads
+/// the process environment.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// Low-level runtimes to try, in order: names looked up on PATH, or absolute paths.
+    pub low_level_runtimes: Vec<String>,
+    /// Where driver libraries, binaries and the host's `etc/ld.so.cache` are found.
+    pub driver_root: PathBuf,
+    /// Device nodes are `<dev-root>/dev/nvidia*`.
+    pub dev_root: PathBuf,
+    /// `devices`, `driver/nvidia/version`, `driver/nvidia/gpus/<bus>/information`.
+    pub proc_root: PathBuf,
+    /// Where nvshim logs (never stdout: it may be the container's console).
+    pub log_file: Option<PathBuf>,
+    pub log_level: LogLevel,
+    /// Honour `NVIDIA_VISIBLE_DEVICES` in containers without `CAP_SYS_ADMIN`.
+    pub accept_envvar_unprivileged: bool,
+    /// Honour `/var/run/nvidia-container-devices/<id>` volume-mount requests.
+    pub accept_volume_mounts: bool,
+    /// The `nvshim-hook` binary written into hooks; default: next to the running executable,
+    /// else `/usr/bin/nvshim-hook`.
+    pub hook_path: Option<PathBuf>,
+    pub mode: Mode,
+    /// CDI spec directories, lowest priority first.
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Annotation key prefixes read as CDI device requests.
+    pub cdi_annotation_prefixes: Vec<String>,
+    /// Kind used for unqualified device names in `cdi` mode.
+    pub cdi_default_kind: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            low_level_runtimes: vec!["runc".into(), "crun".into()],
+            driver_root: PathBuf::from("/"),
+            dev_root: PathBuf::from("/"),
+            proc_root: PathBuf::from("/proc"),
+            log_file: None,
+            log_level: LogLevel::Info,
+            accept_envvar_unprivileged: true,
+            accept_volume_mounts: false,
+            hook_path: None,
+            mode: Mode::Auto,
+            cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+            cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
+            cdi_default_kind: "nvidia.com/gpu".into(),
+        }
+    }
+}
+
+impl Config {
+    /// The config path: `$NVSHIM_CONFIG` (passed in by the binary) or the default.
+    pub fn path_from_env(env_value: Option<std::ffi::OsString>) -> PathBuf {
+        env_value
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+    }
+
+    /// Loads `path`; a missing file means defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(path, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
+        }
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_file_is_defaults() {
+        let cfg = Config::load(Path::new("/nonexistent/nvshim.toml")).unwrap();
+        assert_eq!(cfg, Config::default());
+    }
+
+    #[test]
+    fn keys_parse() {
+        let cfg = Config::parse(
+            Path::new("c.toml"),
+            r#"
+            low-level-runtimes = ["/usr/bin/crun"]
+            driver-root = "/run/nvidia/driver"
+            dev-root = "/"
+            proc-root = "/host/proc"
+            log-file = "/var/log/nvshim.log"
+            log-level = "debug"
+            accept-envvar-unprivileged = false
+            mode = "cdi"
+            cdi-spec-dirs = ["/etc/cdi"]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.low_level_runtimes, vec!["/usr/bin/crun"]);
+        assert_eq!(cfg.driver_root, PathBuf::from("/run/nvidia/driver"));
+        assert_eq!(cfg.proc_root, PathBuf::from("/host/proc"));
+        assert_eq!(cfg.log_level, LogLevel::Debug);
+        assert!(!cfg.accept_envvar_unprivileged);
+        assert_eq!(cfg.mode, Mode::Cdi);
+        assert_eq!(
+            cfg.cdi_annotation_prefixes,
+            Config::default().cdi_annotation_prefixes
+        );
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_key() {
+        let err = Config::parse(Path::new("/etc/nvshim/config.toml"), "driver-rot = \"/\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/etc/nvshim/config.toml"), "{err}");
+        assert!(err.contains("driver-rot"), "{err}");
+    }
+
+    #[test]
+    fn env_path_precedence() {
+        assert_eq!(
+            Config::path_from_env(Some("/tmp/x.toml".into())),
+            PathBuf::from("/tmp/x.toml")
+        );
+        assert_eq!(
+            Config::path_from_env(None),
+            PathBuf::from(DEFAULT_CONFIG_PATH)
+        );
+        assert_eq!(
+            Config::path_from_env(Some("".into())),
+            PathBuf::from(DEFAULT_CONFIG_PATH)
+        );
+    }
+}

@@ -1,0 +1,594 @@
+//! One model of container edits, CDI's `containerEdits`, and the one function that applies
+//! them to a config.json document.
+//!
+//! Legacy `NVIDIA_VISIBLE_DEVICES` requests are resolved against the host into this model
+//! (`legacy`), CDI devices come from spec files in the same shape (`cdi`), and [`apply`] writes
+//! either into the bundle. The serde shape is CDI's (cdi-conformance.md §2.1), so a spec's
+//! `containerEdits` deserialises straight into [`ContainerEdits`].
+//!
+//! [`apply`] follows the CDI reference library (cdi-conformance.md §5.2: env, device nodes with
+//! cgroup rules, net devices, mounts then a depth sort, hooks, intelRdt, additional gids) over a
+//! `serde_json::Value`, so every field nvshim does not edit survives, including fields newer
+//! than oci-spec knows. New entries are built through oci-spec's typed structs. One deliberate
+//! difference: applying the same edits twice changes nothing the second time (an existing
+//! device or mount with the same container path is replaced in place rather than moved to the
+//! end, and identical cgroup rules and hooks are not appended again), because runtimes do call
+//! `create` twice on one bundle (a retried create, a legacy hook after the shim).
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path};
+
+use oci_spec::runtime::{
+    HookBuilder, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EditError {
+    #[error("failed to stat host device {host_path:?} for {path}: {source}")]
+    StatDevice {
+        path: String,
+        host_path: String,
+        source: std::io::Error,
+    },
+    #[error("host device {host_path:?} for {path} is not a device node")]
+    NotADevice { path: String, host_path: String },
+    #[error("device {path} declares type {declared:?} but host {host_path:?} is type {host:?}")]
+    TypeMismatch {
+        path: String,
+        host_path: String,
+        declared: String,
+        host: String,
+    },
+    #[error("invalid device type {kind:?} for {path} (expected b, c, u or p)")]
+    BadDeviceType { path: String, kind: String },
+    #[error("unknown hook name {0:?}")]
+    UnknownHook(String),
+    #[error("config.json field {0} has an unexpected type")]
+    SpecShape(&'static str),
+    #[error("cannot build {what}: {message}")]
+    Build { what: &'static str, message: String },
+}
+
+/// CDI `containerEdits`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerEdits {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub net_devices: Vec<NetDevice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intel_rdt: Option<IntelRdt>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub additional_gids: Vec<u32>,
+}
+
+/// CDI `deviceNodes` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceNode {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_mode: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+}
+
+/// CDI `netDevices` entry (CDI 1.1.0).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetDevice {
+    pub host_interface_name: String,
+    pub name: String,
+}
+
+/// CDI `mounts` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// CDI `hooks` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hook {
+    pub hook_name: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<i64>,
+}
+
+/// CDI `intelRdt`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IntelRdt {
+    #[serde(default, rename = "closID", skip_serializing_if = "Option::is_none")]
+    pub clos_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l3_cache_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_bw_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schemata: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_monitoring: Option<bool>,
+}
+
+/// The OCI hook lists a CDI `hookName` may name.
+pub const HOOK_NAMES: &[&str] = &[
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
+
+impl ContainerEdits {
+    /// Appends `other` (CDI `Append`: lists concatenated, intelRdt replaced by the last one).
+    pub fn append(&mut self, other: &ContainerEdits) {
+        self.env.extend(other.env.iter().cloned());
+        self.device_nodes.extend(other.device_nodes.iter().cloned());
+        self.net_devices.extend(other.net_devices.iter().cloned());
+        self.hooks.extend(other.hooks.iter().cloned());
+        self.mounts.extend(other.mounts.iter().cloned());
+        if other.intel_rdt.is_some() {
+            self.intel_rdt = other.intel_rdt.clone();
+        }
+        self.additional_gids
+            .extend(other.additional_gids.iter().copied());
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == ContainerEdits::default()
+    }
+}
+
+/// Gets `obj[key]` as an object, creating it if missing.
+fn object_at<'a>(
+    obj: &'a mut Map<String, Value>,
+    key: &str,
+    name: &'static str,
+) -> Result<&'a mut Map<String, Value>, EditError> {
+    obj.entry(key)
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+        .ok_or(EditError::SpecShape(name))
+}
+
+/// Gets `obj[key]` as an array, creating it if missing.
+fn array_at<'a>(
+    obj: &'a mut Map<String, Value>,
+    key: &str,
+    name: &'static str,
+) -> Result<&'a mut Vec<Value>, EditError> {
+    obj.entry(key)
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or(EditError::SpecShape(name))
+}
+
+fn to_value<T: Serialize>(v: &T, what: &'static str) -> Result<Value, EditError> {
+    serde_json::to_value(v).map_err(|e| EditError::Build {
+        what,
+        message: e.to_string(),
+    })
+}
+
+/// Number of path components of a cleaned destination (the CDI mount sort key).
+fn depth(destination: &str) -> usize {
+    Path::new(destination)
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .count()
+}
+
+/// Fills type, major, minor and mode of a device node from its host node (CDI
+/// `fillMissingInfo`, cdi-conformance.md §5.4): `lstat`, symlinks not followed.
+fn fill_device(d: &DeviceNode) -> Result<DeviceNode, EditError> {
+    let mut d = d.clone();
+    let host_path = d.host_path.clone().unwrap_or_else(|| d.path.clone());
+    let kind = d.kind.clone().unwrap_or_default();
+    let minimal = !kind.is_empty() && (d.major.unwrap_or(0) != 0 || kind == "p");
+    let meta = match std::fs::symlink_metadata(&host_path) {
+        Ok(m) => m,
+        Err(_) if minimal => return Ok(d),
+        Err(source) => {
+            return Err(EditError::StatDevice {
+                path: d.path.clone(),
+                host_path,
+                source,
+            })
+        }
+    };
+    let ft = meta.file_type();
+    let host_kind = if ft.is_block_device() {
+        "b"
+    } else if ft.is_char_device() {
+        "c"
+    } else if ft.is_fifo() {
+        "p"
+    } else {
+        return Err(EditError::NotADevice {
+            path: d.path.clone(),
+            host_path,
+        });
+    };
+    if d.file_mode.is_none() {
+        d.file_mode = Some(meta.mode() & 0o7777);
+    }
+    if minimal {
+        return Ok(d);
+    }
+    if kind.is_empty() {
+        d.kind = Some(host_kind.to_string());
+    } else if kind != host_kind {
+        return Err(EditError::TypeMismatch {
+            path: d.path.clone(),
+            host_path,
+            declared: kind,
+            host: host_kind.into(),
+        });
+    }
+    if host_kind == "p" {
+        return Ok(d);
+    }
+    if d.major.unwrap_or(0) == 0 {
+        let rdev = meta.rdev();
+        d.major = Some(nix::sys::stat::major(rdev) as i64);
+        d.minor = Some(nix::sys::stat::minor(rdev) as i64);
+    }
+    Ok(d)
+}
+
+fn device_type(path: &str, kind: &str) -> Result<LinuxDeviceType, EditError> {
+    Ok(match kind {
+        "b" => LinuxDeviceType::B,
+        "c" => LinuxDeviceType::C,
+        "u" => LinuxDeviceType::U,
+        "p" => LinuxDeviceType::P,
+        _ => {
+            return Err(EditError::BadDeviceType {
+                path: path.into(),
+                kind: kind.into(),
+            })
+        }
+    })
+}
+
+fn build_err(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> EditError {
+    move |e| EditError::Build {
+        what,
+        message: e.to_string(),
+    }
+}
+
+/// Applies `edits` to the config.json document. Validation of the edits (CDI rules) happens
+/// before; host device nodes are stat'ed here. Nothing is written to disk.
+pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> {
+    if edits.is_empty() {
+        return Ok(());
+    }
+    // Resolve everything that can fail on the host first, so a failure leaves `spec` unchanged.
+    let devices: Vec<DeviceNode> = edits
+        .device_nodes
+        .iter()
+        .map(fill_device)
+        .collect::<Result<_, _>>()?;
+    for h in &edits.hooks {
+        if !HOOK_NAMES.contains(&h.hook_name.as_str()) {
+            return Err(EditError::UnknownHook(h.hook_name.clone()));
+        }
+    }
+    let root = spec.as_object_mut().ok_or(EditError::SpecShape("(root)"))?;
+    let process_user = |root: &Map<String, Value>, key: &str| {
+        root.get("process")
+            .and_then(|p| p.get("user"))
+            .and_then(|u| u.get(key))
+            .and_then(Value::as_u64)
+            .filter(|v| *v > 0)
+            .map(|v| v as u32)
+    };
+    let (user_uid, user_gid) = (process_user(root, "uid"), process_user(root, "gid"));
+
+    // env: replace by key in place, else append (CDI HEAD semantics, cdi-conformance.md §5.3).
+    if !edits.env.is_empty() {
+        let process = object_at(root, "process", "process")?;
+        let env = array_at(process, "env", "process.env")?;
+        for entry in &edits.env {
+            let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
+            let existing = env.iter_mut().find(|v| {
+                v.as_str()
+                    .and_then(|s| s.split_once('='))
+                    .is_some_and(|(k, _)| k == key)
+            });
+            match existing {
+                Some(slot) => *slot = Value::String(entry.clone()),
+                None => env.push(Value::String(entry.clone())),
+            }
+        }
+    }
+
+    // Device nodes and their cgroup rules.
+    if !devices.is_empty() {
+        let linux = object_at(root, "linux", "linux")?;
+        for d in &devices {
+            let kind = d.kind.clone().unwrap_or_default();
+            let typ = device_type(&d.path, &kind)?;
+            let mut b = LinuxDeviceBuilder::default()
+                .path(d.path.clone())
+                .typ(typ)
+                .major(d.major.unwrap_or(0))
+                .minor(d.minor.unwrap_or(0));
+            if let Some(m) = d.file_mode {
+                b = b.file_mode(m);
+            }
+            if let Some(uid) = d.uid.or(user_uid) {
+                b = b.uid(uid);
+            }
+            if let Some(gid) = d.gid.or(user_gid) {
+                b = b.gid(gid);
+            }
+            let dev = to_value(&b.build().map_err(build_err("device"))?, "device")?;
+            let list = array_at(linux, "devices", "linux.devices")?;
+            match list
+                .iter_mut()
+                .find(|v| v.get("path").and_then(Value::as_str) == Some(d.path.as_str()))
+            {
+                Some(slot) => *slot = dev,
+                None => list.push(dev),
+            }
+            if matches!(typ, LinuxDeviceType::B | LinuxDeviceType::C) {
+                let access = match d.permissions.as_deref() {
+                    None | Some("") => "rwm",
+                    Some("none") => "",
+                    Some(p) => p,
+                };
+                let rule = LinuxDeviceCgroupBuilder::default()
+                    .allow(true)
+                    .typ(typ)
+                    .major(d.major.unwrap_or(0))
+                    .minor(d.minor.unwrap_or(0))
+                    .access(access)
+                    .build()
+                    .map_err(build_err("device cgroup rule"))?;
+                let rule = to_value(&rule, "device cgroup rule")?;
+                let resources = object_at(linux, "resources", "linux.resources")?;
+                let rules = array_at(resources, "devices", "linux.resources.devices")?;
+                if !rules.contains(&rule) {
+                    rules.push(rule);
+                }
+            }
+        }
+    }
+
+    // Net devices: a map keyed by host interface name, last wins.
+    if !edits.net_devices.is_empty() {
+        let linux = object_at(root, "linux", "linux")?;
+        let net = object_at(linux, "netDevices", "linux.netDevices")?;
+        for n in &edits.net_devices {
+            let mut entry = Map::new();
+            entry.insert("name".into(), Value::String(n.name.clone()));
+            net.insert(n.host_interface_name.clone(), Value::Object(entry));
+        }
+    }
+
+    // Mounts: same destination replaced, else appended; then a stable sort by depth.
+    if !edits.mounts.is_empty() {
+        let mounts = array_at(root, "mounts", "mounts")?;
+        for m in &edits.mounts {
+            let mut b = MountBuilder::default()
+                .destination(&m.container_path)
+                .source(&m.host_path);
+            if let Some(t) = &m.kind {
+                b = b.typ(t.clone());
+            }
+            if !m.options.is_empty() {
+                b = b.options(m.options.clone());
+            }
+            let mount = to_value(&b.build().map_err(build_err("mount"))?, "mount")?;
+            match mounts.iter_mut().find(|v| {
+                v.get("destination").and_then(Value::as_str) == Some(m.container_path.as_str())
+            }) {
+                Some(slot) => *slot = mount,
+                None => mounts.push(mount),
+            }
+        }
+        mounts.sort_by_key(|v| depth(v.get("destination").and_then(Value::as_str).unwrap_or("")));
+    }
+
+    // Hooks: appended to the named list unless an identical one is there.
+    if !edits.hooks.is_empty() {
+        let hooks = object_at(root, "hooks", "hooks")?;
+        for h in &edits.hooks {
+            let mut b = HookBuilder::default().path(&h.path);
+            if !h.args.is_empty() {
+                b = b.args(h.args.clone());
+            }
+            if let Some(env) = &h.env {
+                b = b.env(env.clone());
+            }
+            if let Some(t) = h.timeout {
+                b = b.timeout(t);
+            }
+            let hook = to_value(&b.build().map_err(build_err("hook"))?, "hook")?;
+            let list = array_at(hooks, &h.hook_name, "hooks")?;
+            if !list.contains(&hook) {
+                list.push(hook);
+            }
+        }
+    }
+
+    if let Some(rdt) = &edits.intel_rdt {
+        let linux = object_at(root, "linux", "linux")?;
+        linux.insert("intelRdt".into(), to_value(rdt, "intelRdt")?);
+    }
+
+    // Additional gids: 0 and duplicates skipped.
+    if !edits.additional_gids.is_empty() {
+        let process = object_at(root, "process", "process")?;
+        let user = object_at(process, "user", "process.user")?;
+        let gids = array_at(user, "additionalGids", "process.user.additionalGids")?;
+        for g in &edits.additional_gids {
+            let v = Value::from(*g);
+            if *g != 0 && !gids.contains(&v) {
+                gids.push(v);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn null_device() -> DeviceNode {
+        DeviceNode {
+            path: "/dev/null".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn device_from_host_with_cgroup_rule() {
+        let mut spec = json!({"linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}});
+        let edits = ContainerEdits {
+            device_nodes: vec![null_device()],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(
+            spec["linux"]["devices"],
+            json!([{"path": "/dev/null", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666}])
+        );
+        assert_eq!(
+            spec["linux"]["resources"]["devices"],
+            json!([{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}])
+        );
+    }
+
+    #[test]
+    fn applying_twice_changes_nothing() {
+        let mut spec = json!({"process": {"env": ["A=1"]}, "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]});
+        let edits = ContainerEdits {
+            env: vec!["B=2".into()],
+            device_nodes: vec![null_device()],
+            mounts: vec![Mount {
+                host_path: "/usr/lib/libcuda.so.1".into(),
+                container_path: "/usr/lib/libcuda.so.1".into(),
+                kind: Some("bind".into()),
+                options: vec!["ro".into(), "rbind".into()],
+            }],
+            hooks: vec![Hook {
+                hook_name: "createContainer".into(),
+                path: "/usr/bin/nvshim-hook".into(),
+                args: vec!["nvshim-hook".into(), "update-ldcache".into()],
+                env: Some(vec!["PATH=/usr/bin".into()]),
+                timeout: None,
+            }],
+            additional_gids: vec![0, 44],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let once = spec.clone();
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(spec, once);
+        assert_eq!(once["process"]["user"]["additionalGids"], json!([44]));
+    }
+
+    #[test]
+    fn env_replaces_by_key() {
+        let mut spec = json!({"process": {"env": ["FOO=old", "BAR=old"]}});
+        let edits = ContainerEdits {
+            env: vec!["FOO=new".into(), "NEW=1".into()],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(spec["process"]["env"], json!(["FOO=new", "BAR=old", "NEW=1"]));
+    }
+
+    #[test]
+    fn mounts_sorted_by_depth_stably() {
+        let mut spec = json!({"mounts": [{"destination": "/dest/path/b"}, {"destination": "/a"}]});
+        let edits = ContainerEdits {
+            mounts: vec![Mount {
+                host_path: "/h".into(),
+                container_path: "/dest/edit".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let order: Vec<&str> = spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(order, ["/a", "/dest/edit", "/dest/path/b"]);
+    }
+
+    #[test]
+    fn failure_leaves_spec_unchanged() {
+        let mut spec = json!({"process": {"env": ["A=1"]}});
+        let before = spec.clone();
+        let edits = ContainerEdits {
+            env: vec!["B=2".into()],
+            device_nodes: vec![DeviceNode {
+                path: "/dev/nope".into(),
+                host_path: Some("/nonexistent/dev/nope".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let err = apply(&mut spec, &edits).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/dev/nope"), "{err}");
+        assert_eq!(spec, before);
+    }
+
+    #[test]
+    fn unknown_fields_survive() {
+        let mut spec = json!({"future": {"x": 1}, "linux": {"newThing": [1], "devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229, "vendorExt": true}]}});
+        let edits = ContainerEdits {
+            device_nodes: vec![null_device()],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(spec["future"], json!({"x": 1}));
+        assert_eq!(spec["linux"]["newThing"], json!([1]));
+        assert_eq!(spec["linux"]["devices"][0]["vendorExt"], json!(true));
+    }
+}

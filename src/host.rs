@@ -1,0 +1,484 @@
+//! A read-only view of the GPU host under the three roots (`driver-root`, `dev-root`,
+//! `proc-root`): driver version, GPUs, device majors, device nodes, libraries and binaries.
+//!
+//! Everything here reads files only. NVML is never loaded on this path: `/proc` already says
+//! which GPUs exist (`driver/nvidia/gpus/<bus>/information`, written by the kernel module),
+//! which is what keeps `create` fast on many-GPU nodes (field-lessons.md §1).
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+
+use nvshim_hook::ldcache::LdCache;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum HostError {
+    #[error("cannot read {path}: {source} (is the NVIDIA driver loaded?)")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("no NVIDIA character device major in {path} (expected a line like \"195 nvidia\")")]
+    NoNvidiaMajor { path: PathBuf },
+    #[error("host ld.so.cache {path}: {source}")]
+    LdCache {
+        path: PathBuf,
+        source: nvshim_hook::ldcache::LdCacheError,
+    },
+}
+
+/// The three roots that locate the host. Tests point them at a simulated host directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoots {
+    pub driver_root: PathBuf,
+    pub dev_root: PathBuf,
+    pub proc_root: PathBuf,
+}
+
+/// One GPU as the kernel module reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Position in PCI bus order, as nvidia-smi and CUDA (with `CUDA_DEVICE_ORDER=PCI_BUS_ID`)
+    /// number GPUs.
+    pub index: usize,
+    /// `/dev/nvidia<minor>`.
+    pub minor: u32,
+    pub uuid: String,
+    /// Normalised `dddd:bb:dd.f`, lower case.
+    pub bus_id: String,
+    pub model: String,
+}
+
+/// Character device majors from `/proc/devices`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceMajors {
+    /// `nvidia` (`nvidia-frontend` before driver 550): GPUs, nvidiactl (255), modeset (254).
+    pub nvidia: u32,
+    pub nvidia_uvm: Option<u32>,
+    pub nvidia_caps: Option<u32>,
+    pub nvidia_caps_imex_channels: Option<u32>,
+}
+
+/// A device node found on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostDeviceNode {
+    /// Path in the container, e.g. `/dev/nvidia0`.
+    pub container_path: String,
+    /// Path on the host (under dev-root).
+    pub host_path: PathBuf,
+    pub kind: char,
+    pub major: u32,
+    pub minor: u32,
+    pub file_mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A file under the driver root and where it goes in the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFile {
+    pub host_path: PathBuf,
+    pub container_path: String,
+}
+
+/// A driver library: the versioned file to mount, and the SONAME link the dynamic linker uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverLibrary {
+    pub file: HostFile,
+    /// E.g. `libcuda.so.1`, from the host's ld.so.cache.
+    pub soname: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Host {
+    roots: HostRoots,
+}
+
+/// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
+/// The paths come from the host's own files (ld.so.cache, the driver's /proc), never from a
+/// container.
+pub fn under_root(root: &Path, abs: &str) -> PathBuf {
+    root.join(abs.trim_start_matches('/'))
+}
+
+fn read(path: &Path) -> Result<String, HostError> {
+    fs::read_to_string(path).map_err(|source| HostError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Normalises a PCI bus id: `1B:00.0`, `0000:1b:00.0`, `00000000:1b:00.0` → `0000:1b:00.0`.
+pub fn normalize_bus_id(id: &str) -> Option<String> {
+    let id = id.trim().to_ascii_lowercase();
+    let (domain, rest) = match id.matches(':').count() {
+        1 => ("0", id.as_str()),
+        2 => id.split_once(':')?,
+        _ => return None,
+    };
+    let (bus, devfn) = rest.split_once(':')?;
+    let (dev, func) = devfn.split_once('.')?;
+    let hex = |s: &str, max: u32| u32::from_str_radix(s, 16).ok().filter(|v| *v <= max);
+    let domain = hex(domain, 0xffff_ffff)?;
+    let bus = hex(bus, 0xff)?;
+    let dev = hex(dev, 0x1f)?;
+    let func = hex(func, 0x7)?;
+    Some(format!("{:04x}:{bus:02x}:{dev:02x}.{func:x}", domain & 0xffff))
+}
+
+impl Host {
+    pub fn new(roots: HostRoots) -> Host {
+        Host { roots }
+    }
+
+    pub fn roots(&self) -> &HostRoots {
+        &self.roots
+    }
+
+    /// `proc/driver/nvidia/version`: `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06 ...`.
+    pub fn driver_version(&self) -> Result<String, HostError> {
+        let path = self.roots.proc_root.join("driver/nvidia/version");
+        let text = read(&path)?;
+        let line = text.lines().find(|l| l.starts_with("NVRM version:"));
+        line.and_then(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "Module")?;
+            words.get(at + 1).map(|v| v.to_string())
+        })
+        .ok_or_else(|| HostError::Parse {
+            path,
+            message: "no \"NVRM version: ... Kernel Module <version>\" line".into(),
+        })
+    }
+
+    /// The GPUs under `proc/driver/nvidia/gpus/*/information`, in PCI bus order.
+    pub fn gpus(&self) -> Result<Vec<Gpu>, HostError> {
+        let dir = self.roots.proc_root.join("driver/nvidia/gpus");
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            // No GPU directory: the driver is loaded but sees no GPU (or is not loaded; the
+            // version file says which).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(HostError::Read { path: dir, source }),
+        };
+        let mut gpus = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| HostError::Read {
+                path: dir.clone(),
+                source,
+            })?;
+            let path = entry.path().join("information");
+            gpus.push(parse_information(&path, &read(&path)?)?);
+        }
+        gpus.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+        for (i, g) in gpus.iter_mut().enumerate() {
+            g.index = i;
+        }
+        Ok(gpus)
+    }
+
+    /// Majors from `proc/devices` (character section).
+    pub fn device_majors(&self) -> Result<DeviceMajors, HostError> {
+        let path = self.roots.proc_root.join("devices");
+        parse_devices(&read(&path)?).ok_or(HostError::NoNvidiaMajor { path })
+    }
+
+    /// Stats `<dev-root>/dev/<name>` (no symlink following). `None` when it does not exist or
+    /// is not a device node.
+    pub fn device_node(&self, name: &str) -> Option<HostDeviceNode> {
+        let host_path = self.roots.dev_root.join("dev").join(name);
+        let meta = fs::symlink_metadata(&host_path).ok()?;
+        let ft = meta.file_type();
+        let kind = if ft.is_char_device() {
+            'c'
+        } else if ft.is_block_device() {
+            'b'
+        } else {
+            return None;
+        };
+        let rdev = meta.rdev();
+        Some(HostDeviceNode {
+            container_path: format!("/dev/{name}"),
+            host_path,
+            kind,
+            major: nix::sys::stat::major(rdev) as u32,
+            minor: nix::sys::stat::minor(rdev) as u32,
+            file_mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+        })
+    }
+
+    /// The host's ld.so.cache under the driver root.
+    pub fn ld_cache(&self) -> Result<LdCache, HostError> {
+        let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
+        let bytes = fs::read(&path).map_err(|source| HostError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        LdCache::parse(&bytes).map_err(|source| HostError::LdCache { path, source })
+    }
+
+    /// Finds driver libraries by base name (`libcuda.so`) through the host's ld.so.cache, as
+    /// libnvidia-container does (src/nvc_info.c `find_library_paths`): each 64-bit entry whose
+    /// name is `<base>.<n>` is followed (inside the driver root) to its file, which must end in
+    /// the driver version. Missing libraries are skipped: not every driver ships every one.
+    pub fn driver_libraries(
+        &self,
+        cache: &LdCache,
+        bases: &[&str],
+        driver_version: &str,
+    ) -> Vec<DriverLibrary> {
+        let mut found: Vec<DriverLibrary> = Vec::new();
+        for base in bases {
+            let prefix = format!("{base}.");
+            for e in cache.entries.iter().filter(|e| e.is_64bit()) {
+                if !e.name.starts_with(&prefix) {
+                    continue;
+                }
+                let Some(file) = self.resolve_in_driver_root(&e.path) else {
+                    continue;
+                };
+                if !file.ends_with(&format!(".so.{driver_version}")) {
+                    continue;
+                }
+                if found.iter().any(|l| l.file.container_path == file) {
+                    continue;
+                }
+                found.push(DriverLibrary {
+                    file: HostFile {
+                        host_path: under_root(&self.roots.driver_root, &file),
+                        container_path: file,
+                    },
+                    soname: e.name.clone(),
+                });
+            }
+        }
+        found
+    }
+
+    /// Follows symlinks of an in-root absolute path without leaving the root; returns the final
+    /// in-root path of a regular file.
+    fn resolve_in_driver_root(&self, abs: &str) -> Option<String> {
+        let mut current = PathBuf::from(abs);
+        for _ in 0..16 {
+            let host = under_root(&self.roots.driver_root, current.to_str()?);
+            let meta = fs::symlink_metadata(&host).ok()?;
+            if meta.file_type().is_symlink() {
+                let target = fs::read_link(&host).ok()?;
+                let next = if target.is_absolute() {
+                    target
+                } else {
+                    current.parent()?.join(target)
+                };
+                current = clean(&next);
+                continue;
+            }
+            return meta.is_file().then(|| current.to_string_lossy().into_owned());
+        }
+        None
+    }
+
+    /// Finds driver binaries under the driver root's standard bin directories.
+    pub fn binaries(&self, names: &[&str]) -> Vec<HostFile> {
+        const DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
+        let mut out = Vec::new();
+        for name in names {
+            for dir in DIRS {
+                let container_path = format!("{dir}/{name}");
+                let host_path = under_root(&self.roots.driver_root, &container_path);
+                if fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
+                    out.push(HostFile {
+                        host_path,
+                        container_path,
+                    });
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The CUDA version a driver supports, from its branch (the major of the driver version),
+/// without loading libcuda: NVIDIA's CUDA toolkit release notes, "CUDA Toolkit and
+/// Corresponding Driver Versions" (the version nvidia-smi prints as "CUDA Version"). A branch
+/// newer than the table reports the newest known version, which only under-states it.
+pub fn cuda_version_for_driver(driver_version: &str) -> Option<&'static str> {
+    const TABLE: &[(u64, &str)] = &[
+        (590, "13.1"),
+        (580, "13.0"),
+        (575, "12.9"),
+        (570, "12.8"),
+        (565, "12.7"),
+        (560, "12.6"),
+        (555, "12.5"),
+        (550, "12.4"),
+        (545, "12.3"),
+        (535, "12.2"),
+        (530, "12.1"),
+        (525, "12.0"),
+        (520, "11.8"),
+        (515, "11.7"),
+        (510, "11.6"),
+        (495, "11.5"),
+        (470, "11.4"),
+        (465, "11.3"),
+        (460, "11.2"),
+        (455, "11.1"),
+        (450, "11.0"),
+        (440, "10.2"),
+        (418, "10.1"),
+        (410, "10.0"),
+    ];
+    let major: u64 = driver_version.split('.').next()?.parse().ok()?;
+    TABLE.iter().find(|(m, _)| major >= *m).map(|(_, v)| *v)
+}
+
+/// Lexically cleans an absolute path (`..` cannot climb above `/`).
+fn clean(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Parses one `information` file (the format in test-environment.md).
+pub fn parse_information(path: &Path, text: &str) -> Result<Gpu, HostError> {
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim_start_matches(':').trim().to_string())
+    };
+    let missing = |what: &str| HostError::Parse {
+        path: path.to_path_buf(),
+        message: format!("no \"{what}:\" line"),
+    };
+    let minor = field("Device Minor")
+        .ok_or_else(|| missing("Device Minor"))?
+        .parse::<u32>()
+        .map_err(|_| HostError::Parse {
+            path: path.to_path_buf(),
+            message: "\"Device Minor\" is not a number".into(),
+        })?;
+    let uuid = field("GPU UUID").ok_or_else(|| missing("GPU UUID"))?;
+    let bus = field("Bus Location").ok_or_else(|| missing("Bus Location"))?;
+    let bus_id = normalize_bus_id(&bus).ok_or_else(|| HostError::Parse {
+        path: path.to_path_buf(),
+        message: format!("\"Bus Location\" {bus:?} is not a PCI address"),
+    })?;
+    Ok(Gpu {
+        index: 0,
+        minor,
+        uuid,
+        bus_id,
+        model: field("Model").unwrap_or_default(),
+    })
+}
+
+/// Parses `/proc/devices`, character section only.
+pub fn parse_devices(text: &str) -> Option<DeviceMajors> {
+    let mut majors = DeviceMajors::default();
+    let mut frontend = None;
+    let mut in_char = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line == "Character devices:" {
+            in_char = true;
+            continue;
+        }
+        if line.ends_with("devices:") {
+            in_char = false;
+            continue;
+        }
+        if !in_char {
+            continue;
+        }
+        let Some((major, name)) = line.split_once(char::is_whitespace) else {
+            continue;
+        };
+        let Ok(major) = major.parse::<u32>() else {
+            continue;
+        };
+        match name.trim() {
+            "nvidia" => majors.nvidia = major,
+            "nvidia-frontend" => frontend = Some(major),
+            "nvidia-uvm" => majors.nvidia_uvm = Some(major),
+            "nvidia-caps" => majors.nvidia_caps = Some(major),
+            "nvidia-caps-imex-channels" => majors.nvidia_caps_imex_channels = Some(major),
+            _ => {}
+        }
+    }
+    if majors.nvidia == 0 {
+        majors.nvidia = frontend?;
+    }
+    Some(majors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia\n508 nvidia-uvm\n509 nvidia-caps\n510 nvidia-caps-imex-channels\n\nBlock devices:\n  8 sd\n195 nvidia-bogus-block\n";
+
+    #[test]
+    fn devices_majors() {
+        let m = parse_devices(DEVICES).unwrap();
+        assert_eq!(m.nvidia, 195);
+        assert_eq!(m.nvidia_uvm, Some(508));
+        assert_eq!(m.nvidia_caps, Some(509));
+        assert_eq!(m.nvidia_caps_imex_channels, Some(510));
+    }
+
+    #[test]
+    fn devices_frontend_before_550() {
+        let m = parse_devices("Character devices:\n195 nvidia-frontend\n511 nvidia-uvm\n").unwrap();
+        assert_eq!(m.nvidia, 195);
+        assert!(parse_devices("Character devices:\n  1 mem\n").is_none());
+    }
+
+    #[test]
+    fn information_file() {
+        let text = "Model:           NVIDIA H100 80GB HBM3\nIRQ:             112\nGPU UUID:        GPU-a4f8c2d1-e5f6-7a8b-9c0d-1e2f3a4b5c6d\nBus Location:    0000:1B:00.0\nDevice Minor:    3\n";
+        let g = parse_information(Path::new("x"), text).unwrap();
+        assert_eq!(g.minor, 3);
+        assert_eq!(g.bus_id, "0000:1b:00.0");
+        assert_eq!(g.model, "NVIDIA H100 80GB HBM3");
+        assert_eq!(g.uuid, "GPU-a4f8c2d1-e5f6-7a8b-9c0d-1e2f3a4b5c6d");
+        let err = parse_information(Path::new("/p/info"), "Model: x\n").unwrap_err();
+        assert!(err.to_string().contains("/p/info"));
+    }
+
+    #[test]
+    fn bus_ids() {
+        assert_eq!(normalize_bus_id("1B:00.0").as_deref(), Some("0000:1b:00.0"));
+        assert_eq!(normalize_bus_id("00000000:1b:00.0").as_deref(), Some("0000:1b:00.0"));
+        assert_eq!(normalize_bus_id("0:3b:0.0").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(normalize_bus_id("1b:00"), None);
+        assert_eq!(normalize_bus_id("zz:00.0"), None);
+        assert_eq!(normalize_bus_id("1"), None);
+    }
+
+    #[test]
+    fn cuda_for_driver() {
+        assert_eq!(cuda_version_for_driver("580.65.06"), Some("13.0"));
+        assert_eq!(cuda_version_for_driver("535.104.05"), Some("12.2"));
+        assert_eq!(cuda_version_for_driver("999.1"), Some("13.1"));
+        assert_eq!(cuda_version_for_driver("390.1"), None);
+    }
+
+    #[test]
+    fn clean_never_climbs_above_root() {
+        assert_eq!(clean(Path::new("/a/../../etc")), PathBuf::from("/etc"));
+    }
+}

@@ -1,0 +1,17 @@
+//! nvshim: makes NVIDIA GPUs appear in OCI containers.
+//!
+//! The path everything serves (docs/design.md): [`runtime`] scans runc's argv; for `create`,
+//! [`bundle`] loads config.json, [`request`] reads what the container asks for, [`host`] reads
+//! the GPU host, [`legacy`] (or CDI) turns the request into [`edits::ContainerEdits`],
+//! [`edits::apply`] writes them into the document and [`bundle`] saves it atomically; then
+//! [`runtime::exec`] hands the unchanged argv to runc.
+
+pub mod bundle;
+pub mod config;
+pub mod create;
+pub mod edits;
+pub mod host;
+pub mod legacy;
+pub mod logging;
+pub mod request;
+pub mod runtime;
