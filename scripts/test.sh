@@ -10,6 +10,8 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+scripts/install-deps.sh
+
 # The e2e tests run the built binaries of every workspace member (nvshim-runtime,
 # nvshim-hook, nvshim, the fake host builder), so build them all first.
 cargo build --workspace --all-targets

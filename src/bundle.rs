@@ -183,7 +183,10 @@ mod tests {
         fs::write(dir.path().join("config.json"), text).unwrap();
         let b = Bundle::load(dir.path()).unwrap();
         b.save().unwrap();
-        assert_eq!(fs::read_to_string(dir.path().join("config.json")).unwrap(), text);
+        assert_eq!(
+            fs::read_to_string(dir.path().join("config.json")).unwrap(),
+            text
+        );
     }
 
     #[test]
@@ -194,8 +197,11 @@ mod tests {
         let mut b = Bundle::load(dir.path()).unwrap();
         b.spec["x"] = Value::from(1);
         // A directory where the temp file would go makes the create fail.
-        fs::create_dir(dir.path().join(format!(".config.json.nvshim-{}", std::process::id())))
-            .unwrap();
+        fs::create_dir(
+            dir.path()
+                .join(format!(".config.json.nvshim-{}", std::process::id())),
+        )
+        .unwrap();
         assert!(b.save().is_err());
         assert_eq!(fs::read(&path).unwrap(), b"{}");
     }

@@ -18,10 +18,7 @@ pub enum CreateError {
     #[error(transparent)]
     Bundle(#[from] BundleError),
     #[error("{path}: {source}")]
-    Request {
-        path: PathBuf,
-        source: RequestError,
-    },
+    Request { path: PathBuf, source: RequestError },
     #[error(transparent)]
     Legacy(#[from] LegacyError),
     #[error(transparent)]
@@ -111,6 +108,13 @@ pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, Creat
         gpus: Vec::new(),
         edits: ContainerEdits::default(),
     };
+    if plan
+        .request
+        .sources
+        .contains(&request::Source::DockerGpusHook)
+    {
+        edits::remove_legacy_hooks(&mut plan.edited);
+    }
     if !plan.request.wants_gpus() {
         return Ok(plan);
     }

@@ -470,6 +470,37 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     Ok(())
 }
 
+/// Basenames of NVIDIA's legacy prestart hook. dockerd adds it for `docker run --gpus`
+/// (moby daemon/nvidia_linux.go: `nvidia-container-runtime-hook prestart`, found on dockerd's
+/// PATH); `nvidia-container-toolkit` is its older alias.
+pub const LEGACY_HOOK_NAMES: &[&str] =
+    &["nvidia-container-runtime-hook", "nvidia-container-toolkit"];
+
+fn is_legacy_hook(hook: &Value) -> bool {
+    hook.get("path")
+        .and_then(Value::as_str)
+        .and_then(|p| p.rsplit('/').next())
+        .is_some_and(|base| LEGACY_HOOK_NAMES.contains(&base))
+}
+
+/// True when the spec carries NVIDIA's legacy prestart hook (Docker's `--gpus`).
+pub fn has_legacy_hook(spec: &Value) -> bool {
+    spec.pointer("/hooks/prestart")
+        .and_then(Value::as_array)
+        .is_some_and(|hooks| hooks.iter().any(is_legacy_hook))
+}
+
+/// Removes NVIDIA's legacy prestart hook: nvshim does its work itself, and the hook would do it
+/// a second time out of band (NVIDIA's runtime does the same in CDI mode: hook_remover.go).
+pub fn remove_legacy_hooks(spec: &mut Value) {
+    if let Some(hooks) = spec
+        .pointer_mut("/hooks/prestart")
+        .and_then(Value::as_array_mut)
+    {
+        hooks.retain(|h| !is_legacy_hook(h));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,7 +515,8 @@ mod tests {
 
     #[test]
     fn device_from_host_with_cgroup_rule() {
-        let mut spec = json!({"linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}});
+        let mut spec =
+            json!({"linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}});
         let edits = ContainerEdits {
             device_nodes: vec![null_device()],
             ..Default::default()
@@ -537,7 +569,10 @@ mod tests {
             ..Default::default()
         };
         apply(&mut spec, &edits).unwrap();
-        assert_eq!(spec["process"]["env"], json!(["FOO=new", "BAR=old", "NEW=1"]));
+        assert_eq!(
+            spec["process"]["env"],
+            json!(["FOO=new", "BAR=old", "NEW=1"])
+        );
     }
 
     #[test]
@@ -577,6 +612,21 @@ mod tests {
         let err = apply(&mut spec, &edits).unwrap_err().to_string();
         assert!(err.contains("/nonexistent/dev/nope"), "{err}");
         assert_eq!(spec, before);
+    }
+
+    #[test]
+    fn docker_gpus_hook_removed() {
+        let mut spec = json!({"hooks": {"prestart": [
+            {"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]},
+            {"path": "/usr/local/bin/other-hook"}
+        ]}});
+        assert!(has_legacy_hook(&spec));
+        remove_legacy_hooks(&mut spec);
+        assert!(!has_legacy_hook(&spec));
+        assert_eq!(
+            spec["hooks"]["prestart"],
+            json!([{"path": "/usr/local/bin/other-hook"}])
+        );
     }
 
     #[test]

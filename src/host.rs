@@ -126,7 +126,10 @@ pub fn normalize_bus_id(id: &str) -> Option<String> {
     let bus = hex(bus, 0xff)?;
     let dev = hex(dev, 0x1f)?;
     let func = hex(func, 0x7)?;
-    Some(format!("{:04x}:{bus:02x}:{dev:02x}.{func:x}", domain & 0xffff))
+    Some(format!(
+        "{:04x}:{bus:02x}:{dev:02x}.{func:x}",
+        domain & 0xffff
+    ))
 }
 
 impl Host {
@@ -277,7 +280,9 @@ impl Host {
                 current = clean(&next);
                 continue;
             }
-            return meta.is_file().then(|| current.to_string_lossy().into_owned());
+            return meta
+                .is_file()
+                .then(|| current.to_string_lossy().into_owned());
         }
         None
     }
@@ -462,8 +467,14 @@ mod tests {
     #[test]
     fn bus_ids() {
         assert_eq!(normalize_bus_id("1B:00.0").as_deref(), Some("0000:1b:00.0"));
-        assert_eq!(normalize_bus_id("00000000:1b:00.0").as_deref(), Some("0000:1b:00.0"));
-        assert_eq!(normalize_bus_id("0:3b:0.0").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(
+            normalize_bus_id("00000000:1b:00.0").as_deref(),
+            Some("0000:1b:00.0")
+        );
+        assert_eq!(
+            normalize_bus_id("0:3b:0.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
         assert_eq!(normalize_bus_id("1b:00"), None);
         assert_eq!(normalize_bus_id("zz:00.0"), None);
         assert_eq!(normalize_bus_id("1"), None);

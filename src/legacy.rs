@@ -218,8 +218,10 @@ pub fn resolve(
     let majors = host.device_majors()?;
     let driver_version = host.driver_version()?;
     let all_gpus = host.gpus()?;
-    if matches!(request.devices, VisibleDevices::All | VisibleDevices::List(_))
-        && all_gpus.is_empty()
+    if matches!(
+        request.devices,
+        VisibleDevices::All | VisibleDevices::List(_)
+    ) && all_gpus.is_empty()
     {
         return Err(LegacyError::NoGpus {
             dir: host
@@ -358,6 +360,8 @@ mod tests {
         assert!(!utility.contains(&"libcuda.so"));
         let video = libraries_for(&Capabilities::parse(Some("video")).unwrap());
         assert!(video.contains(&"libcuda.so") && video.contains(&"libnvcuvid.so"));
-        assert!(binaries_for(&Capabilities::parse(Some("utility")).unwrap()).contains(&"nvidia-smi"));
+        assert!(
+            binaries_for(&Capabilities::parse(Some("utility")).unwrap()).contains(&"nvidia-smi")
+        );
     }
 }

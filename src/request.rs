@@ -276,6 +276,9 @@ impl Op {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Env(&'static str),
+    /// NVIDIA's legacy prestart hook that dockerd adds for `docker run --gpus`; the request
+    /// itself is in the env dockerd sets alongside it.
+    DockerGpusHook,
     Annotation(String),
     Mount(String),
 }
@@ -342,8 +345,14 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
     let mut devices = parse_visible_devices(lookup(&env, VISIBLE_DEVICES));
     let mut sources = Vec::new();
     let mut ignored_unprivileged_env = false;
+    let docker_gpus = crate::edits::has_legacy_hook(spec);
+    if docker_gpus {
+        sources.push(Source::DockerGpusHook);
+    }
     if devices != VisibleDevices::NotRequested {
-        if privileged || config.accept_envvar_unprivileged {
+        // `docker run --gpus` is the operator's own request through dockerd's API, not an env
+        // var an image could carry, so it is honoured for unprivileged containers too.
+        if privileged || config.accept_envvar_unprivileged || docker_gpus {
             sources.push(Source::Env(VISIBLE_DEVICES));
         } else {
             devices = VisibleDevices::NotRequested;
@@ -428,7 +437,10 @@ impl Term {
                 .ok_or("CUDA version"),
             // Every selected GPU must match (libnvidia-container checks each device).
             Property::Arch => facts.gpus.iter().try_fold(true, |ok, g| {
-                g.arch.as_deref().map(|a| ok && version(a)).ok_or("architecture")
+                g.arch
+                    .as_deref()
+                    .map(|a| ok && version(a))
+                    .ok_or("architecture")
             }),
             Property::Brand => facts.gpus.iter().try_fold(true, |ok, g| {
                 g.brand
@@ -485,7 +497,10 @@ impl Requirement {
                 var: self.var.clone(),
                 expr: self.expr.clone(),
                 driver: facts.driver_version.clone(),
-                cuda: facts.cuda_version.clone().unwrap_or_else(|| "unknown".into()),
+                cuda: facts
+                    .cuda_version
+                    .clone()
+                    .unwrap_or_else(|| "unknown".into()),
             },
         })
     }
@@ -519,7 +534,10 @@ mod tests {
             (Some("0,all"), All),
             (Some("none,all"), NoGpus),
             (Some("1"), List(vec!["1".into()])),
-            (Some(" 1 , GPU-abc ,1"), List(vec!["1".into(), "GPU-abc".into()])),
+            (
+                Some(" 1 , GPU-abc ,1"),
+                List(vec!["1".into(), "GPU-abc".into()]),
+            ),
         ];
         for (input, want) in cases {
             assert_eq!(&parse_visible_devices(*input), want, "{input:?}");
@@ -599,14 +617,24 @@ mod tests {
             cuda_version: Some("13.0".into()),
             gpus: vec![GpuFacts::default()],
         };
-        let ok = |e: &str| parse_requirement("NVIDIA_REQUIRE_CUDA", e).unwrap().check(&facts);
+        let ok = |e: &str| {
+            parse_requirement("NVIDIA_REQUIRE_CUDA", e)
+                .unwrap()
+                .check(&facts)
+        };
         assert!(ok("cuda>=12.4").is_ok());
         assert!(ok("cuda>=13.1").is_err());
         assert!(ok("cuda>=13.1 driver>=580").is_ok());
         assert!(ok("cuda>=12.0,driver<500").is_err());
         let err = ok("cuda>=99.0").unwrap_err().to_string();
-        assert!(err.contains("cuda>=99.0") && err.contains("580.65.06"), "{err}");
-        assert!(matches!(ok("arch>=8.0"), Err(RequirementError::Unknown { .. })));
+        assert!(
+            err.contains("cuda>=99.0") && err.contains("580.65.06"),
+            "{err}"
+        );
+        assert!(matches!(
+            ok("arch>=8.0"),
+            Err(RequirementError::Unknown { .. })
+        ));
         assert!(ok("foo>=1").is_ok());
     }
 

@@ -279,7 +279,9 @@ mod tests {
         assert_eq!(inv.subcommand.as_deref(), Some("create"));
         assert_eq!(
             inv.bundle.as_deref(),
-            Some(Path::new("/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc"))
+            Some(Path::new(
+                "/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc"
+            ))
         );
         assert!(inv.json_log());
         assert!(inv.edits_bundle());
@@ -293,12 +295,19 @@ mod tests {
             (&["create", "-bundle", "/b3", "id"], Some("/b3")),
             (&["create", "-b=/b4", "id"], Some("/b4")),
             (&["run", "-d", "--bundle", "/b5", "id"], Some("/b5")),
-            (&["create", "-b", "/x", "--bundle", "/last", "id"], Some("/last")),
+            (
+                &["create", "-b", "/x", "--bundle", "/last", "id"],
+                Some("/last"),
+            ),
             (&["create", "id"], None),
             // `create` as the value of --pid-file is not the subcommand's bundle.
             (&["create", "--pid-file", "-b", "id"], None),
         ] {
-            assert_eq!(scan(args).bundle.as_deref(), want.map(Path::new), "{args:?}");
+            assert_eq!(
+                scan(args).bundle.as_deref(),
+                want.map(Path::new),
+                "{args:?}"
+            );
         }
     }
 
@@ -313,7 +322,9 @@ mod tests {
 
     #[test]
     fn passthrough_commands() {
-        for sub in ["start", "state", "kill", "delete", "exec", "ps", "list", "events", "update"] {
+        for sub in [
+            "start", "state", "kill", "delete", "exec", "ps", "list", "events", "update",
+        ] {
             assert!(!scan(&[sub, "x"]).edits_bundle(), "{sub}");
         }
         assert!(scan(&["--version"]).version);
@@ -323,7 +334,10 @@ mod tests {
     #[test]
     fn missing_bundle_value_is_an_error() {
         let v: Vec<OsString> = ["create", "--bundle"].iter().map(OsString::from).collect();
-        assert!(matches!(parse_args(&v), Err(RuntimeError::MissingValue { .. })));
+        assert!(matches!(
+            parse_args(&v),
+            Err(RuntimeError::MissingValue { .. })
+        ));
     }
 
     #[test]

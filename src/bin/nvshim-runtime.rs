@@ -44,6 +44,11 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
         Ok(p) => p,
         Err(e) => return e.into(),
     };
+    if inv.version && inv.subcommand.is_none() {
+        // As NVIDIA's shim does: our version, then the low-level runtime's.
+        println!("nvshim-runtime version {}", env!("CARGO_PKG_VERSION"));
+        println!("low-level runtime: {}", runc.display());
+    }
     if inv.edits_bundle() {
         let hook = create::hook_path(&config, self_exe.as_deref());
         if let Err(e) = create::create(&config, &inv.bundle_dir(), &hook) {

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use nvshim::config::{Config, CONFIG_ENV};
 
 #[derive(Debug, Parser)]
-#[command(name = "nvshim", version, about = "GPU container runtime: operator's tool")]
+#[command(
+    name = "nvshim",
+    version,
+    about = "GPU container runtime: operator's tool"
+)]
 struct Cli {
     /// Config file (default: $NVSHIM_CONFIG, else /etc/nvshim/config.toml).
     #[arg(long, global = true)]
