@@ -1,0 +1,646 @@
+//! End-to-end tests: `nvshim-runtime` in front of real runc, on a simulated two-GPU host, checked
+//! from inside a busybox container by the probe script (`nvshim_testsupport::probe`).
+//!
+//! The `harness_*` tests run the same checks against plain runc on a hand-edited config.json, to
+//! prove that the checks detect a GPU when one is there and its absence when not (as youki
+//! validates its contest suite against runc). Everything runs as root; each test has its own temp
+//! dirs, runc `--root` and container ids, so they run in parallel.
+//!
+//! The fake host (`FakeHostSpec::with_gpus(2)`) puts minor 0 at bus 0000:3b:00.0 and minor 1 at
+//! 0000:1b:00.0, so index 0 (bus order) is `/dev/nvidia1` and index 1 is `/dev/nvidia0`.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use nvshim_testsupport::probe::assert_no_problems;
+use nvshim_testsupport::{
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
+};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+
+/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim-runtime`.
+fn hook_path() -> PathBuf {
+    let hook = Path::new(SHIM).with_file_name("nvshim-hook");
+    assert!(
+        hook.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test --test e2e_runtime` \
+         (cargo test only builds the root package's binaries)",
+        hook.display()
+    );
+    hook
+}
+
+/// One test's world: a fake two-GPU host, an nvshim config pointing at it, and a temp dir that
+/// holds bundles and runc state. Everything goes when it drops.
+struct World {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+}
+
+impl World {
+    fn new() -> World {
+        World::with_spec(&FakeHostSpec::with_gpus(2))
+    }
+
+    fn with_spec(spec: &FakeHostSpec) -> World {
+        let tmp = tempfile::Builder::new()
+            .prefix("nvshim-e2e-")
+            .tempdir()
+            .unwrap();
+        let host = FakeHost::build(&tmp.path().join("host"), spec).unwrap();
+        let config = tmp.path().join("nvshim/config.toml");
+        World { tmp, host, config }
+    }
+
+    /// A world whose nvshim config names the hook explicitly (checking that it was built).
+    fn with_shim_config(extra_toml: &str) -> World {
+        World::new().configured(extra_toml)
+    }
+
+    fn configured(self, extra_toml: &str) -> World {
+        let w = self;
+        let extra = if extra_toml.contains("hook-path") {
+            extra_toml.to_string()
+        } else {
+            format!("hook-path = \"{}\"\n{extra_toml}", hook_path().display())
+        };
+        w.host.write_config(&w.config, &extra).unwrap();
+        w
+    }
+
+    /// A busybox bundle whose process is the probe script.
+    fn bundle(&self, name: &str) -> Bundle {
+        let spec = ProbeSpec::for_host(&self.host);
+        let args = spec.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Bundle::new(&self.tmp.path().join(name), &args).unwrap()
+    }
+
+    fn gpu_bundle(&self, name: &str, visible: &str) -> Bundle {
+        let b = self.bundle(name);
+        b.set_env("NVIDIA_VISIBLE_DEVICES", visible).unwrap();
+        b
+    }
+
+    fn shim(&self) -> Runtime {
+        Runtime::new(
+            SHIM,
+            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
+        )
+        .unwrap()
+        .env("NVSHIM_CONFIG", &self.config)
+    }
+
+    fn runc(&self) -> Runtime {
+        Runtime::new(
+            "runc",
+            &self.tmp.path().join(format!("state-{}", unique_id("r"))),
+        )
+        .unwrap()
+    }
+
+    fn shim_log(&self) -> String {
+        fs::read_to_string(self.config.with_file_name("nvshim.log"))
+            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
+    }
+
+    /// The GPU `NVIDIA_VISIBLE_DEVICES=<index>` selects.
+    fn gpu(&self, index: usize) -> &FakeGpu {
+        self.host.gpu_at_index(index).unwrap()
+    }
+
+    /// Runs the container (with `run`, or `create`+`start`), asserts it worked, parses the probe.
+    fn probe(&self, rt: &Runtime, bundle: &Bundle, create_start: bool) -> ProbeReport {
+        let id = unique_id("nvshim-e2e");
+        let out = if create_start {
+            rt.create_start(bundle, &id).unwrap()
+        } else {
+            rt.run(bundle, &id).unwrap()
+        };
+        let report = ProbeReport::parse(&out.stdout);
+        if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
+            eprintln!("{out}");
+        }
+        assert!(
+            out.success() && report.complete,
+            "the container did not run to completion\n{out}\n--- nvshim.log ---\n{}",
+            self.shim_log()
+        );
+        report
+    }
+}
+
+fn sorted(mut p: Vec<String>) -> Vec<String> {
+    p.sort();
+    p.dedup();
+    p
+}
+
+/// Every NVIDIA file mount under /usr or /lib is read-only and cannot be opened for writing.
+fn readonly_mount_problems(r: &ProbeReport) -> Vec<String> {
+    let mut p = Vec::new();
+    for m in r.nvidia_mounts() {
+        let d = &m.destination;
+        if !(d.starts_with("/usr/") || d.starts_with("/lib/")) {
+            continue;
+        }
+        if !m.is_readonly() {
+            p.push(format!(
+                "{d} is mounted without ro ({})",
+                m.options.join(",")
+            ));
+        }
+        if r.writes.get(d).map(String::as_str) == Some("OK") {
+            p.push(format!("{d} could be opened for writing"));
+        }
+    }
+    p
+}
+
+/// `ldconfig -p` lists libcuda.so.1 and the path it gives exists in the container.
+fn libcuda_cache_problems(r: &ProbeReport) -> Vec<String> {
+    let mut p = r.ldcache_problems("libcuda.so.1");
+    if let Some(path) = r.ldcache.get("libcuda.so.1") {
+        if !r.files.contains(path) && !r.links.contains_key(path) {
+            p.push(format!(
+                "ldconfig -p maps libcuda.so.1 to {path}, which does not exist"
+            ));
+        }
+    }
+    p
+}
+
+/// The full check for a compute GPU container seeing exactly `selected`.
+fn gpu_container_problems(r: &ProbeReport, host: &FakeHost, selected: &[&FakeGpu]) -> Vec<String> {
+    let mut p = r.gpu_problems(host, selected);
+    p.extend(r.control_device_problems(host));
+    p.extend(r.library_mounted_problems(host, "libcuda"));
+    p.extend(r.library_mounted_problems(host, "libnvidia-ml"));
+    p.extend(readonly_mount_problems(r));
+    p.extend(libcuda_cache_problems(r));
+    sorted(p)
+}
+
+#[track_caller]
+fn assert_gpu_container(w: &World, r: &ProbeReport, selected: &[&FakeGpu], what: &str) {
+    let p = gpu_container_problems(r, &w.host, selected);
+    if !p.is_empty() {
+        eprintln!("--- nvshim.log ---\n{}", w.shim_log());
+    }
+    assert_no_problems(what, &p, r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness proved against plain runc.
+// ---------------------------------------------------------------------------------------------
+
+/// Hand-edits `bundle` the way a correct shim would for `gpus`: device nodes, cgroup rules,
+/// nvidiactl and nvidia-uvm, read-only (or not) mounts of libcuda, libnvidia-ml and nvidia-smi,
+/// the SONAME link and an ld.so.cache in the rootfs.
+fn hand_edit_gpu_bundle(w: &World, bundle: &Bundle, gpus: &[&FakeGpu], readonly: bool) {
+    let uvm = w.host.spec().uvm_major;
+    for g in gpus {
+        let path = format!("/dev/nvidia{}", g.minor);
+        bundle.add_char_device(&path, 195, g.minor).unwrap();
+        bundle.allow_char_device(195, g.minor, "rwm").unwrap();
+    }
+    for (path, major, minor) in [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", uvm, 0)] {
+        bundle.add_char_device(path, major, minor).unwrap();
+        bundle.allow_char_device(major, minor, "rwm").unwrap();
+    }
+    for stem in ["libcuda", "libnvidia-ml"] {
+        let path = w.host.container_lib_path(stem);
+        bundle
+            .add_bind_mount(&w.host.host_path(&path), &path, readonly)
+            .unwrap();
+    }
+    bundle
+        .add_bind_mount(
+            &w.host.host_path("/usr/bin/nvidia-smi"),
+            "/usr/bin/nvidia-smi",
+            true,
+        )
+        .unwrap();
+    let rootfs = bundle.rootfs().path();
+    let libdir = rootfs.join("usr/lib/x86_64-linux-gnu");
+    fs::create_dir_all(&libdir).unwrap();
+    symlink("libcuda.so.580.65.06", libdir.join("libcuda.so.1")).unwrap();
+    fs::copy(
+        w.host.root().join("etc/ld.so.cache"),
+        rootfs.join("etc/ld.so.cache"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn harness_detects_gpu_on_hand_edited_runc_bundle() {
+    let w = World::new();
+    let bundle = w.bundle("bundle");
+    let gpu = w.gpu(1);
+    hand_edit_gpu_bundle(&w, &bundle, &[gpu], true);
+    let r = w.probe(&w.runc(), &bundle, false);
+
+    assert_gpu_container(&w, &r, &[gpu], "plain runc, hand-edited for index 1");
+    assert_no_problems("nvidia-smi", &r.smi_problems(&[gpu]), &r);
+    // The raw facts the checks rest on, spelled out once.
+    assert_eq!(r.mknod[&(195, gpu.minor)], "ENXIO", "{}", r.raw);
+    let other = w.gpu(0);
+    assert_eq!(r.mknod[&(195, other.minor)], "EPERM", "{}", r.raw);
+    assert!(r.no_nvidia_problems(&w.host).len() > 3, "{}", r.raw);
+}
+
+#[test]
+fn harness_detects_absence_on_plain_runc_bundle() {
+    let w = World::new();
+    let bundle = w.bundle("bundle");
+    let r = w.probe(&w.runc(), &bundle, false);
+
+    assert_no_problems("plain runc", &r.no_nvidia_problems(&w.host), &r);
+    let gpu = w.gpu(1);
+    let p = gpu_container_problems(&r, &w.host, &[gpu]);
+    for expected in [
+        "GPU nodes: expected",
+        "devices.list does not allow c 195:0",
+        "gave EPERM, expected ENXIO",
+        "/dev/nvidiactl is missing",
+        "/dev/nvidia-uvm is missing",
+        "libcuda.so.580.65.06 is missing",
+        "libcuda.so.580.65.06 is not a mount point",
+        "ldconfig -p does not list libcuda.so.1",
+    ] {
+        assert!(
+            p.iter().any(|m| m.contains(expected)),
+            "the checks missed {expected:?}; they reported {p:#?}"
+        );
+    }
+    assert!(!r.smi_problems(&[gpu]).is_empty());
+}
+
+#[test]
+fn harness_detects_extra_gpu_and_writable_mount() {
+    let w = World::new();
+    let bundle = w.bundle("bundle");
+    // Both GPUs and read-write library mounts: wrong for a request of index 1.
+    hand_edit_gpu_bundle(&w, &bundle, &[w.gpu(0), w.gpu(1)], false);
+    let r = w.probe(&w.runc(), &bundle, false);
+
+    let p = gpu_container_problems(&r, &w.host, &[w.gpu(1)]);
+    for expected in [
+        "GPU nodes: expected",
+        "devices.list allows the unselected GPU c 195:1",
+        "unselected GPU 195:1 gave ENXIO, expected EPERM",
+        "libcuda.so.580.65.06 is mounted without ro",
+        "libcuda.so.580.65.06 could be opened for writing",
+    ] {
+        assert!(
+            p.iter().any(|m| m.contains(expected)),
+            "the checks missed {expected:?}; they reported {p:#?}"
+        );
+    }
+    // nvidia-smi numbers both, in bus order.
+    assert_no_problems("nvidia-smi", &r.smi_problems(&[w.gpu(0), w.gpu(1)]), &r);
+    assert!(!r.smi_problems(&[w.gpu(1)]).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// nvshim-runtime over runc.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn index_selects_by_bus_order_with_run() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    let r = w.probe(&w.shim(), &bundle, false);
+    let gpu = w.gpu(1);
+    assert_eq!(gpu.minor, 0, "index 1 is minor 0 on the fake host");
+    assert_gpu_container(&w, &r, &[gpu], "NVIDIA_VISIBLE_DEVICES=1 (run)");
+    assert_eq!(r.mknod[&(195, 1)], "EPERM", "{}", r.raw);
+}
+
+#[test]
+fn index_selects_by_bus_order_with_create_start() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    let r = w.probe(&w.shim(), &bundle, true);
+    assert_gpu_container(
+        &w,
+        &r,
+        &[w.gpu(1)],
+        "NVIDIA_VISIBLE_DEVICES=1 (create+start)",
+    );
+}
+
+#[test]
+fn pre_550_frontend_major_name_is_understood() {
+    let mut spec = FakeHostSpec::with_gpus(2);
+    spec.frontend_name = "nvidia-frontend".to_string();
+    let w = World::with_spec(&spec).configured("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    let r = w.probe(&w.shim(), &bundle, false);
+    assert_gpu_container(&w, &r, &[w.gpu(1)], "195 nvidia-frontend in /proc/devices");
+}
+
+#[test]
+fn all_selects_every_gpu() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "all");
+    let r = w.probe(&w.shim(), &bundle, false);
+    assert_gpu_container(&w, &r, &[w.gpu(0), w.gpu(1)], "NVIDIA_VISIBLE_DEVICES=all");
+}
+
+#[test]
+fn none_gives_control_nodes_and_libraries_but_no_gpu() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "none");
+    let r = w.probe(&w.shim(), &bundle, false);
+    assert_gpu_container(&w, &r, &[], "NVIDIA_VISIBLE_DEVICES=none");
+}
+
+#[test]
+fn void_empty_and_unset_are_not_gpu_containers() {
+    let w = World::with_shim_config("");
+    for (name, visible) in [("void", Some("void")), ("empty", Some("")), ("unset", None)] {
+        let bundle = w.bundle(name);
+        if let Some(v) = visible {
+            bundle.set_env("NVIDIA_VISIBLE_DEVICES", v).unwrap();
+        }
+        let r = w.probe(&w.shim(), &bundle, false);
+        assert_no_problems(
+            &format!("NVIDIA_VISIBLE_DEVICES {name}"),
+            &r.no_nvidia_problems(&w.host),
+            &r,
+        );
+    }
+}
+
+#[test]
+fn uuid_selects_that_gpu() {
+    let w = World::with_shim_config("");
+    let gpu = w.gpu(0);
+    let bundle = w.gpu_bundle("bundle", &gpu.uuid);
+    let r = w.probe(&w.shim(), &bundle, false);
+    assert_gpu_container(&w, &r, &[gpu], "NVIDIA_VISIBLE_DEVICES=<uuid of index 0>");
+}
+
+#[test]
+fn bus_id_selects_that_gpu_with_and_without_domain() {
+    let w = World::with_shim_config("");
+    let gpu = w.gpu(1);
+    let short = gpu.bus_id.trim_start_matches("0000:").to_string();
+    let short_domain = format!("0:{short}");
+    for (name, visible) in [
+        ("full", gpu.bus_id.as_str()),
+        ("short", short.as_str()),
+        ("zero", short_domain.as_str()),
+    ] {
+        let bundle = w.gpu_bundle(name, visible);
+        let r = w.probe(&w.shim(), &bundle, false);
+        assert_gpu_container(&w, &r, &[gpu], &format!("NVIDIA_VISIBLE_DEVICES={visible}"));
+    }
+}
+
+#[test]
+fn utility_capability_brings_nvml_and_smi_but_not_cuda() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    bundle
+        .set_env("NVIDIA_DRIVER_CAPABILITIES", "utility")
+        .unwrap();
+    let r = w.probe(&w.shim(), &bundle, false);
+    let gpu = w.gpu(1);
+    let mut p = r.gpu_problems(&w.host, &[gpu]);
+    p.extend(r.control_device_problems(&w.host));
+    p.extend(r.library_mounted_problems(&w.host, "libnvidia-ml"));
+    p.extend(r.library_absent_problems("libcuda"));
+    p.extend(readonly_mount_problems(&r));
+    if !r.files.contains("/usr/bin/nvidia-smi") {
+        p.push("/usr/bin/nvidia-smi is missing".into());
+    }
+    p.extend(r.smi_problems(&[gpu]));
+    if !p.is_empty() {
+        eprintln!("--- nvshim.log ---\n{}", w.shim_log());
+    }
+    assert_no_problems("NVIDIA_DRIVER_CAPABILITIES=utility", &sorted(p), &r);
+}
+
+/// `create` must fail before touching anything: non-zero exit, a message on stderr containing
+/// each of `needles`, config.json byte-identical, no container in runc's state dir.
+#[track_caller]
+fn assert_rejected(w: &World, rt: &Runtime, bundle: &Bundle, needles: &[&str]) -> RunOutput {
+    let before = bundle.config_bytes().unwrap();
+    let id = unique_id("nvshim-e2e-reject");
+    let out = rt.create(bundle, &id).unwrap();
+    let log = w.shim_log();
+    assert!(
+        !out.success(),
+        "create should have failed\n{out}\n--- nvshim.log ---\n{log}"
+    );
+    // With create, the runtime's own stderr is the container stderr file.
+    let (_, stderr) = rt.container_output(&id).unwrap();
+    for n in needles {
+        assert!(
+            stderr.contains(n),
+            "stderr should mention {n:?}\n{out}\n--- nvshim.log ---\n{log}"
+        );
+    }
+    assert!(
+        stderr.trim().lines().count() <= 2,
+        "the error should be short: {stderr:?}"
+    );
+    assert_eq!(
+        bundle.config_bytes().unwrap(),
+        before,
+        "config.json changed although create failed"
+    );
+    assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
+    assert!(rt.list().unwrap().is_empty(), "runc state dir is not empty");
+    out
+}
+
+#[test]
+fn unknown_uuid_is_rejected_before_runc() {
+    let w = World::with_shim_config("");
+    let uuid = "GPU-00000000-1111-2222-3333-444444444444";
+    let bundle = w.gpu_bundle("bundle", uuid);
+    assert_rejected(&w, &w.shim(), &bundle, &[uuid]);
+}
+
+#[test]
+fn unknown_uuid_is_logged_as_json_error() {
+    let w = World::with_shim_config("");
+    let uuid = "GPU-00000000-1111-2222-3333-444444444444";
+    let bundle = w.gpu_bundle("bundle", uuid);
+    let log = w.tmp.path().join("runtime-log.json");
+    let rt = w.shim().json_log(&log);
+    assert_rejected(&w, &rt, &bundle, &[uuid]);
+    let text =
+        fs::read_to_string(&log).unwrap_or_else(|e| panic!("no --log file {}: {e}", log.display()));
+    let errors: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["level"] == "error")
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e["msg"].as_str().is_some_and(|m| m.contains(uuid)) && e["time"].is_string()),
+        "no {{\"level\":\"error\",\"msg\":\"...{uuid}...\",\"time\":...}} line in {}:\n{text}",
+        log.display()
+    );
+}
+
+#[test]
+fn unknown_index_is_rejected_before_runc() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "7");
+    assert_rejected(&w, &w.shim(), &bundle, &["7"]);
+}
+
+#[test]
+fn malformed_config_json_is_rejected_before_runc() {
+    let w = World::with_shim_config("");
+    let bundle = w.bundle("bundle");
+    bundle
+        .write_config_bytes(b"{\"ociVersion\": \"1.0.2\", \"process\": {")
+        .unwrap();
+    assert_rejected(&w, &w.shim(), &bundle, &["config.json"]);
+}
+
+#[test]
+fn unmet_requirement_is_rejected_before_runc() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    bundle
+        .set_env("NVIDIA_REQUIRE_DRIVER", "driver>=999.0")
+        .unwrap();
+    assert_rejected(&w, &w.shim(), &bundle, &[]);
+}
+
+#[test]
+fn missing_low_level_runtime_is_rejected() {
+    let w = World::with_shim_config("low-level-runtimes = [\"/nonexistent/runc\"]\n");
+    let bundle = w.gpu_bundle("bundle", "1");
+    assert_rejected(&w, &w.shim(), &bundle, &["/nonexistent/runc"]);
+}
+
+#[test]
+fn non_gpu_bundles_are_byte_identical_after_create() {
+    let w = World::with_shim_config("");
+    for (name, visible) in [("unset", None), ("empty", Some("")), ("void", Some("void"))] {
+        let bundle = w.bundle(name);
+        if let Some(v) = visible {
+            bundle.set_env("NVIDIA_VISIBLE_DEVICES", v).unwrap();
+        }
+        let before = bundle.config_bytes().unwrap();
+        let rt = w.shim();
+        let id = unique_id("nvshim-e2e-plain");
+        let out = rt.create(&bundle, &id).unwrap();
+        assert!(
+            out.success(),
+            "create failed ({name})\n{out}\n{}",
+            w.shim_log()
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&bundle.config_bytes().unwrap()),
+            String::from_utf8_lossy(&before),
+            "config.json changed for NVIDIA_VISIBLE_DEVICES {name}"
+        );
+        let del = rt.delete(&id, true).unwrap();
+        assert!(del.success(), "{del}");
+    }
+}
+
+fn count(config: &Value, pointer: &str) -> usize {
+    config
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len)
+}
+
+#[test]
+fn second_create_on_an_edited_bundle_adds_nothing() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    let rt = w.shim();
+
+    let first = unique_id("nvshim-e2e-twice");
+    let out = rt.create(&bundle, &first).unwrap();
+    assert!(out.success(), "{out}\n{}", w.shim_log());
+    rt.force_delete(&first);
+    let after_first = bundle.config().unwrap();
+
+    let second = unique_id("nvshim-e2e-twice");
+    let out = rt.create(&bundle, &second).unwrap();
+    assert!(out.success(), "{out}\n{}", w.shim_log());
+    rt.force_delete(&second);
+    let after_second = bundle.config().unwrap();
+
+    let summary = |c: &Value| {
+        format!(
+            "devices {}, cgroup rules {}, mounts {}, createContainer hooks {}, prestart hooks {}, env {}",
+            count(c, "/linux/devices"),
+            count(c, "/linux/resources/devices"),
+            count(c, "/mounts"),
+            count(c, "/hooks/createContainer"),
+            count(c, "/hooks/prestart"),
+            count(c, "/process/env"),
+        )
+    };
+    assert!(
+        after_first == after_second,
+        "the second create changed config.json\nafter 1st: {}\nafter 2nd: {}\n--- 2nd ---\n{}",
+        summary(&after_first),
+        summary(&after_second),
+        serde_json::to_string_pretty(&after_second).unwrap()
+    );
+    // And the twice-edited bundle still runs correctly.
+    let r = w.probe(&rt, &bundle, false);
+    assert_gpu_container(&w, &r, &[w.gpu(1)], "bundle edited twice");
+}
+
+#[test]
+fn unknown_fields_and_annotations_survive_create() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    let extras = [
+        (
+            "/x-nvshim-top",
+            json!({"keep": [1, 2, 3], "nested": {"a": null}}),
+        ),
+        ("/process/x-nvshim-process", json!("kept")),
+        ("/linux/x-nvshim-linux", json!({"n": 7})),
+        ("/annotations", json!({"org.example/keep": "yes"})),
+    ];
+    bundle
+        .edit(|c| {
+            c["x-nvshim-top"] = extras[0].1.clone();
+            c["process"]["x-nvshim-process"] = extras[1].1.clone();
+            c["linux"]["x-nvshim-linux"] = extras[2].1.clone();
+            c["annotations"] = extras[3].1.clone();
+            Ok(())
+        })
+        .unwrap();
+    let rt = w.shim();
+    let id = unique_id("nvshim-e2e-fields");
+    let out = rt.create(&bundle, &id).unwrap();
+    assert!(out.success(), "{out}\n{}", w.shim_log());
+    let after = bundle.config().unwrap();
+    for (pointer, value) in &extras {
+        assert_eq!(
+            after.pointer(pointer),
+            Some(value),
+            "{pointer} did not survive create"
+        );
+    }
+    assert!(
+        count(&after, "/linux/devices") > 0,
+        "the bundle was not edited at all: {}",
+        serde_json::to_string_pretty(&after).unwrap()
+    );
+    rt.force_delete(&id);
+}

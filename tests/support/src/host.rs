@@ -1,0 +1,778 @@
+//! The simulated GPU host: a directory nvshim can use as driver root, dev root and proc root.
+//!
+//! Layout (the contract with the shim, which reads only these):
+//!
+//! ```text
+//! proc/devices                                   kernel format: "%3d %s" under "Character devices:"
+//! proc/driver/nvidia/version                     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  <v>  <date>"
+//! proc/driver/nvidia/gpus/<bus id>/information   Model, IRQ, GPU UUID, ..., Bus Location, Device Minor
+//! dev/nvidia<minor> (195:minor), dev/nvidiactl (195:255), dev/nvidia-modeset (195:254),
+//! dev/nvidia-uvm (uvm:0), dev/nvidia-uvm-tools (uvm:1)        real nodes (mknod), mode 0666
+//! usr/lib/x86_64-linux-gnu/<lib>.so.<v> + SONAME links       ELF stubs built by gcc
+//! usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.<v>
+//! lib/firmware/nvidia/<v>/gsp_*.bin
+//! etc/ld.so.conf, etc/ld.so.cache                            built by `/sbin/ldconfig -r <root>`
+//! usr/bin/nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-{control,server}
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, ensure, Context, Result};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+
+use crate::stubs;
+
+/// Where the driver's libraries live, relative to the host root (Debian's multiarch dir).
+pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
+
+/// Major number of the NVIDIA character devices (`/dev/nvidia<N>`, nvidiactl, nvidia-modeset).
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Minor of `/dev/nvidiactl`.
+pub const NVIDIACTL_MINOR: u32 = 255;
+/// Minor of `/dev/nvidia-modeset`.
+pub const MODESET_MINOR: u32 = 254;
+
+/// One simulated GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeGpu {
+    /// Marketing name, as `Model:` in the proc information file.
+    pub model: String,
+    /// `GPU-<uuid>`.
+    pub uuid: String,
+    /// PCI bus id with a four-digit domain, lower case: `0000:1b:00.0`.
+    pub bus_id: String,
+    /// Device minor: the GPU is `/dev/nvidia<minor>`, char `195:<minor>`.
+    pub minor: u32,
+}
+
+/// What to simulate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeHostSpec {
+    /// The GPUs, in any order (nvidia-smi numbers them by bus id, not by minor).
+    pub gpus: Vec<FakeGpu>,
+    /// Driver version, digits and dots: `580.65.06`.
+    pub driver_version: String,
+    /// What the stub `cuDriverGetVersion` reports: 1000 * major + 10 * minor (`13000` = 13.0).
+    pub cuda_version: u32,
+    /// Dynamic major of `nvidia-uvm` in `/proc/devices`.
+    pub uvm_major: u32,
+    /// Dynamic major of `nvidia-caps` in `/proc/devices`.
+    pub caps_major: u32,
+    /// Dynamic major of `nvidia-caps-imex-channels` in `/proc/devices`.
+    pub caps_imex_major: u32,
+    /// Name of major 195 in `/proc/devices`: `nvidia`, or `nvidia-frontend` before driver 550.
+    pub frontend_name: String,
+}
+
+const MODELS: [&str; 4] = [
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA L40S",
+    "NVIDIA H200",
+];
+const BUSES: [u8; 8] = [0x1b, 0x3b, 0x5d, 0x86, 0xaf, 0xd8, 0xdb, 0xde];
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl FakeGpu {
+    /// A deterministic GPU for `minor`, placed at bus slot `slot` (slot 0 = lowest bus id).
+    pub fn synthetic(minor: u32, slot: usize) -> Self {
+        let mut seed = 0x6e76_7368_696d_0000 ^ u64::from(minor);
+        let a = splitmix64(&mut seed);
+        let b = splitmix64(&mut seed);
+        let uuid = format!(
+            "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xffff,
+            b >> 48,
+            b & 0xffff_ffff_ffff
+        );
+        FakeGpu {
+            model: MODELS[minor as usize % MODELS.len()].to_string(),
+            uuid,
+            bus_id: format!(
+                "{:04x}:{:02x}:00.0",
+                slot / BUSES.len(),
+                BUSES[slot % BUSES.len()]
+            ),
+            minor,
+        }
+    }
+}
+
+impl FakeHostSpec {
+    /// `n` GPUs with minors `0..n` and distinct UUIDs, placed on the bus in *reverse* minor order
+    /// (for two: minor 0 at `0000:3b:00.0`, minor 1 at `0000:1b:00.0`), so that index 0 is the
+    /// highest minor and a shim that confuses index with minor is caught. Driver 580.65.06.
+    pub fn with_gpus(n: usize) -> Self {
+        let gpus = (0..n)
+            .map(|i| FakeGpu::synthetic(i as u32, n - 1 - i))
+            .collect();
+        FakeHostSpec {
+            gpus,
+            driver_version: "580.65.06".to_string(),
+            cuda_version: 13000,
+            uvm_major: 508,
+            caps_major: 509,
+            caps_imex_major: 510,
+            frontend_name: "nvidia".to_string(),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        ensure!(
+            !self.driver_version.is_empty()
+                && self
+                    .driver_version
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || c == '.'),
+            "driver version {:?} must be digits and dots",
+            self.driver_version
+        );
+        let mut minors = BTreeSet::new();
+        let mut uuids = BTreeSet::new();
+        let mut buses = BTreeSet::new();
+        for gpu in &self.gpus {
+            ensure!(
+                gpu.minor < MODESET_MINOR,
+                "GPU {} has minor {}, which collides with nvidia-modeset/nvidiactl",
+                gpu.uuid,
+                gpu.minor
+            );
+            ensure!(
+                minors.insert(gpu.minor),
+                "two GPUs have minor {}",
+                gpu.minor
+            );
+            ensure!(uuids.insert(&gpu.uuid), "two GPUs have UUID {}", gpu.uuid);
+            ensure!(
+                buses.insert(gpu.bus_id.to_ascii_lowercase()),
+                "two GPUs have bus id {}",
+                gpu.bus_id
+            );
+            ensure!(
+                !gpu.model.contains('|') && !gpu.model.contains('\n'),
+                "GPU model {:?} may not contain '|' or a newline",
+                gpu.model
+            );
+        }
+        Ok(())
+    }
+}
+
+/// How a library's SONAME is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Soname {
+    /// `<stem>.so.<major>`, e.g. `libcuda.so.1`: a symlink to the versioned file.
+    Major(&'static str),
+    /// `<stem>.so.<driver version>`: the file itself (libnvidia-glcore and friends).
+    FullVersion,
+}
+
+/// One library of the fake driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverLib {
+    /// `libcuda`.
+    pub stem: &'static str,
+    /// How its SONAME is formed.
+    pub soname: Soname,
+    /// Subdirectory of [`LIB_DIR`] (`vdpau` for libvdpau_nvidia), or empty.
+    pub subdir: &'static str,
+    /// The `NVIDIA_DRIVER_CAPABILITIES` value that brings it in (libnvidia-container's lists).
+    pub capability: &'static str,
+}
+
+impl DriverLib {
+    /// `libcuda.so.1`, or `libnvidia-glcore.so.580.65.06`.
+    pub fn soname(&self, version: &str) -> String {
+        match self.soname {
+            Soname::Major(m) => format!("{}.so.{m}", self.stem),
+            Soname::FullVersion => self.file_name(version),
+        }
+    }
+
+    /// `libcuda.so.580.65.06`.
+    pub fn file_name(&self, version: &str) -> String {
+        format!("{}.so.{version}", self.stem)
+    }
+
+    /// The directory holding it, relative to the root: `usr/lib/x86_64-linux-gnu[/vdpau]`.
+    pub fn dir(&self) -> String {
+        if self.subdir.is_empty() {
+            LIB_DIR.to_string()
+        } else {
+            format!("{LIB_DIR}/{}", self.subdir)
+        }
+    }
+
+    /// Path inside a container (and relative to the host root, with a leading `/`):
+    /// `/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06`.
+    pub fn container_path(&self, version: &str) -> String {
+        format!("/{}/{}", self.dir(), self.file_name(version))
+    }
+}
+
+const fn lib(
+    stem: &'static str,
+    soname: Soname,
+    subdir: &'static str,
+    capability: &'static str,
+) -> DriverLib {
+    DriverLib {
+        stem,
+        soname,
+        subdir,
+        capability,
+    }
+}
+
+/// The fake driver's libraries.
+pub const DRIVER_LIBS: &[DriverLib] = &[
+    lib("libnvidia-ml", Soname::Major("1"), "", "utility"),
+    lib("libnvidia-cfg", Soname::Major("1"), "", "utility"),
+    lib("libcuda", Soname::Major("1"), "", "compute"),
+    lib(
+        "libnvidia-ptxjitcompiler",
+        Soname::Major("1"),
+        "",
+        "compute",
+    ),
+    lib("libnvidia-nvvm", Soname::Major("4"), "", "compute"),
+    lib("libnvidia-gpucomp", Soname::FullVersion, "", "compute"),
+    lib("libnvidia-allocator", Soname::Major("1"), "", "compute"),
+    lib("libnvcuvid", Soname::Major("1"), "", "video"),
+    lib("libnvidia-encode", Soname::Major("1"), "", "video"),
+    lib("libnvidia-opticalflow", Soname::Major("1"), "", "video"),
+    lib("libvdpau_nvidia", Soname::Major("1"), "vdpau", "video"),
+    lib("libnvidia-eglcore", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-glcore", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-tls", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-glsi", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-glvkspirv", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-rtcore", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-fbc", Soname::Major("1"), "", "graphics"),
+    lib("libnvoptix", Soname::Major("1"), "", "graphics"),
+    lib("libGLX_nvidia", Soname::Major("0"), "", "graphics"),
+    lib("libEGL_nvidia", Soname::Major("0"), "", "graphics"),
+    lib("libnvidia-ngx", Soname::Major("1"), "", "ngx"),
+];
+
+/// The fake driver's executables in `usr/bin`, with their capability.
+pub const DRIVER_BINS: &[(&str, &str)] = &[
+    ("nvidia-smi", "utility"),
+    ("nvidia-debugdump", "utility"),
+    ("nvidia-persistenced", "utility"),
+    ("nvidia-cuda-mps-control", "compute"),
+    ("nvidia-cuda-mps-server", "compute"),
+];
+
+/// GSP firmware files, relative to the root (`<v>` = driver version).
+const FIRMWARE: &[&str] = &["gsp_ga10x.bin", "gsp_tu10x.bin"];
+
+/// A built fake host. The directory stays until the caller removes it (it lives in the caller's
+/// temp dir in tests).
+#[derive(Debug, Clone)]
+pub struct FakeHost {
+    root: PathBuf,
+    spec: FakeHostSpec,
+}
+
+fn write(path: &Path, contents: &str) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_executable(path: &Path, contents: &str) -> Result<()> {
+    write(path, contents)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", path.display()))
+}
+
+fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
+    mknod(
+        path,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(u64::from(major), u64::from(minor)),
+    )
+    .with_context(|| {
+        format!(
+            "mknod {} c {major} {minor} (the fake host needs root)",
+            path.display()
+        )
+    })?;
+    // mknod's mode is filtered by the umask; the driver's nodes are 0666.
+    fs::set_permissions(path, fs::Permissions::from_mode(0o666))
+        .with_context(|| format!("chmod 0666 {}", path.display()))
+}
+
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// True if `toml` assigns `key` at the start of a line (`key = ...`).
+fn defines_key(toml: &str, key: &str) -> bool {
+    toml.lines().any(|line| {
+        line.trim_start()
+            .strip_prefix(key)
+            .is_some_and(|rest| rest.trim_start().starts_with('='))
+    })
+}
+
+impl FakeHost {
+    /// Builds a fake host in `root`, which must not exist or be an empty directory. Needs root
+    /// (mknod, `ldconfig -r`) and gcc.
+    pub fn build(root: &Path, spec: &FakeHostSpec) -> Result<FakeHost> {
+        spec.validate()?;
+        fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("resolving {}", root.display()))?;
+        let mut entries =
+            fs::read_dir(&root).with_context(|| format!("reading {}", root.display()))?;
+        ensure!(
+            entries.next().is_none(),
+            "fake host root {} is not empty",
+            root.display()
+        );
+        let host = FakeHost {
+            root,
+            spec: spec.clone(),
+        };
+        host.write_proc()?;
+        host.make_dev_nodes()?;
+        host.install_libraries()?;
+        host.install_binaries()?;
+        host.build_ld_cache()?;
+        Ok(host)
+    }
+
+    /// The host root: use it as both `driver-root` and `dev-root`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `<root>/proc`: use it as `proc-root`.
+    pub fn proc_root(&self) -> PathBuf {
+        self.root.join("proc")
+    }
+
+    /// The GPUs as specified (for [`FakeHostSpec::with_gpus`]: by minor).
+    pub fn gpus(&self) -> &[FakeGpu] {
+        &self.spec.gpus
+    }
+
+    /// The spec this host was built from.
+    pub fn spec(&self) -> &FakeHostSpec {
+        &self.spec
+    }
+
+    /// Driver version, e.g. `580.65.06`.
+    pub fn driver_version(&self) -> &str {
+        &self.spec.driver_version
+    }
+
+    /// The GPUs in PCI bus-id order: position = the index nvidia-smi and `NVIDIA_VISIBLE_DEVICES`
+    /// use.
+    pub fn gpus_by_bus(&self) -> Vec<&FakeGpu> {
+        let mut gpus: Vec<&FakeGpu> = self.spec.gpus.iter().collect();
+        gpus.sort_by_key(|g| g.bus_id.to_ascii_lowercase());
+        gpus
+    }
+
+    /// The GPU that `NVIDIA_VISIBLE_DEVICES=<index>` selects.
+    pub fn gpu_at_index(&self, index: usize) -> Option<&FakeGpu> {
+        self.gpus_by_bus().get(index).copied()
+    }
+
+    /// The library with this stem (`libcuda`), if the fake driver has it.
+    pub fn library(&self, stem: &str) -> Option<&'static DriverLib> {
+        DRIVER_LIBS.iter().find(|l| l.stem == stem)
+    }
+
+    /// All the fake driver's libraries.
+    pub fn libraries(&self) -> &'static [DriverLib] {
+        DRIVER_LIBS
+    }
+
+    /// Where a library appears in a container (and, below the root, on the host):
+    /// `/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06`. Panics on an unknown stem: this is a
+    /// test helper and the stems are fixed.
+    pub fn container_lib_path(&self, stem: &str) -> String {
+        match self.library(stem) {
+            Some(lib) => lib.container_path(&self.spec.driver_version),
+            None => panic!("the fake driver has no library {stem}"),
+        }
+    }
+
+    /// The host path of a path as seen in a container (`/usr/bin/nvidia-smi` → `<root>/usr/bin/...`).
+    pub fn host_path(&self, container_path: &str) -> PathBuf {
+        self.root.join(container_path.trim_start_matches('/'))
+    }
+
+    /// Writes an nvshim `config.toml` at `path` pointing at this host: low-level runtime `runc`,
+    /// the three roots, `log-file` next to the config (`nvshim.log`), debug logging, env requests
+    /// accepted from unprivileged containers. `extra_toml` is appended; a top-level key it assigns
+    /// replaces the default one (so `extra_toml = "log-level = \"info\""` works).
+    pub fn write_config(&self, path: &Path, extra_toml: &str) -> Result<()> {
+        let dir = path
+            .parent()
+            .with_context(|| format!("config path {} has no parent", path.display()))?;
+        let root = self.root.to_string_lossy();
+        let defaults: [(&str, String); 7] = [
+            ("low-level-runtimes", "[\"runc\"]".to_string()),
+            ("driver-root", toml_string(&root)),
+            ("dev-root", toml_string(&root)),
+            (
+                "proc-root",
+                toml_string(&self.proc_root().to_string_lossy()),
+            ),
+            (
+                "log-file",
+                toml_string(&dir.join("nvshim.log").to_string_lossy()),
+            ),
+            ("log-level", toml_string("debug")),
+            ("accept-envvar-unprivileged", "true".to_string()),
+        ];
+        let mut out = format!(
+            "# nvshim configuration for the fake GPU host at {root} (written by nvshim-testsupport)\n"
+        );
+        for (key, value) in &defaults {
+            if !defines_key(extra_toml, key) {
+                let _ = writeln!(out, "{key} = {value}");
+            }
+        }
+        if !extra_toml.is_empty() {
+            out.push_str(extra_toml);
+            if !extra_toml.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        write(path, &out)
+    }
+
+    /// A human-readable summary of the layout, for the `nvshim-fake-host` binary and the demo.
+    pub fn describe(&self) -> String {
+        let v = &self.spec.driver_version;
+        let mut s = String::new();
+        let _ = writeln!(s, "fake GPU host at {}", self.root.display());
+        let _ = writeln!(
+            s,
+            "  driver {v}, {} GPU(s); use it as driver-root and dev-root, proc-root = {}",
+            self.spec.gpus.len(),
+            self.proc_root().display()
+        );
+        let _ = writeln!(
+            s,
+            "  GPUs (index = PCI bus order, as nvidia-smi numbers them):"
+        );
+        for (i, g) in self.gpus_by_bus().iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "    index {i}: {}  {}  bus {}  /dev/nvidia{} (char {NVIDIA_MAJOR}:{})",
+                g.model, g.uuid, g.bus_id, g.minor, g.minor
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  control nodes: dev/nvidiactl ({NVIDIA_MAJOR}:{NVIDIACTL_MINOR}), dev/nvidia-modeset \
+             ({NVIDIA_MAJOR}:{MODESET_MINOR}), dev/nvidia-uvm ({0}:0), dev/nvidia-uvm-tools ({0}:1)",
+            self.spec.uvm_major
+        );
+        let _ = writeln!(
+            s,
+            "  proc: proc/devices ({NVIDIA_MAJOR} {}, {} nvidia-uvm, {} nvidia-caps), \
+             proc/driver/nvidia/version, proc/driver/nvidia/gpus/<bus>/information",
+            self.spec.frontend_name, self.spec.uvm_major, self.spec.caps_major
+        );
+        let _ = writeln!(s, "  libraries ({LIB_DIR}, SONAME links, etc/ld.so.cache):");
+        for l in DRIVER_LIBS {
+            let _ = writeln!(
+                s,
+                "    {:<10} {}/{} (SONAME {})",
+                l.capability,
+                l.dir(),
+                l.file_name(v),
+                l.soname(v)
+            );
+        }
+        let bins: Vec<&str> = DRIVER_BINS.iter().map(|(b, _)| *b).collect();
+        let _ = writeln!(s, "  binaries (usr/bin): {}", bins.join(", "));
+        let _ = writeln!(
+            s,
+            "  firmware: lib/firmware/nvidia/{v}/{}",
+            FIRMWARE.join(", ")
+        );
+        s
+    }
+
+    fn write_proc(&self) -> Result<()> {
+        let spec = &self.spec;
+        let proc_dir = self.proc_root();
+
+        // /proc/devices: the kernel prints "%3d %s\n" per major, sorted by major.
+        let mut chars: Vec<(u32, String)> = [
+            (1, "mem"),
+            (4, "/dev/vc/0"),
+            (4, "tty"),
+            (4, "ttyS"),
+            (5, "/dev/tty"),
+            (5, "/dev/console"),
+            (5, "/dev/ptmx"),
+            (7, "vcs"),
+            (10, "misc"),
+            (13, "input"),
+            (29, "fb"),
+            (128, "ptm"),
+            (136, "pts"),
+            (180, "usb"),
+            (226, "drm"),
+        ]
+        .iter()
+        .map(|(m, n)| (*m, (*n).to_string()))
+        .collect();
+        chars.push((NVIDIA_MAJOR, spec.frontend_name.clone()));
+        chars.push((spec.uvm_major, "nvidia-uvm".to_string()));
+        chars.push((spec.caps_major, "nvidia-caps".to_string()));
+        chars.push((
+            spec.caps_imex_major,
+            "nvidia-caps-imex-channels".to_string(),
+        ));
+        chars.sort_by_key(|(m, _)| *m);
+        let mut devices = String::from("Character devices:\n");
+        for (major, name) in &chars {
+            let _ = writeln!(devices, "{major:3} {name}");
+        }
+        devices.push_str("\nBlock devices:\n");
+        for (major, name) in [
+            (7, "loop"),
+            (8, "sd"),
+            (9, "md"),
+            (11, "sr"),
+            (65, "sd"),
+            (253, "device-mapper"),
+            (254, "mdp"),
+            (259, "blkext"),
+        ] {
+            let _ = writeln!(devices, "{major:3} {name}");
+        }
+        write(&proc_dir.join("devices"), &devices)?;
+
+        let nvidia = proc_dir.join("driver/nvidia");
+        write(
+            &nvidia.join("version"),
+            &format!(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Sun Jul 27 07:09:24 UTC 2025\n\
+                 GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n",
+                spec.driver_version
+            ),
+        )?;
+        for (i, gpu) in spec.gpus.iter().enumerate() {
+            let mut info = String::new();
+            for (key, value) in [
+                ("Model:", gpu.model.clone()),
+                ("IRQ:", (112 + 2 * i).to_string()),
+                ("GPU UUID:", gpu.uuid.clone()),
+                ("Video BIOS:", "96.00.99.00.01".to_string()),
+                ("Bus Type:", "PCIe".to_string()),
+                ("DMA Size:", "52 bits".to_string()),
+                ("DMA Mask:", "0xfffffffffffff".to_string()),
+                ("Bus Location:", gpu.bus_id.clone()),
+                ("Device Minor:", gpu.minor.to_string()),
+                ("GPU Excluded:", "No".to_string()),
+            ] {
+                let _ = writeln!(info, "{key:<17}{value}");
+            }
+            write(
+                &nvidia.join("gpus").join(&gpu.bus_id).join("information"),
+                &info,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn make_dev_nodes(&self) -> Result<()> {
+        let dev = self.root.join("dev");
+        fs::create_dir_all(&dev).with_context(|| format!("creating {}", dev.display()))?;
+        for gpu in &self.spec.gpus {
+            make_char_node(
+                &dev.join(format!("nvidia{}", gpu.minor)),
+                NVIDIA_MAJOR,
+                gpu.minor,
+            )?;
+        }
+        make_char_node(&dev.join("nvidiactl"), NVIDIA_MAJOR, NVIDIACTL_MINOR)?;
+        make_char_node(&dev.join("nvidia-modeset"), NVIDIA_MAJOR, MODESET_MINOR)?;
+        make_char_node(&dev.join("nvidia-uvm"), self.spec.uvm_major, 0)?;
+        make_char_node(&dev.join("nvidia-uvm-tools"), self.spec.uvm_major, 1)?;
+        Ok(())
+    }
+
+    fn install_libraries(&self) -> Result<()> {
+        let v = &self.spec.driver_version;
+        let stub_dir = stubs::compiled_stubs(v, self.spec.cuda_version)?;
+        for lib in DRIVER_LIBS {
+            let dir = self.root.join(lib.dir());
+            let file = lib.file_name(v);
+            stubs::install(&stub_dir, lib, v, &dir.join(&file))?;
+            let soname = lib.soname(v);
+            if soname != file {
+                let link = dir.join(&soname);
+                symlink(&file, &link)
+                    .with_context(|| format!("linking {} -> {file}", link.display()))?;
+            }
+        }
+        // The development link the driver installer also creates.
+        let dev_link = self.root.join(LIB_DIR).join("libcuda.so");
+        symlink("libcuda.so.1", &dev_link)
+            .with_context(|| format!("linking {} -> libcuda.so.1", dev_link.display()))?;
+
+        let firmware = self.root.join("lib/firmware/nvidia").join(v);
+        for name in FIRMWARE {
+            write(
+                &firmware.join(name),
+                &format!("nvshim fake GSP firmware {v}\n"),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn build_ld_cache(&self) -> Result<()> {
+        write(&self.root.join("etc/ld.so.conf"), &format!("/{LIB_DIR}\n"))?;
+        // ldconfig -r chroots into the root, reads etc/ld.so.conf there and writes
+        // etc/ld.so.cache there; -X keeps it from touching our SONAME links.
+        let out = Command::new("/sbin/ldconfig")
+            .arg("-X")
+            .arg("-r")
+            .arg(&self.root)
+            .output()
+            .context("running /sbin/ldconfig")?;
+        if !out.status.success() {
+            bail!(
+                "/sbin/ldconfig -r {} failed: {}",
+                self.root.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let cache = self.root.join("etc/ld.so.cache");
+        ensure!(
+            cache.exists(),
+            "/sbin/ldconfig -r {} wrote no {}",
+            self.root.display(),
+            cache.display()
+        );
+        Ok(())
+    }
+
+    fn install_binaries(&self) -> Result<()> {
+        let bin = self.root.join("usr/bin");
+        let v = &self.spec.driver_version;
+        write_executable(&bin.join("nvidia-smi"), &self.nvidia_smi_script())?;
+        for (name, what) in [
+            ("nvidia-debugdump", "collects a debug dump"),
+            ("nvidia-persistenced", "keeps the driver loaded"),
+            ("nvidia-cuda-mps-control", "controls the CUDA MPS server"),
+            ("nvidia-cuda-mps-server", "is the CUDA MPS server"),
+        ] {
+            write_executable(
+                &bin.join(name),
+                &format!(
+                    "#!/bin/sh\n# nvshim fake driver {v}: {name} {what}; this stand-in only says so.\n\
+                     echo \"{name} (nvshim fake driver {v})\"\n"
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A busybox-compatible `nvidia-smi` that lists the GPUs whose `/dev/nvidia<minor>` node is
+    /// present, numbered in bus order among those present, as the real tool does in a container.
+    fn nvidia_smi_script(&self) -> String {
+        let mut table = String::new();
+        for g in self.gpus_by_bus() {
+            let _ = writeln!(table, "{}|{}|{}|{}", g.minor, g.bus_id, g.uuid, g.model);
+        }
+        format!(
+            r#"#!/bin/sh
+# nvidia-smi stand-in from nvshim's fake GPU host (driver {v}).
+# Lists the GPUs whose /dev/nvidia<minor> node is present, numbered in PCI bus order.
+# Table: minor|bus id|uuid|model, sorted by bus id.
+i=0
+while IFS='|' read -r minor bus uuid model; do
+    if [ -c "/dev/nvidia$minor" ]; then
+        echo "GPU $i: $model (UUID: $uuid)"
+        i=$((i + 1))
+    fi
+done <<'EOF'
+{table}EOF
+if [ "$i" -eq 0 ]; then
+    echo "No devices found."
+    exit 6
+fi
+exit 0
+"#,
+            v = self.spec.driver_version
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_gpus_puts_minor_order_against_bus_order() {
+        let spec = FakeHostSpec::with_gpus(2);
+        assert_eq!(spec.gpus[0].minor, 0);
+        assert_eq!(spec.gpus[0].bus_id, "0000:3b:00.0");
+        assert_eq!(spec.gpus[1].minor, 1);
+        assert_eq!(spec.gpus[1].bus_id, "0000:1b:00.0");
+        assert_ne!(spec.gpus[0].uuid, spec.gpus[1].uuid);
+        assert!(spec.gpus[0].uuid.starts_with("GPU-"));
+        assert_eq!(spec.gpus[0].uuid.len(), 40);
+        spec.validate().unwrap();
+        let many = FakeHostSpec::with_gpus(12);
+        many.validate().unwrap();
+    }
+
+    #[test]
+    fn defines_key_matches_assignments_only() {
+        assert!(defines_key("log-level = \"info\"\n", "log-level"));
+        assert!(defines_key("  log-level=\"info\"", "log-level"));
+        assert!(!defines_key("log-level-x = 1", "log-level"));
+        assert!(!defines_key("# log-level = 1", "log-level"));
+    }
+
+    #[test]
+    fn toml_strings_are_escaped() {
+        assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}

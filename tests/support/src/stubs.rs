@@ -1,0 +1,198 @@
+//! ELF stub libraries for the fake driver, compiled with gcc once per driver version and cached.
+//!
+//! Each stub is a real shared object with the driver's SONAME, so `ldconfig` indexes it and the
+//! dynamic linker can load it. `libcuda` and `libnvidia-ml` export a few real entry points; the
+//! others export one marker function. The cache lives in the system temp dir, keyed by driver
+//! version, CUDA version and a hash of the sources, and is filled atomically (build in a sibling
+//! temp dir, then rename) so that concurrent tests share it safely.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+use crate::host::{DriverLib, DRIVER_LIBS};
+
+const CUDA_SOURCE: &str = r#"/* nvshim fake libcuda: just enough of the driver API for a test program. */
+#include <ctype.h>
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult; /* CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1 */
+
+const char nvshim_fake_driver_version[] = "@VERSION@";
+
+CUresult cuInit(unsigned int flags) { (void)flags; return 0; }
+
+CUresult cuDriverGetVersion(int *version) {
+    if (!version) return 1;
+    *version = @CUDA@;
+    return 0;
+}
+
+/* Counts the /dev/nvidia<N> entries present (NVSHIM_FAKE_DEV overrides /dev, for host-side tests). */
+CUresult cuDeviceGetCount(int *count) {
+    const char *dir = getenv("NVSHIM_FAKE_DEV");
+    if (!count) return 1;
+    *count = 0;
+    if (!dir || !*dir) dir = "/dev";
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        if (strncmp(n, "nvidia", 6) != 0 || !isdigit((unsigned char)n[6])) continue;
+        const char *p = n + 6;
+        while (isdigit((unsigned char)*p)) p++;
+        if (*p == '\0') (*count)++;
+    }
+    closedir(d);
+    return 0;
+}
+"#;
+
+const NVML_SOURCE: &str = r#"/* nvshim fake libnvidia-ml. */
+#include <string.h>
+
+const char nvshim_fake_driver_version[] = "@VERSION@";
+
+int nvmlInit_v2(void) { return 0; }
+int nvmlInit(void) { return 0; }
+int nvmlShutdown(void) { return 0; }
+
+/* NVML_ERROR_INVALID_ARGUMENT = 2, NVML_ERROR_INSUFFICIENT_SIZE = 7 */
+int nvmlSystemGetDriverVersion(char *buf, unsigned int len) {
+    static const char v[] = "@VERSION@";
+    if (!buf) return 2;
+    if (len < sizeof v) return 7;
+    memcpy(buf, v, sizeof v);
+    return 0;
+}
+"#;
+
+const GENERIC_SOURCE: &str = r#"/* nvshim fake driver library @STEM@. */
+const char nvshim_fake_driver_version[] = "@VERSION@";
+int nvshim_fake_@IDENT@(void) { return 0; }
+"#;
+
+fn source_for(lib: &DriverLib, version: &str, cuda: u32) -> String {
+    let template = match lib.stem {
+        "libcuda" => CUDA_SOURCE,
+        "libnvidia-ml" => NVML_SOURCE,
+        _ => GENERIC_SOURCE,
+    };
+    let ident: String = lib
+        .stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    template
+        .replace("@VERSION@", version)
+        .replace("@CUDA@", &cuda.to_string())
+        .replace("@STEM@", lib.stem)
+        .replace("@IDENT@", &ident)
+}
+
+/// FNV-1a: stable across Rust versions, unlike `DefaultHasher`, so the cache key is too.
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.bytes().chain(std::iter::once(0)) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Returns a directory holding one compiled stub per entry of [`DRIVER_LIBS`], named
+/// `<stem>.so.<version>` and carrying its SONAME. Compiles them on first use.
+pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
+    let sources: Vec<(String, &DriverLib)> = DRIVER_LIBS
+        .iter()
+        .map(|lib| (source_for(lib, version, cuda), lib))
+        .collect();
+    let mut key_parts: Vec<String> = vec![version.to_string(), cuda.to_string()];
+    for (src, lib) in &sources {
+        key_parts.push(src.clone());
+        key_parts.push(lib.soname(version));
+    }
+    let key_refs: Vec<&str> = key_parts.iter().map(String::as_str).collect();
+    let parent = std::env::temp_dir().join("nvshim-testsupport");
+    let dir = parent.join(format!("stubs-{version}-{:016x}", fnv1a(&key_refs)));
+    if dir.join(".complete").exists() {
+        return Ok(dir);
+    }
+    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let build = tempfile::Builder::new()
+        .prefix(".stubs-build-")
+        .tempdir_in(&parent)
+        .with_context(|| format!("creating a build dir in {}", parent.display()))?;
+
+    // Start every gcc at once, then wait: a few hundred ms in all instead of a few seconds.
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for (src, lib) in &sources {
+        let c_file = build.path().join(format!("{}.c", lib.stem));
+        fs::write(&c_file, src).with_context(|| format!("writing {}", c_file.display()))?;
+        let out = build.path().join(lib.file_name(version));
+        let child = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O2"])
+            .arg(format!("-Wl,-soname,{}", lib.soname(version)))
+            .arg("-o")
+            .arg(&out)
+            .arg(&c_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running gcc (needed to build the fake driver's stub libraries)")?;
+        children.push((lib.stem.to_string(), child));
+    }
+    let mut failures = Vec::new();
+    for (stem, child) in children {
+        let out = child
+            .wait_with_output()
+            .with_context(|| format!("waiting for gcc building {stem}"))?;
+        if !out.status.success() {
+            failures.push(format!(
+                "{stem}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    if !failures.is_empty() {
+        bail!(
+            "gcc failed to build stub libraries: {}",
+            failures.join("; ")
+        );
+    }
+    for (_, lib) in &sources {
+        let c_file = build.path().join(format!("{}.c", lib.stem));
+        fs::remove_file(&c_file).with_context(|| format!("removing {}", c_file.display()))?;
+    }
+    fs::write(build.path().join(".complete"), b"")
+        .with_context(|| format!("marking {} complete", build.path().display()))?;
+
+    let built = build.keep();
+    if let Err(e) = fs::rename(&built, &dir) {
+        // Another test won the race: use its copy, drop ours.
+        let _ = fs::remove_dir_all(&built);
+        if !dir.join(".complete").exists() {
+            return Err(e)
+                .with_context(|| format!("moving {} to {}", built.display(), dir.display()));
+        }
+    }
+    Ok(dir)
+}
+
+/// Copies a compiled stub to `dest`, creating its parent directory.
+pub(crate) fn install(stub_dir: &Path, lib: &DriverLib, version: &str, dest: &Path) -> Result<()> {
+    let src = stub_dir.join(lib.file_name(version));
+    if let Some(parent) = dest.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    fs::copy(&src, dest)
+        .with_context(|| format!("copying {} to {}", src.display(), dest.display()))?;
+    Ok(())
+}
