@@ -7,11 +7,12 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::bundle::{Bundle, BundleError};
+use crate::cdi;
 use crate::config::Config;
 use crate::edits::{self, ContainerEdits, EditError};
 use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, HostRoots};
 use crate::legacy::{self, LegacyError};
-use crate::request::{self, GpuFacts, HostFacts, Request, RequestError, RequirementError};
+use crate::request::{self, GpuFacts, HostFacts, Request, RequestError, RequirementError, Route};
 
 #[derive(Debug, Error)]
 pub enum CreateError {
@@ -27,6 +28,11 @@ pub enum CreateError {
     Requirement(#[from] RequirementError),
     #[error("cannot edit {path}: {source}")]
     Edit { path: PathBuf, source: EditError },
+    #[error("{path}: {source}")]
+    Cdi {
+        path: PathBuf,
+        source: cdi::ResolveError,
+    },
 }
 
 /// Everything `create` would do, computed without writing.
@@ -36,6 +42,8 @@ pub struct Plan {
     pub request: Request,
     /// The GPUs resolved (legacy requests).
     pub gpus: Vec<Gpu>,
+    /// The CDI devices injected (CDI requests), fully qualified.
+    pub cdi_devices: Vec<String>,
     pub edits: ContainerEdits,
     /// config.json after the edits.
     pub edited: Value,
@@ -106,6 +114,7 @@ pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, Creat
         bundle,
         request,
         gpus: Vec::new(),
+        cdi_devices: Vec::new(),
         edits: ContainerEdits::default(),
     };
     if plan
@@ -115,8 +124,17 @@ pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, Creat
     {
         edits::remove_legacy_hooks(&mut plan.edited);
     }
-    if !plan.request.wants_gpus() {
-        return Ok(plan);
+    let route = request::route(&plan.request, config).map_err(|source| CreateError::Request {
+        path: plan.bundle.config_path().to_path_buf(),
+        source,
+    })?;
+    match route {
+        Route::Nothing => return Ok(plan),
+        Route::Cdi(names) => {
+            apply_cdi(config, &mut plan, names)?;
+            return Ok(plan);
+        }
+        Route::Legacy => {}
     }
     let host = host_from(config);
     let (gpus, edits) = legacy::resolve(&host, &plan.request, hook_path)?;
@@ -130,6 +148,29 @@ pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, Creat
     Ok(plan)
 }
 
+/// Serves a CDI request from the spec directories: reads the spec files and nothing else of
+/// the host (no NVML, no /proc), so a CDI create costs one directory scan.
+fn apply_cdi(config: &Config, plan: &mut Plan, names: Vec<String>) -> Result<(), CreateError> {
+    let path = plan.bundle.config_path().to_path_buf();
+    let registry = cdi::Registry::load(&config.cdi_spec_dirs);
+    for e in registry.errors() {
+        tracing::warn!("skipping CDI spec: {e}");
+    }
+    let edits = registry
+        .resolve(&names)
+        .map_err(|source| CreateError::Cdi {
+            path: path.clone(),
+            source,
+        })?;
+    for stale in cdi::registry::stale_device_nodes(&edits) {
+        tracing::warn!("stale CDI spec: {stale}");
+    }
+    edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit { path, source })?;
+    plan.cdi_devices = names;
+    plan.edits = edits;
+    Ok(())
+}
+
 /// Plans and, when anything changes, writes config.json atomically.
 pub fn create(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, CreateError> {
     let plan = plan(config, dir, hook_path)?;
@@ -140,6 +181,7 @@ pub fn create(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, Cre
         tracing::info!(
             bundle = %dir.display(),
             gpus = ?plan.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
+            cdi_devices = ?plan.cdi_devices,
             devices = plan.edits.device_nodes.len(),
             mounts = plan.edits.mounts.len(),
             "edited config.json"

@@ -306,6 +306,196 @@ impl Host {
         }
         out
     }
+
+    /// Every driver library of this driver version, for CDI generation: the 64-bit
+    /// ld.so.cache entries that resolve to a `*.so.<version>` file, plus every other
+    /// `*.so.<version>` file in the directories those live in and their `vdpau/`
+    /// subdirectories. NVIDIA's generator mounts all of them regardless of capabilities
+    /// (nvidia-toolkit-behaviour.md §5.4). SONAMEs come from the cache; for a file the cache
+    /// does not index (the `vdpau/` ones), from a `<stem>.so.<n>` symlink beside it pointing at
+    /// it, else the file name itself. Sorted by container path.
+    pub fn all_driver_libraries(
+        &self,
+        cache: &LdCache,
+        driver_version: &str,
+    ) -> Vec<DriverLibrary> {
+        let suffix = format!(".so.{driver_version}");
+        let mut found: Vec<DriverLibrary> = Vec::new();
+        for e in cache.entries.iter().filter(|e| e.is_64bit()) {
+            let Some(file) = self.resolve_in_driver_root(&e.path) else {
+                continue;
+            };
+            if !file.ends_with(&suffix) || found.iter().any(|l| l.file.container_path == file) {
+                continue;
+            }
+            found.push(DriverLibrary {
+                file: HostFile {
+                    host_path: under_root(&self.roots.driver_root, &file),
+                    container_path: file,
+                },
+                soname: e.name.clone(),
+            });
+        }
+        let mut dirs: Vec<String> = Vec::new();
+        for l in &found {
+            if let Some((dir, _)) = l.file.container_path.rsplit_once('/') {
+                for d in [dir.to_string(), format!("{dir}/vdpau")] {
+                    if !dirs.contains(&d) {
+                        dirs.push(d);
+                    }
+                }
+            }
+        }
+        for dir in dirs {
+            let host_dir = under_root(&self.roots.driver_root, &dir);
+            let Ok(entries) = fs::read_dir(&host_dir) else {
+                continue;
+            };
+            let mut files: Vec<String> = Vec::new();
+            let mut links: Vec<(String, String)> = Vec::new();
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Ok(ft) = entry.file_type() else { continue };
+                if ft.is_symlink() {
+                    if let Ok(target) = fs::read_link(entry.path()) {
+                        links.push((name, target.to_string_lossy().into_owned()));
+                    }
+                } else if ft.is_file() && name.ends_with(&suffix) {
+                    files.push(name);
+                }
+            }
+            for name in files {
+                let container_path = format!("{dir}/{name}");
+                if found
+                    .iter()
+                    .any(|l| l.file.container_path == container_path)
+                {
+                    continue;
+                }
+                let stem = &name[..name.len() - suffix.len()];
+                let soname = links
+                    .iter()
+                    .filter(|(_, target)| *target == name)
+                    .map(|(link, _)| link)
+                    .find(|link| {
+                        link.strip_prefix(stem)
+                            .and_then(|rest| rest.strip_prefix(".so."))
+                            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .cloned()
+                    .unwrap_or_else(|| name.clone());
+                found.push(DriverLibrary {
+                    file: HostFile {
+                        host_path: host_dir.join(&name),
+                        container_path,
+                    },
+                    soname,
+                });
+            }
+        }
+        found.sort_by(|a, b| a.file.container_path.cmp(&b.file.container_path));
+        found
+    }
+
+    /// GSP firmware of this driver version: `nvidia/<version>/gsp*.bin` under the kernel's
+    /// firmware search path inside the driver root (`/lib/firmware/updates/<release>`,
+    /// `/lib/firmware/updates`, `/lib/firmware/<release>`, `/lib/firmware`; the release from
+    /// `<proc-root>/sys/kernel/osrelease`), as NVIDIA's generator looks for it.
+    pub fn firmware_files(&self, driver_version: &str) -> Vec<HostFile> {
+        let release = fs::read_to_string(self.roots.proc_root.join("sys/kernel/osrelease"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        let mut dirs = Vec::new();
+        if !release.is_empty() {
+            dirs.push(format!("/lib/firmware/updates/{release}"));
+        }
+        dirs.push("/lib/firmware/updates".to_string());
+        if !release.is_empty() {
+            dirs.push(format!("/lib/firmware/{release}"));
+        }
+        dirs.push("/lib/firmware".to_string());
+        let mut out: Vec<HostFile> = Vec::new();
+        for dir in dirs {
+            let dir = format!("{dir}/nvidia/{driver_version}");
+            let Ok(entries) = fs::read_dir(under_root(&self.roots.driver_root, &dir)) else {
+                continue;
+            };
+            let mut names: Vec<String> = entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("gsp") && n.ends_with(".bin"))
+                .collect();
+            names.sort();
+            for n in names {
+                let container_path = format!("{dir}/{n}");
+                if !out.iter().any(|f| f.container_path == container_path) {
+                    out.push(HostFile {
+                        host_path: under_root(&self.roots.driver_root, &container_path),
+                        container_path,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The driver's IPC endpoints that exist under the driver root: the persistenced and
+    /// fabricmanager sockets (under `/run`, else `/var/run`) and the MPS pipe directory
+    /// (NVIDIA `internal/discover/ipc.go`).
+    pub fn ipc_paths(&self) -> Vec<HostFile> {
+        let mut out = Vec::new();
+        for socket in ["nvidia-persistenced/socket", "nvidia-fabricmanager/socket"] {
+            for run in ["/run", "/var/run"] {
+                let container_path = format!("{run}/{socket}");
+                let host_path = under_root(&self.roots.driver_root, &container_path);
+                if fs::symlink_metadata(&host_path).is_ok_and(|m| m.file_type().is_socket()) {
+                    out.push(HostFile {
+                        host_path,
+                        container_path,
+                    });
+                    break;
+                }
+            }
+        }
+        let mps = "/tmp/nvidia-mps";
+        let host_path = under_root(&self.roots.driver_root, mps);
+        if fs::symlink_metadata(&host_path).is_ok_and(|m| m.is_dir()) {
+            out.push(HostFile {
+                host_path,
+                container_path: mps.to_string(),
+            });
+        }
+        out
+    }
+
+    /// `<proc-root>/driver/nvidia-caps/mig-minors`: `gpu<minor>/gi<g>/access <cap minor>`,
+    /// `gpu<minor>/gi<g>/ci<c>/access <cap minor>`, `config`, `monitor`. Empty when the file
+    /// does not exist (no MIG-capable driver).
+    pub fn mig_minors(&self) -> Result<Vec<(String, u32)>, HostError> {
+        let path = self.roots.proc_root.join("driver/nvidia-caps/mig-minors");
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(HostError::Read { path, source }),
+        };
+        let mut out = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let mut words = line.split_whitespace();
+            let (Some(cap), Some(minor), None) = (words.next(), words.next(), words.next()) else {
+                return Err(HostError::Parse {
+                    path,
+                    message: format!("line {line:?} is not \"<capability> <minor>\""),
+                });
+            };
+            let minor = minor.parse::<u32>().map_err(|_| HostError::Parse {
+                path: path.clone(),
+                message: format!("minor {minor:?} in line {line:?} is not a number"),
+            })?;
+            out.push((cap.to_string(), minor));
+        }
+        Ok(out)
+    }
 }
 
 /// The CUDA version a driver supports, from its branch (the major of the driver version),

@@ -7,11 +7,14 @@
 //! [`runtime::exec`] hands the unchanged argv to runc.
 
 pub mod bundle;
+pub mod cdi;
 pub mod config;
 pub mod create;
 pub mod edits;
+pub mod engine;
 pub mod host;
 pub mod legacy;
 pub mod logging;
 pub mod request;
 pub mod runtime;
+pub mod system;

@@ -13,7 +13,9 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::config::Config;
+use crate::cdi::annotations::{self, AnnotatedDevice, AnnotationError};
+use crate::cdi::name::{self as cdi_name, QualifiedNameError};
+use crate::config::{Config, Mode};
 
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const DRIVER_CAPABILITIES: &str = "NVIDIA_DRIVER_CAPABILITIES";
@@ -32,6 +34,17 @@ pub enum RequestError {
         expr: String,
         why: String,
     },
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    #[error("annotation {key:?} asks for {device:?}, which is not a fully qualified CDI device name (vendor/class=name; set mode = \"cdi\" to prefix cdi-default-kind)")]
+    UnqualifiedAnnotation { key: String, device: String },
+    #[error("{VISIBLE_DEVICES} mixes CDI device names ({}) with GPU ids ({}): use one form", qualified.join(", "), unqualified.join(", "))]
+    MixedDeviceNames {
+        qualified: Vec<String>,
+        unqualified: Vec<String>,
+    },
+    #[error("invalid CDI device request: {0}")]
+    BadCdiName(#[from] QualifiedNameError),
 }
 
 /// The GPUs requested by `NVIDIA_VISIBLE_DEVICES`.
@@ -295,6 +308,9 @@ pub struct Request {
     pub privileged: bool,
     /// An env request from an unprivileged container was ignored by config.
     pub ignored_unprivileged_env: bool,
+    /// Devices named in `cdi-annotation-prefixes` annotations, in key order, de-duplicated
+    /// (not read in `legacy` mode, where NVIDIA ignores them too).
+    pub annotation_devices: Vec<AnnotatedDevice>,
 }
 
 impl Request {
@@ -359,6 +375,20 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
             ignored_unprivileged_env = true;
         }
     }
+    let mut annotation_devices: Vec<AnnotatedDevice> = Vec::new();
+    if config.mode != Mode::Legacy {
+        // Annotations come from the orchestrator (a device plugin or DRA driver), not from the
+        // image, so no privilege rule applies (nvidia-toolkit-behaviour.md §3.1).
+        for a in annotations::parse(spec.get("annotations"), &config.cdi_annotation_prefixes)? {
+            let source = Source::Annotation(a.key.clone());
+            if !sources.contains(&source) {
+                sources.push(source);
+            }
+            if !annotation_devices.iter().any(|d| d.device == a.device) {
+                annotation_devices.push(a);
+            }
+        }
+    }
     let wants = devices != VisibleDevices::NotRequested;
     // Capabilities and requirements only matter for GPU containers; an unknown capability in a
     // non-GPU container must not fail it.
@@ -383,7 +413,103 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
         disable_require: lookup(&env, DISABLE_REQUIRE).is_some_and(parse_bool),
         privileged,
         ignored_unprivileged_env,
+        annotation_devices,
     })
+}
+
+/// How a request is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Not a GPU container.
+    Nothing,
+    /// Resolved against the host (`legacy::resolve`).
+    Legacy,
+    /// These fully qualified CDI devices, from the spec directories.
+    Cdi(Vec<String>),
+}
+
+/// Decides between legacy and CDI by `mode` (the CDI issue; NVIDIA's `internal/info/auto.go`):
+/// - `legacy`: annotations are not read; `NVIDIA_VISIBLE_DEVICES` is resolved on the host.
+/// - `cdi`: annotations if any, else `NVIDIA_VISIBLE_DEVICES`; names without a kind get
+///   `cdi-default-kind` (`0` → `nvidia.com/gpu=0`, `all` → `nvidia.com/gpu=all`).
+/// - `auto`: annotations if any (each must be fully qualified); else CDI when every id in
+///   `NVIDIA_VISIBLE_DEVICES` is a qualified name, legacy when none is, an error when mixed.
+///
+/// Annotations take precedence over the environment, as in NVIDIA's `VisibleDevices`. A name
+/// shaped `vendor/class=name` that breaks the name grammar is an error, not a legacy id.
+pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> {
+    let qualify = |id: &str| {
+        if cdi_name::looks_qualified(id) {
+            id.to_string()
+        } else {
+            format!("{}={id}", config.cdi_default_kind)
+        }
+    };
+    let names: Vec<String> = match config.mode {
+        Mode::Legacy => {
+            return Ok(if request.wants_gpus() {
+                Route::Legacy
+            } else {
+                Route::Nothing
+            })
+        }
+        Mode::Cdi if !request.annotation_devices.is_empty() => request
+            .annotation_devices
+            .iter()
+            .map(|d| qualify(&d.device))
+            .collect(),
+        Mode::Cdi => match &request.devices {
+            VisibleDevices::NotRequested => return Ok(Route::Nothing),
+            VisibleDevices::NoGpus => vec![qualify("none")],
+            VisibleDevices::All => vec![qualify("all")],
+            VisibleDevices::List(ids) => ids.iter().map(|d| qualify(d)).collect(),
+        },
+        Mode::Auto if !request.annotation_devices.is_empty() => {
+            if let Some(d) = request
+                .annotation_devices
+                .iter()
+                .find(|d| !cdi_name::looks_qualified(&d.device))
+            {
+                return Err(RequestError::UnqualifiedAnnotation {
+                    key: d.key.clone(),
+                    device: d.device.clone(),
+                });
+            }
+            request
+                .annotation_devices
+                .iter()
+                .map(|d| d.device.clone())
+                .collect()
+        }
+        Mode::Auto => match &request.devices {
+            VisibleDevices::NotRequested => return Ok(Route::Nothing),
+            VisibleDevices::NoGpus | VisibleDevices::All => return Ok(Route::Legacy),
+            VisibleDevices::List(ids) => {
+                let (qualified, unqualified): (Vec<String>, Vec<String>) = ids
+                    .iter()
+                    .cloned()
+                    .partition(|d| cdi_name::looks_qualified(d));
+                if qualified.is_empty() {
+                    return Ok(Route::Legacy);
+                }
+                if !unqualified.is_empty() {
+                    return Err(RequestError::MixedDeviceNames {
+                        qualified,
+                        unqualified,
+                    });
+                }
+                qualified
+            }
+        },
+    };
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        cdi_name::parse_qualified_name(&n)?;
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    Ok(Route::Cdi(out))
 }
 
 /// What the host offers, to check requirements against.
@@ -642,5 +768,102 @@ mod tests {
     fn non_gpu_container_ignores_bad_capabilities() {
         let spec = json!({"process": {"env": ["NVIDIA_DRIVER_CAPABILITIES=bogus"]}});
         assert!(!from_spec(&spec, &Config::default()).unwrap().wants_gpus());
+    }
+
+    fn route_of(spec: Value, mode: Mode) -> Result<Route, RequestError> {
+        let cfg = Config {
+            mode,
+            ..Config::default()
+        };
+        route(&from_spec(&spec, &cfg)?, &cfg)
+    }
+
+    fn cdi(names: &[&str]) -> Result<Route, RequestError> {
+        Ok(Route::Cdi(names.iter().map(|s| s.to_string()).collect()))
+    }
+
+    #[test]
+    fn route_auto() {
+        let env = |v: &str| json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}});
+        assert_eq!(route_of(json!({}), Mode::Auto), Ok(Route::Nothing));
+        assert_eq!(route_of(env("0,1"), Mode::Auto), Ok(Route::Legacy));
+        assert_eq!(route_of(env("all"), Mode::Auto), Ok(Route::Legacy));
+        assert_eq!(
+            route_of(
+                env("nvidia.com/gpu=0,nvidia.com/gpu=1,nvidia.com/gpu=0"),
+                Mode::Auto
+            ),
+            cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+        );
+        let err = route_of(env("nvidia.com/gpu=0,1"), Mode::Auto).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("mixes CDI device names (nvidia.com/gpu=0) with GPU ids (1)"),
+            "{err}"
+        );
+        assert!(matches!(
+            route_of(env("nvidia.com/gpu=-bad"), Mode::Auto),
+            Err(RequestError::BadCdiName(_))
+        ));
+        // Annotations win over the environment, and need no privilege.
+        let spec = json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"], "capabilities": {"bounding": []}},
+            "annotations": {"cdi.k8s.io/b": "nvidia.com/gpu=1", "cdi.k8s.io/a": "nvidia.com/gpu=0,nvidia.com/gpu=1", "other": "x"}
+        });
+        assert_eq!(
+            route_of(spec.clone(), Mode::Auto),
+            cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+        );
+        let r = from_spec(&spec, &Config::default()).unwrap();
+        assert!(r
+            .sources
+            .contains(&Source::Annotation("cdi.k8s.io/a".into())));
+        let spec = json!({"annotations": {"cdi.k8s.io/x": "0"}});
+        let err = route_of(spec, Mode::Auto).unwrap_err().to_string();
+        assert!(
+            err.contains("\"cdi.k8s.io/x\"") && err.contains("\"0\""),
+            "{err}"
+        );
+        assert!(matches!(
+            route_of(
+                json!({"annotations": {"cdi.k8s.io/x": "a/b=c,"}}),
+                Mode::Auto
+            ),
+            Err(RequestError::Annotation(_))
+        ));
+    }
+
+    #[test]
+    fn route_cdi_and_legacy_modes() {
+        let env = |v: &str| json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}});
+        assert_eq!(
+            route_of(env("0,nvidia.com/gpu=1,GPU-abc"), Mode::Cdi),
+            cdi(&[
+                "nvidia.com/gpu=0",
+                "nvidia.com/gpu=1",
+                "nvidia.com/gpu=GPU-abc"
+            ])
+        );
+        assert_eq!(
+            route_of(env("all"), Mode::Cdi),
+            cdi(&["nvidia.com/gpu=all"])
+        );
+        assert_eq!(route_of(env("void"), Mode::Cdi), Ok(Route::Nothing));
+        assert_eq!(
+            route_of(json!({"annotations": {"cdi.k8s.io/x": "0"}}), Mode::Cdi),
+            cdi(&["nvidia.com/gpu=0"])
+        );
+        // Legacy mode does not read annotations at all.
+        assert_eq!(
+            route_of(
+                json!({"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"}}),
+                Mode::Legacy
+            ),
+            Ok(Route::Nothing)
+        );
+        assert_eq!(
+            route_of(env("nvidia.com/gpu=0"), Mode::Legacy),
+            Ok(Route::Legacy)
+        );
     }
 }

@@ -1,0 +1,528 @@
+//! `nvshim cdi generate`: a CDI spec for this host's GPUs (nvidia-toolkit-behaviour.md §5).
+//!
+//! Devices: one per full GPU under each naming strategy (index `0`, UUID `GPU-…`,
+//! type-index `gpu0`), one per MIG device (`0:1`, `MIG-…`, `mig0:1`) where NVML reports MIG,
+//! and `all`. As in NVIDIA's generator, a MIG-enabled GPU is served through its MIG devices
+//! only. Global edits: `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the
+//! control nodes that exist, every `*.so.<driver version>` library with the binaries, GSP
+//! firmware and IPC sockets the host has, read-only and private, and two `createContainer`
+//! hooks with an explicit environment (SONAME links, then the ld.so.cache update), built the
+//! way `legacy` builds them. Device nodes carry what a `stat` of the host node says (major,
+//! minor, mode, a non-root group), without `type`, so a consumer re-stats the node at create
+//! time and a node that has vanished fails loudly. `cdiVersion` is the lowest the content
+//! needs: old consumers (podman 4 reads up to 0.5.0) keep working.
+//!
+//! Discovery is NVML when the driver root's `libnvidia-ml.so.1` loads and answers; otherwise
+//! `/proc/driver/nvidia` (no MIG), with the reason reported.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use thiserror::Error;
+
+use super::nvml::{self, GpuInfo, MigInfo};
+use super::spec::{self, Device, Spec, SpecError};
+use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::host::{DriverLibrary, Host, HostError, HostFile};
+use crate::legacy::{HOOK_ENV, MOUNT_OPTIONS};
+
+/// Mount options of IPC sockets: writable, no exec (NVIDIA `internal/discover/ipc.go`).
+pub const IPC_MOUNT_OPTIONS: &[&str] = &["nosuid", "nodev", "rbind", "rprivate", "noexec"];
+
+/// Control nodes, in NVIDIA's order (`pkg/nvcdi/common-nvml.go`); only those present are added.
+const CONTROL_NODES: &[&str] = &[
+    "nvidia-modeset",
+    "nvidia-uvm-tools",
+    "nvidia-uvm",
+    "nvidiactl",
+];
+
+/// Driver binaries mounted into containers (NVIDIA `pkg/nvcdi/driver-nvml.go`).
+const BINARIES: &[&str] = &[
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+];
+
+#[derive(Debug, Error)]
+pub enum GenerateError {
+    #[error("{context}: {source}")]
+    Host {
+        context: &'static str,
+        source: HostError,
+    },
+    #[error("no GPUs found ({from})")]
+    NoGpus { from: String },
+    #[error("MIG device {device} of GPU {gpu}: no {capability:?} line in {file}")]
+    MigCapability {
+        gpu: u32,
+        device: u32,
+        capability: String,
+        file: PathBuf,
+    },
+    #[error("the generated spec is invalid (a bug in nvshim): {0}")]
+    Invalid(#[from] SpecError),
+    #[error("unknown device name strategy {0:?} (index, uuid, type-index)")]
+    Strategy(String),
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How devices are named (`--device-name-strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameStrategy {
+    /// `0`, MIG `0:1`.
+    Index,
+    /// `GPU-<uuid>`, MIG `MIG-<uuid>`.
+    Uuid,
+    /// `gpu0`, MIG `mig0:1`.
+    TypeIndex,
+}
+
+impl FromStr for NameStrategy {
+    type Err = GenerateError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "index" => Ok(NameStrategy::Index),
+            "uuid" => Ok(NameStrategy::Uuid),
+            "type-index" => Ok(NameStrategy::TypeIndex),
+            other => Err(GenerateError::Strategy(other.into())),
+        }
+    }
+}
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub vendor: String,
+    pub class: String,
+    /// Each device appears once per strategy (NVIDIA's default: index and UUID).
+    pub strategies: Vec<NameStrategy>,
+    /// Add the `all` device.
+    pub all_device: bool,
+    /// The `nvshim-hook` binary written into the hooks.
+    pub hook_path: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            vendor: "nvidia.com".into(),
+            class: "gpu".into(),
+            strategies: vec![NameStrategy::Index, NameStrategy::Uuid],
+            all_device: true,
+            hook_path: PathBuf::from("/usr/bin/nvshim-hook"),
+        }
+    }
+}
+
+/// Where the GPU list came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// NVML, from this library.
+    Nvml(PathBuf),
+    /// `/proc/driver/nvidia` (no MIG), because NVML could not be used.
+    Proc { reason: String },
+}
+
+/// The GPUs and driver version a spec is generated for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    pub driver_version: String,
+    pub gpus: Vec<GpuInfo>,
+    pub source: Source,
+}
+
+/// NVML when it loads and answers, else `/proc`.
+pub fn discover(host: &Host) -> Result<Discovery, GenerateError> {
+    let nvml = nvml::library_path(host).and_then(nvml::discover);
+    let reason = match nvml {
+        Ok(n) => {
+            return Ok(Discovery {
+                driver_version: n.driver_version,
+                gpus: n.gpus,
+                source: Source::Nvml(n.lib),
+            })
+        }
+        Err(e) => e.to_string(),
+    };
+    let host_err = |context| move |source| GenerateError::Host { context, source };
+    let driver_version = host
+        .driver_version()
+        .map_err(host_err("reading the driver version"))?;
+    let gpus = host
+        .gpus()
+        .map_err(host_err("listing GPUs"))?
+        .into_iter()
+        .map(|g| GpuInfo {
+            index: g.index as u32,
+            minor: g.minor,
+            uuid: g.uuid,
+            name: g.model,
+            bus_id: g.bus_id,
+            mig_enabled: false,
+            migs: Vec::new(),
+        })
+        .collect();
+    Ok(Discovery {
+        driver_version,
+        gpus,
+        source: Source::Proc { reason },
+    })
+}
+
+/// A device node edit from the host node `<dev-root>/dev/<name>`: numbers, mode and a non-root
+/// group from `lstat`; path (and host path) only when it cannot be stat'ed. Also returns the
+/// group to add to the container's groups when the node is not usable by "other".
+fn node_edit(host: &Host, name: &str) -> (DeviceNode, Option<u32>) {
+    let container_path = format!("/dev/{name}");
+    let default_host = host.roots().dev_root.join("dev").join(name);
+    let host_path_of = |p: &Path| {
+        let p = p.to_string_lossy().into_owned();
+        (p != container_path).then_some(p)
+    };
+    match host.device_node(name) {
+        Some(n) => {
+            // NVIDIA ≥ 1.19: the gid when non-zero, and additionalGids when the node is not
+            // world read-write (`internal/edits/device.go`).
+            let gid = (n.gid != 0).then_some(n.gid);
+            let extra = gid.filter(|_| n.file_mode & 0o006 != 0o006);
+            (
+                DeviceNode {
+                    path: container_path.clone(),
+                    host_path: host_path_of(&n.host_path),
+                    kind: None,
+                    major: Some(n.major.into()),
+                    minor: Some(n.minor.into()),
+                    file_mode: Some(n.file_mode),
+                    permissions: Some("rwm".into()),
+                    uid: None,
+                    gid,
+                },
+                extra,
+            )
+        }
+        None => (
+            DeviceNode {
+                path: container_path.clone(),
+                host_path: host_path_of(&default_host),
+                ..Default::default()
+            },
+            None,
+        ),
+    }
+}
+
+fn add_node(edits: &mut ContainerEdits, (node, gid): (DeviceNode, Option<u32>)) {
+    if !edits.device_nodes.iter().any(|d| d.path == node.path) {
+        edits.device_nodes.push(node);
+    }
+    if let Some(g) = gid {
+        if !edits.additional_gids.contains(&g) {
+            edits.additional_gids.push(g);
+        }
+    }
+}
+
+fn mount(f: &HostFile, options: &[&str]) -> Mount {
+    Mount {
+        host_path: f.host_path.to_string_lossy().into_owned(),
+        container_path: f.container_path.clone(),
+        // No `type`, as NVIDIA writes them: `rbind` in the options makes it a bind mount, and
+        // a type would raise the spec to 0.4.0 for nothing.
+        kind: None,
+        options: options.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+/// `create-symlinks` links (`target::link`) for the mounted libraries: SONAME links, the
+/// `<name>.so` development links the host has, `libcuda.so` always, and NVIDIA's fixed extras
+/// (`pkg/nvcdi`, `internal/discover/symlinks.go`).
+fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> Vec<String> {
+    let root = &host.roots().driver_root;
+    let mut links: Vec<(String, String)> = Vec::new();
+    let mut add = |target: String, link: String| {
+        if !links.iter().any(|(_, l)| *l == link) {
+            links.push((target, link));
+        }
+    };
+    let suffix = format!(".so.{driver_version}");
+    for l in libs {
+        let (dir, file) = split(&l.file.container_path);
+        if l.soname != file {
+            add(file.to_string(), format!("{dir}/{}", l.soname));
+        }
+        let stem = file.strip_suffix(&suffix).unwrap_or(file);
+        let dev_link = format!("{dir}/{stem}.so");
+        // `libcuda.so` and `libnvidia-opticalflow.so` always; other `<name>.so` only where the
+        // host has that link.
+        if l.soname == "libcuda.so.1"
+            || stem == "libnvidia-opticalflow"
+            || std::fs::symlink_metadata(crate::host::under_root(root, &dev_link))
+                .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            add(l.soname.clone(), dev_link);
+        }
+        if stem == "libGLX_nvidia" {
+            add(file.to_string(), format!("{dir}/libGLX_indirect.so.0"));
+        }
+    }
+    links
+        .into_iter()
+        .map(|(t, l)| format!("{t}::{l}"))
+        .collect()
+}
+
+/// The edits every device shares.
+fn global_edits(
+    host: &Host,
+    driver_version: &str,
+    hook_path: &Path,
+) -> Result<ContainerEdits, GenerateError> {
+    let mut edits = ContainerEdits {
+        env: vec![format!("{}=void", crate::request::VISIBLE_DEVICES)],
+        ..Default::default()
+    };
+    for name in CONTROL_NODES {
+        if host.device_node(name).is_some() {
+            add_node(&mut edits, node_edit(host, name));
+        }
+    }
+    let cache = host.ld_cache().map_err(|source| GenerateError::Host {
+        context: "reading the host's ld.so.cache",
+        source,
+    })?;
+    let libs = host.all_driver_libraries(&cache, driver_version);
+    for l in &libs {
+        edits.mounts.push(mount(&l.file, MOUNT_OPTIONS));
+    }
+    for f in host
+        .binaries(BINARIES)
+        .iter()
+        .chain(&host.firmware_files(driver_version))
+    {
+        edits.mounts.push(mount(f, MOUNT_OPTIONS));
+    }
+    for f in host.ipc_paths() {
+        edits.mounts.push(mount(&f, IPC_MOUNT_OPTIONS));
+    }
+    let hook = |args: Vec<String>| Hook {
+        hook_name: "createContainer".into(),
+        path: hook_path.to_string_lossy().into_owned(),
+        args,
+        env: Some(vec![HOOK_ENV.to_string()]),
+        timeout: None,
+    };
+    let links = library_links(host, &libs, driver_version);
+    if !links.is_empty() {
+        let mut args = vec!["nvshim-hook".to_string(), "create-symlinks".to_string()];
+        for l in links {
+            args.push("--link".into());
+            args.push(l);
+        }
+        edits.hooks.push(hook(args));
+    }
+    let mut folders: Vec<&str> = Vec::new();
+    for l in &libs {
+        let (dir, _) = split(&l.file.container_path);
+        let dir = if dir.is_empty() { "/" } else { dir };
+        if !folders.contains(&dir) {
+            folders.push(dir);
+        }
+    }
+    if !folders.is_empty() {
+        let mut args = vec!["nvshim-hook".to_string(), "update-ldcache".to_string()];
+        for f in folders {
+            args.push("--folder".into());
+            args.push(f.into());
+        }
+        edits.hooks.push(hook(args));
+    }
+    Ok(edits)
+}
+
+/// The `access` capability minor of a MIG path, from `mig-minors`.
+fn cap_minor(minors: &[(String, u32)], cap: &str) -> Option<u32> {
+    minors.iter().find(|(c, _)| c == cap).map(|(_, m)| *m)
+}
+
+/// One physical or MIG device before naming.
+struct Unit {
+    /// Per strategy.
+    index_name: String,
+    uuid: String,
+    type_index_name: String,
+    edits: ContainerEdits,
+}
+
+fn mig_unit(
+    host: &Host,
+    minors: &[(String, u32)],
+    gpu: &GpuInfo,
+    mig: &MigInfo,
+) -> Result<Unit, GenerateError> {
+    let mut edits = ContainerEdits::default();
+    add_node(&mut edits, node_edit(host, &format!("nvidia{}", gpu.minor)));
+    let gi = format!("gpu{}/gi{}/access", gpu.minor, mig.gpu_instance);
+    let ci = format!(
+        "gpu{}/gi{}/ci{}/access",
+        gpu.minor, mig.gpu_instance, mig.compute_instance
+    );
+    for cap in [gi, ci] {
+        let minor = cap_minor(minors, &cap).ok_or_else(|| GenerateError::MigCapability {
+            gpu: gpu.index,
+            device: mig.index,
+            capability: cap.clone(),
+            file: host.roots().proc_root.join("driver/nvidia-caps/mig-minors"),
+        })?;
+        add_node(
+            &mut edits,
+            node_edit(host, &format!("nvidia-caps/nvidia-cap{minor}")),
+        );
+    }
+    Ok(Unit {
+        index_name: format!("{}:{}", gpu.index, mig.index),
+        uuid: mig.uuid.clone(),
+        type_index_name: format!("mig{}:{}", gpu.index, mig.index),
+        edits,
+    })
+}
+
+/// Builds the spec for `discovery` on `host`.
+pub fn generate(host: &Host, discovery: &Discovery, opts: &Options) -> Result<Spec, GenerateError> {
+    if discovery.gpus.is_empty() {
+        return Err(GenerateError::NoGpus {
+            from: match &discovery.source {
+                Source::Nvml(lib) => format!("NVML {}", lib.display()),
+                Source::Proc { reason } => format!(
+                    "{}; NVML not used: {reason}",
+                    host.roots().proc_root.join("driver/nvidia/gpus").display()
+                ),
+            },
+        });
+    }
+    let mut units = Vec::new();
+    let needs_mig = discovery.gpus.iter().any(|g| g.mig_enabled);
+    let minors = if needs_mig {
+        host.mig_minors().map_err(|source| GenerateError::Host {
+            context: "reading MIG capability minors",
+            source,
+        })?
+    } else {
+        Vec::new()
+    };
+    for g in discovery.gpus.iter().filter(|g| !g.mig_enabled) {
+        let mut edits = ContainerEdits::default();
+        add_node(&mut edits, node_edit(host, &format!("nvidia{}", g.minor)));
+        units.push(Unit {
+            index_name: g.index.to_string(),
+            uuid: g.uuid.clone(),
+            type_index_name: format!("gpu{}", g.index),
+            edits,
+        });
+    }
+    for g in discovery.gpus.iter().filter(|g| g.mig_enabled) {
+        for m in &g.migs {
+            units.push(mig_unit(host, &minors, g, m)?);
+        }
+    }
+    let mut devices: Vec<Device> = Vec::new();
+    for strategy in &opts.strategies {
+        for u in &units {
+            let name = match strategy {
+                NameStrategy::Index => &u.index_name,
+                NameStrategy::Uuid => &u.uuid,
+                NameStrategy::TypeIndex => &u.type_index_name,
+            };
+            if !devices.iter().any(|d| d.name == *name) {
+                devices.push(Device {
+                    name: name.clone(),
+                    container_edits: u.edits.clone(),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    if opts.all_device && !units.is_empty() {
+        let mut all = ContainerEdits::default();
+        for u in &units {
+            for n in &u.edits.device_nodes {
+                add_node(&mut all, (n.clone(), None));
+            }
+            for g in &u.edits.additional_gids {
+                if !all.additional_gids.contains(g) {
+                    all.additional_gids.push(*g);
+                }
+            }
+        }
+        devices.push(Device {
+            name: "all".into(),
+            container_edits: all,
+            ..Default::default()
+        });
+    }
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: format!("{}/{}", opts.vendor, opts.class),
+        annotations: Default::default(),
+        devices,
+        container_edits: global_edits(host, &discovery.driver_version, &opts.hook_path)?,
+    };
+    spec.cdi_version = spec.minimum_version().to_string();
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Writes `text` to `path` atomically (a temp file in the same directory, fsync, rename), mode
+/// 0644 as NVIDIA writes specs: a consumer scanning the directory never reads half a spec.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), GenerateError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| GenerateError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(err)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // The temp name must not end in .json/.yaml: a consumer scanning now must skip it.
+    let tmp = dir.join(format!(".{name}.nvshim-{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        // The umask may have narrowed the creation mode.
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+/// Serialises a generated spec.
+pub fn render(spec: &Spec, format: spec::Format) -> String {
+    spec.to_text(format)
+}

@@ -1,0 +1,178 @@
+//! GPU and MIG discovery through NVML, for `nvshim cdi generate` only: `create` never loads
+//! NVML (field-lessons.md §1, the cost of NVML on every container start).
+//!
+//! The library is the host's `libnvidia-ml.so.1` as the host's own ld.so.cache under the
+//! driver root names it, loaded by path, so a driver root such as `/run/nvidia/driver` is
+//! honoured the way the shim honours it. nvml-wrapper resolves NVML symbols lazily; a symbol
+//! the library lacks is an error of the call that needs it, never a crash.
+
+use std::path::PathBuf;
+
+use nvml_wrapper::error::{nvml_try, NvmlError};
+use nvml_wrapper::{Device, Nvml};
+use thiserror::Error;
+
+use crate::host::{normalize_bus_id, under_root, Host};
+
+/// `NVML_DEVICE_MIG_ENABLE`.
+const MIG_ENABLED: u32 = 1;
+
+#[derive(Debug, Error)]
+pub enum NvmlDiscoveryError {
+    #[error("no 64-bit libnvidia-ml.so.1 in the host's ld.so.cache under {0}")]
+    NotInCache(PathBuf),
+    #[error("{context}: {source}")]
+    Host {
+        context: &'static str,
+        source: crate::host::HostError,
+    },
+    #[error("NVML ({}): {what}: {source}", lib.display())]
+    Nvml {
+        lib: PathBuf,
+        what: String,
+        source: NvmlError,
+    },
+}
+
+/// One MIG device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigInfo {
+    /// Its handle index on the parent (`<gpu>:<index>` names it).
+    pub index: u32,
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    /// `NVIDIA H100 80GB HBM3 MIG 1g.10gb`.
+    pub name: String,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// NVML index (PCI bus order).
+    pub index: u32,
+    /// `/dev/nvidia<minor>`.
+    pub minor: u32,
+    pub uuid: String,
+    pub name: String,
+    /// `0000:1b:00.0`.
+    pub bus_id: String,
+    pub mig_enabled: bool,
+    pub migs: Vec<MigInfo>,
+}
+
+/// What NVML reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlHost {
+    pub lib: PathBuf,
+    pub driver_version: String,
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// The host path of `libnvidia-ml.so.1`, from the driver root's ld.so.cache.
+pub fn library_path(host: &Host) -> Result<PathBuf, NvmlDiscoveryError> {
+    let root = &host.roots().driver_root;
+    let cache = host.ld_cache().map_err(|source| NvmlDiscoveryError::Host {
+        context: "reading the host's ld.so.cache",
+        source,
+    })?;
+    cache
+        .entries
+        .iter()
+        .find(|e| e.is_64bit() && e.name == "libnvidia-ml.so.1")
+        .map(|e| under_root(root, &e.path))
+        .ok_or_else(|| NvmlDiscoveryError::NotInCache(root.clone()))
+}
+
+/// The GPU and compute instance ids of a MIG device. nvml-wrapper 0.13 does not wrap these two
+/// calls, so they go through its raw bindings.
+fn instance_ids(nvml: &Nvml, dev: &Device) -> Result<(u32, u32), NvmlError> {
+    let lib = nvml.lib();
+    let gi_fn = lib
+        .nvmlDeviceGetGpuInstanceId
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let ci_fn = lib
+        .nvmlDeviceGetComputeInstanceId
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let (mut gi, mut ci) = (0u32, 0u32);
+    // SAFETY: `dev.handle()` is a live MIG device handle obtained from `nvml`, which outlives
+    // this call; `gi` is a valid, writable `unsigned int`.
+    nvml_try(unsafe { gi_fn(dev.handle(), &mut gi) })?;
+    // SAFETY: as above, for `ci`.
+    nvml_try(unsafe { ci_fn(dev.handle(), &mut ci) })?;
+    Ok((gi, ci))
+}
+
+/// Enumerates GPUs and MIG devices through the NVML library at `lib`.
+pub fn discover(lib: PathBuf) -> Result<NvmlHost, NvmlDiscoveryError> {
+    let err = |what: String| {
+        let lib = lib.clone();
+        move |source| NvmlDiscoveryError::Nvml { lib, what, source }
+    };
+    let nvml = Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .map_err(err("loading and initialising".into()))?;
+    let driver_version = nvml
+        .sys_driver_version()
+        .map_err(err("driver version".into()))?;
+    let count = nvml.device_count().map_err(err("device count".into()))?;
+    let mut gpus = Vec::new();
+    for index in 0..count {
+        let what = |w: &str| format!("GPU {index}: {w}");
+        let dev = nvml.device_by_index(index).map_err(err(what("handle")))?;
+        let uuid = dev.uuid().map_err(err(what("UUID")))?;
+        let minor = dev.minor_number().map_err(err(what("minor number")))?;
+        let name = dev.name().map_err(err(what("name")))?;
+        let pci = dev.pci_info().map_err(err(what("PCI info")))?;
+        let bus_id = normalize_bus_id(&pci.bus_id).unwrap_or(pci.bus_id);
+        // A GPU without MIG support answers NotSupported.
+        let mig_enabled = match dev.mig_mode() {
+            Ok(mode) => mode.current == MIG_ENABLED,
+            Err(NvmlError::NotSupported) => false,
+            Err(e) => return Err(err(what("MIG mode"))(e)),
+        };
+        let mut migs = Vec::new();
+        if mig_enabled {
+            let max = dev
+                .mig_device_count()
+                .map_err(err(what("MIG device count")))?;
+            for m in 0..max {
+                let mig = match dev.mig_device_by_index(m) {
+                    Ok(d) => d,
+                    // An unused MIG slot.
+                    Err(NvmlError::NotFound) => continue,
+                    Err(e) => return Err(err(what(&format!("MIG device {m}")))(e)),
+                };
+                let (gpu_instance, compute_instance) =
+                    instance_ids(&nvml, &mig).map_err(err(what(&format!("MIG device {m} ids"))))?;
+                migs.push(MigInfo {
+                    index: m,
+                    uuid: mig
+                        .uuid()
+                        .map_err(err(what(&format!("MIG device {m} UUID"))))?,
+                    gpu_instance,
+                    compute_instance,
+                    name: mig.name().unwrap_or_default(),
+                });
+            }
+        }
+        gpus.push(GpuInfo {
+            index,
+            minor,
+            uuid,
+            name,
+            bus_id,
+            mig_enabled,
+            migs,
+        });
+    }
+    Ok(NvmlHost {
+        lib,
+        driver_version,
+        gpus,
+    })
+}

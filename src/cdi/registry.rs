@@ -1,0 +1,399 @@
+//! The spec directories as one registry of devices: scanning, priorities, conflicts, and the
+//! resolution of requested names into one [`ContainerEdits`] (cdi-conformance.md §4, §5.1).
+//!
+//! nvshim is one-shot: each `create` that asks for CDI devices scans the directories once; no
+//! watcher and no cache survive the process (§4.4).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+
+use thiserror::Error;
+
+use super::spec::{self, Spec, SpecFileError};
+use crate::edits::ContainerEdits;
+
+/// A problem met while scanning: the files concerned are skipped, the rest still serve.
+#[derive(Debug, Error)]
+pub enum ScanError {
+    #[error(transparent)]
+    Spec(#[from] SpecFileError),
+    #[error("cannot read CDI spec directory {}: {source} (later directories not scanned)", dir.display())]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: conflicting device {name:?} (specs {:?}, {:?})", path.display(), first.display(), second.display())]
+    Conflict {
+        path: PathBuf,
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+}
+
+impl ScanError {
+    /// The file or directory the problem is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            ScanError::Spec(e) => &e.path,
+            ScanError::Dir { dir, .. } => dir,
+            ScanError::Conflict { path, .. } => path,
+        }
+    }
+}
+
+/// Requested devices that no loaded spec provides. Says why for each, so an operator need not
+/// guess (field-lessons.md §2.8: "never surface 'unresolvable' without saying why").
+#[derive(Debug, Error)]
+#[error("unresolvable CDI devices {}: {why}", missing.join(", "))]
+pub struct ResolveError {
+    pub missing: Vec<String>,
+    pub why: String,
+}
+
+/// A spec that loaded, with where it came from.
+#[derive(Debug, Clone)]
+pub struct LoadedSpec {
+    pub path: PathBuf,
+    /// The index of its directory: later directories win.
+    pub priority: usize,
+    pub spec: Spec,
+}
+
+/// Every device of every valid spec in the spec directories.
+#[derive(Debug, Default)]
+pub struct Registry {
+    dirs: Vec<PathBuf>,
+    specs: Vec<LoadedSpec>,
+    /// Qualified name → (spec index, device index).
+    devices: BTreeMap<String, (usize, usize)>,
+    /// Names dropped because two specs of equal priority define them.
+    conflicts: BTreeMap<String, Vec<PathBuf>>,
+    errors: Vec<ScanError>,
+}
+
+/// `filepath.Clean` for the directory names (lexical; `..` at the root stays at the root).
+fn clean(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
+fn is_spec_file(name: &str) -> bool {
+    // `filepath.Ext` is exactly `.json` or `.yaml`: not `.yml`, not `.JSON`.
+    name.ends_with(".json") || name.ends_with(".yaml")
+}
+
+impl Registry {
+    /// Scans `dirs` in order (priority = position; later wins). A missing directory is skipped;
+    /// any other directory error stops the scan there, as the reference's does (§4.2).
+    pub fn load(dirs: &[PathBuf]) -> Registry {
+        let mut reg = Registry {
+            dirs: dirs.iter().map(|d| clean(d)).collect(),
+            ..Default::default()
+        };
+        let dirs = reg.dirs.clone();
+        'dirs: for (priority, dir) in dirs.iter().enumerate() {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    reg.errors.push(ScanError::Dir {
+                        dir: dir.clone(),
+                        source,
+                    });
+                    break;
+                }
+            };
+            let mut files: Vec<(String, bool)> = Vec::new();
+            for entry in entries {
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(source) => {
+                        reg.errors.push(ScanError::Dir {
+                            dir: dir.clone(),
+                            source,
+                        });
+                        break 'dirs;
+                    }
+                };
+                let name = entry.file_name().to_string_lossy().into_owned();
+                // The entry's own type: a symlink to a directory is not skipped here and fails
+                // to read below, as in the reference.
+                let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+                files.push((name, is_dir));
+            }
+            // os.ReadDir sorts by name.
+            files.sort();
+            for (name, is_dir) in files {
+                if is_dir || !is_spec_file(&name) {
+                    continue;
+                }
+                let path = dir.join(&name);
+                match spec::read_file(&path) {
+                    Ok(spec) => reg.add(LoadedSpec {
+                        path,
+                        priority,
+                        spec,
+                    }),
+                    Err(e) => reg.errors.push(ScanError::Spec(e)),
+                }
+            }
+        }
+        // A name defined twice at one priority is dropped, even where a higher-priority spec
+        // also defines it (cache.go `refresh`, cdi-conformance.md §4.3).
+        for name in reg.conflicts.keys() {
+            reg.devices.remove(name);
+        }
+        reg
+    }
+
+    /// Adds one loaded spec's devices, resolving conflicts against those already there.
+    fn add(&mut self, loaded: LoadedSpec) {
+        let index = self.specs.len();
+        for (d, device) in loaded.spec.devices.iter().enumerate() {
+            let qualified = format!("{}={}", loaded.spec.kind, device.name);
+            match self.devices.get(&qualified).copied() {
+                None => {
+                    self.devices.insert(qualified, (index, d));
+                }
+                Some((held, _)) => {
+                    let old = &self.specs[held];
+                    if loaded.priority > old.priority {
+                        self.devices.insert(qualified, (index, d));
+                    } else if loaded.priority == old.priority {
+                        let (first, second) = (old.path.clone(), loaded.path.clone());
+                        for path in [&first, &second] {
+                            self.errors.push(ScanError::Conflict {
+                                path: path.clone(),
+                                name: qualified.clone(),
+                                first: first.clone(),
+                                second: second.clone(),
+                            });
+                        }
+                        let files = self.conflicts.entry(qualified).or_default();
+                        for p in [first, second] {
+                            if !files.contains(&p) {
+                                files.push(p);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.specs.push(loaded);
+    }
+
+    /// The directories scanned, cleaned.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Specs that loaded, in scan order.
+    pub fn specs(&self) -> &[LoadedSpec] {
+        &self.specs
+    }
+
+    /// What went wrong while scanning.
+    pub fn errors(&self) -> &[ScanError] {
+        &self.errors
+    }
+
+    /// Every resolvable qualified name with the spec that provides it, sorted by name.
+    pub fn devices(&self) -> impl Iterator<Item = (&str, &LoadedSpec)> {
+        self.devices
+            .iter()
+            .map(|(name, (s, _))| (name.as_str(), &self.specs[*s]))
+    }
+
+    /// The spec and device a qualified name resolves to (exact, case-sensitive match).
+    pub fn device(&self, qualified: &str) -> Option<(&LoadedSpec, &spec::Device)> {
+        self.devices
+            .get(qualified)
+            .map(|(s, d)| (&self.specs[*s], &self.specs[*s].spec.devices[*d]))
+    }
+
+    /// The edits for `names`, accumulated as the reference's `InjectDevices` does (§5.1): for
+    /// each name in order, its spec's global edits the first time that spec is seen, then the
+    /// device's own. Fails naming every name that does not resolve, before anything is built.
+    pub fn resolve(&self, names: &[String]) -> Result<ContainerEdits, ResolveError> {
+        let missing: Vec<String> = names
+            .iter()
+            .filter(|n| !self.devices.contains_key(*n))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            let why = self.explain(&missing);
+            return Err(ResolveError { missing, why });
+        }
+        let mut edits = ContainerEdits::default();
+        let mut seen: Vec<usize> = Vec::new();
+        for name in names {
+            let Some(&(s, d)) = self.devices.get(name) else {
+                continue;
+            };
+            let spec = &self.specs[s].spec;
+            if !seen.contains(&s) {
+                seen.push(s);
+                edits.append(&spec.container_edits);
+            }
+            edits.append(&spec.devices[d].container_edits);
+        }
+        normalize_empty(&mut edits);
+        Ok(edits)
+    }
+
+    fn explain(&self, missing: &[String]) -> String {
+        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        let mut reasons: Vec<String> = Vec::new();
+        for name in missing {
+            if let Some(files) = self.conflicts.get(name) {
+                let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+                reasons.push(format!(
+                    "{name} is defined by more than one spec in the same directory ({}), so by none",
+                    files.join(", ")
+                ));
+                continue;
+            }
+            let kind = name.split_once('=').map_or(name.as_str(), |(k, _)| k);
+            let specs: Vec<&LoadedSpec> =
+                self.specs.iter().filter(|s| s.spec.kind == kind).collect();
+            if specs.is_empty() {
+                reasons.push(format!(
+                    "no valid spec in {} defines kind {kind:?}",
+                    dirs.join(", ")
+                ));
+            } else {
+                let mut have: Vec<&str> = specs
+                    .iter()
+                    .flat_map(|s| s.spec.devices.iter().map(|d| d.name.as_str()))
+                    .collect();
+                have.sort_unstable();
+                have.dedup();
+                let shown: Vec<&str> = have.iter().take(12).copied().collect();
+                let more = if have.len() > shown.len() {
+                    ", ..."
+                } else {
+                    ""
+                };
+                let files: Vec<String> =
+                    specs.iter().map(|s| s.path.display().to_string()).collect();
+                reasons.push(format!(
+                    "{} (kind {kind:?}) has no device {:?}; it has {}{more}",
+                    files.join(", "),
+                    name.split_once('=').map_or("", |(_, n)| n),
+                    shown.join(", ")
+                ));
+            }
+        }
+        let failed: Vec<String> = self
+            .errors
+            .iter()
+            .filter(|e| matches!(e, ScanError::Spec(_) | ScanError::Dir { .. }))
+            .map(|e| e.to_string())
+            .collect();
+        if !failed.is_empty() {
+            reasons.push(format!(
+                "{} spec file(s) or directories failed to load: {}",
+                failed.len(),
+                failed.join("; ")
+            ));
+        }
+        reasons.join("; ")
+    }
+}
+
+/// Go leaves an empty string where YAML has `hostPath: ""`, and the reference treats "" as
+/// unset (`fillMissingInfo`: an empty hostPath is the path; an empty mount type is omitted from
+/// the OCI mount). The serde model keeps `Some("")`; make it `None` before applying.
+fn normalize_empty(edits: &mut ContainerEdits) {
+    let empty = |o: &mut Option<String>| {
+        if o.as_deref() == Some("") {
+            *o = None;
+        }
+    };
+    for d in &mut edits.device_nodes {
+        empty(&mut d.host_path);
+        empty(&mut d.kind);
+        empty(&mut d.permissions);
+    }
+    for m in &mut edits.mounts {
+        empty(&mut m.kind);
+    }
+}
+
+/// Device nodes whose declared major:minor differs from the host node they name: the mark of
+/// a spec generated before a driver reload or reboot moved a dynamic major (nvidia-uvm), which
+/// otherwise gives a container where `nvidia-smi` works and `cuInit` fails (field-lessons.md
+/// §2.8). One `lstat` per node; a missing node is left to [`crate::edits::apply`] to report.
+pub fn stale_device_nodes(edits: &ContainerEdits) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in &edits.device_nodes {
+        let (Some(major), Some(minor)) = (d.major, d.minor) else {
+            continue;
+        };
+        if major == 0 {
+            continue;
+        }
+        let host = d.host_path.as_deref().unwrap_or(&d.path);
+        let Ok(meta) = std::fs::symlink_metadata(host) else {
+            continue;
+        };
+        let ft = meta.file_type();
+        if !(ft.is_char_device() || ft.is_block_device()) {
+            continue;
+        }
+        let rdev = meta.rdev();
+        let (hmaj, hmin) = (
+            nix::sys::stat::major(rdev) as i64,
+            nix::sys::stat::minor(rdev) as i64,
+        );
+        if (hmaj, hmin) != (major, minor) {
+            out.push(format!(
+                "{} is {major}:{minor} in the spec but {hmaj}:{hmin} on the host ({host}); regenerate the spec",
+                d.path
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edits::DeviceNode;
+
+    #[test]
+    fn stale_major_minor_is_reported() {
+        let node = |major, minor| DeviceNode {
+            path: "/dev/null".into(),
+            major: Some(major),
+            minor: Some(minor),
+            ..Default::default()
+        };
+        let edits = ContainerEdits {
+            device_nodes: vec![node(1, 3), node(1, 4)],
+            ..Default::default()
+        };
+        let stale = stale_device_nodes(&edits);
+        assert_eq!(stale.len(), 1, "{stale:?}");
+        assert!(
+            stale[0].contains("1:4 in the spec but 1:3 on the host"),
+            "{stale:?}"
+        );
+    }
+}

@@ -1,0 +1,747 @@
+//! Reading CDI spec files the way the reference library does, and writing YAML that every
+//! consumer reads back unchanged.
+//!
+//! The reference decodes every spec, `.json` or `.yaml`, with `sigs.k8s.io/yaml`: YAML 1.1
+//! scalars from `gopkg.in/yaml.v2`, then `encoding/json` with unknown fields rejected and keys
+//! matched case-insensitively (cdi-conformance.md §2.2). A typed serde YAML decoder gets several
+//! of these wrong for real specs: `fileMode: 0666` is octal (438) in YAML 1.1 but decimal in
+//! YAML 1.2 (serde_yaml, serde_norway, serde_yml), an unquoted `name: 0` must become the string
+//! `"0"`, `KIND:` must match `kind`. So this module reads the document with yaml-rust2's event
+//! parser (maintained, pure Rust, keeps each scalar's raw text and quoting style) into a small
+//! tree, and [`to_json`] converts it to JSON guided by the CDI [`Shape`]: YAML 1.1 resolution of
+//! plain scalars, the reference's coercion of numbers and booleans into string fields, key
+//! matching, unknown-field and duplicate-key errors with the path and line. The typed structs
+//! then deserialise from that JSON.
+//!
+//! Output ([`emit`]) is block YAML that quotes every string a YAML 1.1 reader could take for
+//! something else, so Go consumers (podman, containerd, CRI-O) read exactly what was written.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use serde_json::{Map, Number, Value};
+use thiserror::Error;
+use yaml_rust2::parser::{Event, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// A decoding error: where, and what.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{}{message}", location(*line, *col, path))]
+pub struct YamlError {
+    /// 1-based line, 0 when unknown.
+    pub line: usize,
+    pub col: usize,
+    /// `devices[0].containerEdits.deviceNodes[1].major`, empty at the top.
+    pub path: String,
+    pub message: String,
+}
+
+fn location(line: usize, col: usize, path: &str) -> String {
+    let mut s = String::new();
+    if line > 0 {
+        let _ = write!(s, "line {line} column {col}: ");
+    }
+    if !path.is_empty() {
+        let _ = write!(s, "{path}: ");
+    }
+    s
+}
+
+/// A parsed YAML node. Scalars keep their raw text; `plain` is false for quoted and block
+/// scalars and for `!!str`-tagged ones, which are always strings.
+#[derive(Debug, Clone)]
+pub enum Node {
+    Scalar {
+        text: String,
+        plain: bool,
+        line: usize,
+        col: usize,
+    },
+    Seq(Vec<Node>, usize),
+    Map(Vec<(Node, Node)>, usize),
+}
+
+impl Node {
+    fn line(&self) -> (usize, usize) {
+        match self {
+            Node::Scalar { line, col, .. } => (*line, *col),
+            Node::Seq(_, line) | Node::Map(_, line) => (*line, 0),
+        }
+    }
+}
+
+/// A plain scalar after YAML 1.1 resolution (yaml.v2 `resolve.go`).
+#[derive(Debug, Clone, PartialEq)]
+enum Scalar {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+}
+
+struct Reader<'a> {
+    parser: Parser<std::str::Chars<'a>>,
+    anchors: HashMap<usize, Node>,
+}
+
+fn scan_error(e: yaml_rust2::ScanError) -> YamlError {
+    YamlError {
+        line: e.marker().line(),
+        col: e.marker().col() + 1,
+        path: String::new(),
+        message: e.info().to_string(),
+    }
+}
+
+impl Reader<'_> {
+    fn next(&mut self) -> Result<(Event, Marker), YamlError> {
+        self.parser.next_token().map_err(scan_error)
+    }
+
+    fn node(&mut self, event: Event, mark: Marker) -> Result<Node, YamlError> {
+        let line = mark.line();
+        Ok(match event {
+            Event::Scalar(text, style, anchor, tag) => {
+                let is_str_tag = tag.as_ref().is_some_and(|t| t.suffix == "str");
+                let node = Node::Scalar {
+                    text,
+                    plain: style == TScalarStyle::Plain && !is_str_tag,
+                    line,
+                    col: mark.col() + 1,
+                };
+                self.remember(anchor, &node);
+                node
+            }
+            Event::SequenceStart(anchor, _) => {
+                let mut items = Vec::new();
+                loop {
+                    let (ev, m) = self.next()?;
+                    if ev == Event::SequenceEnd {
+                        break;
+                    }
+                    items.push(self.node(ev, m)?);
+                }
+                let node = Node::Seq(items, line);
+                self.remember(anchor, &node);
+                node
+            }
+            Event::MappingStart(anchor, _) => {
+                let mut entries = Vec::new();
+                loop {
+                    let (ev, m) = self.next()?;
+                    if ev == Event::MappingEnd {
+                        break;
+                    }
+                    let key = self.node(ev, m)?;
+                    let (ev, m) = self.next()?;
+                    let value = self.node(ev, m)?;
+                    entries.push((key, value));
+                }
+                let node = Node::Map(entries, line);
+                self.remember(anchor, &node);
+                node
+            }
+            Event::Alias(id) => self.anchors.get(&id).cloned().ok_or(YamlError {
+                line,
+                col: mark.col() + 1,
+                path: String::new(),
+                message: "unknown anchor".into(),
+            })?,
+            other => {
+                return Err(YamlError {
+                    line,
+                    col: mark.col() + 1,
+                    path: String::new(),
+                    message: format!("unexpected YAML event {other:?}"),
+                })
+            }
+        })
+    }
+
+    fn remember(&mut self, anchor: usize, node: &Node) {
+        if anchor > 0 {
+            self.anchors.insert(anchor, node.clone());
+        }
+    }
+}
+
+/// Parses the first document of `text`; `None` for an empty document or stream. Later
+/// documents are not read (yaml.v2 `Unmarshal` decodes the first one only).
+pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
+    let mut r = Reader {
+        parser: Parser::new_from_str(text),
+        anchors: HashMap::new(),
+    };
+    loop {
+        let (ev, mark) = r.next()?;
+        match ev {
+            Event::StreamStart | Event::DocumentStart | Event::Nothing => continue,
+            Event::StreamEnd | Event::DocumentEnd => return Ok(None),
+            ev => return r.node(ev, mark).map(Some),
+        }
+    }
+}
+
+/// Go's `strconv.ParseInt(s, 0, 64)` (and ParseUint), as yaml.v2 uses it: optional sign, then
+/// `0x`, `0o`, `0b`, a leading `0` for octal, or decimal.
+fn parse_go_int(s: &str) -> Option<i128> {
+    let (neg, body) = match s.as_bytes().first()? {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let (radix, digits) =
+        if let Some(d) = body.strip_prefix("0x").or_else(|| body.strip_prefix("0X")) {
+            (16, d)
+        } else if let Some(d) = body.strip_prefix("0o").or_else(|| body.strip_prefix("0O")) {
+            (8, d)
+        } else if let Some(d) = body.strip_prefix("0b").or_else(|| body.strip_prefix("0B")) {
+            (2, d)
+        } else if body.len() > 1 && body.starts_with('0') {
+            (8, &body[1..])
+        } else {
+            (10, body)
+        };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let v = i128::from_str_radix(digits, radix).ok()?;
+    let v = if neg { -v } else { v };
+    // int64 or uint64, as yaml.v2 tries both.
+    (v >= i128::from(i64::MIN) && v <= i128::from(u64::MAX)).then_some(v)
+}
+
+/// yaml.v2's float pattern `^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$`.
+fn is_yaml_float(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = 0;
+    if matches!(b.first(), Some(b'-' | b'+')) {
+        i = 1;
+    }
+    let digits = |i: &mut usize| {
+        let start = *i;
+        while *i < b.len() && b[*i].is_ascii_digit() {
+            *i += 1;
+        }
+        *i - start
+    };
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    } else {
+        if digits(&mut i) == 0 {
+            return false;
+        }
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            digits(&mut i);
+        }
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'-' | b'+')) {
+            i += 1;
+        }
+        if digits(&mut i) == 0 {
+            return false;
+        }
+    }
+    i == b.len()
+}
+
+/// Resolves a plain scalar with YAML 1.1 rules (yaml.v2). Timestamps stay strings.
+fn resolve_plain(text: &str) -> Scalar {
+    match text {
+        "" | "~" | "null" | "Null" | "NULL" => return Scalar::Null,
+        "y" | "Y" | "yes" | "Yes" | "YES" | "true" | "True" | "TRUE" | "on" | "On" | "ON" => {
+            return Scalar::Bool(true)
+        }
+        "n" | "N" | "no" | "No" | "NO" | "false" | "False" | "FALSE" | "off" | "Off" | "OFF" => {
+            return Scalar::Bool(false)
+        }
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Scalar::Float(f64::INFINITY)
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Scalar::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Scalar::Float(f64::NAN),
+        _ => {}
+    }
+    if text.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '+' | '-' | '.')) {
+        let plain = text.replace('_', "");
+        if let Some(v) = parse_go_int(&plain) {
+            return Scalar::Int(v);
+        }
+        if is_yaml_float(&plain) {
+            if let Ok(f) = plain.parse::<f64>() {
+                return Scalar::Float(f);
+            }
+        }
+    }
+    Scalar::Str(text.to_string())
+}
+
+fn scalar_of(node: &Node) -> Option<Scalar> {
+    match node {
+        Node::Scalar { text, plain, .. } => Some(if *plain {
+            resolve_plain(text)
+        } else {
+            Scalar::Str(text.clone())
+        }),
+        _ => None,
+    }
+}
+
+/// A number or boolean as sigs.k8s.io/yaml writes it into a string field
+/// (`strconv.FormatInt`, `FormatFloat(f, 'g', -1, 64)`, `FormatBool`).
+fn scalar_as_string(s: &Scalar) -> Option<String> {
+    Some(match s {
+        Scalar::Null => return None,
+        Scalar::Bool(b) => b.to_string(),
+        Scalar::Int(i) => i.to_string(),
+        Scalar::Float(f) if f.is_infinite() => if *f > 0.0 { "+Inf" } else { "-Inf" }.into(),
+        Scalar::Float(f) if f.is_nan() => "NaN".into(),
+        Scalar::Float(f) => format!("{f}"),
+        Scalar::Str(s) => s.clone(),
+    })
+}
+
+/// The JSON shape a spec field decodes into.
+#[derive(Debug, Clone, Copy)]
+pub enum Shape {
+    Str,
+    /// `int64` / `int`.
+    Int,
+    /// `uint32`.
+    U32,
+    Bool,
+    List(&'static Shape),
+    /// `map[string]string`.
+    StrMap,
+    Object(&'static [(&'static str, Shape)]),
+}
+
+fn describe(node: &Node) -> &'static str {
+    match node {
+        Node::Seq(..) => "a sequence",
+        Node::Map(..) => "a mapping",
+        Node::Scalar { .. } => match scalar_of(node) {
+            Some(Scalar::Null) => "null",
+            Some(Scalar::Bool(_)) => "a boolean",
+            Some(Scalar::Int(_)) => "an integer",
+            Some(Scalar::Float(_)) => "a number",
+            _ => "a string",
+        },
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// Converts `node` to JSON for `shape`. A null comes back as `Value::Null`; objects drop keys
+/// whose value is null, as Go leaves such fields unset.
+pub fn to_json(node: &Node, shape: &Shape, path: &str) -> Result<Value, YamlError> {
+    let (line, col) = node.line();
+    let err = |message: String| YamlError {
+        line,
+        col,
+        path: path.to_string(),
+        message,
+    };
+    let scalar = scalar_of(node);
+    if scalar == Some(Scalar::Null) {
+        return Ok(Value::Null);
+    }
+    match shape {
+        Shape::Str => match scalar.as_ref().and_then(scalar_as_string) {
+            Some(s) => Ok(Value::String(s)),
+            None => Err(err(format!("expected a string, found {}", describe(node)))),
+        },
+        Shape::Int | Shape::U32 => {
+            let v = match scalar {
+                Some(Scalar::Int(i)) => Some(i),
+                // yaml.v2 reads `08` as the float 8; JSON then carries `8`, which Go accepts.
+                Some(Scalar::Float(f)) if f.fract() == 0.0 && f.abs() < 9.2e18 => Some(f as i128),
+                _ => None,
+            }
+            .ok_or_else(|| err(format!("expected an integer, found {}", describe(node))))?;
+            let (lo, hi) = match shape {
+                Shape::U32 => (0, i128::from(u32::MAX)),
+                _ => (i128::from(i64::MIN), i128::from(i64::MAX)),
+            };
+            if v < lo || v > hi {
+                return Err(err(format!("integer {v} out of range")));
+            }
+            // In range of i64 by the check above.
+            Ok(Value::Number(Number::from(v as i64)))
+        }
+        Shape::Bool => match scalar {
+            Some(Scalar::Bool(b)) => Ok(Value::Bool(b)),
+            _ => Err(err(format!("expected a boolean, found {}", describe(node)))),
+        },
+        Shape::List(item) => {
+            let Node::Seq(items, _) = node else {
+                return Err(err(format!(
+                    "expected a sequence, found {}",
+                    describe(node)
+                )));
+            };
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let v = to_json(n, item, &format!("{path}[{i}]"))?;
+                    Ok(if v.is_null() { zero(item) } else { v })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Value::Array)
+        }
+        Shape::StrMap => {
+            let Node::Map(entries, _) = node else {
+                return Err(err(format!("expected a mapping, found {}", describe(node))));
+            };
+            let mut out = Map::new();
+            for (k, v) in entries {
+                let key = key_string(k, path)?;
+                if out.contains_key(&key) {
+                    return Err(duplicate(k, path, &key));
+                }
+                let value = to_json(v, &Shape::Str, &join(path, &key))?;
+                let value = if value.is_null() {
+                    Value::String(String::new())
+                } else {
+                    value
+                };
+                out.insert(key, value);
+            }
+            Ok(Value::Object(out))
+        }
+        Shape::Object(fields) => {
+            let Node::Map(entries, _) = node else {
+                return Err(err(format!("expected a mapping, found {}", describe(node))));
+            };
+            let mut seen: Vec<String> = Vec::new();
+            let mut out = Map::new();
+            for (k, v) in entries {
+                let key = key_string(k, path)?;
+                // yaml.v2 strict mode: an exact duplicate key is an error.
+                if seen.contains(&key) {
+                    return Err(duplicate(k, path, &key));
+                }
+                seen.push(key.clone());
+                // encoding/json: an exact match first, then a case-insensitive one.
+                let field = fields.iter().find(|(name, _)| *name == key).or_else(|| {
+                    fields
+                        .iter()
+                        .find(|(name, _)| name.eq_ignore_ascii_case(&key))
+                });
+                let Some((name, shape)) = field else {
+                    let (line, col) = k.line();
+                    return Err(YamlError {
+                        line,
+                        col,
+                        path: path.to_string(),
+                        message: format!("unknown field {key:?}"),
+                    });
+                };
+                let value = to_json(v, shape, &join(path, name))?;
+                // A later key differing only in case replaces the earlier one, as in Go.
+                if value.is_null() {
+                    out.remove(*name);
+                } else {
+                    out.insert((*name).to_string(), value);
+                }
+            }
+            Ok(Value::Object(out))
+        }
+    }
+}
+
+fn duplicate(k: &Node, path: &str, key: &str) -> YamlError {
+    let (line, col) = k.line();
+    YamlError {
+        line,
+        col,
+        path: path.to_string(),
+        message: format!("mapping key {key:?} already defined"),
+    }
+}
+
+fn key_string(k: &Node, path: &str) -> Result<String, YamlError> {
+    scalar_of(k)
+        .and_then(|s| scalar_as_string(&s).or(Some(String::new())))
+        .ok_or_else(|| {
+            let (line, col) = k.line();
+            YamlError {
+                line,
+                col,
+                path: path.to_string(),
+                message: "mapping keys must be scalars".into(),
+            }
+        })
+}
+
+/// The zero value Go leaves for a null list element.
+fn zero(shape: &Shape) -> Value {
+    match shape {
+        Shape::Str => Value::String(String::new()),
+        Shape::Int | Shape::U32 => Value::from(0),
+        Shape::Bool => Value::Bool(false),
+        Shape::List(_) => Value::Array(Vec::new()),
+        Shape::StrMap | Shape::Object(_) => Value::Object(Map::new()),
+    }
+}
+
+/// True when a string can be written plain and every YAML 1.1 and 1.2 reader reads it back as
+/// the same string: it starts with a letter or `/`, uses a conservative character set, and is
+/// not a YAML 1.1 boolean or null word.
+fn plain_ok(s: &str) -> bool {
+    let Some(first) = s.chars().next() else {
+        return false;
+    };
+    if !(first.is_ascii_alphabetic() || first == '/') {
+        return false;
+    }
+    if !s
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | '+' | '='))
+    {
+        return false;
+    }
+    !matches!(
+        s.to_ascii_lowercase().as_str(),
+        "y" | "n" | "yes" | "no" | "true" | "false" | "on" | "off" | "null"
+    )
+}
+
+fn emit_scalar(out: &mut String, v: &Value) {
+    match v {
+        Value::String(s) if plain_ok(s) => out.push_str(s),
+        // A JSON string literal is a valid YAML double-quoted scalar with the same value.
+        Value::String(s) => out.push_str(&Value::String(s.clone()).to_string()),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn is_block(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => false,
+    }
+}
+
+fn emit_value(out: &mut String, v: &Value, indent: usize) {
+    match v {
+        Value::Object(map) => {
+            let mut first = true;
+            for (k, val) in map {
+                if !first {
+                    out.push_str(&" ".repeat(indent));
+                }
+                first = false;
+                emit_scalar(out, &Value::String(k.clone()));
+                out.push(':');
+                emit_child(out, val, indent);
+            }
+        }
+        Value::Array(items) => {
+            let mut first = true;
+            for item in items {
+                if !first {
+                    out.push_str(&" ".repeat(indent));
+                }
+                first = false;
+                out.push_str("- ");
+                if is_block(item) {
+                    emit_value(out, item, indent + 2);
+                } else {
+                    emit_flow(out, item);
+                    out.push('\n');
+                }
+            }
+        }
+        other => {
+            emit_flow(out, other);
+            out.push('\n');
+        }
+    }
+}
+
+fn emit_flow(out: &mut String, v: &Value) {
+    match v {
+        Value::Array(_) => out.push_str("[]"),
+        Value::Object(_) => out.push_str("{}"),
+        other => emit_scalar(out, other),
+    }
+}
+
+/// After `key:` in a mapping at `indent`.
+fn emit_child(out: &mut String, v: &Value, indent: usize) {
+    match v {
+        // Sequences in a mapping sit at the key's indentation ("- " is the indentation).
+        Value::Array(a) if !a.is_empty() => {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+            emit_value(out, v, indent);
+        }
+        Value::Object(o) if !o.is_empty() => {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent + 2));
+            emit_value(out, v, indent + 2);
+        }
+        other => {
+            out.push(' ');
+            emit_flow(out, other);
+            out.push('\n');
+        }
+    }
+}
+
+/// Writes a JSON document as a block-style YAML document starting with `---`.
+pub fn emit(v: &Value) -> String {
+    let mut out = String::from("---\n");
+    if is_block(v) {
+        emit_value(&mut out, v, 0);
+    } else {
+        emit_flow(&mut out, v);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const FIELDS: &[(&str, Shape)] = &[
+        ("name", Shape::Str),
+        ("fileMode", Shape::U32),
+        ("major", Shape::Int),
+        ("flag", Shape::Bool),
+        ("list", Shape::List(&Shape::Str)),
+        ("annotations", Shape::StrMap),
+    ];
+    const OBJ: Shape = Shape::Object(FIELDS);
+
+    fn convert(text: &str) -> Result<Value, YamlError> {
+        let node = parse(text)?.expect("a document");
+        to_json(&node, &OBJ, "")
+    }
+
+    #[test]
+    fn yaml_1_1_scalars() {
+        let v =
+            convert("name: 0\nfileMode: 0666\nmajor: 0x10\nflag: yes\nlist: [on, 1.5, '07', ~]\n")
+                .unwrap();
+        assert_eq!(
+            v,
+            json!({"name": "0", "fileMode": 438, "major": 16, "flag": true, "list": ["true", "1.5", "07", ""]})
+        );
+        // Octal digits only: 08 is yaml.v2's float 8.
+        assert_eq!(convert("major: 08").unwrap(), json!({"major": 8}));
+        assert_eq!(convert("major: 1_000").unwrap(), json!({"major": 1000}));
+        assert_eq!(convert("name: \"0666\"").unwrap(), json!({"name": "0666"}));
+        assert_eq!(convert("name: !!str 12").unwrap(), json!({"name": "12"}));
+    }
+
+    #[test]
+    fn keys_case_insensitive_unknown_and_duplicates() {
+        assert_eq!(convert("NAME: x").unwrap(), json!({"name": "x"}));
+        let e = convert("name: x\nxyzzy: garbled\n").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.to_string().contains("unknown field \"xyzzy\""), "{e}");
+        let e = convert("name: x\nname: y\n").unwrap_err();
+        assert!(e.to_string().contains("already defined"), "{e}");
+        // Differing only in case: the later wins, as encoding/json does.
+        assert_eq!(convert("name: x\nNAME: z\n").unwrap(), json!({"name": "z"}));
+    }
+
+    #[test]
+    fn type_errors_name_the_path() {
+        let e = convert("major: \"195\"").unwrap_err();
+        assert_eq!(e.path, "major");
+        assert!(e.message.contains("expected an integer"), "{e}");
+        assert!(convert("fileMode: -1").is_err());
+        assert!(convert("flag: 1").is_err());
+        assert!(convert("list: x").is_err());
+    }
+
+    #[test]
+    fn json_is_yaml_and_nulls_are_unset() {
+        assert_eq!(
+            convert(r#"{"name": "a", "major": null, "list": null}"#).unwrap(),
+            json!({"name": "a"})
+        );
+        assert!(parse("").unwrap().is_none());
+        // An empty document is a null node: the spec reader reports "no Spec data".
+        let empty = parse("---\n").unwrap().unwrap();
+        assert!(to_json(&empty, &OBJ, "").unwrap().is_null());
+        // Only the first document counts.
+        assert_eq!(
+            convert("name: a\n---\nname: b\n").unwrap(),
+            json!({"name": "a"})
+        );
+    }
+
+    #[test]
+    fn anchors_and_aliases() {
+        let v = convert("list: &l [a, b]\nannotations: {x: *l}\n");
+        assert!(v.is_err(), "a sequence is not a string");
+        let v = convert("name: &n abc\nlist: [*n]\n").unwrap();
+        assert_eq!(v, json!({"name": "abc", "list": ["abc"]}));
+    }
+
+    #[test]
+    fn emitted_yaml_reads_back_identically() {
+        let doc = json!({
+            "cdiVersion": "0.5.0",
+            "kind": "nvidia.com/gpu",
+            "devices": [
+                {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "major": 195, "fileMode": 438}]}},
+                {"name": "0:1", "containerEdits": {"env": ["A=yes", "B=", "on"]}},
+                {"name": "yes", "containerEdits": {}},
+            ],
+            "containerEdits": {"hooks": [{"hookName": "createContainer", "args": ["a", "--link", "libcuda.so.1::/usr/lib/libcuda.so"], "env": []}], "nested": [[1, 2], []]},
+            "annotations": {"a/b": "#x", "c": " lead"}
+        });
+        let text = emit(&doc);
+        assert!(
+            text.starts_with(
+                "---\ncdiVersion: \"0.5.0\"\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n"
+            ),
+            "{text}"
+        );
+        // Read back with YAML 1.1 resolution: every scalar typed as written.
+        let node = parse(&text).unwrap().unwrap();
+        fn generic(node: &Node) -> Value {
+            match node {
+                Node::Scalar { text, plain, .. } => match if *plain {
+                    resolve_plain(text)
+                } else {
+                    Scalar::Str(text.clone())
+                } {
+                    Scalar::Int(i) => json!(i as i64),
+                    Scalar::Str(s) => json!(s),
+                    other => panic!("unexpected {other:?}"),
+                },
+                Node::Seq(items, _) => Value::Array(items.iter().map(generic).collect()),
+                Node::Map(entries, _) => Value::Object(
+                    entries
+                        .iter()
+                        .map(|(k, v)| (generic(k).as_str().unwrap().to_string(), generic(v)))
+                        .collect(),
+                ),
+            }
+        }
+        assert_eq!(generic(&node), doc, "{text}");
+    }
+}

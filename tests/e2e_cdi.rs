@@ -1,0 +1,853 @@
+//! End-to-end CDI tests: `nvshim cdi generate` on a simulated host (through a fake NVML and
+//! through the /proc fallback), `nvshim-runtime` injecting CDI devices in front of real runc,
+//! `nvshim cdi list|validate`, and podman (an independent CDI consumer) given the same spec.
+//!
+//! The fake host (`FakeHostSpec::with_gpus(n)`) numbers GPUs in bus order against their minors:
+//! with two GPUs, index 0 is `/dev/nvidia1` and index 1 is `/dev/nvidia0`. Everything runs as
+//! root; each test has its own temp dirs, runc `--root` and container ids.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+use nvshim::cdi::spec::{self, Spec};
+use nvshim_fake_nvml::{Gpu as NvmlGpu, MigDevice, Topology, TOPOLOGY_ENV};
+use nvshim_testsupport::probe::assert_no_problems;
+use nvshim_testsupport::{
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, Rootfs, Runtime,
+};
+use serde_json::json;
+use tempfile::TempDir;
+
+const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
+const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+
+/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim`.
+fn hook_path() -> PathBuf {
+    let hook = Path::new(NVSHIM).with_file_name("nvshim-hook");
+    assert!(
+        hook.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test --test e2e_cdi` \
+         (cargo test only builds the root package's binaries)",
+        hook.display()
+    );
+    hook
+}
+
+/// The fake NVML cdylib: built as a dev-dependency into `deps/`, or by `cargo build
+/// --workspace` next to the binaries.
+fn fake_nvml() -> PathBuf {
+    let dir = Path::new(NVSHIM).parent().unwrap();
+    for p in [
+        dir.join("libnvshim_fake_nvml.so"),
+        dir.join("deps/libnvshim_fake_nvml.so"),
+    ] {
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "libnvshim_fake_nvml.so not found next to {NVSHIM}: run `cargo build --workspace` first"
+    );
+}
+
+/// One test's world: a fake host, spec dirs, an nvshim config pointing at both.
+struct World {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+    /// Lower-priority spec dir (the `/etc/cdi` role).
+    etc_cdi: PathBuf,
+    /// Higher-priority spec dir (the `/var/run/cdi` role), where generated specs go.
+    run_cdi: PathBuf,
+}
+
+impl World {
+    fn new(gpus: usize) -> World {
+        let tmp = tempfile::Builder::new()
+            .prefix("nvshim-e2e-cdi-")
+            .tempdir()
+            .unwrap();
+        let host =
+            FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
+        let config = tmp.path().join("nvshim/config.toml");
+        let etc_cdi = tmp.path().join("etc-cdi");
+        let run_cdi = tmp.path().join("run-cdi");
+        fs::create_dir_all(&etc_cdi).unwrap();
+        fs::create_dir_all(&run_cdi).unwrap();
+        let w = World {
+            tmp,
+            host,
+            config,
+            etc_cdi,
+            run_cdi,
+        };
+        w.host
+            .write_config(
+                &w.config,
+                &format!(
+                    "hook-path = {:?}\ncdi-spec-dirs = [{:?}, {:?}]\n",
+                    hook_path().display().to_string(),
+                    w.etc_cdi.display().to_string(),
+                    w.run_cdi.display().to_string()
+                ),
+            )
+            .unwrap();
+        w
+    }
+
+    /// `nvshim ARGS` with this world's config and extra environment.
+    fn nvshim(&self, args: &[&str], env: &[(&str, &Path)]) -> Output {
+        let mut cmd = Command::new(NVSHIM);
+        cmd.args(args).env("NVSHIM_CONFIG", &self.config);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+
+    /// Generates `<run-cdi>/nvidia.yaml` and returns it parsed (validated) with stderr.
+    fn generate(&self, extra: &[&str], env: &[(&str, &Path)]) -> (Spec, String) {
+        let out_path = self.run_cdi.join("nvidia.yaml");
+        let mut args = vec!["cdi", "generate", "--output", out_path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = self.nvshim(&args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "nvshim cdi generate failed: {stderr}");
+        let spec = spec::read_file(&out_path).unwrap_or_else(|e| panic!("{e}"));
+        (spec, stderr)
+    }
+
+    fn gpu(&self, index: usize) -> &FakeGpu {
+        self.host.gpu_at_index(index).unwrap()
+    }
+
+    /// A busybox bundle running the probe, asking for `devices` through a CDI annotation.
+    fn annotated_bundle(&self, name: &str, devices: &str) -> Bundle {
+        let b = self.probe_bundle(name);
+        let devices = devices.to_string();
+        b.edit(move |c| {
+            c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": devices});
+            Ok(())
+        })
+        .unwrap();
+        b
+    }
+
+    fn probe_bundle(&self, name: &str) -> Bundle {
+        let args = ProbeSpec::for_host(&self.host).args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Bundle::new(&self.tmp.path().join(name), &args).unwrap()
+    }
+
+    fn shim(&self) -> Runtime {
+        Runtime::new(
+            SHIM,
+            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
+        )
+        .unwrap()
+        .env("NVSHIM_CONFIG", &self.config)
+    }
+
+    fn shim_log(&self) -> String {
+        fs::read_to_string(self.config.with_file_name("nvshim.log"))
+            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
+    }
+
+    /// Runs the bundle through nvshim-runtime and parses the probe.
+    fn run_shim(&self, bundle: &Bundle) -> ProbeReport {
+        let out = self.shim().run(bundle, &unique_id("cdi-e2e")).unwrap();
+        let report = ProbeReport::parse(&out.stdout);
+        assert!(
+            out.success() && report.complete,
+            "the container did not run to completion\n{out}\n--- nvshim.log ---\n{}",
+            self.shim_log()
+        );
+        report
+    }
+
+    /// Replaces the host's libnvidia-ml with the fake NVML and writes `topology`; returns the
+    /// topology file for `NVSHIM_FAKE_NVML_TOPOLOGY`.
+    fn install_fake_nvml(&self, topology: &Topology) -> PathBuf {
+        let lib = self
+            .host
+            .host_path(&self.host.container_lib_path("libnvidia-ml"));
+        fs::copy(fake_nvml(), &lib).unwrap();
+        let path = self.tmp.path().join("topology.json");
+        fs::write(&path, serde_json::to_string_pretty(topology).unwrap()).unwrap();
+        path
+    }
+}
+
+/// The GPU problems plus the control nodes, libcuda mounted and in the ld cache, and the
+/// spec's `NVIDIA_VISIBLE_DEVICES=void`.
+fn cdi_container_problems(r: &ProbeReport, host: &FakeHost, selected: &[&FakeGpu]) -> Vec<String> {
+    let mut p = r.gpu_problems(host, selected);
+    p.extend(r.control_device_problems(host));
+    p.extend(r.library_mounted_problems(host, "libcuda"));
+    p.extend(r.ldcache_problems("libcuda.so.1"));
+    if r.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str) != Some("void") {
+        p.push(format!(
+            "NVIDIA_VISIBLE_DEVICES is {:?}, expected void (set by the spec)",
+            r.env.get("NVIDIA_VISIBLE_DEVICES")
+        ));
+    }
+    p.sort();
+    p.dedup();
+    p
+}
+
+fn device_names(spec: &Spec) -> Vec<String> {
+    let mut n: Vec<String> = spec.devices.iter().map(|d| d.name.clone()).collect();
+    n.sort();
+    n
+}
+
+fn node_paths(spec: &Spec, device: &str) -> Vec<String> {
+    spec.device(device)
+        .unwrap_or_else(|| panic!("no device {device:?} in {:?}", device_names(spec)))
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|d| d.path.clone())
+        .collect()
+}
+
+// ---- generate ---------------------------------------------------------------------------------
+
+#[test]
+fn generate_falls_back_to_proc_without_nvml() {
+    let w = World::new(2);
+    // The fake host's stub libnvidia-ml has nvmlInit but no device functions.
+    let (spec, stderr) = w.generate(&[], &[]);
+    assert!(stderr.contains("NVML not used"), "{stderr}");
+    assert!(stderr.contains("GPUs from /proc"), "{stderr}");
+    let mut want = vec![
+        "0".to_string(),
+        "1".to_string(),
+        "all".to_string(),
+        w.gpu(0).uuid.clone(),
+        w.gpu(1).uuid.clone(),
+    ];
+    want.sort();
+    assert_eq!(device_names(&spec), want);
+    assert_eq!(spec.kind, "nvidia.com/gpu");
+    // Digit-led names and hostPath need 0.5.0, and nothing more.
+    assert_eq!(spec.cdi_version, "0.5.0");
+    assert_eq!(
+        node_paths(&spec, "0"),
+        [format!("/dev/nvidia{}", w.gpu(0).minor)]
+    );
+    assert_eq!(
+        node_paths(&spec, &w.gpu(1).uuid),
+        [format!("/dev/nvidia{}", w.gpu(1).minor)]
+    );
+    assert_eq!(node_paths(&spec, "all").len(), 2);
+    let node = &spec.device("0").unwrap().container_edits.device_nodes[0];
+    assert_eq!(
+        (node.major, node.minor),
+        (Some(195), Some(w.gpu(0).minor.into()))
+    );
+    assert_eq!(
+        node.host_path.as_deref(),
+        Some(
+            w.host
+                .root()
+                .join(format!("dev/nvidia{}", w.gpu(0).minor))
+                .to_str()
+                .unwrap()
+        )
+    );
+    let g = &spec.container_edits;
+    assert_eq!(g.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
+    let controls: Vec<&str> = g.device_nodes.iter().map(|d| d.path.as_str()).collect();
+    assert_eq!(
+        controls,
+        [
+            "/dev/nvidia-modeset",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia-uvm",
+            "/dev/nvidiactl"
+        ]
+    );
+    let mounts: Vec<&str> = g.mounts.iter().map(|m| m.container_path.as_str()).collect();
+    for want in [
+        w.host.container_lib_path("libcuda"),
+        w.host.container_lib_path("libnvidia-ml"),
+        w.host.container_lib_path("libvdpau_nvidia"),
+        "/usr/bin/nvidia-smi".to_string(),
+        format!(
+            "/lib/firmware/nvidia/{}/gsp_ga10x.bin",
+            w.host.driver_version()
+        ),
+    ] {
+        assert!(
+            mounts.contains(&want.as_str()),
+            "{want} not mounted: {mounts:?}"
+        );
+    }
+    for m in &g.mounts {
+        assert_eq!(
+            m.options,
+            ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+            "{}",
+            m.container_path
+        );
+        assert!(m.host_path.starts_with(w.host.root().to_str().unwrap()));
+    }
+    let hook = hook_path();
+    let hooks: Vec<(&str, &str)> = g
+        .hooks
+        .iter()
+        .map(|h| (h.hook_name.as_str(), h.args[1].as_str()))
+        .collect();
+    assert_eq!(
+        hooks,
+        [
+            ("createContainer", "create-symlinks"),
+            ("createContainer", "update-ldcache")
+        ]
+    );
+    for h in &g.hooks {
+        assert_eq!(Path::new(&h.path), hook);
+        assert_eq!(h.args[0], "nvshim-hook");
+        assert_eq!(
+            h.env.as_deref(),
+            Some(
+                &["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()]
+                    [..]
+            ),
+            "hooks never inherit the container's environment"
+        );
+    }
+    assert!(g.hooks[0]
+        .args
+        .contains(&"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".to_string()));
+    assert!(g.hooks[1]
+        .args
+        .contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
+}
+
+/// The fake host's GPUs as NVML reports them, with MIG on bus indices 2 (two devices) and 5
+/// (three), and MIG supported but disabled on index 6.
+fn mig_topology(host: &FakeHost) -> Topology {
+    let mut gpus = Vec::new();
+    for (i, g) in host.gpus_by_bus().into_iter().enumerate() {
+        let mig = |n: usize| -> Vec<MigDevice> {
+            (0..n)
+                .map(|m| MigDevice {
+                    uuid: format!("MIG-{:08x}-0000-4000-8000-{:012x}", g.minor, m),
+                    gpu_instance_id: (m as u32) + 1,
+                    compute_instance_id: 0,
+                    profile: "1g.10gb".into(),
+                    slice_count: 1,
+                    memory_total: 10 << 30,
+                })
+                .collect()
+        };
+        gpus.push(NvmlGpu {
+            name: g.model.clone(),
+            uuid: g.uuid.clone(),
+            minor: g.minor,
+            bus_id: g.bus_id.clone(),
+            memory_total: 80 << 30,
+            mig_enabled: match i {
+                2 | 5 => Some(true),
+                6 => Some(false),
+                _ => None,
+            },
+            mig_devices: match i {
+                2 => mig(2),
+                5 => mig(3),
+                _ => Vec::new(),
+            },
+        });
+    }
+    Topology {
+        driver_version: host.driver_version().to_string(),
+        cuda_driver_version: 13000,
+        gpus,
+    }
+}
+
+/// Writes `proc/driver/nvidia-caps/mig-minors` and the `dev/nvidia-caps/nvidia-cap<N>` nodes
+/// for the topology's MIG devices; returns (capability path → minor).
+fn install_mig_caps(host: &FakeHost, topology: &Topology) -> Vec<(String, u32)> {
+    let mut caps = vec![("config".to_string(), 1), ("monitor".to_string(), 2)];
+    let mut next = 3;
+    for g in &topology.gpus {
+        for m in &g.mig_devices {
+            for cap in [
+                format!("gpu{}/gi{}/access", g.minor, m.gpu_instance_id),
+                format!(
+                    "gpu{}/gi{}/ci{}/access",
+                    g.minor, m.gpu_instance_id, m.compute_instance_id
+                ),
+            ] {
+                caps.push((cap, next));
+                next += 1;
+            }
+        }
+    }
+    let text: String = caps.iter().map(|(c, m)| format!("{c} {m}\n")).collect();
+    let proc_caps = host.proc_root().join("driver/nvidia-caps");
+    fs::create_dir_all(&proc_caps).unwrap();
+    fs::write(proc_caps.join("mig-minors"), text).unwrap();
+    let dev = host.root().join("dev/nvidia-caps");
+    fs::create_dir_all(&dev).unwrap();
+    for (_, minor) in &caps {
+        let node = dev.join(format!("nvidia-cap{minor}"));
+        mknod(
+            &node,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o444),
+            makedev(u64::from(host.spec().caps_major), u64::from(*minor)),
+        )
+        .unwrap();
+    }
+    caps
+}
+
+fn cap_minor(caps: &[(String, u32)], cap: &str) -> u32 {
+    caps.iter().find(|(c, _)| c == cap).unwrap().1
+}
+
+#[test]
+fn generate_through_fake_nvml_eight_gpus_with_mig() {
+    let w = World::new(8);
+    let topology = mig_topology(&w.host);
+    let caps = install_mig_caps(&w.host, &topology);
+    let topo_file = w.install_fake_nvml(&topology);
+    let (spec, stderr) = w.generate(&[], &[(TOPOLOGY_ENV, &topo_file)]);
+    assert!(!stderr.contains("NVML not used"), "{stderr}");
+    assert!(stderr.contains("GPUs from NVML"), "{stderr}");
+
+    let mut want: Vec<String> = vec!["all".into()];
+    for (i, g) in topology.gpus.iter().enumerate() {
+        if g.mig_enabled == Some(true) {
+            for (m, d) in g.mig_devices.iter().enumerate() {
+                want.push(format!("{i}:{m}"));
+                want.push(d.uuid.clone());
+            }
+        } else {
+            want.push(i.to_string());
+            want.push(g.uuid.clone());
+        }
+    }
+    want.sort();
+    assert_eq!(
+        device_names(&spec),
+        want,
+        "MIG-enabled GPUs are served by their MIG devices only"
+    );
+    assert_eq!(spec.cdi_version, "0.5.0");
+
+    // A MIG device: its parent GPU node plus the GPU-instance and compute-instance caps.
+    let parent = &topology.gpus[5];
+    let d = &topology.gpus[5].mig_devices[1];
+    let gi = cap_minor(
+        &caps,
+        &format!("gpu{}/gi{}/access", parent.minor, d.gpu_instance_id),
+    );
+    let ci = cap_minor(
+        &caps,
+        &format!(
+            "gpu{}/gi{}/ci{}/access",
+            parent.minor, d.gpu_instance_id, d.compute_instance_id
+        ),
+    );
+    let want_nodes = vec![
+        format!("/dev/nvidia{}", parent.minor),
+        format!("/dev/nvidia-caps/nvidia-cap{gi}"),
+        format!("/dev/nvidia-caps/nvidia-cap{ci}"),
+    ];
+    assert_eq!(node_paths(&spec, "5:1"), want_nodes);
+    assert_eq!(node_paths(&spec, &d.uuid), want_nodes);
+    let cap_node = &spec.device("5:1").unwrap().container_edits.device_nodes[1];
+    assert_eq!(
+        (cap_node.major, cap_node.minor),
+        (Some(w.host.spec().caps_major.into()), Some(gi.into()))
+    );
+    // `all`: 6 full GPUs, 2 MIG parents, 2 caps per MIG device (5 devices).
+    assert_eq!(node_paths(&spec, "all").len(), 6 + 2 + 2 * 5);
+
+    // The same through JSON and the type-index strategy.
+    let out = w.nvshim(
+        &[
+            "cdi",
+            "generate",
+            "--format",
+            "json",
+            "--device-name-strategy",
+            "type-index",
+        ],
+        &[(TOPOLOGY_ENV, &topo_file)],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json_spec = spec::parse(&out.stdout).unwrap();
+    json_spec.validate().unwrap();
+    assert!(json_spec.device("gpu0").is_some());
+    assert!(json_spec.device("mig5:1").is_some());
+    assert!(json_spec.device("gpu5").is_none());
+    // type-index names start with a letter and nothing else needs more: 0.5.0 only for hostPath.
+    assert_eq!(json_spec.cdi_version, "0.5.0");
+}
+
+// ---- consume through nvshim-runtime and runc ------------------------------------------------
+
+#[test]
+fn annotation_selects_one_gpu_through_runc() {
+    let w = World::new(2);
+    w.generate(&[], &[]);
+    // A broken spec beside it is skipped with a warning; the good one still serves.
+    fs::write(
+        w.etc_cdi.join("broken.yaml"),
+        "cdiVersion: 9.9.9\nkind: x/y\n",
+    )
+    .unwrap();
+    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=1");
+    let r = w.run_shim(&bundle);
+    assert_no_problems(
+        "annotation nvidia.com/gpu=1",
+        &cdi_container_problems(&r, &w.host, &[w.gpu(1)]),
+        &r,
+    );
+    let log = w.shim_log();
+    assert!(
+        log.contains("broken.yaml") && log.contains("invalid version"),
+        "{log}"
+    );
+}
+
+#[test]
+fn qualified_names_in_env_use_cdi_in_auto_mode() {
+    let w = World::new(2);
+    w.generate(&[], &[]);
+    let bundle = w.probe_bundle("b1");
+    bundle
+        .set_env(
+            "NVIDIA_VISIBLE_DEVICES",
+            &format!("nvidia.com/gpu={}", w.gpu(0).uuid),
+        )
+        .unwrap();
+    let r = w.run_shim(&bundle);
+    assert_no_problems(
+        "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=<uuid of index 0>",
+        &cdi_container_problems(&r, &w.host, &[w.gpu(0)]),
+        &r,
+    );
+}
+
+#[test]
+fn mig_device_through_runc() {
+    let w = World::new(8);
+    let topology = mig_topology(&w.host);
+    let caps = install_mig_caps(&w.host, &topology);
+    let topo_file = w.install_fake_nvml(&topology);
+    w.generate(&[], &[(TOPOLOGY_ENV, &topo_file)]);
+    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=2:1");
+    let r = w.run_shim(&bundle);
+    let parent = w.gpu(2);
+    let mut p = r.gpu_problems(&w.host, &[parent]);
+    let d = &topology.gpus[2].mig_devices[1];
+    for cap in [
+        format!("gpu{}/gi{}/access", parent.minor, d.gpu_instance_id),
+        format!(
+            "gpu{}/gi{}/ci{}/access",
+            parent.minor, d.gpu_instance_id, d.compute_instance_id
+        ),
+    ] {
+        let minor = cap_minor(&caps, &cap);
+        if !r.cgroup_allows('c', w.host.spec().caps_major, minor, "r") {
+            p.push(format!(
+                "devices.list does not allow the {cap} capability (minor {minor})"
+            ));
+        }
+    }
+    assert_no_problems("MIG device 2:1", &p, &r);
+}
+
+#[test]
+fn unresolvable_devices_fail_create_and_leave_the_bundle() {
+    let w = World::new(2);
+    w.generate(&[], &[]);
+    let bundle = w.annotated_bundle(
+        "b1",
+        "nvidia.com/gpu=9,nvidia.com/gpu=0,nvidia.com/gpu=GPU-nope",
+    );
+    let before = bundle.config_bytes().unwrap();
+    let out = w.shim().run(&bundle, &unique_id("cdi-e2e")).unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(
+        out.stderr
+            .contains("unresolvable CDI devices nvidia.com/gpu=9, nvidia.com/gpu=GPU-nope"),
+        "{out}"
+    );
+    assert!(out.stderr.contains("has no device \"9\""), "{out}");
+    assert_eq!(
+        bundle.config_bytes().unwrap(),
+        before,
+        "config.json must be untouched"
+    );
+}
+
+// ---- list and validate ------------------------------------------------------------------------
+
+#[test]
+fn list_and_validate() {
+    let w = World::new(2);
+    w.generate(&[], &[]);
+    let broken = w.etc_cdi.join("broken.json");
+    fs::write(&broken, r#"{"cdiVersion": "0.3.0", "kind": "vendor.com/x", "devices": [{"name": "0", "containerEdits": {"env": ["A=1"]}}]}"#).unwrap();
+    let out = w.nvshim(&["cdi", "list"], &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let good = w.run_cdi.join("nvidia.yaml");
+    assert!(
+        stdout.contains(&format!("nvidia.com/gpu=0\t{}", good.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("nvidia.com/gpu=all\t{}", good.display())),
+        "{stdout}"
+    );
+    assert!(stdout.contains("# failed to load:"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "{}: invalid CDI Spec: the spec version must be at least v0.5.0",
+            broken.display()
+        )),
+        "{stdout}"
+    );
+
+    let out = w.nvshim(&["cdi", "validate", good.to_str().unwrap()], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = w.nvshim(
+        &[
+            "cdi",
+            "validate",
+            good.to_str().unwrap(),
+            broken.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("valid: kind nvidia.com/gpu"), "{stdout}");
+    assert!(stdout.contains("must be at least v0.5.0"), "{stdout}");
+}
+
+// ---- podman: an independent consumer of the same spec ------------------------------------------
+
+/// A spec file in `/var/run/cdi` (podman 4.3 reads no other directory), removed on drop. Its
+/// class is unique to this process so it cannot collide with any other spec there.
+struct SystemSpec(PathBuf);
+
+impl Drop for SystemSpec {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// podman with its own storage, run and temp dirs under `dir`, runc as its runtime (crun
+/// refuses this machine's hybrid cgroups) and the rlimits these machines need.
+struct Podman {
+    dir: PathBuf,
+}
+
+impl Podman {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("run"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"))
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--runtime",
+                "runc",
+            ]);
+        c
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.cmd().args(["rm", "-af"]).output();
+        // Anything podman left mounted under its dirs goes with it.
+        if let Ok(mounts) = fs::read_to_string("/proc/self/mounts") {
+            let prefix = self.dir.to_string_lossy().into_owned();
+            let mut targets: Vec<&str> = mounts
+                .lines()
+                .filter_map(|l| l.split(' ').nth(1))
+                .filter(|t| t.starts_with(&prefix))
+                .collect();
+            targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+            for t in targets {
+                let _ = nix::mount::umount2(t, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+/// What a container sees of the NVIDIA device: nodes with numbers, NVIDIA cgroup rules, the
+/// NVIDIA env, the driver mounts, and the ld cache entries for NVIDIA libraries.
+fn nvidia_view(r: &ProbeReport, host: &FakeHost) -> serde_json::Value {
+    let majors = [195, host.spec().uvm_major, host.spec().caps_major];
+    let devices: Vec<String> = r
+        .devices
+        .values()
+        .map(|d| format!("{} {} {}:{}", d.path, d.kind, d.major, d.minor))
+        .collect();
+    let mut cgroup: Vec<String> = r
+        .cgroup
+        .iter()
+        .flatten()
+        .filter(|c| c.major.is_some_and(|m| majors.contains(&m)))
+        .map(|c| {
+            let n = |v: Option<u32>| v.map_or("*".to_string(), |v| v.to_string());
+            format!("{} {}:{} {}", c.kind, n(c.major), n(c.minor), c.access)
+        })
+        .collect();
+    cgroup.sort();
+    let mut mounts: Vec<String> = r
+        .nvidia_mounts()
+        .iter()
+        .map(|m| format!("{} ro={}", m.destination, m.is_readonly()))
+        .collect();
+    mounts.sort();
+    let ld: Vec<String> = r
+        .ldcache
+        .iter()
+        .filter(|(k, _)| k.contains("nvidia") || k.contains("cuda"))
+        .map(|(k, v)| format!("{k} => {v}"))
+        .collect();
+    json!({"devices": devices, "cgroup": cgroup, "env": r.env, "mounts": mounts, "ldcache": ld})
+}
+
+#[test]
+fn podman_sees_what_nvshim_runtime_gives() {
+    if Command::new("podman").arg("--version").output().is_err() {
+        panic!("podman is not installed (apt-get install podman): this test needs it");
+    }
+    let w = World::new(2);
+    let class = format!("gpu-e2e{}", std::process::id());
+    let kind = format!("nvidia.com/{class}");
+    let (spec, _) = w.generate(&["--class", &class], &[]);
+    assert_eq!(spec.kind, kind);
+    fs::create_dir_all("/var/run/cdi").unwrap();
+    let system = SystemSpec(PathBuf::from(format!(
+        "/var/run/cdi/nvshim-e2e-{class}.yaml"
+    )));
+    fs::copy(w.run_cdi.join("nvidia.yaml"), &system.0).unwrap();
+
+    // podman, from an image of the same busybox rootfs the bundles use.
+    let podman = Podman {
+        dir: w.tmp.path().join("podman"),
+    };
+    let rootfs = Rootfs::busybox(&w.tmp.path().join("image-rootfs")).unwrap();
+    let tar = w.tmp.path().join("image.tar");
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs.path())
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let image = format!("localhost/nvshim-e2e-cdi:{}", std::process::id());
+    let out = podman
+        .cmd()
+        .arg("import")
+        .arg(&tar)
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podman import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let device = format!("{kind}=1");
+    let script = ProbeSpec::for_host(&w.host).script();
+    let out = podman
+        .cmd()
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            // The bundles add CAP_MKNOD too: the probe mknods GPU nodes to test the cgroup.
+            "--cap-add",
+            "MKNOD",
+            "--device",
+            &device,
+            &image,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    let podman_report = ProbeReport::parse(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success() && podman_report.complete,
+        "podman run --device {device} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_no_problems(
+        "podman --device",
+        &cdi_container_problems(&podman_report, &w.host, &[w.gpu(1)]),
+        &podman_report,
+    );
+
+    // nvshim-runtime, the same device by annotation.
+    let bundle = w.annotated_bundle("b1", &device);
+    let shim_report = w.run_shim(&bundle);
+    let (podman_view, shim_view) = (
+        nvidia_view(&podman_report, &w.host),
+        nvidia_view(&shim_report, &w.host),
+    );
+    if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
+        eprintln!("{}", serde_json::to_string_pretty(&podman_view).unwrap());
+    }
+    assert_eq!(
+        podman_view,
+        shim_view,
+        "podman and nvshim-runtime disagree on {device}\npodman: {}\nnvshim: {}",
+        serde_json::to_string_pretty(&podman_view).unwrap(),
+        serde_json::to_string_pretty(&shim_view).unwrap()
+    );
+    // Sanity: the view is not trivially empty.
+    assert!(
+        podman_view["mounts"].as_array().unwrap().len() > 10,
+        "{podman_view}"
+    );
+    assert!(
+        podman_view["devices"].as_array().unwrap().len() >= 5,
+        "{podman_view}"
+    );
+    drop(system);
+}

@@ -1,0 +1,695 @@
+//! A fake `libnvidia-ml.so.1` for nvshim's tests.
+//!
+//! Built as a `cdylib`, it exports the NVML entry points `nvshim cdi generate` resolves through
+//! nvml-wrapper, and answers them from a JSON [`Topology`] in the file named by
+//! [`TOPOLOGY_ENV`]. nvml-wrapper-sys resolves every symbol lazily (a missing one becomes an
+//! error at call time, `NvmlError::FailedToLoadSymbol`), so this library exports exactly the
+//! functions nvshim calls, plus `nvmlInit` and `nvmlErrorString` for other C callers. The C
+//! types come from nvml-wrapper-sys, the bindings nvml-wrapper itself uses, so the layouts
+//! cannot drift from what the caller expects.
+//!
+//! Device handles are addresses of records leaked once at `nvmlInit_v2`; every handle passed
+//! in is checked against them before use, so a bad handle is `NVML_ERROR_INVALID_ARGUMENT`,
+//! never a wild read. MIG devices follow NVML: a MIG-enabled GPU reports
+//! `nvmlDeviceGetMaxMigDeviceCount` = 7 and `nvmlDeviceGetMigDeviceHandleByIndex` answers
+//! `NVML_ERROR_NOT_FOUND` for unused slots; a GPU without `migEnabled` answers
+//! `NVML_ERROR_NOT_SUPPORTED` to MIG queries, as a GPU without MIG support does.
+//!
+//! As an `rlib` it gives tests the [`Topology`] types to write the JSON with.
+
+use std::ffi::{c_char, c_int, c_uint};
+use std::sync::Mutex;
+
+use nvml_wrapper_sys::bindings::{
+    nvmlDeviceAttributes_t, nvmlDevice_t, nvmlMemory_t, nvmlPciInfo_t,
+    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
+    nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
+    nvmlReturn_enum_NVML_ERROR_NOT_FOUND as NOT_FOUND,
+    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED,
+    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED as UNINITIALIZED,
+    nvmlReturn_enum_NVML_ERROR_UNKNOWN as UNKNOWN, nvmlReturn_enum_NVML_SUCCESS as SUCCESS,
+    nvmlReturn_t, NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE,
+};
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the topology JSON file.
+pub const TOPOLOGY_ENV: &str = "NVSHIM_FAKE_NVML_TOPOLOGY";
+
+/// MIG slots NVML reports for a MIG-enabled GPU (an A100/H100 has at most 7 instances).
+pub const MAX_MIG_DEVICES: u32 = 7;
+
+/// What the fake NVML reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Topology {
+    /// `nvmlSystemGetDriverVersion`.
+    pub driver_version: String,
+    /// `nvmlSystemGetCudaDriverVersion`: 1000 * major + 10 * minor.
+    #[serde(default)]
+    pub cuda_driver_version: i32,
+    /// In NVML index order (PCI bus order on a real host).
+    pub gpus: Vec<Gpu>,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gpu {
+    pub name: String,
+    /// `GPU-<uuid>`.
+    pub uuid: String,
+    /// `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// `0000:1b:00.0`.
+    pub bus_id: String,
+    /// Bytes.
+    #[serde(default)]
+    pub memory_total: u64,
+    /// `None`: no MIG support; `Some(enabled)`: the current (and pending) MIG mode.
+    #[serde(default)]
+    pub mig_enabled: Option<bool>,
+    /// The MIG devices, in handle-index order (only used when MIG is enabled).
+    #[serde(default)]
+    pub mig_devices: Vec<MigDevice>,
+}
+
+/// One MIG device (a compute instance inside a GPU instance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigDevice {
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// The profile, e.g. `1g.10gb`: part of the device name NVML reports.
+    pub profile: String,
+    /// GPU-instance slices of the profile (the `1` of `1g.10gb`).
+    #[serde(default)]
+    pub slice_count: u32,
+    /// Bytes.
+    #[serde(default)]
+    pub memory_total: u64,
+}
+
+impl Topology {
+    /// Parses a topology, checking what NVML guarantees: distinct minors and UUIDs, at most
+    /// [`MAX_MIG_DEVICES`] MIG devices per GPU.
+    pub fn parse(text: &str) -> Result<Topology, String> {
+        let t: Topology = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        for (i, g) in t.gpus.iter().enumerate() {
+            if t.gpus[..i]
+                .iter()
+                .any(|o| o.minor == g.minor || o.uuid == g.uuid)
+            {
+                return Err(format!("GPU {i} repeats a minor or UUID"));
+            }
+            if g.mig_devices.len() > MAX_MIG_DEVICES as usize {
+                return Err(format!(
+                    "GPU {i} has more than {MAX_MIG_DEVICES} MIG devices"
+                ));
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// A device handle's target.
+#[derive(Debug)]
+struct Record {
+    gpu: usize,
+    /// `Some(i)`: MIG device `i` of `gpu`.
+    mig: Option<usize>,
+}
+
+struct State {
+    topology: Topology,
+    /// Leaked once per `nvmlInit_v2`: handles stay valid for the process.
+    records: &'static [Record],
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+fn load() -> Result<Topology, String> {
+    let path =
+        std::env::var_os(TOPOLOGY_ENV).ok_or_else(|| format!("{TOPOLOGY_ENV} is not set"))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.to_string_lossy()))?;
+    Topology::parse(&text).map_err(|e| format!("{}: {e}", path.to_string_lossy()))
+}
+
+/// Runs `f` on the initialised state, or answers `NVML_ERROR_UNINITIALIZED`.
+fn with_state(f: impl FnOnce(&State) -> nvmlReturn_t) -> nvmlReturn_t {
+    match STATE.lock() {
+        Ok(guard) => match guard.as_ref() {
+            Some(state) => f(state),
+            None => UNINITIALIZED,
+        },
+        Err(_) => UNKNOWN,
+    }
+}
+
+/// The record a handle points at, if it is one of ours.
+fn record(state: &State, handle: nvmlDevice_t) -> Option<&'static Record> {
+    state
+        .records
+        .iter()
+        .find(|r| std::ptr::eq(*r as *const Record as *const u8, handle as *const u8))
+}
+
+fn handle_of(r: &'static Record) -> nvmlDevice_t {
+    r as *const Record as nvmlDevice_t
+}
+
+/// Writes `value` NUL-terminated into `buf` of `len` bytes.
+///
+/// # Safety
+/// `buf` must be null or valid for writes of `len` bytes.
+unsafe fn write_str(value: &str, buf: *mut c_char, len: c_uint) -> nvmlReturn_t {
+    if buf.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let bytes = value.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller guarantees `buf` holds `len` bytes, and `bytes.len() + 1 <= len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.cast::<u8>(), bytes.len());
+        *buf.add(bytes.len()) = 0;
+    }
+    SUCCESS
+}
+
+/// Stores `value` through `out`.
+///
+/// # Safety
+/// `out` must be null or valid for a write of `T`.
+unsafe fn put<T>(out: *mut T, value: T) -> nvmlReturn_t {
+    if out.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, and the caller guarantees it is valid for a write of `T`.
+    unsafe { out.write(value) };
+    SUCCESS
+}
+
+/// `nvmlInit_v2`: reads the topology.
+#[no_mangle]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    let topology = match load() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("nvshim-fake-nvml: {e}");
+            return UNKNOWN;
+        }
+    };
+    let mut records = Vec::new();
+    for (gpu, g) in topology.gpus.iter().enumerate() {
+        records.push(Record { gpu, mig: None });
+        for mig in 0..g.mig_devices.len() {
+            records.push(Record {
+                gpu,
+                mig: Some(mig),
+            });
+        }
+    }
+    let records: &'static [Record] = Box::leak(records.into_boxed_slice());
+    match STATE.lock() {
+        Ok(mut guard) => {
+            *guard = Some(State { topology, records });
+            SUCCESS
+        }
+        Err(_) => UNKNOWN,
+    }
+}
+
+/// `nvmlInit` (v1): the same.
+#[no_mangle]
+pub extern "C" fn nvmlInit() -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+/// `nvmlInitWithFlags`: flags ignored.
+#[no_mangle]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+/// `nvmlShutdown`. Handles stay readable (they are leaked), but calls answer uninitialised.
+#[no_mangle]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    match STATE.lock() {
+        Ok(mut guard) => {
+            *guard = None;
+            SUCCESS
+        }
+        Err(_) => UNKNOWN,
+    }
+}
+
+/// `nvmlErrorString`.
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static [u8] = match result {
+        SUCCESS => b"Success\0",
+        UNINITIALIZED => b"Uninitialized\0",
+        INVALID_ARGUMENT => b"Invalid Argument\0",
+        NOT_SUPPORTED => b"Not Supported\0",
+        NOT_FOUND => b"Not Found\0",
+        INSUFFICIENT_SIZE => b"Insufficient Size\0",
+        _ => b"Unknown Error\0",
+    };
+    s.as_ptr().cast()
+}
+
+/// `nvmlSystemGetDriverVersion`.
+///
+/// # Safety
+/// `version` must be valid for writes of `length` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    with_state(|s| unsafe { write_str(&s.topology.driver_version, version, length) })
+}
+
+/// `nvmlSystemGetCudaDriverVersion`.
+///
+/// # Safety
+/// `version` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    with_state(|s| unsafe { put(version, s.topology.cuda_driver_version) })
+}
+
+/// `nvmlSystemGetCudaDriverVersion_v2`.
+///
+/// # Safety
+/// `version` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { nvmlSystemGetCudaDriverVersion(version) }
+}
+
+/// `nvmlDeviceGetCount_v2`: physical GPUs only.
+///
+/// # Safety
+/// `count` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    with_state(|s| unsafe { put(count, s.topology.gpus.len() as c_uint) })
+}
+
+/// `nvmlDeviceGetHandleByIndex_v2`.
+///
+/// # Safety
+/// `device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        match s
+            .records
+            .iter()
+            .find(|r| r.mig.is_none() && r.gpu == index as usize)
+        {
+            // SAFETY: forwarded caller contract.
+            Some(r) => unsafe { put(device, handle_of(r)) },
+            None => INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// Runs `f` with the topology entries a handle names.
+fn with_device(
+    handle: nvmlDevice_t,
+    f: impl FnOnce(&Gpu, Option<(usize, &MigDevice)>) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    with_state(|s| match record(s, handle) {
+        Some(r) => {
+            let gpu = &s.topology.gpus[r.gpu];
+            f(gpu, r.mig.map(|m| (m, &gpu.mig_devices[m])))
+        }
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// `nvmlDeviceGetUUID`.
+///
+/// # Safety
+/// `uuid` must be valid for writes of `length` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| {
+        let value = mig.map_or(g.uuid.as_str(), |(_, m)| m.uuid.as_str());
+        // SAFETY: forwarded caller contract.
+        unsafe { write_str(value, uuid, length) }
+    })
+}
+
+/// `nvmlDeviceGetName`: MIG devices read `<GPU name> MIG <profile>`, as NVML names them.
+///
+/// # Safety
+/// `name` must be valid for writes of `length` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| {
+        let value = match mig {
+            Some((_, m)) => format!("{} MIG {}", g.name, m.profile),
+            None => g.name.clone(),
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { write_str(&value, name, length) }
+    })
+}
+
+/// `nvmlDeviceGetMinorNumber`: physical GPUs only.
+///
+/// # Safety
+/// `minor` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| match mig {
+        Some(_) => NOT_SUPPORTED,
+        // SAFETY: forwarded caller contract.
+        None => unsafe { put(minor, g.minor) },
+    })
+}
+
+/// `nvmlDeviceGetIndex`.
+///
+/// # Safety
+/// `index` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    with_state(|s| match record(s, device) {
+        Some(r) if r.mig.is_none() => {
+            // SAFETY: forwarded caller contract.
+            unsafe { put(index, r.gpu as c_uint) }
+        }
+        Some(_) => NOT_SUPPORTED,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// Parses `dddd:bb:dd.f` into (domain, bus, device).
+fn bus_parts(bus_id: &str) -> Option<(u32, u32, u32)> {
+    let mut it = bus_id.split(':');
+    let domain = u32::from_str_radix(it.next()?, 16).ok()?;
+    let bus = u32::from_str_radix(it.next()?, 16).ok()?;
+    let dev = it.next()?.split('.').next()?;
+    Some((domain, bus, u32::from_str_radix(dev, 16).ok()?))
+}
+
+fn fill_c_string<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(N - 1)) {
+        *d = b as c_char;
+    }
+}
+
+/// `nvmlDeviceGetPciInfo_v3`: `busId` as NVML writes it (eight-digit domain, upper case).
+///
+/// # Safety
+/// `pci` must be valid for a write of `nvmlPciInfo_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    with_device(device, |g, _| {
+        let Some((domain, bus, dev)) = bus_parts(&g.bus_id) else {
+            return UNKNOWN;
+        };
+        // SAFETY: plain C data; all-zero is a valid value.
+        let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+        info.domain = domain;
+        info.bus = bus;
+        info.device = dev;
+        info.pciDeviceId = 0x2330_10de;
+        fill_c_string(
+            &mut info.busId,
+            &format!("{domain:08X}:{bus:02X}:{dev:02X}.0"),
+        );
+        fill_c_string(
+            &mut info.busIdLegacy,
+            &format!("{domain:04X}:{bus:02X}:{dev:02X}.0"),
+        );
+        // SAFETY: forwarded caller contract.
+        unsafe { put(pci, info) }
+    })
+}
+
+/// `nvmlDeviceGetMemoryInfo`: all memory free.
+///
+/// # Safety
+/// `memory` must be valid for a write of `nvmlMemory_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| {
+        let total = mig.map_or(g.memory_total, |(_, m)| m.memory_total);
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            put(
+                memory,
+                nvmlMemory_t {
+                    total,
+                    free: total,
+                    used: 0,
+                },
+            )
+        }
+    })
+}
+
+/// `nvmlDeviceGetMigMode`.
+///
+/// # Safety
+/// `current` and `pending` must be valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| {
+        let (None, Some(enabled)) = (mig, g.mig_enabled) else {
+            return NOT_SUPPORTED;
+        };
+        let mode = if enabled {
+            NVML_DEVICE_MIG_ENABLE
+        } else {
+            NVML_DEVICE_MIG_DISABLE
+        };
+        // SAFETY: forwarded caller contract.
+        match unsafe { put(current, mode) } {
+            SUCCESS => unsafe { put(pending, mode) },
+            e => e,
+        }
+    })
+}
+
+/// `nvmlDeviceGetMaxMigDeviceCount`.
+///
+/// # Safety
+/// `count` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| match (mig, g.mig_enabled) {
+        (None, Some(true)) => {
+            // SAFETY: forwarded caller contract.
+            unsafe { put(count, MAX_MIG_DEVICES) }
+        }
+        (None, Some(false)) => {
+            // SAFETY: forwarded caller contract.
+            unsafe { put(count, 0) }
+        }
+        _ => NOT_SUPPORTED,
+    })
+}
+
+/// `nvmlDeviceGetMigDeviceHandleByIndex`.
+///
+/// # Safety
+/// `mig_device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        let Some(parent) = record(s, device) else {
+            return INVALID_ARGUMENT;
+        };
+        if parent.mig.is_some() || s.topology.gpus[parent.gpu].mig_enabled != Some(true) {
+            return NOT_SUPPORTED;
+        }
+        if index >= MAX_MIG_DEVICES {
+            return INVALID_ARGUMENT;
+        }
+        match s
+            .records
+            .iter()
+            .find(|r| r.gpu == parent.gpu && r.mig == Some(index as usize))
+        {
+            // SAFETY: forwarded caller contract.
+            Some(r) => unsafe { put(mig_device, handle_of(r)) },
+            None => NOT_FOUND,
+        }
+    })
+}
+
+/// `nvmlDeviceIsMigDeviceHandle`.
+///
+/// # Safety
+/// `is_mig` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    with_device(device, |_, mig| unsafe {
+        put(is_mig, c_uint::from(mig.is_some()))
+    })
+}
+
+/// `nvmlDeviceGetDeviceHandleFromMigDeviceHandle`.
+///
+/// # Safety
+/// `device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    mig_device: nvmlDevice_t,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_state(|s| match record(s, mig_device) {
+        Some(r) if r.mig.is_some() => {
+            match s.records.iter().find(|p| p.gpu == r.gpu && p.mig.is_none()) {
+                // SAFETY: forwarded caller contract.
+                Some(p) => unsafe { put(device, handle_of(p)) },
+                None => UNKNOWN,
+            }
+        }
+        Some(_) => INVALID_ARGUMENT,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// `nvmlDeviceGetGpuInstanceId`: MIG devices only.
+///
+/// # Safety
+/// `id` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, mig| match mig {
+        // SAFETY: forwarded caller contract.
+        Some((_, m)) => unsafe { put(id, m.gpu_instance_id) },
+        None => NOT_SUPPORTED,
+    })
+}
+
+/// `nvmlDeviceGetComputeInstanceId`: MIG devices only.
+///
+/// # Safety
+/// `id` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, mig| match mig {
+        // SAFETY: forwarded caller contract.
+        Some((_, m)) => unsafe { put(id, m.compute_instance_id) },
+        None => NOT_SUPPORTED,
+    })
+}
+
+/// `nvmlDeviceGetAttributes_v2`: MIG devices only (slices and memory of the profile).
+///
+/// # Safety
+/// `attributes` must be valid for a write of `nvmlDeviceAttributes_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
+    device: nvmlDevice_t,
+    attributes: *mut nvmlDeviceAttributes_t,
+) -> nvmlReturn_t {
+    with_device(device, |_, mig| {
+        let Some((_, m)) = mig else {
+            return NOT_SUPPORTED;
+        };
+        // SAFETY: plain C data; all-zero is a valid value.
+        let mut a: nvmlDeviceAttributes_t = unsafe { std::mem::zeroed() };
+        a.gpuInstanceSliceCount = m.slice_count;
+        a.computeInstanceSliceCount = m.slice_count;
+        a.multiprocessorCount = 16 * m.slice_count;
+        a.memorySizeMB = m.memory_total / (1024 * 1024);
+        // SAFETY: forwarded caller contract.
+        unsafe { put(attributes, a) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_round_trip_and_checks() {
+        let t = Topology {
+            driver_version: "580.65.06".into(),
+            cuda_driver_version: 13000,
+            gpus: vec![Gpu {
+                name: "NVIDIA H100 80GB HBM3".into(),
+                uuid: "GPU-1".into(),
+                minor: 0,
+                bus_id: "0000:1b:00.0".into(),
+                memory_total: 80 << 30,
+                mig_enabled: Some(true),
+                mig_devices: vec![MigDevice {
+                    uuid: "MIG-1".into(),
+                    gpu_instance_id: 1,
+                    compute_instance_id: 0,
+                    profile: "1g.10gb".into(),
+                    slice_count: 1,
+                    memory_total: 10 << 30,
+                }],
+            }],
+        };
+        let text = serde_json::to_string(&t).unwrap();
+        assert_eq!(Topology::parse(&text).unwrap(), t);
+        let mut dup = t.clone();
+        dup.gpus.push(t.gpus[0].clone());
+        assert!(Topology::parse(&serde_json::to_string(&dup).unwrap()).is_err());
+        assert_eq!(bus_parts("0000:1b:00.0"), Some((0, 0x1b, 0)));
+    }
+}
