@@ -644,3 +644,46 @@ fn unknown_fields_and_annotations_survive_create() {
     );
     rt.force_delete(&id);
 }
+
+/// `docker run --gpus device=<uuid>` through `--runtime=nvidia`: dockerd appends
+/// `NVIDIA_VISIBLE_DEVICES` and `NVIDIA_DRIVER_CAPABILITIES` to the env and a prestart hook
+/// `nvidia-container-runtime-hook prestart` (moby daemon/nvidia_linux.go). nvshim serves the
+/// request itself and drops that hook, so the container looks exactly as with the env alone
+/// (the hook path does not exist here: had it stayed, runc would fail to start the container).
+#[test]
+fn docker_gpus_hook_spec_gives_the_same_view_as_the_env_alone() {
+    let w = World::with_shim_config("");
+    let gpu = w.gpu(1);
+    let caps = "compute,utility";
+
+    let plain = w.gpu_bundle("plain", &gpu.uuid);
+    plain.set_env("NVIDIA_DRIVER_CAPABILITIES", caps).unwrap();
+    let expected = w.probe(&w.shim(), &plain, false);
+
+    let docker = w.bundle("docker");
+    docker
+        .edit(|c| {
+            let env = c["process"]["env"].as_array_mut().unwrap();
+            env.push(json!(format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)));
+            env.push(json!(format!("NVIDIA_DRIVER_CAPABILITIES={caps}")));
+            c["hooks"] = json!({"prestart": [{
+                "path": "/usr/bin/nvidia-container-runtime-hook",
+                "args": ["nvidia-container-runtime-hook", "prestart"],
+                "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+            }]});
+            Ok(())
+        })
+        .unwrap();
+    let got = w.probe(&w.shim(), &docker, false);
+
+    assert_gpu_container(&w, &got, &[gpu], "docker --gpus style spec");
+    assert_eq!(
+        format!("{:?}", got.gpu_nodes()),
+        format!("{:?}", expected.gpu_nodes())
+    );
+    let dests =
+        |r: &ProbeReport| sorted(r.nvidia_mounts().iter().map(|m| format!("{m:?}")).collect());
+    assert_eq!(dests(&got), dests(&expected));
+    let hooks = docker.config().unwrap()["hooks"]["prestart"].clone();
+    assert_eq!(hooks, json!([]), "the legacy hook must be gone");
+}
