@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs, from Debian's packages, what nvshim's demo and tests run: the low-level runtimes,
 # busybox for container root filesystems, gcc for the simulated driver's ELF stub libraries,
-# and the engines the end-to-end tests start. Only what is missing is installed.
+# the engines the end-to-end tests start, and protoc (the CRI client in the engine tests).
+# Only what is missing is installed.
 set -euo pipefail
-need=(runc crun busybox-static gcc podman containerd docker.io hyperfine)
+need=(runc crun busybox-static gcc podman containerd docker.io hyperfine protobuf-compiler)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

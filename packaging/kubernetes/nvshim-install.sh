@@ -1,0 +1,119 @@
+#!/bin/sh
+# nvshim-install: entrypoint of the nvshim installer image (scripts/build-installer-image.sh),
+# run on every GPU node by the DaemonSet in nvshim-installer.yaml.
+#
+#   nvshim-install [run|install|uninstall]      (default: run)
+#
+# install    copies nvshim, nvshim-runtime and nvshim-hook to <host>$NVSHIM_INSTALL_DIR/bin,
+#            writes the host's /etc/nvshim/config.toml (from the ConfigMap), runs `nvshim runtime
+#            configure --runtime containerd`, creates the /dev/char links, restarts containerd.
+# uninstall  undoes all of that (the config and binaries only if this installer wrote them) and
+#            restarts containerd again.
+# run        install, then wait; on SIGTERM (pod deleted, DaemonSet removed) uninstall and exit.
+#
+# nvshim itself runs chrooted into the host's root, so every path it reads and writes (the
+# containerd config, its drop-in, the runtime path it registers) is a host path. That needs
+# the host's glibc to be at least the one the binaries were built against (docs/install.md).
+#
+# Environment (all optional):
+#   HOST_ROOT                 the host's / as mounted in this container       [/host]
+#   NVSHIM_INSTALL_DIR        where the binaries go on the host               [/usr/local/nvshim]
+#   NVSHIM_CONFIG_SOURCE      the config to install      [/config/config.toml, else the image's]
+#   CONTAINERD_CONFIG         containerd's config on the host        [/etc/containerd/config.toml]
+#   SET_AS_DEFAULT            true: also make `nvidia` containerd's default runtime      [false]
+#   CREATE_DEV_CHAR_SYMLINKS  false: skip `nvshim system create-dev-char-symlinks`        [true]
+#   RESTART_CONTAINERD        systemd (systemctl in the host's PID 1 namespaces) or none [systemd]
+set -eu
+
+host=${HOST_ROOT:-/host}
+dir=${NVSHIM_INSTALL_DIR:-/usr/local/nvshim}
+config_src=${NVSHIM_CONFIG_SOURCE:-/config/config.toml}
+containerd_config=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+restart=${RESTART_CONTAINERD:-systemd}
+ready=/tmp/nvshim-ready
+# Marks what this installer wrote, so uninstall never removes a package's files.
+marker="$host$dir/.installed-by-nvshim-install"
+
+log() { echo "nvshim-install: $*" >&2; }
+
+on_host() {
+    chroot "$host" "$dir/bin/$@"
+}
+
+restart_containerd() {
+    case "$restart" in
+        systemd) nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd ;;
+        none) log "not restarting containerd (RESTART_CONTAINERD=none)" ;;
+        *) log "RESTART_CONTAINERD=$restart: expected systemd or none"; return 1 ;;
+    esac
+}
+
+install() {
+    mkdir -p "$host$dir/bin"
+    touch "$marker"
+    for b in nvshim nvshim-runtime nvshim-hook; do
+        # A new file renamed into place: a binary that is running is never rewritten.
+        cp "/usr/bin/$b" "$host$dir/bin/.$b.new"
+        mv -f "$host$dir/bin/.$b.new" "$host$dir/bin/$b"
+    done
+    ln -sfn nvshim-hook "$host$dir/bin/nvidia-cdi-hook"
+
+    src=$config_src
+    [ -f "$src" ] || src=/etc/nvshim/config.toml
+    mkdir -p "$host/etc/nvshim"
+    if [ -f "$host/etc/nvshim/config.toml" ] && ! grep -qx config "$marker"; then
+        log "keeping the host's /etc/nvshim/config.toml (not written by this installer)"
+    else
+        cp "$src" "$host/etc/nvshim/.config.toml.new"
+        mv -f "$host/etc/nvshim/.config.toml.new" "$host/etc/nvshim/config.toml"
+        grep -qx config "$marker" || echo config >> "$marker"
+    fi
+    # Fails on a config nvshim cannot read, before containerd is pointed at the runtime.
+    on_host nvshim config > /dev/null
+
+    set -- runtime configure --runtime containerd --config "$containerd_config" \
+        --runtime-path "$dir/bin/nvshim-runtime"
+    if [ "${SET_AS_DEFAULT:-false}" = true ]; then
+        set -- "$@" --set-as-default
+    fi
+    on_host nvshim "$@"
+    if [ "${CREATE_DEV_CHAR_SYMLINKS:-true}" = true ]; then
+        on_host nvshim system create-dev-char-symlinks --create-all \
+            || log "warning: no /dev/char links (is the NVIDIA driver loaded?)"
+    fi
+    restart_containerd
+    touch "$ready"
+    log "installed in $dir; containerd runtime \"nvidia\" registered"
+}
+
+uninstall() {
+    rm -f "$ready"
+    if [ ! -f "$marker" ]; then
+        log "nothing to undo: $dir was not installed by nvshim-install"
+        return 0
+    fi
+    on_host nvshim runtime unconfigure --runtime containerd --config "$containerd_config" \
+        || log "warning: could not unconfigure containerd"
+    restart_containerd || log "warning: could not restart containerd"
+    if grep -qx config "$marker"; then
+        rm -f "$host/etc/nvshim/config.toml"
+        rmdir "$host/etc/nvshim" 2> /dev/null || true
+    fi
+    rm -rf "${host:?}$dir"
+    log "uninstalled"
+}
+
+case "${1:-run}" in
+    install) install ;;
+    uninstall) uninstall ;;
+    run)
+        trap 'log "stopping: undoing the installation"; uninstall; exit 0' TERM INT
+        install
+        # `wait` returns when a trapped signal arrives; the trap then exits.
+        while :; do
+            sleep 3600 &
+            wait $! || true
+        done
+        ;;
+    *) log "usage: nvshim-install [run|install|uninstall]"; exit 2 ;;
+esac

@@ -1,0 +1,277 @@
+//! Docker: `runtimes.<name> = {"path": ..., "args": []}` (and `default-runtime`) merged into
+//! `daemon.json`, every other key kept in its order.
+//!
+//! dockerd reads the file only at start (or `SIGHUP` for a few keys, `runtimes` among them:
+//! moby `daemon/reload.go`), so the caller restarts or reloads it. This is the layout
+//! `nvidia-ctk runtime configure --runtime docker` writes (`pkg/config/engine/docker`).
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::file::read_optional;
+use super::{change, EngineError, FileChange, Options};
+
+pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
+    let path = &opts.config;
+    let before = read_optional(path)?;
+    let mut doc = parse(path, before.as_deref())?;
+    let original = doc.clone();
+
+    let runtimes = object_entry(&mut doc, "runtimes", path)?;
+    let args = match runtimes.get(&opts.runtime_name) {
+        None => Value::Array(Vec::new()),
+        Some(Value::Object(entry)) => match entry.get("args") {
+            // Arguments the admin gave the runtime are theirs to keep.
+            Some(a @ Value::Array(_)) => a.clone(),
+            _ => Value::Array(Vec::new()),
+        },
+        Some(other) => {
+            return Err(shape(
+                path,
+                &format!("runtimes.{}", opts.runtime_name),
+                "an object",
+                other,
+            ))
+        }
+    };
+    let mut entry = Map::new();
+    entry.insert(
+        "path".into(),
+        Value::String(opts.runtime_path.to_string_lossy().into_owned()),
+    );
+    entry.insert("args".into(), args);
+    // An entry that already says the same (whatever its key order) is left as it is.
+    if runtimes.get(&opts.runtime_name) != Some(&Value::Object(entry.clone())) {
+        runtimes.insert(opts.runtime_name.clone(), Value::Object(entry));
+    }
+    if opts.set_as_default {
+        doc.insert(
+            "default-runtime".into(),
+            Value::String(opts.runtime_name.clone()),
+        );
+    }
+    Ok(finish(path, before, &original, &doc))
+}
+
+pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
+    let path = &opts.config;
+    let before = read_optional(path)?;
+    if before.is_none() {
+        return Ok(Vec::new());
+    }
+    let mut doc = parse(path, before.as_deref())?;
+    let original = doc.clone();
+    if let Some(runtimes) = doc.get_mut("runtimes") {
+        let Value::Object(map) = runtimes else {
+            return Err(shape(path, "runtimes", "an object", runtimes));
+        };
+        map.shift_remove(&opts.runtime_name);
+        if map.is_empty() {
+            doc.shift_remove("runtimes");
+        }
+    }
+    if doc.get("default-runtime").and_then(Value::as_str) == Some(opts.runtime_name.as_str()) {
+        // dockerd's own default is runc.
+        doc.shift_remove("default-runtime");
+    }
+    Ok(finish(path, before, &original, &doc))
+}
+
+/// An empty or missing file is `{}` (dockerd runs without one).
+fn parse(path: &Path, text: Option<&str>) -> Result<Map<String, Value>, EngineError> {
+    let text = text.unwrap_or("");
+    if text.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(other) => Err(shape(path, "the top level", "an object", &other)),
+        Err(e) => Err(EngineError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+fn object_entry<'a>(
+    doc: &'a mut Map<String, Value>,
+    key: &str,
+    path: &Path,
+) -> Result<&'a mut Map<String, Value>, EngineError> {
+    let v = doc
+        .entry(key.to_string())
+        .or_insert_with(|| Value::Object(Map::new()));
+    match v {
+        Value::Object(m) => Ok(m),
+        other => Err(shape(path, key, "an object", other)),
+    }
+}
+
+fn shape(path: &Path, key: &str, expected: &'static str, found: &Value) -> EngineError {
+    let found = match found {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    EngineError::Shape {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        expected,
+        found: found.to_string(),
+    }
+}
+
+/// The change, if the document's value changed. An unchanged value is never re-serialised, so
+/// a second run does not even reformat the file.
+fn finish(
+    path: &Path,
+    before: Option<String>,
+    original: &Map<String, Value>,
+    doc: &Map<String, Value>,
+) -> Vec<FileChange> {
+    if doc == original {
+        return Vec::new();
+    }
+    let after = render(doc, before.as_deref());
+    change(path, before, Some(after)).into_iter().collect()
+}
+
+/// Pretty JSON with the indentation the file already uses (tabs or N spaces; 4 by default, as
+/// nvidia-ctk writes it).
+fn render(doc: &Map<String, Value>, before: Option<&str>) -> String {
+    let indent = before.map(detect_indent).unwrap_or_else(|| "    ".into());
+    let mut out = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(indent.as_bytes());
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+    // Serialising a map of JSON values into a Vec cannot fail.
+    let _ = serde::Serialize::serialize(doc, &mut ser);
+    let mut text = String::from_utf8_lossy(&out).into_owned();
+    text.push('\n');
+    text
+}
+
+fn detect_indent(text: &str) -> String {
+    text.lines()
+        .skip(1)
+        .find_map(|l| {
+            let ws: String = l.chars().take_while(|c| *c == ' ' || *c == '\t').collect();
+            (!ws.is_empty()).then_some(ws)
+        })
+        .unwrap_or_else(|| "    ".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{configure as plan_configure, unconfigure as plan_unconfigure, Engine};
+    use std::path::PathBuf;
+
+    fn opts(dir: &Path) -> Options {
+        let mut o = Options::new(Engine::Docker, "/usr/bin/nvshim-runtime".into());
+        o.config = dir.join("daemon.json");
+        o
+    }
+
+    fn after(plan: &crate::engine::Plan) -> Value {
+        serde_json::from_str(plan.changes[0].after.as_deref().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn missing_file_gets_the_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = plan_configure(&opts(dir.path())).unwrap();
+        assert_eq!(plan.changes.len(), 1);
+        assert_eq!(plan.changes[0].before, None);
+        assert_eq!(
+            after(&plan),
+            serde_json::json!({"runtimes": {"nvidia": {"path": "/usr/bin/nvshim-runtime", "args": []}}})
+        );
+    }
+
+    #[test]
+    fn keeps_every_other_key_in_order_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(dir.path());
+        let text = "{\n\t\"log-driver\": \"json-file\",\n\t\"runtimes\": {\"runsc\": {\"path\": \"/usr/bin/runsc\"}},\n\t\"zzz\": [1, 2],\n\t\"data-root\": \"/d\"\n}\n";
+        std::fs::write(&o.config, text).unwrap();
+        let mut o2 = o.clone();
+        o2.set_as_default = true;
+        let plan = plan_configure(&o2).unwrap();
+        let out = plan.changes[0].after.clone().unwrap();
+        // Order kept, tabs kept.
+        let keys: Vec<String> = after(&plan).as_object().unwrap().keys().cloned().collect();
+        assert_eq!(
+            keys,
+            [
+                "log-driver",
+                "runtimes",
+                "zzz",
+                "data-root",
+                "default-runtime"
+            ]
+        );
+        assert!(out.contains("\n\t\"log-driver\""), "{out}");
+        let v = after(&plan);
+        assert_eq!(v["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
+        assert_eq!(v["runtimes"]["nvidia"]["path"], "/usr/bin/nvshim-runtime");
+        assert_eq!(v["default-runtime"], "nvidia");
+        plan.apply().unwrap();
+        assert!(
+            plan_configure(&o2).unwrap().is_empty(),
+            "second run changes nothing"
+        );
+        // Unconfigure restores the original value.
+        let un = plan_unconfigure(&o).unwrap();
+        let restored: Value =
+            serde_json::from_str(un.changes[0].after.as_deref().unwrap()).unwrap();
+        assert_eq!(restored, serde_json::from_str::<Value>(text).unwrap());
+    }
+
+    #[test]
+    fn keeps_admin_args() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(dir.path());
+        std::fs::write(
+            &o.config,
+            r#"{"runtimes": {"nvidia": {"path": "nvidia-container-runtime", "args": ["--debug"]}}}"#,
+        )
+        .unwrap();
+        let v = after(&plan_configure(&o).unwrap());
+        assert_eq!(
+            v["runtimes"]["nvidia"],
+            serde_json::json!({"path": "/usr/bin/nvshim-runtime", "args": ["--debug"]})
+        );
+    }
+
+    #[test]
+    fn unparsable_and_misshapen_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(dir.path());
+        std::fs::write(&o.config, "{\"a\": 1,").unwrap();
+        let err = plan_configure(&o).unwrap_err().to_string();
+        assert!(err.contains("daemon.json"), "{err}");
+        std::fs::write(&o.config, r#"{"runtimes": []}"#).unwrap();
+        let err = plan_configure(&o).unwrap_err().to_string();
+        assert!(
+            err.contains("runtimes is an array, expected an object"),
+            "{err}"
+        );
+        std::fs::write(&o.config, "[]").unwrap();
+        assert!(plan_configure(&o).is_err());
+    }
+
+    #[test]
+    fn empty_file_is_an_empty_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(dir.path());
+        std::fs::write(&o.config, "\n").unwrap();
+        let v = after(&plan_configure(&o).unwrap());
+        assert!(v["runtimes"]["nvidia"].is_object());
+        assert_eq!(detect_indent("{\n  \"a\": 1\n}"), "  ");
+        let _ = PathBuf::new();
+    }
+}

@@ -1,0 +1,303 @@
+//! Registering `nvshim-runtime` with container engines: `nvshim runtime configure|unconfigure`.
+//!
+//! Each engine module turns [`Options`] into a [`Plan`]: the files it would change, with their
+//! text before and after. Nothing is written while planning, so a config that does not parse
+//! (or has an unexpected shape) is an error that leaves every file as it was, and `--dry-run`
+//! is the same plan printed as a diff. [`Plan::apply`] then backs up each existing file it
+//! changes and replaces it atomically.
+//!
+//! What field experience asks of this (field-lessons.md §2.7): never rewrite the user's config,
+//! keep every other key, carry the default runtime's options (`SystemdCgroup` above all,
+//! nvidia-docker#1788), and use drop-ins where the engine has them (containerd#6389).
+//! A plan with no changes is how idempotency shows: a second `configure` plans nothing.
+
+pub mod containerd;
+pub mod crio;
+pub mod docker;
+mod file;
+mod tomldoc;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use thiserror::Error;
+
+pub use file::{backup_path, Applied};
+
+/// The runtime name engines know nvshim by (`docker run --runtime=nvidia`, the Kubernetes
+/// RuntimeClass handler): NVIDIA's name, so existing manifests and scripts keep working.
+pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
+/// Where the packages install the runtime binary.
+pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/nvshim-runtime";
+/// First line of every drop-in file nvshim writes; `unconfigure` deletes only files that
+/// carry it, and `configure` refuses to overwrite a file without it.
+pub const DROP_IN_MARKER: &str = "# Written by `nvshim runtime configure`";
+/// The CDI annotation prefix that CRI must pass through to the OCI spec for nvshim to see
+/// device requests made by device plugins (`cdi.k8s.io/<name>` container annotations).
+pub const CDI_ANNOTATION_PATTERN: &str = "cdi.k8s.io/*";
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {message} (nothing was changed)")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {key} is {found}, expected {expected} (nothing was changed)")]
+    Shape {
+        path: PathBuf,
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("{path}: {message} (nothing was changed)")]
+    Unsupported { path: PathBuf, message: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot back up {path} to {backup}: {source} (the file was not changed)")]
+    Backup {
+        path: PathBuf,
+        backup: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot remove {path}: {source}")]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("internal error: the edited {path} does not parse: {message} (nothing was changed)")]
+    Produced { path: PathBuf, message: String },
+}
+
+/// The engines nvshim can register with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Docker,
+    Containerd,
+    Crio,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 3] = [Engine::Docker, Engine::Containerd, Engine::Crio];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Docker => "docker",
+            Engine::Containerd => "containerd",
+            Engine::Crio => "crio",
+        }
+    }
+
+    /// The engine's main config file, as its Debian and RPM packages install it (the same
+    /// defaults as `nvidia-ctk runtime configure`, nvidia-toolkit-behaviour.md §1.4).
+    pub fn default_config(self) -> PathBuf {
+        PathBuf::from(match self {
+            Engine::Docker => "/etc/docker/daemon.json",
+            Engine::Containerd => "/etc/containerd/config.toml",
+            Engine::Crio => "/etc/crio/crio.conf",
+        })
+    }
+
+    /// The drop-in nvshim writes for a main config at `config`: `conf.d/99-nvshim.toml` beside
+    /// containerd's config (used when the config has `imports`), `crio.conf.d/99-nvshim.toml`
+    /// beside CRI-O's. Docker has no drop-ins. The name sorts after NVIDIA's `99-nvidia.toml`,
+    /// so on a host migrating from the toolkit nvshim's definition of `nvidia` wins.
+    pub fn default_drop_in(self, config: &Path) -> Option<PathBuf> {
+        let dir = config.parent().unwrap_or(Path::new("/"));
+        match self {
+            Engine::Docker => None,
+            Engine::Containerd => Some(dir.join("conf.d").join("99-nvshim.toml")),
+            Engine::Crio => Some(dir.join("crio.conf.d").join("99-nvshim.toml")),
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Engine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Engine, String> {
+        match s {
+            "docker" => Ok(Engine::Docker),
+            "containerd" => Ok(Engine::Containerd),
+            "crio" | "cri-o" => Ok(Engine::Crio),
+            other => Err(format!(
+                "unknown engine {other:?} (expected docker, containerd or crio)"
+            )),
+        }
+    }
+}
+
+/// What to register, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub engine: Engine,
+    /// The engine's main config file.
+    pub config: PathBuf,
+    /// The drop-in file (containerd with `imports`, CRI-O); `None` for Docker.
+    pub drop_in: Option<PathBuf>,
+    /// The name the engine knows the runtime by (`nvidia`).
+    pub runtime_name: String,
+    /// Absolute path of `nvshim-runtime` as the engine will exec it.
+    pub runtime_path: PathBuf,
+    /// Also make it the engine's default runtime.
+    pub set_as_default: bool,
+}
+
+impl Options {
+    /// Defaults for `engine`: its standard config path and drop-in, runtime `nvidia` at
+    /// `runtime_path`.
+    pub fn new(engine: Engine, runtime_path: PathBuf) -> Options {
+        let config = engine.default_config();
+        Options {
+            engine,
+            drop_in: engine.default_drop_in(&config),
+            config,
+            runtime_name: DEFAULT_RUNTIME_NAME.to_string(),
+            runtime_path,
+            set_as_default: false,
+        }
+    }
+}
+
+/// One file a plan changes. `after == None` removes the file; `before == None` creates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileChange {
+    pub path: PathBuf,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+/// The files a `configure` or `unconfigure` changes; empty when everything is already in place.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub changes: Vec<FileChange>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// A unified diff of every change (`/dev/null` for a created or removed file).
+    pub fn diff(&self) -> String {
+        let mut out = String::new();
+        for c in &self.changes {
+            out.push_str(&file::unified_diff(c));
+        }
+        out
+    }
+
+    /// Writes the plan: each existing file is first copied to its [`backup_path`], then
+    /// replaced atomically (or removed). Stops at the first error; files already written stay
+    /// written, each with its backup.
+    pub fn apply(&self) -> Result<Vec<Applied>, EngineError> {
+        self.changes.iter().map(file::apply_change).collect()
+    }
+}
+
+/// Plans registering the runtime with `opts.engine`.
+pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
+    let changes = match opts.engine {
+        Engine::Docker => docker::configure(opts)?,
+        Engine::Containerd => containerd::configure(opts)?,
+        Engine::Crio => crio::configure(opts)?,
+    };
+    Ok(Plan { changes })
+}
+
+/// Plans removing what [`configure`] added: the runtime entry, the default-runtime setting when
+/// it names the runtime, and drop-ins nvshim wrote.
+pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
+    let changes = match opts.engine {
+        Engine::Docker => docker::unconfigure(opts)?,
+        Engine::Containerd => containerd::unconfigure(opts)?,
+        Engine::Crio => crio::unconfigure(opts)?,
+    };
+    Ok(Plan { changes })
+}
+
+/// A change if `after` differs from `before`.
+fn change(path: &Path, before: Option<String>, after: Option<String>) -> Option<FileChange> {
+    (before != after).then(|| FileChange {
+        path: path.to_path_buf(),
+        before,
+        after,
+    })
+}
+
+/// The header of a drop-in: the marker line and what wrote it.
+fn drop_in_header(opts: &Options) -> String {
+    format!(
+        "{DROP_IN_MARKER} --runtime {}: registers {} as the runtime {:?}.\n\
+         # `nvshim runtime unconfigure --runtime {}` removes this file. Do not edit: it is rewritten.\n",
+        opts.engine,
+        opts.runtime_path.display(),
+        opts.runtime_name,
+        opts.engine,
+    )
+}
+
+/// Errors unless `text` (an existing drop-in at `path`) was written by nvshim.
+fn check_ours(path: &Path, text: Option<&str>) -> Result<(), EngineError> {
+    match text {
+        Some(t) if !t.starts_with(DROP_IN_MARKER) => Err(EngineError::Unsupported {
+            path: path.to_path_buf(),
+            message: "exists and was not written by nvshim; move it away or pass \
+                      --drop-in-config with another path"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_names_round_trip() {
+        for e in Engine::ALL {
+            assert_eq!(e.name().parse::<Engine>().unwrap(), e);
+        }
+        assert_eq!("cri-o".parse::<Engine>().unwrap(), Engine::Crio);
+        assert!("podman".parse::<Engine>().is_err());
+    }
+
+    #[test]
+    fn default_paths() {
+        let o = Options::new(Engine::Containerd, DEFAULT_RUNTIME_PATH.into());
+        assert_eq!(o.config, Path::new("/etc/containerd/config.toml"));
+        assert_eq!(
+            o.drop_in.as_deref(),
+            Some(Path::new("/etc/containerd/conf.d/99-nvshim.toml"))
+        );
+        let o = Options::new(Engine::Crio, DEFAULT_RUNTIME_PATH.into());
+        assert_eq!(
+            o.drop_in.as_deref(),
+            Some(Path::new("/etc/crio/crio.conf.d/99-nvshim.toml"))
+        );
+        assert_eq!(
+            Options::new(Engine::Docker, DEFAULT_RUNTIME_PATH.into()).drop_in,
+            None
+        );
+    }
+
+    #[test]
+    fn foreign_drop_in_is_refused() {
+        let err = check_ours(Path::new("/x/99.toml"), Some("[crio]\n")).unwrap_err();
+        assert!(err.to_string().contains("/x/99.toml"), "{err}");
+        check_ours(Path::new("/x"), None).unwrap();
+        check_ours(Path::new("/x"), Some(&format!("{DROP_IN_MARKER} x\n"))).unwrap();
+    }
+}
