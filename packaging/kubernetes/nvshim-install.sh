@@ -13,7 +13,7 @@
 #
 # nvshim itself runs chrooted into the host's root, so every path it reads and writes (the
 # containerd config, its drop-in, the runtime path it registers) is a host path. That needs
-# the host's glibc to be at least the one the binaries were built against (docs/install.md).
+# the host's glibc to be at least the one the binaries were built against (README.md, "Install").
 #
 # Environment (all optional):
 #   HOST_ROOT                 the host's / as mounted in this container       [/host]
