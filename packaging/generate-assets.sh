@@ -6,7 +6,7 @@
 #
 # Writes target/packaging/{man,completions}/, which [package.metadata.deb] and
 # [package.metadata.generate-rpm] in Cargo.toml list as assets. Run it after
-# `cargo build --release --workspace` and before `cargo deb --no-build` / `cargo generate-rpm`.
+# `scripts/build-release.sh` and before `cargo deb --no-build` / `cargo generate-rpm`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin_dir=${1:-target/release}

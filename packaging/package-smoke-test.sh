@@ -15,7 +15,7 @@ if dpkg-query -W -f='${Status}' nvshim 2> /dev/null | grep -q "install ok instal
     exit 1
 fi
 
-cargo build --release --workspace
+scripts/build-release.sh
 packaging/generate-assets.sh target/release
 cargo deb -p nvshim --no-build
 cargo generate-rpm

@@ -2,7 +2,7 @@
 # Builds the nvshim installer image (packaging/kubernetes/nvshim-installer.yaml) from the release
 # binaries, as an OCI image layout tarball: no registry, no docker, no buildah.
 #
-#   cargo build --release --workspace
+#   scripts/build-release.sh
 #   scripts/build-installer-image.sh [-o OUT.tar] [-b BIN_DIR] [-t NAME:TAG]
 #
 # Defaults: BIN_DIR target/release, OUT target/nvshim-installer-<version>.oci.tar, NAME:TAG
@@ -37,7 +37,7 @@ if ! "$busybox" --list 2> /dev/null | grep -qx nsenter || ldd "$busybox" > /dev/
 fi
 binaries=(nvshim nvshim-runtime nvshim-hook)
 for b in "${binaries[@]}"; do
-    [ -x "$bin_dir/$b" ] || { echo "$bin_dir/$b is missing: cargo build --release --workspace" >&2; exit 1; }
+    [ -x "$bin_dir/$b" ] || { echo "$bin_dir/$b is missing: scripts/build-release.sh" >&2; exit 1; }
 done
 
 work=$(mktemp -d)

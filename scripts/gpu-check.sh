@@ -17,7 +17,7 @@ step() { printf '\n== %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "gpu-check: needs root" >&2; exit 1; }
 [ -x "$RUNC" ] || { echo "gpu-check: no runc (set RUNC=/path/to/runc)" >&2; exit 1; }
 for b in nvshim-runtime nvshim-hook nvshim; do
-  [ -x "$BIN/$b" ] || { echo "gpu-check: $BIN/$b missing (cargo build --release)" >&2; exit 1; }
+  [ -x "$BIN/$b" ] || { echo "gpu-check: $BIN/$b missing (scripts/build-release.sh)" >&2; exit 1; }
 done
 [ -r /proc/driver/nvidia/version ] || { echo "gpu-check: no NVIDIA driver loaded" >&2; exit 1; }
 

@@ -1,0 +1,204 @@
+//! The `create-symlinks` hook: `--link TARGET::LINK`, as NVIDIA's `nvidia-cdi-hook
+//! create-symlinks`. TARGET is written verbatim (relative or absolute; it is only ever the
+//! content of the link, never opened). LINK is a path inside the container root, relative paths
+//! taken from the root (NVIDIA's CVE-2024-0134 fix, `d0d85a8c`).
+//!
+//! For each link: the parent directory is resolved inside the root, missing components created
+//! there (`..` stops at the root, symlinks on the way stay inside it); if LINK is already a
+//! symlink to TARGET nothing happens; otherwise a symlink is made under a temporary name and
+//! renamed over LINK, which replaces a file or symlink atomically and fails on a directory
+//! (NVIDIA's v1.19.1 fix for the TOCTOU race, `3e9bab5e`).
+//!
+//! Unlike update-ldcache's writes below `/etc`, resolution may cross into other mounts: NVIDIA's
+//! specs put links in `/dev/dri/by-path`, on the runtime's `/dev` tmpfs.
+
+use std::io;
+use std::os::fd::AsFd;
+
+use thiserror::Error;
+
+use crate::root::{self, Root, RootError};
+
+#[derive(Debug, Error)]
+pub enum SymlinkError {
+    #[error("--link {0:?}: expected TARGET::LINK")]
+    Syntax(String),
+    #[error("--link {0:?}: LINK names no file")]
+    NoName(String),
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error("{path}: {source}")]
+    Link {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// One `--link`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub target: String,
+    pub link: String,
+}
+
+impl Link {
+    /// Parses `TARGET::LINK` (exactly one `::`, both sides non-empty).
+    pub fn parse(spec: &str) -> Result<Link, SymlinkError> {
+        let mut parts = spec.split("::");
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(target), Some(link), None) if !target.is_empty() && !link.is_empty() => {
+                Ok(Link {
+                    target: target.to_string(),
+                    link: link.to_string(),
+                })
+            }
+            _ => Err(SymlinkError::Syntax(spec.to_string())),
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// Links created or replaced (container paths).
+    pub created: Vec<String>,
+    /// Links already right.
+    pub unchanged: Vec<String>,
+}
+
+/// Creates the links below `root`. Stops at the first error.
+pub fn run(root: &Root, links: &[Link]) -> Result<Report, SymlinkError> {
+    let mut report = Report::default();
+    let mut seen: Vec<&Link> = Vec::new();
+    for l in links {
+        if seen.contains(&l) {
+            continue;
+        }
+        seen.push(l);
+        let spec = format!("{}::{}", l.target, l.link);
+        let (parent, name) =
+            root::split_parent(&l.link).ok_or_else(|| SymlinkError::NoName(spec.clone()))?;
+        let dir = root.mkdir_all(parent, 0o755, false)?;
+        let display = root.display(&l.link);
+        let current =
+            root::symlink_target(dir.as_fd(), name).map_err(|source| SymlinkError::Link {
+                path: display.clone(),
+                source,
+            })?;
+        if current.as_deref() == Some(l.target.as_bytes()) {
+            report.unchanged.push(l.link.clone());
+            continue;
+        }
+        root::replace_symlink(dir.as_fd(), name, &l.target).map_err(|source| {
+            SymlinkError::Link {
+                path: display,
+                source,
+            }
+        })?;
+        report.created.push(l.link.clone());
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::path::Path;
+
+    use crate::root::Resolver;
+
+    fn link(t: &str, l: &str) -> Link {
+        Link {
+            target: t.into(),
+            link: l.into(),
+        }
+    }
+
+    fn read_link(p: &Path) -> String {
+        std::fs::read_link(p)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn parses_target_and_link() {
+        assert_eq!(
+            Link::parse("libcuda.so.1::/usr/lib/libcuda.so").unwrap(),
+            link("libcuda.so.1", "/usr/lib/libcuda.so")
+        );
+        for bad in ["a", "::b", "a::", "a::b::c", ""] {
+            assert!(Link::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn creates_replaces_and_skips() {
+        for resolver in [Resolver::Openat2, Resolver::Walk] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = Root::open(dir.path()).unwrap();
+            root.set_resolver(resolver);
+            let links = [
+                link(
+                    "libcuda.so.580.65.06",
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                ),
+                link("libcuda.so.1", "usr/lib/x86_64-linux-gnu/libcuda.so"),
+                link("../card1", "/dev/dri/by-path/pci-0000:1b:00.0-card"),
+            ];
+            let r = run(&root, &links).unwrap();
+            assert_eq!(r.created.len(), 3);
+            let lib = dir.path().join("usr/lib/x86_64-linux-gnu");
+            assert_eq!(read_link(&lib.join("libcuda.so.1")), "libcuda.so.580.65.06");
+            assert_eq!(read_link(&lib.join("libcuda.so")), "libcuda.so.1");
+            // Second run: nothing to do.
+            let r = run(&root, &links).unwrap();
+            assert!(r.created.is_empty());
+            assert_eq!(r.unchanged.len(), 3);
+            // A wrong link and a regular file are replaced.
+            std::fs::remove_file(lib.join("libcuda.so")).unwrap();
+            std::fs::write(lib.join("libcuda.so"), "x").unwrap();
+            std::fs::remove_file(lib.join("libcuda.so.1")).unwrap();
+            symlink("/etc/passwd", lib.join("libcuda.so.1")).unwrap();
+            let r = run(&root, &links).unwrap();
+            assert_eq!(r.created.len(), 2);
+            assert_eq!(read_link(&lib.join("libcuda.so")), "libcuda.so.1");
+            // A directory at LINK is an error, not a link inside it.
+            std::fs::create_dir(dir.path().join("d")).unwrap();
+            assert!(run(&root, &[link("x", "/d")]).is_err());
+            assert!(std::fs::read_dir(dir.path().join("d"))
+                .unwrap()
+                .next()
+                .is_none());
+        }
+    }
+
+    #[test]
+    fn dotdot_and_symlinked_parents_stay_inside() {
+        for resolver in [Resolver::Openat2, Resolver::Walk] {
+            let host = tempfile::tempdir().unwrap();
+            let outside = host.path().join("outside");
+            std::fs::create_dir(&outside).unwrap();
+            let rootdir = host.path().join("root");
+            std::fs::create_dir(&rootdir).unwrap();
+            symlink(&outside, rootdir.join("abs")).unwrap();
+            symlink("../../..", rootdir.join("up")).unwrap();
+            let root = Root::open(&rootdir).unwrap();
+            root.set_resolver(resolver);
+            run(&root, &[link("t", "/../../../../x")]).unwrap();
+            assert_eq!(read_link(&rootdir.join("x")), "t");
+            run(&root, &[link("t", "/up/y")]).unwrap();
+            assert_eq!(read_link(&rootdir.join("y")), "t");
+            // `abs` points at a host path, which does not exist inside the root: a dangling
+            // parent is an error, and nothing appears on the host.
+            assert!(run(&root, &[link("t", "/abs/z")]).is_err());
+            assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+            assert!(matches!(
+                run(&root, &[link("t", "/..")]),
+                Err(SymlinkError::NoName(_))
+            ));
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! What ldconfig reads from a shared object: its `DT_SONAME` and the cache flags.
+//!
+//! A port of glibc 2.36's `process_file` (`elf/readlib.c`), `process_elf_file`
+//! (`elf/readelflib.c`) and the architecture wrappers
+//! (`sysdeps/unix/sysv/linux/{x86_64,aarch64}/readelflib.c`), with the same answers: `None`
+//! exactly where ldconfig skips a file. Differences, all on files an attacker crafted: every read
+//! is bounded (ldconfig maps the whole file and trusts offsets after a start-of-range check),
+//! and a name that is not NUL-terminated within 4 KiB or within the file makes the file skipped.
+//! The OS ABI note and the x86 ISA-level property are not read: glibc 2.36's ldconfig no longer
+//! stores the former and only stores the latter for `glibc-hwcaps` subdirectories (left at 0).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// `FLAG_ELF`: an ELF library with no known libc dependency.
+pub const FLAG_ELF: i32 = 0x0001;
+/// `FLAG_ELF_LIBC5`.
+pub const FLAG_ELF_LIBC5: i32 = 0x0002;
+/// `FLAG_ELF_LIBC6`.
+pub const FLAG_ELF_LIBC6: i32 = 0x0003;
+/// `FLAG_X8664_LIB64`.
+pub const FLAG_X8664_LIB64: i32 = 0x0300;
+/// `FLAG_X8664_LIBX32`.
+pub const FLAG_X8664_LIBX32: i32 = 0x0800;
+/// `FLAG_ARM_LIBHF`.
+pub const FLAG_ARM_LIBHF: i32 = 0x0900;
+/// `FLAG_AARCH64_LIB64`.
+pub const FLAG_AARCH64_LIB64: i32 = 0x0a00;
+/// `FLAG_ARM_LIBSF`.
+pub const FLAG_ARM_LIBSF: i32 = 0x0b00;
+
+const EM_386: u16 = 3;
+const EM_X86_64: u16 = 62;
+const ET_DYN: u16 = 3;
+const PT_LOAD: u32 = 1;
+const PT_DYNAMIC: u32 = 2;
+const PT_INTERP: u32 = 3;
+const DT_NULL: u64 = 0;
+const DT_NEEDED: u64 = 1;
+const DT_STRTAB: u64 = 5;
+const DT_SONAME: u64 = 14;
+
+/// Longest name read from the dynamic string table.
+const MAX_NAME: usize = 4096;
+/// Most program headers read.
+const MAX_PHNUM: usize = 4096;
+/// Most bytes of dynamic section scanned for `DT_NULL`.
+const MAX_DYNAMIC: u64 = 1 << 20;
+
+/// The machine whose ldconfig rules apply. Only these two have a native cache writer; other
+/// hosts use the ldconfig fallback (`fallback.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    /// The architecture this binary was built for, if the native writer supports it.
+    pub fn host() -> Option<Arch> {
+        if cfg!(target_arch = "x86_64") {
+            Some(Arch::X86_64)
+        } else if cfg!(target_arch = "aarch64") {
+            Some(Arch::Aarch64)
+        } else {
+            None
+        }
+    }
+
+    /// The GNU multiarch triplet (`/usr/lib/<triplet>`).
+    pub fn triplet(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64-linux-gnu",
+            Arch::Aarch64 => "aarch64-linux-gnu",
+        }
+    }
+
+    /// musl's dynamic linker name part (`/etc/ld-musl-<arch>.path`).
+    pub fn musl_name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// The flags a 64-bit library of this machine gets in the cache.
+    pub fn lib64_flags(self) -> i32 {
+        match self {
+            Arch::X86_64 => FLAG_X8664_LIB64 | FLAG_ELF_LIBC6,
+            Arch::Aarch64 => FLAG_AARCH64_LIB64 | FLAG_ELF_LIBC6,
+        }
+    }
+}
+
+/// What ldconfig learns from one library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DsoInfo {
+    /// `DT_SONAME`, if the library has one.
+    pub soname: Option<String>,
+    /// Cache flags (`FLAG_*`).
+    pub flags: i32,
+}
+
+/// A bounded view of the file: every read checks the file size first.
+struct Reader<'a> {
+    file: &'a File,
+    size: u64,
+    head: Vec<u8>,
+}
+
+impl Reader<'_> {
+    fn bytes(&self, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let end = offset.checked_add(len as u64)?;
+        if end > self.size {
+            return None;
+        }
+        if end <= self.head.len() as u64 {
+            return Some(self.head[offset as usize..end as usize].to_vec());
+        }
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => return None,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return None,
+            }
+        }
+        Some(buf)
+    }
+
+    /// A NUL-terminated string starting at `offset`, inside the file.
+    fn cstr(&self, offset: u64) -> Option<String> {
+        if offset >= self.size {
+            return None;
+        }
+        let len = (self.size - offset).min(MAX_NAME as u64 + 1) as usize;
+        let mut chunk = 256.min(len);
+        loop {
+            let bytes = self.bytes(offset, chunk)?;
+            if let Some(end) = bytes.iter().position(|&b| b == 0) {
+                return String::from_utf8(bytes[..end].to_vec()).ok();
+            }
+            if chunk == len {
+                return None;
+            }
+            chunk = (chunk * 4).min(len);
+        }
+    }
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// ELF class-dependent layout.
+#[derive(Clone, Copy)]
+struct Class {
+    is64: bool,
+}
+
+impl Class {
+    fn phentsize(self) -> usize {
+        if self.is64 {
+            56
+        } else {
+            32
+        }
+    }
+    fn dynsize(self) -> usize {
+        if self.is64 {
+            16
+        } else {
+            8
+        }
+    }
+    fn word(self, b: &[u8], at: usize) -> u64 {
+        if self.is64 {
+            u64_at(b, at)
+        } else {
+            u64::from(u32_at(b, at))
+        }
+    }
+    /// (p_type, p_offset, p_vaddr, p_filesz) of a program header.
+    fn phdr(self, b: &[u8]) -> (u32, u64, u64, u64) {
+        if self.is64 {
+            (u32_at(b, 0), u64_at(b, 8), u64_at(b, 16), u64_at(b, 32))
+        } else {
+            (
+                u32_at(b, 0),
+                u64::from(u32_at(b, 4)),
+                u64::from(u32_at(b, 8)),
+                u64::from(u32_at(b, 16)),
+            )
+        }
+    }
+}
+
+/// `interpreters[]` and `known_libs[]` of `elf/readelflib.c` with x86's and Linux's
+/// `SYSDEP_KNOWN_*` additions (`sysdeps/unix/sysv/linux/{x86,}/ldconfig.h`).
+fn interpreter_flag(interp: &str) -> Option<i32> {
+    match interp {
+        "/lib/ld-linux.so.2"
+        | "/libx32/ld-linux-x32.so.2"
+        | "/lib64/ld-linux-x86-64.so.2"
+        | "/lib/ld-linux-aarch64.so.1"
+        | "/lib/ld-linux-armhf.so.3" => Some(FLAG_ELF_LIBC6),
+        "/lib/ld-linux.so.1" => Some(FLAG_ELF_LIBC5),
+        _ => None,
+    }
+}
+
+fn known_lib_flag(needed: &str) -> Option<i32> {
+    match needed {
+        "libc.so.6" | "libm.so.6" => Some(FLAG_ELF_LIBC6),
+        "libc.so.5" | "libm.so.5" => Some(FLAG_ELF_LIBC5),
+        _ => None,
+    }
+}
+
+/// Reads a library as ldconfig's `process_file` does. `size` is the file's `fstat` size.
+/// `None`: ldconfig would skip this file (not ELF, not `ET_DYN`, another machine, no dynamic
+/// section or string table, truncated).
+pub fn inspect(file: &File, size: u64, arch: Arch) -> Option<DsoInfo> {
+    // process_file: smaller than an ELF header (or an a.out header) is skipped.
+    if size < 64 {
+        return None;
+    }
+    let head_len = size.min(4096) as usize;
+    let mut reader = Reader {
+        file,
+        size,
+        head: Vec::new(),
+    };
+    reader.head = reader.bytes(0, head_len)?;
+    let h = &reader.head;
+    if &h[..4] != b"\x7fELF" {
+        return None;
+    }
+    // Only little-endian objects carry meaningful fields for a little-endian ldconfig.
+    if h[5] != 1 {
+        return None;
+    }
+    let is64 = match h[4] {
+        1 => false,
+        2 => true,
+        _ => return None,
+    };
+    if u16_at(h, 16) != ET_DYN {
+        return None;
+    }
+    let machine = u16_at(h, 18);
+    let e_flags = u32_at(h, if is64 { 48 } else { 36 });
+    // The architecture wrapper decides the final flags (or rejects the machine).
+    let forced: Option<i32> = match arch {
+        Arch::X86_64 => match (machine, is64) {
+            // "X86-64 64bit libraries are always libc.so.6+."
+            (EM_X86_64, true) => Some(FLAG_X8664_LIB64 | FLAG_ELF_LIBC6),
+            // "X32 libraries are always libc.so.6+."
+            (EM_X86_64, false) => Some(FLAG_X8664_LIBX32 | FLAG_ELF_LIBC6),
+            (EM_386, false) => None,
+            _ => return None,
+        },
+        // The aarch64 wrapper does not look at e_machine; 64-bit objects are always AArch64.
+        Arch::Aarch64 => {
+            if is64 {
+                Some(FLAG_AARCH64_LIB64 | FLAG_ELF_LIBC6)
+            } else {
+                None
+            }
+        }
+    };
+    let class = Class { is64 };
+    let info = process_elf(&reader, class)?;
+    let flags = match (forced, arch) {
+        (Some(f), _) => f,
+        // The aarch64 wrapper classifies 32-bit objects by their ARM EABI float flags.
+        (None, Arch::Aarch64) => {
+            // EF_ARM_EABI_VERSION(e_flags) == EF_ARM_EABI_VER5
+            if e_flags & 0xff00_0000 == 0x0500_0000 {
+                if e_flags & 0x400 != 0 {
+                    FLAG_ARM_LIBHF | FLAG_ELF_LIBC6
+                } else if e_flags & 0x200 != 0 {
+                    FLAG_ARM_LIBSF | FLAG_ELF_LIBC6
+                } else {
+                    FLAG_ELF_LIBC6
+                }
+            } else {
+                info.flags
+            }
+        }
+        (None, _) => info.flags,
+    };
+    Some(DsoInfo {
+        soname: info.soname,
+        flags,
+    })
+}
+
+/// The generic `process_elf_file` for one class.
+fn process_elf(r: &Reader, class: Class) -> Option<DsoInfo> {
+    let h = &r.head;
+    let (phoff, phnum) = if class.is64 {
+        (u64_at(h, 32), usize::from(u16_at(h, 56)))
+    } else {
+        (u64::from(u32_at(h, 28)), usize::from(u16_at(h, 44)))
+    };
+    if phnum > MAX_PHNUM {
+        return None;
+    }
+    let phdrs = r.bytes(phoff, phnum * class.phentsize())?;
+    let mut flags = FLAG_ELF;
+    let mut loadaddr: Option<u64> = None;
+    let mut dynamic: Option<(u64, u64)> = None;
+    for i in 0..phnum {
+        let (p_type, p_offset, p_vaddr, p_filesz) =
+            class.phdr(&phdrs[i * class.phentsize()..(i + 1) * class.phentsize()]);
+        match p_type {
+            PT_LOAD if loadaddr.is_none() => loadaddr = Some(p_vaddr.wrapping_sub(p_offset)),
+            // "more than one dynamic segment": the last one wins, as in ldconfig.
+            PT_DYNAMIC => dynamic = Some((p_offset, p_filesz)),
+            PT_INTERP => {
+                let interp = r.cstr(p_offset)?;
+                if let Some(f) = interpreter_flag(&interp) {
+                    flags = f;
+                }
+            }
+            _ => {}
+        }
+    }
+    let loadaddr = loadaddr.unwrap_or(0);
+    let (dyn_offset, dyn_size) = dynamic?;
+    if dyn_size == 0 {
+        return None;
+    }
+    let entries = read_dynamic(r, class, dyn_offset, dyn_size)?;
+    // The first DT_STRTAB, translated from an address to a file offset.
+    let strtab = entries
+        .iter()
+        .find(|(tag, _)| *tag == DT_STRTAB)
+        .map(|(_, val)| val.wrapping_sub(loadaddr))?;
+    let mut soname = None;
+    for (tag, val) in entries {
+        if tag != DT_NEEDED && tag != DT_SONAME {
+            continue;
+        }
+        let name = r.cstr(strtab.checked_add(val)?)?;
+        if tag == DT_NEEDED {
+            if flags == FLAG_ELF {
+                if let Some(f) = known_lib_flag(&name) {
+                    flags = f;
+                }
+            }
+        } else {
+            soname = Some(name);
+        }
+        if soname.is_some() && flags != FLAG_ELF {
+            break;
+        }
+    }
+    Some(DsoInfo { soname, flags })
+}
+
+/// The dynamic entries up to `DT_NULL`. ldconfig reads past `p_filesz` until `DT_NULL`; so do
+/// we, up to the end of the file or `MAX_DYNAMIC` bytes.
+fn read_dynamic(r: &Reader, class: Class, offset: u64, size: u64) -> Option<Vec<(u64, u64)>> {
+    let entsize = class.dynsize() as u64;
+    let limit = r.size.checked_sub(offset)?.min(MAX_DYNAMIC);
+    let mut want = size.max(entsize).min(limit);
+    loop {
+        let len = (want / entsize * entsize) as usize;
+        let bytes = r.bytes(offset, len)?;
+        let mut out = Vec::new();
+        for e in bytes.chunks_exact(entsize as usize) {
+            let tag = class.word(e, 0);
+            if tag == DT_NULL {
+                return Some(out);
+            }
+            out.push((tag, class.word(e, entsize as usize / 2)));
+        }
+        if want >= limit {
+            // No DT_NULL before the end of what may be read: ldconfig would read past the file.
+            return None;
+        }
+        want = (want * 4).min(limit);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn garbage_and_short_files_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, data) in [
+            ("empty", Vec::new()),
+            ("short", b"\x7fELF".to_vec()),
+            ("text", b"GROUP ( /lib/libc.so.6 )\n".repeat(10)),
+            ("zeros", vec![0u8; 4096]),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::File::create(&path)
+                .unwrap()
+                .write_all(&data)
+                .unwrap();
+            let f = File::open(&path).unwrap();
+            assert_eq!(inspect(&f, data.len() as u64, Arch::X86_64), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn truncated_elf_with_huge_offsets_is_skipped() {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[5] = 1;
+        h[16] = ET_DYN as u8;
+        h[18] = EM_X86_64 as u8;
+        h[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        h[56] = 0xff;
+        h[57] = 0x0f;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lib");
+        std::fs::write(&path, &h).unwrap();
+        let f = File::open(&path).unwrap();
+        assert_eq!(inspect(&f, 64, Arch::X86_64), None);
+    }
+}

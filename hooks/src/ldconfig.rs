@@ -1,0 +1,1080 @@
+//! ldconfig without exec: glibc 2.36's `elf/ldconfig.c` configuration reading and directory
+//! scanning, on file descriptors below a container root.
+//!
+//! What is ported, with its ldconfig function:
+//! - `parse_conf` / `parse_conf_include`: `include` lines with shell globs (sorted in C
+//!   collation, as `glob(3)` does), `hwcap` lines ignored, `dir=libc6` type suffixes, comments
+//!   after `#`, leading blanks, trailing blanks and slashes; relative `include` patterns taken
+//!   relative to the including file's directory.
+//! - `add_dir_1` / `add_single_dir`: directories identified by inode (the first name wins, so a
+//!   merged-`/usr` `/lib/x86_64-linux-gnu` names the files of `/usr/lib/x86_64-linux-gnu`), the
+//!   built-in system directories last, `glibc-hwcaps/<name>` subdirectories queued right after
+//!   their parent and every such name interned in the string table, used or not.
+//! - `search_dir`: `lib*.so*`/`ld-*.so*` names, prelink temporaries skipped, links resolved
+//!   inside the root, a link kept as its own entry only when its name is the SONAME or the
+//!   `.so` development name of it, one entry per SONAME per directory (files preferred to links,
+//!   then the `_dl_cache_libcmp`-newest name), legacy hwcap subdirectories (`tls`, `haswell`,
+//!   `x86_64`, ...) queued with their hwcap bits, and the SONAME symlinks (`create_links`).
+//!
+//! Deliberate differences, each on the safe side:
+//! - Stale `*.so.*` symlinks are left alone (ldconfig deletes them).
+//! - A SONAME containing `/` (or `.`/`..`) gets its cache entry but no symlink: ldconfig
+//!   would create it relative to the directory, which for a hook outside the chroot could
+//!   leave the root.
+//! - A file that is not regular behind a link is skipped without being opened (ldconfig opens
+//!   it, and blocks forever on a FIFO).
+//! - After creating SONAME links in a directory, the directory is scanned once more, so that a
+//!   `libfoo.so -> libfoo.so.1` link that was dangling until now is indexed in this run rather
+//!   than the next: one run gives what ldconfig gives after two, and a second run changes nothing.
+//! - Include nesting stops at depth 8 and configuration files above 1 MiB are skipped with a
+//!   warning (ldconfig recurses without bound on an include loop).
+//! - Legacy hwcap subdirectory names are known for x86-64 only (`sysdeps/x86/dl-hwcap.h`,
+//!   `dl-procinfo.h`); on aarch64 only `tls` is recognised.
+//! - The auxiliary cache (`/var/cache/ldconfig/aux-cache`) is neither read nor written: it only
+//!   saves ldconfig from re-reading unchanged files.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use crate::elf::{self, Arch, FLAG_ELF, FLAG_ELF_LIBC5, FLAG_ELF_LIBC6};
+use crate::ldcache::{libcmp, CacheEntry};
+use crate::root::{self, Root};
+
+/// Largest configuration file read.
+const MAX_CONF_LEN: u64 = 1 << 20;
+/// Deepest `include` nesting followed.
+const MAX_INCLUDE_DEPTH: u32 = 8;
+/// Most configuration files read in one run.
+const MAX_CONF_FILES: usize = 4096;
+/// Most directories in the search list.
+const MAX_DIRS: usize = 4096;
+/// `FLAG_ANY`: a directory with no `=type` suffix.
+const FLAG_ANY: i32 = -1;
+/// The bit `tls` subdirectories set in `hwcap` (`TLS_HWCAP_BIT`).
+const TLS_HWCAP_BIT: u32 = 63;
+
+/// One directory ldconfig searches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dir {
+    /// The name as configured (the first one, for a directory named twice).
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    /// The `=libc5`/`=libc6` type suffix, or `FLAG_ANY`.
+    pub flag: i32,
+    /// The `glibc-hwcaps` subdirectory name, for `<dir>/glibc-hwcaps/<name>`.
+    pub hwcaps: Option<String>,
+}
+
+/// A directory named by the configuration (duplicates included), and whether the naming line
+/// came from nvshim's own configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Named {
+    pub dev: u64,
+    pub ino: u64,
+    pub own: bool,
+}
+
+/// The search list ldconfig would build.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    pub dirs: Vec<Dir>,
+    pub named: Vec<Named>,
+    /// Every `glibc-hwcaps` subdirectory name found, for the string table.
+    pub hwcaps_names: BTreeSet<String>,
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// The search-list entry for the directory with this identity.
+    pub fn find(&self, dev: u64, ino: u64) -> Option<usize> {
+        self.dirs
+            .iter()
+            .position(|d| d.dev == dev && d.ino == ino && d.hwcaps.is_none())
+    }
+
+    fn add_single_dir(&mut self, dir: Dir) -> bool {
+        if let Some(existing) = self
+            .dirs
+            .iter_mut()
+            .find(|d| d.dev == dir.dev && d.ino == dir.ino)
+        {
+            // "Use the newer information."
+            existing.flag = dir.flag;
+            return false;
+        }
+        if self.dirs.len() >= MAX_DIRS {
+            self.warnings.push(format!(
+                "more than {MAX_DIRS} library directories; {} ignored",
+                dir.path
+            ));
+            return false;
+        }
+        self.dirs.push(dir);
+        true
+    }
+}
+
+/// The directories the container's own ldconfig adds after its configuration: Debian's build
+/// (`/etc/debian_version` present) adds the multiarch directories and `/lib`, `/usr/lib`, as
+/// `ldconfig -v` on Debian 12 shows; other distributions build with `slibdir=/lib64` (x86-64's
+/// `add_system_dir` in `sysdeps/unix/sysv/linux/x86_64/dl-cache.h` then adds `/lib`, `/lib64`,
+/// `/libx32` and the `/usr` equivalents).
+pub fn system_dirs(root: &Root, arch: Arch) -> Vec<String> {
+    let debian = matches!(root.stat("/etc/debian_version"), Ok(Some(_)));
+    let t = arch.triplet();
+    let dirs: Vec<String> = if debian {
+        vec![
+            format!("/lib/{t}"),
+            format!("/usr/lib/{t}"),
+            "/lib".into(),
+            "/usr/lib".into(),
+        ]
+    } else {
+        match arch {
+            Arch::X86_64 => [
+                "/lib",
+                "/lib64",
+                "/libx32",
+                "/usr/lib",
+                "/usr/lib64",
+                "/usr/libx32",
+            ]
+            .map(String::from)
+            .to_vec(),
+            Arch::Aarch64 => ["/lib", "/lib64", "/usr/lib", "/usr/lib64"]
+                .map(String::from)
+                .to_vec(),
+        }
+    };
+    dirs
+}
+
+/// Reads the configuration below `root` as ldconfig does: `conf` (normally `/etc/ld.so.conf`),
+/// then `system`. Lines read from `own_file` are marked in [`Config::named`].
+pub fn read_config(root: &Root, conf: &str, system: &[String], own_file: &str) -> Config {
+    let mut reader = ConfigReader {
+        root,
+        own_file,
+        files: 0,
+        config: Config::default(),
+    };
+    reader.parse_conf(conf, 0);
+    for dir in system {
+        reader.add_dir(dir, false);
+    }
+    reader.config
+}
+
+struct ConfigReader<'a> {
+    root: &'a Root,
+    own_file: &'a str,
+    files: usize,
+    config: Config,
+}
+
+/// C `isspace` in the C locale.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r')
+}
+
+/// C `isblank`.
+fn is_blank(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+impl ConfigReader<'_> {
+    fn warn(&mut self, message: String) {
+        self.config.warnings.push(message);
+    }
+
+    fn parse_conf(&mut self, filename: &str, depth: u32) {
+        if depth > MAX_INCLUDE_DEPTH {
+            self.warn(format!(
+                "{}: include nesting deeper than {MAX_INCLUDE_DEPTH}; not read",
+                self.root.display(filename)
+            ));
+            return;
+        }
+        if self.files >= MAX_CONF_FILES {
+            self.warn(format!(
+                "more than {MAX_CONF_FILES} configuration files; {filename} not read"
+            ));
+            return;
+        }
+        self.files += 1;
+        let data = match self.root.read_regular(filename, MAX_CONF_LEN) {
+            Ok(Some(data)) => data,
+            Ok(None) => return,
+            Err(e) => {
+                self.warn(format!("ignoring configuration file: {e}"));
+                return;
+            }
+        };
+        let own = filename == self.own_file;
+        for raw in data.split(|&b| b == b'\n') {
+            // Cut at '#', skip leading white space, ignore blank lines.
+            let line = raw.split(|&b| b == b'#').next().unwrap_or_default();
+            let start = line
+                .iter()
+                .position(|&b| !is_space(b))
+                .unwrap_or(line.len());
+            let line = &line[start..];
+            if line.is_empty() {
+                continue;
+            }
+            if line.len() > 7 && line.starts_with(b"include") && is_blank(line[7]) {
+                for pattern in line[8..].split(|&b| is_blank(b)).filter(|p| !p.is_empty()) {
+                    if let Ok(pattern) = std::str::from_utf8(pattern) {
+                        self.parse_include(filename, pattern, depth);
+                    }
+                }
+            } else if line.len() > 5
+                && line[..5].eq_ignore_ascii_case(b"hwcap")
+                && is_blank(line[5])
+            {
+                // "hwcap directive ignored"
+            } else if let Ok(line) = std::str::from_utf8(line) {
+                self.add_dir(line, own);
+            }
+        }
+    }
+
+    fn parse_include(&mut self, config_file: &str, pattern: &str, depth: u32) {
+        let pattern = if !pattern.starts_with('/') && config_file.contains('/') {
+            let dir = match config_file.rfind('/') {
+                Some(0) => "/",
+                Some(i) => &config_file[..i],
+                None => ".",
+            };
+            format!("{dir}/{pattern}")
+        } else {
+            pattern.to_string()
+        };
+        for file in glob(self.root, &pattern) {
+            self.parse_conf(&file, depth + 1);
+        }
+    }
+
+    /// `add_dir_1`.
+    fn add_dir(&mut self, line: &str, own: bool) {
+        let (path, flag) = match line.split_once('=') {
+            Some((path, kind)) => {
+                let flag = match kind.trim_end_matches(is_space_char) {
+                    "libc4" => 0,
+                    "libc5" => FLAG_ELF_LIBC5,
+                    "libc6" | "glibc2" => FLAG_ELF_LIBC6,
+                    _ => FLAG_ANY,
+                };
+                (path, flag)
+            }
+            None => (line, FLAG_ANY),
+        };
+        let path = path.trim_end_matches(is_space_char).trim_end_matches('/');
+        if path.is_empty() {
+            return;
+        }
+        let st = match self.root.stat(path) {
+            Ok(Some(st)) => st,
+            _ => return,
+        };
+        self.config.named.push(Named {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            own,
+        });
+        let added = self.config.add_single_dir(Dir {
+            path: path.to_string(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            flag,
+            hwcaps: None,
+        });
+        if added {
+            self.add_glibc_hwcaps_subdirectories(path, flag);
+        }
+    }
+
+    fn add_glibc_hwcaps_subdirectories(&mut self, path: &str, flag: i32) {
+        let hw = format!("{path}/glibc-hwcaps");
+        let Ok(Some(fd)) = self.root.open_dir(&hw, false) else {
+            return;
+        };
+        let Ok(entries) = root::read_dir(fd.as_fd()) else {
+            return;
+        };
+        for e in entries {
+            // Hidden names, regular files and names with ':' are skipped.
+            if e.name.first() == Some(&b'.') || e.kind == libc::DT_REG || e.name.contains(&b':') {
+                continue;
+            }
+            let Ok(name) = String::from_utf8(e.name) else {
+                continue;
+            };
+            let sub = format!("{hw}/{name}");
+            let Ok(Some(st)) = self.root.stat(&sub) else {
+                continue;
+            };
+            if !root::is_dir(&st) {
+                continue;
+            }
+            self.config.hwcaps_names.insert(name.clone());
+            self.config.add_single_dir(Dir {
+                path: sub,
+                dev: st.st_dev,
+                ino: st.st_ino,
+                flag,
+                hwcaps: Some(name),
+            });
+        }
+    }
+}
+
+fn is_space_char(c: char) -> bool {
+    c.is_ascii() && is_space(c as u8)
+}
+
+/// `glob(3)` below the root for the `*`, `?` and `[...]` patterns of an `include` line, with
+/// glibc's defaults: a leading `.` only matched explicitly, results sorted by `strcmp`.
+pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
+    let absolute = pattern.starts_with('/');
+    let mut found: Vec<String> = vec![String::new()];
+    let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+    for (i, comp) in comps.iter().enumerate() {
+        let last = i + 1 == comps.len();
+        let mut next = Vec::new();
+        for base in &found {
+            let join = |name: &str| {
+                if base.is_empty() && !absolute {
+                    name.to_string()
+                } else {
+                    format!("{base}/{name}")
+                }
+            };
+            if !has_magic(comp) {
+                next.push(join(&unescape(comp)));
+                continue;
+            }
+            let dir = if base.is_empty() {
+                if absolute { "/" } else { "." }.to_string()
+            } else {
+                base.clone()
+            };
+            let Ok(Some(fd)) = root.open_dir(&dir, false) else {
+                continue;
+            };
+            let Ok(entries) = root::read_dir(fd.as_fd()) else {
+                continue;
+            };
+            for e in entries {
+                let Ok(name) = std::str::from_utf8(&e.name) else {
+                    continue;
+                };
+                if !fnmatch(comp.as_bytes(), name.as_bytes()) {
+                    continue;
+                }
+                if !last && !matches!(root.stat(&join(name)), Ok(Some(ref st)) if root::is_dir(st))
+                {
+                    continue;
+                }
+                next.push(join(name));
+            }
+        }
+        found = next;
+    }
+    if comps.is_empty() {
+        return Vec::new();
+    }
+    found.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    found.dedup();
+    found
+}
+
+fn has_magic(s: &str) -> bool {
+    s.bytes().any(|b| matches!(b, b'*' | b'?' | b'['))
+}
+
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            if let Some(n) = chars.next() {
+                out.push(n);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `fnmatch(pattern, name, FNM_PERIOD)` for one path component.
+pub fn fnmatch(pattern: &[u8], name: &[u8]) -> bool {
+    if name.first() == Some(&b'.') && pattern.first() != Some(&b'.') {
+        return false;
+    }
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        let (mut pi, mut ni) = (0usize, 0usize);
+        // Backtracking point for the last '*': (pattern index after '*', name index).
+        let mut star: Option<(usize, usize)> = None;
+        while ni < n.len() {
+            let step = if pi < p.len() {
+                match p[pi] {
+                    b'*' => {
+                        star = Some((pi + 1, ni));
+                        pi += 1;
+                        continue;
+                    }
+                    b'?' => Some(pi + 1),
+                    b'[' => match bracket(&p[pi..], n[ni]) {
+                        Some((true, len)) => Some(pi + len),
+                        Some((false, _)) => None,
+                        // An unterminated '[' is an ordinary character.
+                        None if n[ni] == b'[' => Some(pi + 1),
+                        None => None,
+                    },
+                    b'\\' if pi + 1 < p.len() => (p[pi + 1] == n[ni]).then_some(pi + 2),
+                    c => (c == n[ni]).then_some(pi + 1),
+                }
+            } else {
+                None
+            };
+            match step {
+                Some(next) => {
+                    pi = next;
+                    ni += 1;
+                }
+                None => match star {
+                    Some((sp, sn)) => {
+                        pi = sp;
+                        ni = sn + 1;
+                        star = Some((sp, sn + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        p[pi..].iter().all(|&c| c == b'*')
+    }
+    go(pattern, name)
+}
+
+/// Matches one byte against a bracket expression at the start of `p`; returns whether it
+/// matched and the expression's length, or `None` if the bracket is not closed.
+fn bracket(p: &[u8], c: u8) -> Option<(bool, usize)> {
+    let mut i = 1;
+    let negate = matches!(p.get(i), Some(b'!') | Some(b'^'));
+    if negate {
+        i += 1;
+    }
+    let mut matched = false;
+    let mut first = true;
+    while i < p.len() {
+        let mut lo = p[i];
+        if lo == b']' && !first {
+            return Some((matched != negate, i + 1));
+        }
+        first = false;
+        if lo == b'\\' && i + 1 < p.len() {
+            i += 1;
+            lo = p[i];
+        }
+        if i + 2 < p.len() && p[i + 1] == b'-' && p[i + 2] != b']' {
+            let mut hi = p[i + 2];
+            let mut adv = 3;
+            if hi == b'\\' && i + 3 < p.len() {
+                hi = p[i + 3];
+                adv = 4;
+            }
+            if lo <= c && c <= hi {
+                matched = true;
+            }
+            i += adv;
+        } else {
+            if lo == c {
+                matched = true;
+            }
+            i += 1;
+        }
+    }
+    None
+}
+
+/// `_dl_is_dso` (`elf/dl-is_dso.h`): `lib*.so*`, `ld-*.so*`, `ld.so.*`, `ld64.so.*`.
+pub fn is_dso(name: &str) -> bool {
+    ((name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so"))
+        || name.starts_with("ld.so.")
+        || name.starts_with("ld64.so.")
+}
+
+/// x86's `_dl_string_hwcap` (`sysdeps/x86/dl-hwcap.h`): the index of a hwcap name.
+fn string_hwcap(arch: Arch, name: &str) -> Option<u32> {
+    match arch {
+        Arch::X86_64 => ["sse2", "x86_64", "avx512_1"]
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| i as u32),
+        Arch::Aarch64 => None,
+    }
+}
+
+/// `_dl_string_platform`: platform names map to bits from `_DL_FIRST_PLATFORM` (48), which
+/// puts `haswell` at bit 50 (confirmed against ldconfig 2.36's cache).
+fn string_platform(arch: Arch, name: &str) -> Option<u32> {
+    match arch {
+        Arch::X86_64 => ["i586", "i686", "haswell", "xeon_phi"]
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| 48 + i as u32),
+        Arch::Aarch64 => None,
+    }
+}
+
+/// `is_hwcap_platform`: a subdirectory ldconfig descends into. Only the hwcaps in
+/// `HWCAP_IMPORTANT` count (`x86_64`, `avx512_1`), plus platforms and `tls`.
+pub fn is_hwcap_platform(arch: Arch, name: &str) -> bool {
+    if let Some(i) = string_hwcap(arch, name) {
+        if (1u64 << i) & 0b110 != 0 {
+            return true;
+        }
+    }
+    string_platform(arch, name).is_some() || name == "tls"
+}
+
+/// `path_hwcap`: the hwcap bits of the trailing hwcap components of a directory path.
+pub fn path_hwcap(arch: Arch, path: &str) -> u64 {
+    let mut hwcap: u64 = 0;
+    let mut rest = path;
+    while let Some(slash) = rest.rfind('/') {
+        let comp = &rest[slash + 1..];
+        let bit = match string_hwcap(arch, comp).or_else(|| string_platform(arch, comp)) {
+            Some(b) => b,
+            None if comp == "tls" => TLS_HWCAP_BIT,
+            None => break,
+        };
+        hwcap = hwcap.wrapping_add(1u64 << bit);
+        rest = &rest[..slash];
+    }
+    hwcap
+}
+
+/// ldconfig's prelink temporaries: `*.#prelink#` and `*.#prelink#.XXXXXX`.
+fn is_prelink_temp(name: &str) -> bool {
+    name.ends_with(".#prelink#")
+        || (name.len() >= ".#prelink#.XXXXXX".len()
+            && name.as_bytes()[name.len() - ".#prelink#.XXXXXX".len()..]
+                .starts_with(b".#prelink#."))
+}
+
+/// Links followed by name inside one directory before resolving from the root.
+const MAX_LOCAL_LINKS: usize = 8;
+
+/// Per-directory state of one scan.
+struct DirScan<'a> {
+    fd: BorrowedFd<'a>,
+    arch: Arch,
+    /// `d_type` of every name in the listing.
+    kinds: HashMap<String, u8>,
+    /// Entries looked at, by name: a library and the links to it cost one look.
+    locals: HashMap<String, Local>,
+    /// Symlink targets read, by entry name.
+    links: HashMap<String, Vec<u8>>,
+    /// ELF information by inode, for files reached from the root.
+    seen: HashMap<(u64, u64), Option<elf::DsoInfo>>,
+}
+
+/// One entry of the scanned directory, not followed.
+#[derive(Clone)]
+struct Local {
+    st: libc::stat,
+    /// The ELF information, once read (regular files only).
+    info: Option<Option<elf::DsoInfo>>,
+}
+
+impl DirScan<'_> {
+    /// Looks at `name`. A name the listing says is a regular file is opened at once, with
+    /// `O_NOFOLLOW|O_NONBLOCK`, and read (it is a library candidate, and `fstat` on the open
+    /// file is as cheap as `lstat`); anything else is only `lstat`ed, so that no FIFO or device
+    /// is ever opened.
+    fn local(&mut self, name: &str) -> Option<Local> {
+        if let Some(l) = self.locals.get(name) {
+            return Some(l.clone());
+        }
+        let mut found = None;
+        if self.kinds.get(name) == Some(&libc::DT_REG) {
+            if let Ok(fd) = root::openat(
+                self.fd,
+                name.as_bytes(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+                0,
+            ) {
+                let file = File::from(fd);
+                if let Ok(st) = root::fstat(file.as_fd()) {
+                    let info = root::is_regular(&st)
+                        .then(|| elf::inspect(&file, st.st_size as u64, self.arch))
+                        .flatten();
+                    found = Some(Local {
+                        st,
+                        info: Some(info),
+                    });
+                }
+            }
+        }
+        let local = match found {
+            Some(l) => l,
+            None => Local {
+                st: root::lstatat(self.fd, name.as_bytes()).ok()?,
+                info: None,
+            },
+        };
+        self.locals.insert(name.to_string(), local.clone());
+        Some(local)
+    }
+}
+
+/// A directory entry after following links.
+struct Target {
+    st: libc::stat,
+    /// The final name, when it is in the scanned directory itself.
+    local: Option<String>,
+    /// The entry's container path (for resolution from the root).
+    path: String,
+}
+
+/// One library a directory scan found (`struct dlib_entry`).
+#[derive(Debug, Clone)]
+struct Dlib {
+    name: String,
+    soname: String,
+    flag: i32,
+    is_link: bool,
+}
+
+/// The outcome of scanning directories.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Cache entries with their position in ldconfig's insertion order.
+    pub entries: Vec<(CacheEntry, usize, usize)>,
+    /// SONAME symlinks created (`dir/soname -> name`).
+    pub links: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Scans directories for libraries, as ldconfig's `search_dir`.
+pub struct Scanner<'a> {
+    pub root: &'a Root,
+    pub arch: Arch,
+    /// Create the SONAME symlinks (ldconfig's default; `-X` turns it off).
+    pub make_links: bool,
+}
+
+fn file_type(kind: u8) -> libc::mode_t {
+    match kind {
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_REG => libc::S_IFREG,
+        libc::DT_DIR => libc::S_IFDIR,
+        _ => 0,
+    }
+}
+
+impl Scanner<'_> {
+    /// Scans `config.dirs[index]`. With `subdirs`, legacy hwcap subdirectories found are
+    /// appended to `config.dirs` (ldconfig scans them after the configured ones).
+    pub fn search_dir(&self, config: &mut Config, index: usize, subdirs: bool, scan: &mut Scan) {
+        let dir = config.dirs[index].clone();
+        let Ok(Some(fd)) = self.root.open_dir(&dir.path, false) else {
+            return;
+        };
+        let (mut dlibs, created) =
+            self.scan_once(&dir, fd.as_fd(), config, subdirs, self.make_links, scan);
+        if created {
+            // See the module documentation: index the links just made, in this run.
+            dlibs = self
+                .scan_once(&dir, fd.as_fd(), config, false, false, scan)
+                .0;
+        }
+        let hwcap = if dir.hwcaps.is_none() {
+            path_hwcap(self.arch, &dir.path)
+        } else {
+            0
+        };
+        // ldconfig pushes each new library at the head of its list, then walks the list.
+        for (seq, d) in dlibs.into_iter().rev().enumerate() {
+            let filename = if dir.hwcaps.is_none() {
+                &d.soname
+            } else {
+                &d.name
+            };
+            scan.entries.push((
+                CacheEntry {
+                    flags: d.flag,
+                    name: d.soname.clone(),
+                    path: format!("{}/{}", dir.path, filename),
+                    os_version: 0,
+                    hwcap,
+                    hwcaps: dir.hwcaps.clone(),
+                    isa_level: 0,
+                },
+                index,
+                seq,
+            ));
+        }
+    }
+
+    /// One pass over a directory. Returns the libraries in insertion order and whether any
+    /// SONAME link was created.
+    fn scan_once(
+        &self,
+        dir: &Dir,
+        fd: BorrowedFd,
+        config: &mut Config,
+        subdirs: bool,
+        make_links: bool,
+        scan: &mut Scan,
+    ) -> (Vec<Dlib>, bool) {
+        let entries = match root::read_dir(fd) {
+            Ok(e) => e,
+            Err(e) => {
+                scan.warnings
+                    .push(format!("{}: {e}", self.root.display(&dir.path)));
+                return (Vec::new(), false);
+            }
+        };
+        let mut ctx = DirScan {
+            fd,
+            arch: self.arch,
+            kinds: entries
+                .iter()
+                .filter_map(|e| Some((String::from_utf8(e.name.clone()).ok()?, e.kind)))
+                .collect(),
+            locals: HashMap::new(),
+            links: HashMap::new(),
+            seen: HashMap::new(),
+        };
+        let mut dlibs: Vec<Dlib> = Vec::new();
+        for ent in entries {
+            if !matches!(
+                ent.kind,
+                libc::DT_UNKNOWN | libc::DT_LNK | libc::DT_REG | libc::DT_DIR
+            ) {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(&ent.name) else {
+                continue;
+            };
+            if !is_dso(name)
+                && (ent.kind == libc::DT_REG
+                    || (dir.hwcaps.is_none() && !is_hwcap_platform(self.arch, name)))
+            {
+                continue;
+            }
+            if is_prelink_temp(name) {
+                continue;
+            }
+            let mode = if ent.kind != libc::DT_UNKNOWN {
+                file_type(ent.kind)
+            } else {
+                match root::lstatat(fd, name.as_bytes()) {
+                    Ok(st) => st.st_mode & libc::S_IFMT,
+                    Err(_) => continue,
+                }
+            };
+            let is_link = mode == libc::S_IFLNK;
+            if mode != libc::S_IFREG && mode != libc::S_IFDIR && !is_link {
+                continue;
+            }
+            // What the entry is, links followed inside the root. A dangling link is skipped
+            // (ldconfig would also delete a stale `*.so.*` one).
+            let Some(target) = self.resolve(dir, &mut ctx, name, mode) else {
+                continue;
+            };
+            if dir.hwcaps.is_none()
+                && root::is_dir(&target.st)
+                && is_hwcap_platform(self.arch, name)
+            {
+                if subdirs {
+                    config.add_single_dir(Dir {
+                        path: format!("{}/{}", dir.path, name),
+                        dev: target.st.st_dev,
+                        ino: target.st.st_ino,
+                        flag: dir.flag,
+                        hwcaps: None,
+                    });
+                }
+                continue;
+            }
+            if !root::is_regular(&target.st) {
+                continue;
+            }
+            let Some(info) = self.inspect(&mut ctx, &target) else {
+                continue;
+            };
+            let mut soname = info.soname.unwrap_or_else(|| name.to_string());
+            // "If the path the link points to isn't its soname or it is not the .so symlink
+            // for ld(1), we treat it as a normal file." With ldconfig chrooted, the path it
+            // compares is the link's own name.
+            let mut link = is_link;
+            if link && name != soname && !(name.ends_with(".so") && soname.starts_with(name)) {
+                link = false;
+            }
+            if link {
+                soname = name.to_string();
+            }
+            let mut flag = info.flags;
+            if flag == FLAG_ELF && (dir.flag == FLAG_ELF_LIBC5 || dir.flag == FLAG_ELF_LIBC6) {
+                flag = dir.flag;
+            }
+            if let Some(d) = dlibs.iter_mut().find(|d| d.soname == soname) {
+                // Prefer a file to a link, otherwise the newer name.
+                if (!link && d.is_link)
+                    || (link == d.is_link && libcmp(&d.name, name) == std::cmp::Ordering::Less)
+                {
+                    if d.flag != flag {
+                        // ldconfig takes the newer file's type when one of the two is plain
+                        // ELF and the other libc5/libc6 (either way round).
+                        let libc = |f: i32| f == FLAG_ELF_LIBC5 || f == FLAG_ELF_LIBC6;
+                        if (d.flag == FLAG_ELF && libc(flag)) || (libc(d.flag) && flag == FLAG_ELF)
+                        {
+                            d.flag = flag;
+                        } else {
+                            scan.warnings.push(format!(
+                                "libraries {} and {name} in directory {} have same soname but different type",
+                                d.name, dir.path
+                            ));
+                        }
+                    }
+                    d.name = name.to_string();
+                    d.is_link = link;
+                }
+            } else {
+                dlibs.push(Dlib {
+                    name: name.to_string(),
+                    soname,
+                    flag,
+                    is_link: link,
+                });
+            }
+        }
+        let mut created = false;
+        if make_links && dir.hwcaps.is_none() {
+            for d in dlibs.iter().rev().filter(|d| !d.is_link) {
+                // The common case, read during the scan: the link is already right.
+                if ctx.links.get(&d.soname).map(Vec::as_slice) == Some(d.name.as_bytes()) {
+                    continue;
+                }
+                match self.create_link(dir, fd, &d.name, &d.soname) {
+                    Ok(true) => {
+                        created = true;
+                        scan.links.push(format!("{}/{}", dir.path, d.soname));
+                    }
+                    Ok(false) => {}
+                    Err(e) => scan.warnings.push(e),
+                }
+            }
+        }
+        (dlibs, created)
+    }
+
+    /// Resolves a directory entry. Links whose targets are plain names are followed with
+    /// `readlinkat`/`fstatat` in the directory (the usual `libfoo.so.1 -> libfoo.so.1.2.3`);
+    /// any other target is resolved from the root ([`Root::open_at`]).
+    fn resolve(
+        &self,
+        dir: &Dir,
+        ctx: &mut DirScan,
+        name: &str,
+        mode: libc::mode_t,
+    ) -> Option<Target> {
+        if mode != libc::S_IFLNK {
+            let st = ctx.local(name)?.st;
+            return Some(Target {
+                st,
+                local: Some(name.to_string()),
+                path: format!("{}/{}", dir.path, name),
+            });
+        }
+        let mut current = name.to_string();
+        for _ in 0..MAX_LOCAL_LINKS {
+            let target = root::readlinkat(ctx.fd, current.as_bytes()).ok()?;
+            if current == name {
+                ctx.links.insert(name.to_string(), target.clone());
+            }
+            let plain =
+                !target.is_empty() && !target.contains(&b'/') && target != b"." && target != b"..";
+            if !plain {
+                break;
+            }
+            let next = String::from_utf8(target).ok()?;
+            let st = ctx.local(&next)?.st;
+            if !root::is_symlink(&st) {
+                return Some(Target {
+                    st,
+                    path: format!("{}/{}", dir.path, next),
+                    local: Some(next),
+                });
+            }
+            current = next;
+        }
+        // A target with a '/' (or a long chain): from the root, as ldconfig in its chroot.
+        let path = format!("{}/{}", dir.path, name);
+        let st = self.root.stat(&path).ok()??;
+        Some(Target {
+            st,
+            local: None,
+            path,
+        })
+    }
+
+    /// The ELF information of a resolved regular file, read once.
+    fn inspect(&self, ctx: &mut DirScan, target: &Target) -> Option<elf::DsoInfo> {
+        if let Some(local) = &target.local {
+            if let Some(info) = ctx.local(local).and_then(|l| l.info) {
+                return info;
+            }
+        }
+        let id = (target.st.st_dev, target.st.st_ino);
+        if let Some(info) = ctx.seen.get(&id) {
+            return info.clone();
+        }
+        let file = match &target.local {
+            // A regular file the listing did not type (DT_UNKNOWN): lstat said regular.
+            Some(local) => File::from(
+                root::openat(
+                    ctx.fd,
+                    local.as_bytes(),
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
+                    0,
+                )
+                .ok()?,
+            ),
+            None => self.root.open_regular(&target.path).ok()??.0,
+        };
+        // The file opened must be the regular file that was looked at.
+        let st = root::fstat(file.as_fd()).ok()?;
+        if (st.st_dev, st.st_ino) != id || !root::is_regular(&st) {
+            return None;
+        }
+        let info = elf::inspect(&file, st.st_size as u64, self.arch);
+        ctx.seen.insert(id, info.clone());
+        info
+    }
+
+    /// ldconfig's `create_links`: makes `dir/soname` a symlink to `libname` unless it already
+    /// resolves to the same file, or is a real file. Returns whether a link was made.
+    fn create_link(
+        &self,
+        dir: &Dir,
+        fd: BorrowedFd,
+        libname: &str,
+        soname: &str,
+    ) -> Result<bool, String> {
+        if soname == libname {
+            return Ok(false);
+        }
+        if soname.is_empty() || soname == "." || soname == ".." || soname.contains('/') {
+            return Err(format!(
+                "{}/{libname}: SONAME {soname:?} is not a file name; no link made",
+                self.root.display(&dir.path)
+            ));
+        }
+        let full_soname = format!("{}/{}", dir.path, soname);
+        let full_lib = format!("{}/{}", dir.path, libname);
+        if let Ok(Some(so)) = self.root.stat(&full_soname) {
+            match self.root.stat(&full_lib) {
+                Ok(Some(lib)) if (lib.st_dev, lib.st_ino) == (so.st_dev, so.st_ino) => {
+                    return Ok(false)
+                }
+                Ok(Some(_)) => {}
+                _ => return Err(format!("can't stat {}", self.root.display(&full_lib))),
+            }
+            if let Ok(st) = root::lstatat(fd, soname.as_bytes()) {
+                if !root::is_symlink(&st) {
+                    return Err(format!(
+                        "{} is not a symbolic link",
+                        self.root.display(&full_soname)
+                    ));
+                }
+            }
+        }
+        root::replace_symlink(fd, soname, libname)
+            .map(|()| true)
+            .map_err(|e| {
+                format!(
+                    "can't link {} to {libname}: {e}",
+                    self.root.display(&full_soname)
+                )
+            })
+    }
+}
+
+/// Builds the list of directories and scans all of them: what `ldconfig -r ROOT` does.
+pub fn full_scan(scanner: &Scanner, config: &mut Config) -> Scan {
+    let mut scan = Scan::default();
+    let mut i = 0;
+    while i < config.dirs.len() {
+        scanner.search_dir(config, i, true, &mut scan);
+        i += 1;
+    }
+    scan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnmatch_basics() {
+        assert!(fnmatch(b"*.conf", b"libc.conf"));
+        assert!(!fnmatch(b"*.conf", b".hidden.conf"));
+        assert!(fnmatch(b".*.conf", b".hidden.conf"));
+        assert!(!fnmatch(b"*.conf", b"libc.conf.bak"));
+        assert!(fnmatch(b"x86_64-*.conf", b"x86_64-linux-gnu.conf"));
+        assert!(fnmatch(b"[0-9][0-9]-*", b"00-nvshim.conf"));
+        assert!(!fnmatch(b"[!0-9]*", b"00-nvshim.conf"));
+        assert!(fnmatch(b"a?c", b"abc"));
+        assert!(fnmatch(b"a\\*c", b"a*c"));
+        assert!(!fnmatch(b"a\\*c", b"abc"));
+        assert!(fnmatch(b"*a*b*", b"xxaxxbxx"));
+        assert!(fnmatch(b"[", b"["));
+    }
+
+    #[test]
+    fn dso_names() {
+        for yes in [
+            "libcuda.so.1",
+            "libc.so",
+            "ld-linux-x86-64.so.2",
+            "ld.so.1",
+            "ld64.so.2",
+            "libfoo.so.1.2.3",
+        ] {
+            assert!(is_dso(yes), "{yes}");
+        }
+        for no in ["cuda.so", "libfoo.a", "lib", "ld.so", "README"] {
+            assert!(!is_dso(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn hwcap_paths() {
+        let a = Arch::X86_64;
+        assert_eq!(path_hwcap(a, "/usr/lib/x86_64-linux-gnu"), 0);
+        assert_eq!(path_hwcap(a, "/lib/tls"), 1 << 63);
+        assert_eq!(path_hwcap(a, "/lib/haswell"), 1 << 50);
+        assert_eq!(path_hwcap(a, "/lib/x86_64"), 1 << 1);
+        assert_eq!(path_hwcap(a, "/lib/haswell/x86_64"), (1 << 50) + (1 << 1));
+        assert!(is_hwcap_platform(a, "tls"));
+        assert!(is_hwcap_platform(a, "x86_64"));
+        assert!(!is_hwcap_platform(a, "sse2"));
+        assert!(!is_hwcap_platform(a, "x86_64-linux-gnu"));
+    }
+
+    #[test]
+    fn prelink_temporaries() {
+        assert!(is_prelink_temp("libfoo.so.1.#prelink#"));
+        assert!(is_prelink_temp("libfoo.so.1.#prelink#.abc123"));
+        assert!(!is_prelink_temp("libfoo.so.1"));
+    }
+}

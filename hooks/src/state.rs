@@ -1,0 +1,198 @@
+//! The OCI state on a hook's stdin, and the container root it names.
+//!
+//! runtime-spec `runtime.md` "State": `ociVersion, id, status, pid, bundle, annotations`. crun
+//! adds a non-standard `root` (the rootfs path), which NVIDIA's hooks prefer when present
+//! (`internal/oci/state.go`); otherwise the root is `root.path` of `<bundle>/config.json`,
+//! joined to the bundle when relative. Both files are read with a size limit and only the fields
+//! needed are decoded.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Largest state document read from stdin.
+const MAX_STATE: u64 = 1 << 20;
+/// Largest config.json read (real ones are tens of KiB).
+const MAX_CONFIG: u64 = 16 << 20;
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("reading the OCI state from {from}: {source}")]
+    Read {
+        from: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{from}: more than {limit} bytes")]
+    TooLarge { from: String, limit: u64 },
+    #[error("{from}: not a valid OCI state: {source}")]
+    Parse {
+        from: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{from}: the OCI state names no bundle and no root")]
+    NoBundle { from: String },
+    #[error("{path}: {source}")]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: not a valid config.json: {source}")]
+    ConfigParse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: config.json has no root.path")]
+    NoRootPath { path: PathBuf },
+    #[error("refusing container root {0:?}: it must be a directory other than /")]
+    BadRoot(PathBuf),
+}
+
+/// The fields of the state a hook uses.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct State {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub bundle: String,
+    /// crun's extension.
+    #[serde(default)]
+    pub root: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Config {
+    root: Option<ConfigRoot>,
+}
+
+#[derive(Deserialize)]
+struct ConfigRoot {
+    path: Option<String>,
+}
+
+fn read_limited(mut r: impl Read, limit: u64, from: &str) -> Result<Vec<u8>, StateError> {
+    let mut buf = Vec::new();
+    (&mut r)
+        .take(limit + 1)
+        .read_to_end(&mut buf)
+        .map_err(|source| StateError::Read {
+            from: from.to_string(),
+            source,
+        })?;
+    if buf.len() as u64 > limit {
+        return Err(StateError::TooLarge {
+            from: from.to_string(),
+            limit,
+        });
+    }
+    Ok(buf)
+}
+
+impl State {
+    /// Reads the state document (`from` names the source in messages: "stdin", a path).
+    pub fn read(r: impl Read, from: &str) -> Result<State, StateError> {
+        let buf = read_limited(r, MAX_STATE, from)?;
+        serde_json::from_slice(&buf).map_err(|source| StateError::Parse {
+            from: from.to_string(),
+            source,
+        })
+    }
+
+    /// The container's root filesystem on the host.
+    pub fn container_root(&self) -> Result<PathBuf, StateError> {
+        let root = match self.root.as_deref().filter(|r| !r.is_empty()) {
+            Some(r) => PathBuf::from(r),
+            None => {
+                if self.bundle.is_empty() {
+                    return Err(StateError::NoBundle {
+                        from: format!("state of container {:?}", self.id),
+                    });
+                }
+                let bundle = Path::new(&self.bundle);
+                let path = bundle.join("config.json");
+                let file = File::open(&path).map_err(|source| StateError::Config {
+                    path: path.clone(),
+                    source,
+                })?;
+                let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
+                let config: Config =
+                    serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
+                        path: path.clone(),
+                        source,
+                    })?;
+                let rel = config
+                    .root
+                    .and_then(|r| r.path)
+                    .filter(|p| !p.is_empty())
+                    .ok_or(StateError::NoRootPath { path })?;
+                bundle.join(rel)
+            }
+        };
+        // NVIDIA refuses "" and "/": a hook must never treat the host root as the container's.
+        if root.as_os_str().is_empty()
+            || root
+                .components()
+                .all(|c| matches!(c, std::path::Component::RootDir))
+        {
+            return Err(StateError::BadRoot(root));
+        }
+        Ok(root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_from_bundle_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"ociVersion":"1.0.2","root":{"path":"rootfs","readonly":true},"process":{"env":["X=1"]}}"#,
+        )
+        .unwrap();
+        let state = format!(
+            r#"{{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":42,"bundle":"{}","annotations":{{"a":"b"}}}}"#,
+            dir.path().display()
+        );
+        let s = State::read(state.as_bytes(), "stdin").unwrap();
+        assert_eq!(s.container_root().unwrap(), dir.path().join("rootfs"));
+    }
+
+    #[test]
+    fn crun_root_wins() {
+        let s = State::read(
+            &br#"{"id":"c","bundle":"/nonexistent","root":"/run/crun/c/rootfs"}"#[..],
+            "stdin",
+        )
+        .unwrap();
+        assert_eq!(
+            s.container_root().unwrap(),
+            PathBuf::from("/run/crun/c/rootfs")
+        );
+    }
+
+    #[test]
+    fn refuses_host_root_and_garbage() {
+        let s = State::read(&br#"{"id":"c","root":"/"}"#[..], "stdin").unwrap();
+        assert!(matches!(s.container_root(), Err(StateError::BadRoot(_))));
+        assert!(State::read(&b"not json"[..], "stdin").is_err());
+        let big = vec![b' '; (MAX_STATE + 10) as usize];
+        assert!(matches!(
+            State::read(&big[..], "stdin"),
+            Err(StateError::TooLarge { .. })
+        ));
+        let s = State::read(&br#"{"id":"c"}"#[..], "stdin").unwrap();
+        assert!(matches!(
+            s.container_root(),
+            Err(StateError::NoBundle { .. })
+        ));
+    }
+}

@@ -1,0 +1,377 @@
+//! Helpers shared by the hook tests: stub libraries, root trees, the reference ldconfig, bundles.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// The host's ldconfig: glibc 2.36's static-pie, the reference for the cache format.
+pub const LDCONFIG: &str = "/sbin/ldconfig";
+
+/// Where compiled stubs are kept: the build's own temp dir, shared by the test binaries.
+fn stub_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nvshim-hook-stubs");
+        fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("stub.c");
+        if !src.exists() {
+            let tmp = dir.join(format!("stub.c.{}", std::process::id()));
+            fs::write(&tmp, "int nvshim_stub(void) { return 42; }\n").unwrap();
+            fs::rename(&tmp, &src).unwrap();
+        }
+        dir
+    })
+}
+
+/// A shared object with this SONAME (compiled once, then reused).
+pub fn stub(soname: &str) -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap();
+    let out = stub_dir().join(format!("{}.so", soname.replace('/', "%")));
+    if !out.exists() {
+        // Built under a private name and renamed: other test binaries may race for it.
+        let tmp = stub_dir().join(format!(
+            "{}.{}.tmp",
+            soname.replace('/', "%"),
+            std::process::id()
+        ));
+        let status = Command::new("gcc")
+            .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
+            .arg(&tmp)
+            .arg(stub_dir().join("stub.c"))
+            .status()
+            .expect("gcc runs");
+        assert!(status.success(), "gcc failed for {soname}");
+        fs::rename(&tmp, &out).unwrap();
+    }
+    out
+}
+
+/// A directory tree under construction.
+pub struct Tree {
+    pub root: PathBuf,
+}
+
+impl Tree {
+    pub fn new(root: &Path) -> Tree {
+        fs::create_dir_all(root).unwrap();
+        Tree {
+            root: root.to_path_buf(),
+        }
+    }
+
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+
+    pub fn dir(&self, p: &str) -> &Self {
+        fs::create_dir_all(self.path(p)).unwrap();
+        self
+    }
+
+    pub fn file(&self, p: &str, contents: &str) -> &Self {
+        let path = self.path(p);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, contents).unwrap();
+        self
+    }
+
+    pub fn link(&self, p: &str, target: &str) -> &Self {
+        let path = self.path(p);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        symlink(target, path).unwrap();
+        self
+    }
+
+    /// Places a stub library with `soname` at `p`.
+    pub fn lib(&self, p: &str, soname: &str) -> &Self {
+        let path = self.path(p);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::copy(stub(soname), path).unwrap();
+        self
+    }
+}
+
+/// `cp -a src dst`.
+pub fn copy_tree(src: &Path, dst: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(src)
+        .arg(dst)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Runs the reference `ldconfig -r ROOT` (as root it chroots there).
+pub fn ldconfig_r(root: &Path) {
+    let out = Command::new(LDCONFIG)
+        .arg("-r")
+        .arg(root)
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ldconfig -r: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The generator string the reference ldconfig writes.
+pub fn ldconfig_generator() -> String {
+    static G: OnceLock<String> = OnceLock::new();
+    G.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("etc")).unwrap();
+        ldconfig_r(dir.path());
+        let bytes = fs::read(dir.path().join("etc/ld.so.cache")).unwrap();
+        nvshim_hook::ldcache::LdCache::parse(&bytes)
+            .unwrap()
+            .generator
+            .expect("ldconfig 2.36 writes a generator")
+    })
+    .clone()
+}
+
+/// Every symlink below `dir`: relative path -> target.
+pub fn symlinks(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let Ok(rd) = fs::read_dir(dir) else { return };
+        for e in rd {
+            let e = e.unwrap();
+            let p = e.path();
+            let meta = fs::symlink_metadata(&p).unwrap();
+            if meta.file_type().is_symlink() {
+                out.insert(
+                    p.strip_prefix(base).unwrap().display().to_string(),
+                    fs::read_link(&p).unwrap().display().to_string(),
+                );
+            } else if meta.is_dir() {
+                walk(base, &p, out);
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Content fingerprint of files and symlinks under `paths` (FNV-1a of type, target, bytes).
+pub fn fingerprint(paths: &[PathBuf]) -> BTreeMap<String, String> {
+    fn fnv(data: &[u8]) -> u64 {
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in data {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h
+    }
+    let mut out = BTreeMap::new();
+    fn walk(p: &Path, out: &mut BTreeMap<String, String>, depth: u32) {
+        let Ok(meta) = fs::symlink_metadata(p) else {
+            out.insert(p.display().to_string(), "absent".into());
+            return;
+        };
+        let ft = meta.file_type();
+        let key = p.display().to_string();
+        if ft.is_symlink() {
+            out.insert(key, format!("link {}", fs::read_link(p).unwrap().display()));
+        } else if ft.is_file() {
+            // Sparse giants are fingerprinted by size only.
+            if meta.len() > 64 << 20 {
+                out.insert(key, format!("file size {}", meta.len()));
+            } else {
+                out.insert(
+                    key,
+                    format!("file {:x} mode {:o}", fnv(&fs::read(p).unwrap()), {
+                        use std::os::unix::fs::PermissionsExt;
+                        meta.permissions().mode()
+                    }),
+                );
+            }
+        } else if ft.is_dir() {
+            out.insert(key, "dir".into());
+            if depth < 4 {
+                let mut names: Vec<_> = fs::read_dir(p)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect();
+                names.sort();
+                for n in names {
+                    walk(&n, out, depth + 1);
+                }
+            }
+        } else {
+            out.insert(
+                key,
+                format!("special {:o}", {
+                    use std::os::unix::fs::PermissionsExt;
+                    meta.permissions().mode()
+                }),
+            );
+        }
+    }
+    for p in paths {
+        walk(p, &mut out, 0);
+    }
+    out
+}
+
+/// A bundle directory whose config.json points at `rootfs`; returns the OCI state JSON.
+pub fn bundle(dir: &Path, rootfs: &Path) -> String {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(
+        dir.join("config.json"),
+        format!(
+            r#"{{"ociVersion":"1.0.2","root":{{"path":"{}"}},"process":{{"env":["LD_PRELOAD=/evil.so"]}}}}"#,
+            rootfs.display()
+        ),
+    )
+    .unwrap();
+    format!(
+        r#"{{"ociVersion":"1.0.2","id":"test","status":"creating","pid":1,"bundle":"{}","annotations":{{}}}}"#,
+        dir.display()
+    )
+}
+
+/// `mkfifo`.
+pub fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success());
+}
+
+/// The hook binary as cargo built it for these tests (dynamically linked).
+pub fn dynamic_hook() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_nvshim-hook"))
+}
+
+/// The hook binary as it ships: static-pie (`-C target-feature=+crt-static`), so the dynamic
+/// loader never runs and `LD_PRELOAD` cannot inject code. Built once per test process with
+/// `cargo rustc` into its own target directory (the flag applies to the final link only; a
+/// separate directory keeps the cargo-built binary above untouched).
+pub fn static_hook() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nvshim-hook-static");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let out = Command::new(env!("CARGO"))
+            .args([
+                "rustc",
+                "--offline",
+                "--quiet",
+                "--bin",
+                "nvshim-hook",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .args(["--", "-C", "target-feature=+crt-static"])
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("CARGO_BUILD_TARGET")
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "static build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bin = target.join("debug/nvshim-hook");
+        let file = Command::new("file").arg(&bin).output().unwrap();
+        let desc = String::from_utf8_lossy(&file.stdout).to_string();
+        assert!(desc.contains("static"), "not a static binary: {desc}");
+        bin
+    })
+    .clone()
+}
+
+/// One hook run.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit status; `None` if it had to be killed.
+    pub code: Option<i32>,
+    pub stderr: String,
+    pub elapsed: std::time::Duration,
+}
+
+/// Runs `bin` as `argv0 ARGS...` with exactly `env`, `state` on stdin, killed after `timeout`.
+pub fn run_hook(
+    bin: &Path,
+    argv0: &str,
+    args: &[&str],
+    state: &str,
+    env: &[(&str, &str)],
+    cwd: &Path,
+    timeout: std::time::Duration,
+) -> Run {
+    use std::io::{Read, Write};
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let start = std::time::Instant::now();
+    let mut child = Command::new(bin)
+        .arg0(argv0)
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("hook starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let state = state.to_string();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(state.as_bytes());
+    });
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let _ = writer.join();
+    let mut stderr = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    Run {
+        code,
+        stderr,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Compiles a library whose constructor creates `marker`: what an image's `LD_PRELOAD` would
+/// do to a dynamically linked hook (CVE-2025-23266, "NVIDIAScape").
+pub fn preload_library(dir: &Path, marker: &Path) -> PathBuf {
+    let src = dir.join("preload.c");
+    fs::write(
+        &src,
+        format!(
+            "#include <fcntl.h>\n#include <unistd.h>\n\
+             __attribute__((constructor)) static void owned(void) {{\n\
+               int fd = open(\"{}\", O_CREAT | O_WRONLY, 0644);\n\
+               if (fd >= 0) {{ write(fd, \"owned\\n\", 6); close(fd); }}\n}}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("preload.so");
+    let status = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    out
+}

@@ -1,0 +1,477 @@
+//! The native `update-ldcache` against the reference: for the same files, the cache it writes
+//! is byte-for-byte the one `/sbin/ldconfig -r ROOT` (glibc 2.36) writes, once the generator
+//! string is set to ldconfig's, and the SONAME links are the same.
+//!
+//! Each case builds an image root, copies it, runs the hook on one copy, gives the other copy
+//! the same configuration files, runs `ldconfig -r` on it, and compares.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::{copy_tree, ldconfig_generator, ldconfig_r, symlinks, Tree};
+use nvshim_hook::ldcache::LdCache;
+use nvshim_hook::root::{Resolver, Root};
+use nvshim_hook::update_ldcache::{self, Libc, Options, Report};
+
+const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
+const DEBIAN_SYSTEM_DIRS: [&str; 4] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib",
+    "/usr/lib",
+];
+
+fn options(folders: &[&str], debian_system_dirs: bool) -> Options {
+    let mut o = Options::new(folders.iter().map(|s| s.to_string()).collect());
+    o.generator = ldconfig_generator();
+    if debian_system_dirs {
+        // The reference binary is Debian's ldconfig: its built-in directories.
+        o.system_dirs = Some(DEBIAN_SYSTEM_DIRS.map(String::from).to_vec());
+    }
+    o
+}
+
+fn hook(root: &Path, opts: &Options, resolver: Resolver) -> Report {
+    let r = Root::open(root).unwrap();
+    r.set_resolver(resolver);
+    update_ldcache::run(&r, opts).unwrap()
+}
+
+/// A Debian/Ubuntu image: merged /usr, multiarch configuration, a few libraries with the usual
+/// links, a glibc-hwcaps and a tls subdirectory.
+fn debian_image(t: &Tree) {
+    t.dir("/usr/lib/x86_64-linux-gnu")
+        .dir("/usr/local/lib")
+        .link("/lib", "usr/lib")
+        .link("/lib64", "usr/lib64")
+        .dir("/usr/lib64")
+        .file("/etc/debian_version", "12.0\n")
+        .file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n\n")
+        .file("/etc/ld.so.conf.d/libc.conf", "# libc default configuration\n/usr/local/lib\n")
+        .file(
+            "/etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+            "# Multiarch support\n/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n",
+        )
+        .lib("/usr/lib/x86_64-linux-gnu/libz.so.1.2.13", "libz.so.1")
+        .link("/usr/lib/x86_64-linux-gnu/libz.so.1", "libz.so.1.2.13")
+        .link("/usr/lib/x86_64-linux-gnu/libz.so", "libz.so.1.2.13")
+        .lib("/usr/lib/x86_64-linux-gnu/libxml2.so.2.9.14", "libxml2.so.2")
+        .link("/usr/lib/x86_64-linux-gnu/libxml2.so.2", "libxml2.so.2.9.14")
+        .lib("/usr/lib/x86_64-linux-gnu/libc.so.6", "libc.so.6")
+        .lib("/usr/lib/x86_64-linux-gnu/libfoo.so.1.0", "libfoo.so.1")
+        .lib("/usr/lib/x86_64-linux-gnu/libfoo.so.1.10", "libfoo.so.1")
+        .lib("/usr/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v3/libz.so.1.2.13", "libz.so.1")
+        .dir("/usr/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v4")
+        .lib("/usr/lib/x86_64-linux-gnu/tls/libz.so.1.2.13", "libz.so.1")
+        .lib("/usr/local/lib/libcuda.so.1", "libcuda.so.1")
+        .file("/usr/lib/x86_64-linux-gnu/libnotelf.so.1", "GROUP ( libc.so.6 )\n");
+}
+
+/// Driver libraries as the runtime bind-mounts them (here: copies), with their SONAME links
+/// when `links` (the create-symlinks hook runs first in the real flow).
+fn inject_driver(t: &Tree, dir: &str, links: bool) {
+    for (stem, so) in [
+        ("libcuda", "libcuda.so.1"),
+        ("libnvidia-ml", "libnvidia-ml.so.1"),
+        ("libnvidia-ptxjitcompiler", "libnvidia-ptxjitcompiler.so.1"),
+        ("libnvidia-glcore", "libnvidia-glcore.so.580.65.06"),
+        ("libEGL_nvidia", "libEGL_nvidia.so.0"),
+    ] {
+        let file = format!("{stem}.so.580.65.06");
+        t.lib(&format!("{dir}/{file}"), so);
+        if links && so != file {
+            t.link(&format!("{dir}/{so}"), &file);
+        }
+    }
+    if links {
+        t.link(&format!("{dir}/libcuda.so"), "libcuda.so.1");
+    }
+}
+
+/// Runs the hook on a copy of `image` and the reference on another copy with the hook's
+/// configuration files, then compares caches and links. Returns the hook's root.
+fn compare(work: &Path, image: &Path, opts: &Options, resolver: Resolver) -> std::path::PathBuf {
+    let ours = work.join("ours");
+    let theirs = work.join("theirs");
+    copy_tree(image, &ours);
+    copy_tree(image, &theirs);
+    let report = hook(&ours, opts, resolver);
+    assert_eq!(report.libc, Some(Libc::Glibc));
+    // The reference reads the same configuration.
+    let _ = fs::remove_dir_all(theirs.join("etc"));
+    copy_tree(&ours.join("etc"), &theirs.join("etc"));
+    let _ = fs::remove_file(theirs.join("etc/ld.so.cache"));
+    if image.join("etc/ld.so.cache").exists() {
+        fs::copy(
+            image.join("etc/ld.so.cache"),
+            theirs.join("etc/ld.so.cache"),
+        )
+        .unwrap();
+    }
+    ldconfig_r(&theirs);
+    let a = fs::read(ours.join("etc/ld.so.cache")).unwrap();
+    let b = fs::read(theirs.join("etc/ld.so.cache")).unwrap();
+    if a != b {
+        let show = |bytes: &[u8]| {
+            let c = LdCache::parse(bytes).unwrap();
+            let mut s = format!(
+                "{} bytes, hwcaps {:?}, generator {:?}\n",
+                bytes.len(),
+                c.hwcaps,
+                c.generator
+            );
+            for e in c.entries {
+                s.push_str(&format!(
+                    "  {} {:#x} {:#x} {}\n",
+                    e.name, e.flags, e.hwcap, e.path
+                ));
+            }
+            s
+        };
+        panic!("caches differ\nours:\n{}theirs:\n{}", show(&a), show(&b));
+    }
+    assert_eq!(symlinks(&ours), symlinks(&theirs), "SONAME links differ");
+    // Running again changes nothing.
+    let again = hook(&ours, opts, resolver);
+    assert!(
+        again.written.is_empty(),
+        "second run wrote {:?}",
+        again.written
+    );
+    assert_eq!(fs::read(ours.join("etc/ld.so.cache")).unwrap(), a);
+    ours
+}
+
+#[test]
+fn debian_image_without_cache() {
+    for resolver in [Resolver::Openat2, Resolver::Walk] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        inject_driver(&t, LIBDIR, true);
+        let ours = compare(work.path(), &image, &options(&[LIBDIR], false), resolver);
+        // The folder is configured (x86_64-linux-gnu.conf): no conf of ours.
+        assert!(!ours.join("etc/ld.so.conf.d/00-nvshim.conf").exists());
+        let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+        // merged /usr: the first configured name of the directory wins.
+        assert_eq!(
+            cache.lookup("libnvidia-ml.so.1"),
+            Some("/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+        );
+        // As with ldconfig, /usr/local/lib (libc.conf) comes before the multiarch directories:
+        // an image's own libcuda there is found first.
+        assert_eq!(
+            cache.lookup("libcuda.so.1"),
+            Some("/usr/local/lib/libcuda.so.1")
+        );
+    }
+}
+
+#[test]
+fn debian_image_with_cache_keeps_every_entry() {
+    for resolver in [Resolver::Openat2, Resolver::Walk] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        ldconfig_r(&image);
+        let before = LdCache::parse(&fs::read(image.join("etc/ld.so.cache")).unwrap()).unwrap();
+        inject_driver(&t, LIBDIR, true);
+        let ours = compare(work.path(), &image, &options(&[LIBDIR], false), resolver);
+        let after = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+        for e in &before.entries {
+            assert!(after.entries.contains(e), "lost {e:?}");
+        }
+        assert_eq!(
+            after.lookup("libnvidia-ml.so.1"),
+            Some("/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+        );
+        // The image's own libcuda in /usr/local/lib stays, after the driver's.
+        let cuda: Vec<&str> = after
+            .entries
+            .iter()
+            .filter(|e| e.name == "libcuda.so.1")
+            .map(|e| e.path.as_str())
+            .collect();
+        assert_eq!(
+            cuda,
+            [
+                "/usr/local/lib/libcuda.so.1",
+                "/lib/x86_64-linux-gnu/libcuda.so.1"
+            ]
+        );
+    }
+}
+
+#[test]
+fn driver_folder_outside_configuration_gets_own_conf() {
+    // NVIDIA's CDI specs put libraries at the host's path, e.g. /usr/lib64 from a RHEL host.
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    debian_image(&t);
+    ldconfig_r(&image);
+    inject_driver(&t, "/opt/nvidia/lib", false);
+    let ours = compare(
+        work.path(),
+        &image,
+        &options(&["/opt/nvidia/lib/"], false),
+        Resolver::Openat2,
+    );
+    assert_eq!(
+        fs::read_to_string(ours.join("etc/ld.so.conf.d/00-nvshim.conf")).unwrap(),
+        "# Written by nvshim-hook update-ldcache: the container's GPU driver libraries.\n/opt/nvidia/lib\n"
+    );
+    let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+    // 00-nvshim.conf sorts first: the driver's libcuda wins over the image's.
+    assert_eq!(
+        cache.lookup("libcuda.so.1"),
+        Some("/opt/nvidia/lib/libcuda.so.1")
+    );
+    // SONAME links were made, as ldconfig makes them.
+    assert_eq!(
+        fs::read_link(ours.join("opt/nvidia/lib/libnvidia-ml.so.1")).unwrap(),
+        Path::new("libnvidia-ml.so.580.65.06")
+    );
+}
+
+/// A RHEL/UBI image: /lib64 layout, relative include, no /etc/debian_version.
+fn rhel_image(t: &Tree) {
+    t.dir("/usr/lib64/dyninst")
+        .dir("/usr/lib")
+        .link("/lib64", "usr/lib64")
+        .link("/lib", "usr/lib")
+        .file(
+            "/etc/redhat-release",
+            "Red Hat Enterprise Linux release 9.4 (Plow)\n",
+        )
+        .file("/etc/ld.so.conf", "include ld.so.conf.d/*.conf\n")
+        .file(
+            "/etc/ld.so.conf.d/dyninst-x86_64.conf",
+            "/usr/lib64/dyninst\n",
+        )
+        .lib(
+            "/usr/lib64/dyninst/libdyninstAPI.so.12.3.0",
+            "libdyninstAPI.so.12.3",
+        )
+        .lib("/usr/lib64/libz.so.1.2.11", "libz.so.1")
+        .link("/usr/lib64/libz.so.1", "libz.so.1.2.11")
+        .lib("/usr/lib64/libc.so.6", "libc.so.6");
+}
+
+#[test]
+fn rhel_image_with_and_without_cache() {
+    for with_cache in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        rhel_image(&t);
+        if with_cache {
+            ldconfig_r(&image);
+        }
+        inject_driver(&t, "/usr/lib64", true);
+        // Against Debian's ldconfig, /usr/lib64 is not built in: the hook names it.
+        let ours = compare(
+            work.path(),
+            &image,
+            &options(&["/usr/lib64"], true),
+            Resolver::Openat2,
+        );
+        let conf = fs::read_to_string(ours.join("etc/ld.so.conf.d/00-nvshim.conf")).unwrap();
+        assert!(conf.ends_with("\n/usr/lib64\n"), "{conf}");
+    }
+}
+
+#[test]
+fn rhel_image_uses_rhel_builtin_directories() {
+    // With the image's own (RHEL) ldconfig directories, /usr/lib64 is built in (as /lib64):
+    // no configuration is written and entries are named /lib64/..., as RHEL's ldconfig does.
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    rhel_image(&t);
+    inject_driver(&t, "/usr/lib64", true);
+    let ours = work.path().join("ours");
+    copy_tree(&image, &ours);
+    let r = hook(&ours, &options(&["/usr/lib64"], false), Resolver::Openat2);
+    assert!(
+        !ours.join("etc/ld.so.conf.d/00-nvshim.conf").exists(),
+        "{r:?}"
+    );
+    let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+    assert_eq!(cache.lookup("libcuda.so.1"), Some("/lib64/libcuda.so.1"));
+    assert_eq!(cache.lookup("libc.so.6"), Some("/lib64/libc.so.6"));
+    // The reference, told the same directories in the same order, agrees.
+    let theirs = work.path().join("theirs");
+    copy_tree(&image, &theirs);
+    fs::write(
+        theirs.join("etc/ld.so.conf.d/zz-rhel-builtin.conf"),
+        "/lib\n/lib64\n/libx32\n/usr/lib\n/usr/lib64\n/usr/libx32\n",
+    )
+    .unwrap();
+    ldconfig_r(&theirs);
+    assert_eq!(
+        fs::read(ours.join("etc/ld.so.cache")).unwrap(),
+        fs::read(theirs.join("etc/ld.so.cache")).unwrap()
+    );
+}
+
+#[test]
+fn busybox_image_without_etc() {
+    for resolver in [Resolver::Openat2, Resolver::Walk] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        t.dir("/bin").file("/bin/busybox", "not really");
+        inject_driver(&t, LIBDIR, false);
+        let ours = compare(work.path(), &image, &options(&[LIBDIR], false), resolver);
+        assert_eq!(
+            fs::read_to_string(ours.join("etc/ld.so.conf")).unwrap(),
+            "include /etc/ld.so.conf.d/*.conf\n"
+        );
+        assert!(ours.join("etc/ld.so.conf.d/00-nvshim.conf").exists());
+        let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+        assert_eq!(
+            cache.lookup("libcuda.so.1"),
+            Some("/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+        );
+    }
+}
+
+#[test]
+fn ld_so_conf_without_include_gets_ours_first() {
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    t.file("/etc/ld.so.conf", "/usr/local/lib\n")
+        .lib("/usr/local/lib/libx.so.1", "libx.so.1");
+    inject_driver(&t, "/opt/drv", false);
+    let ours = compare(
+        work.path(),
+        &image,
+        &options(&["/opt/drv"], false),
+        Resolver::Openat2,
+    );
+    assert_eq!(
+        fs::read_to_string(ours.join("etc/ld.so.conf")).unwrap(),
+        "include /etc/ld.so.conf.d/00-nvshim.conf\n/usr/local/lib\n"
+    );
+}
+
+#[test]
+fn dangling_dev_link_is_indexed_in_one_run() {
+    // libg.so -> libg.so.1, and libg.so.1 is made by this very run: ldconfig needs a second run
+    // to index libg.so; the hook gets there in one.
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    t.file("/etc/ld.so.conf", "/opt/g\n")
+        .lib("/opt/g/libg.so.1.0", "libg.so.1")
+        .link("/opt/g/libg.so", "libg.so.1");
+    let ours = work.path().join("ours");
+    let theirs = work.path().join("theirs");
+    copy_tree(&image, &ours);
+    copy_tree(&image, &theirs);
+    hook(&ours, &options(&["/opt/g"], false), Resolver::Openat2);
+    fs::copy(ours.join("etc/ld.so.conf"), theirs.join("etc/ld.so.conf")).unwrap();
+    ldconfig_r(&theirs);
+    ldconfig_r(&theirs);
+    assert_eq!(
+        fs::read(ours.join("etc/ld.so.cache")).unwrap(),
+        fs::read(theirs.join("etc/ld.so.cache")).unwrap()
+    );
+    let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+    assert_eq!(cache.lookup("libg.so"), Some("/opt/g/libg.so"));
+}
+
+#[test]
+fn corrupt_cache_is_rebuilt_like_ldconfig() {
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    debian_image(&t);
+    inject_driver(&t, LIBDIR, true);
+    t.file("/etc/ld.so.cache", "garbage, not a cache");
+    let ours = work.path().join("ours");
+    copy_tree(&image, &ours);
+    let r = hook(&ours, &options(&[LIBDIR], false), Resolver::Openat2);
+    assert!(r.warnings.iter().any(|w| w.contains("rebuilding")), "{r:?}");
+    let theirs = work.path().join("theirs");
+    copy_tree(&image, &theirs);
+    ldconfig_r(&theirs);
+    assert_eq!(
+        fs::read(ours.join("etc/ld.so.cache")).unwrap(),
+        fs::read(theirs.join("etc/ld.so.cache")).unwrap()
+    );
+}
+
+#[test]
+fn musl_image_gets_path_file_and_links() {
+    for alpine_marker in [true, false] {
+        let work = tempfile::tempdir().unwrap();
+        let root = work.path().join("root");
+        let t = Tree::new(&root);
+        if alpine_marker {
+            t.file("/etc/alpine-release", "3.20.0\n");
+        } else {
+            t.file("/lib/ld-musl-x86_64.so.1", "musl");
+        }
+        inject_driver(&t, LIBDIR, false);
+        let opts = Options::new(vec![LIBDIR.into(), "/usr/lib".into()]);
+        let r = hook(&root, &opts, Resolver::Openat2);
+        assert_eq!(r.libc, Some(Libc::Musl));
+        assert_eq!(
+            fs::read_to_string(root.join("etc/ld-musl-x86_64.path")).unwrap(),
+            "/lib:/usr/local/lib:/usr/lib\n/usr/lib/x86_64-linux-gnu\n"
+        );
+        assert!(!root.join("etc/ld.so.cache").exists());
+        assert_eq!(
+            fs::read_link(root.join("usr/lib/x86_64-linux-gnu/libcuda.so.1")).unwrap(),
+            Path::new("libcuda.so.580.65.06")
+        );
+        let again = hook(&root, &opts, Resolver::Openat2);
+        assert!(again.written.is_empty(), "{again:?}");
+        // An existing path file is appended to.
+        fs::write(root.join("etc/ld-musl-x86_64.path"), "/lib\n/usr/lib").unwrap();
+        hook(&root, &opts, Resolver::Openat2);
+        assert_eq!(
+            fs::read_to_string(root.join("etc/ld-musl-x86_64.path")).unwrap(),
+            "/lib\n/usr/lib\n/usr/lib/x86_64-linux-gnu\n"
+        );
+    }
+}
+
+#[test]
+fn host_ldconfig_fallback_matches_and_stays_inside() {
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    debian_image(&t);
+    inject_driver(&t, LIBDIR, true);
+    // A hostile /proc in the image (runc mounts the real one there before hooks run).
+    t.link(
+        "/etc/ld.so.conf.d/evil.conf",
+        "/proc/self/root/etc/ld.so.conf",
+    );
+    let ours = work.path().join("ours");
+    copy_tree(&image, &ours);
+    let mut opts = options(&[LIBDIR], false);
+    opts.force_fallback = true;
+    opts.ldconfig_path = Some(common::LDCONFIG.into());
+    let host_before = common::fingerprint(&["/etc/ld.so.cache".into(), "/etc/ld.so.conf.d".into()]);
+    let r = hook(&ours, &opts, Resolver::Openat2);
+    assert!(r.fallback);
+    assert_eq!(
+        common::fingerprint(&["/etc/ld.so.cache".into(), "/etc/ld.so.conf.d".into()]),
+        host_before
+    );
+    let theirs = work.path().join("theirs");
+    copy_tree(&image, &theirs);
+    ldconfig_r(&theirs);
+    let a = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+    let b = LdCache::parse(&fs::read(theirs.join("etc/ld.so.cache")).unwrap()).unwrap();
+    assert_eq!(a.entries, b.entries);
+}

@@ -1,0 +1,415 @@
+//! Hostile images against the built binary: each fixture is tried with every hook, under both
+//! names (`nvshim-hook` and NVIDIA's `nvidia-cdi-hook`), with the OCI state on stdin and a bundle
+//! whose config.json points at the fixture's rootfs. Every run must finish quickly, leave every
+//! watched host path as it was (a temp "host" directory the fixtures' symlinks point into, plus
+//! the real `/etc/ld.so.cache`, `/etc/ld.so.conf` and `/etc/ld.so.conf.d`), and never run the
+//! `LD_PRELOAD` library (which would create a marker file).
+//!
+//! The binary under test is the static build, as shipped. The dynamically linked build that cargo
+//! makes serves as the positive control of the `LD_PRELOAD` fixture: it does load the library,
+//! which proves the marker would be seen.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{bundle, fingerprint, mkfifo, preload_library, run_hook, static_hook, Run, Tree};
+
+const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A host directory that fixtures point at, a marker path, and what must not change.
+struct Host {
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    marker: PathBuf,
+    preload: PathBuf,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let t = Tree::new(&path.join("host"));
+        t.file("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\n")
+            .file("/etc/ld.so.cache", "the host's cache\n")
+            .file("/etc/ld.so.conf.d/host.conf", "/host/lib\n")
+            .file("/lib/libhost.so.1", "not a library\n")
+            .dir("/empty");
+        let marker = path.join("owned");
+        let preload = preload_library(&path, &marker);
+        Host {
+            dir: path.join("host"),
+            marker,
+            preload,
+            _dir: dir,
+        }
+    }
+
+    fn watched(&self) -> Vec<PathBuf> {
+        vec![
+            self.dir.clone(),
+            self.marker.clone(),
+            "/etc/ld.so.cache".into(),
+            "/etc/ld.so.conf".into(),
+            "/etc/ld.so.conf.d".into(),
+        ]
+    }
+}
+
+/// A minimal image with the driver library in place, then the fixture's damage.
+fn image(root: &Path, host: &Host, fixture: &str) {
+    let t = Tree::new(root);
+    t.dir("/etc")
+        .file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+        .lib(&format!("{LIBDIR}/libcuda.so.580.65.06"), "libcuda.so.1");
+    let h = host.dir.display().to_string();
+    let up = "../../../../../../../../../../..";
+    match fixture {
+        "plain" => {}
+        "conf.d-symlink-to-host" => {
+            t.link("/etc/ld.so.conf.d", &format!("{h}/etc/ld.so.conf.d"));
+        }
+        "conf.d-dotdot-to-host" => {
+            t.link("/etc/ld.so.conf.d", &format!("{up}{h}/etc/ld.so.conf.d"));
+        }
+        "etc-symlink-to-slash" => {
+            fs::remove_dir_all(t.path("/etc")).unwrap();
+            t.link("/etc", "/");
+        }
+        "etc-symlink-to-host" => {
+            fs::remove_dir_all(t.path("/etc")).unwrap();
+            t.link("/etc", &format!("{h}/etc"));
+        }
+        "cache-symlink-to-host" => {
+            t.link("/etc/ld.so.cache", &format!("{h}/etc/ld.so.cache"));
+        }
+        "cache-symlink-to-real-host-cache" => {
+            t.link("/etc/ld.so.cache", "/etc/ld.so.cache");
+        }
+        "cache-dotdot-to-host" => {
+            t.link("/etc/ld.so.cache", &format!("{up}{h}/etc/ld.so.cache"));
+        }
+        "proc-magic-link" => {
+            t.link("/etc/ld.so.conf.d", "/proc/self/root/etc/ld.so.conf.d");
+            t.link("/etc/ld.so.cache", "/proc/1/root/etc/ld.so.cache");
+        }
+        "libdir-symlink-to-host" => {
+            fs::remove_dir_all(t.path(LIBDIR)).unwrap();
+            t.link(LIBDIR, &format!("{up}{h}/lib"));
+        }
+        "fifo-cache" => mkfifo(&t.path("/etc/ld.so.cache")),
+        "fifo-conf" => {
+            fs::remove_file(t.path("/etc/ld.so.conf")).unwrap();
+            mkfifo(&t.path("/etc/ld.so.conf"));
+        }
+        "fifo-own-conf" => {
+            t.dir("/etc/ld.so.conf.d");
+            mkfifo(&t.path("/etc/ld.so.conf.d/00-nvshim.conf"));
+        }
+        "fifo-libraries" => {
+            mkfifo(&t.path(&format!("{LIBDIR}/libfifo.so.1")));
+            t.link(&format!("{LIBDIR}/libviafifo.so.1"), "libfifo.so.1");
+            t.dir("/etc/ld.so.conf.d");
+            mkfifo(&t.path("/etc/ld.so.conf.d/fifo.conf"));
+        }
+        "sparse-2g-cache" => {
+            let f = fs::File::create(t.path("/etc/ld.so.cache")).unwrap();
+            f.set_len(2 << 30).unwrap();
+        }
+        "dir-at-cache" => {
+            t.dir("/etc/ld.so.cache/x");
+        }
+        "include-loop" => {
+            t.file(
+                "/etc/ld.so.conf",
+                "include /etc/ld.so.conf\ninclude /etc/ld.so.conf.d/*.conf\n",
+            )
+            .dir("/etc/ld.so.conf.d");
+        }
+        "soname-with-slash" => {
+            t.lib(&format!("{LIBDIR}/libevil.so.1"), &format!("{up}{h}/pwned"));
+        }
+        other => panic!("unknown fixture {other}"),
+    }
+}
+
+const FIXTURES: &[&str] = &[
+    "plain",
+    "conf.d-symlink-to-host",
+    "conf.d-dotdot-to-host",
+    "etc-symlink-to-slash",
+    "etc-symlink-to-host",
+    "cache-symlink-to-host",
+    "cache-symlink-to-real-host-cache",
+    "cache-dotdot-to-host",
+    "proc-magic-link",
+    "libdir-symlink-to-host",
+    "fifo-cache",
+    "fifo-conf",
+    "fifo-own-conf",
+    "fifo-libraries",
+    "sparse-2g-cache",
+    "dir-at-cache",
+    "include-loop",
+    "soname-with-slash",
+];
+
+/// The hooks as the runtime writes them, plus links aimed at the host.
+fn hooks(host: &Host) -> Vec<Vec<String>> {
+    let h = host.dir.display().to_string();
+    let up = "../../../../../../../../../..";
+    vec![
+        vec![
+            "create-symlinks".into(),
+            "--link".into(),
+            "libcuda.so.580.65.06::/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+            "--link".into(),
+            "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".into(),
+            "--link".into(),
+            format!("{h}/etc/passwd::/{up}{h}/etc/pwned-link"),
+            "--link".into(),
+            format!("{up}{h}/etc/passwd::/usr/lib/../../../../{up}{h}/empty/x"),
+            "--link".into(),
+            format!("x::{h}/etc/ld.so.cache"),
+        ],
+        vec!["update-ldcache".into(), "--folder".into(), LIBDIR.into()],
+    ]
+}
+
+fn run_fixture(
+    bin: &Path,
+    argv0: &str,
+    fixture: &str,
+    hook: &[String],
+    host: &Host,
+    env: &[(&str, &str)],
+) -> Run {
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    image(&rootfs, host, fixture);
+    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let args: Vec<&str> = hook.iter().map(String::as_str).collect();
+    // runc runs createContainer hooks with cwd = the rootfs.
+    run_hook(bin, argv0, &args, &state, env, &rootfs, TIMEOUT)
+}
+
+#[test]
+fn hostile_images_change_nothing_on_the_host() {
+    let host = Host::new();
+    let bin = static_hook();
+    let preload = format!("LD_PRELOAD={}", host.preload.display());
+    let env = [
+        ("PATH", &PATH["PATH=".len()..]),
+        ("LD_PRELOAD", &preload["LD_PRELOAD=".len()..]),
+        ("LD_LIBRARY_PATH", "/proc/self/cwd/lib"),
+    ];
+    let before = fingerprint(&host.watched());
+    let mut failures = Vec::new();
+    for fixture in FIXTURES {
+        for hook in hooks(&host) {
+            for argv0 in ["nvshim-hook", "nvidia-cdi-hook"] {
+                let run = run_fixture(&bin, argv0, fixture, &hook, &host, &env);
+                let what = format!("{fixture} / {argv0} {}", hook[0]);
+                if run.code.is_none() {
+                    failures.push(format!("{what}: still running after {TIMEOUT:?}"));
+                }
+                if !matches!(run.code, Some(0) | Some(1)) {
+                    failures.push(format!("{what}: exit {:?}: {}", run.code, run.stderr));
+                }
+                if run.code == Some(1) && run.stderr.lines().count() != 1 {
+                    failures.push(format!("{what}: error is not one line: {:?}", run.stderr));
+                }
+                let after = fingerprint(&host.watched());
+                if after != before {
+                    let changed: Vec<_> = after
+                        .iter()
+                        .filter(|(k, v)| before.get(*k) != Some(v))
+                        .map(|(k, _)| k.clone())
+                        .chain(before.keys().filter(|k| !after.contains_key(*k)).cloned())
+                        .collect();
+                    panic!("{what}: host changed: {changed:?}");
+                }
+            }
+        }
+    }
+    assert!(!host.marker.exists(), "the LD_PRELOAD library ran");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Fixtures whose outcome is fixed: the error names the path, nothing blocks.
+#[test]
+fn hostile_cache_files_are_errors_naming_the_path() {
+    let host = Host::new();
+    let bin = static_hook();
+    let update = hooks(&host).remove(1);
+    for (fixture, want) in [
+        ("sparse-2g-cache", "ld.so.cache: 2147483648 bytes"),
+        ("fifo-cache", "ld.so.cache: not a regular file"),
+        ("fifo-conf", "ld.so.conf: not a regular file"),
+        ("fifo-own-conf", "00-nvshim.conf: not a regular file"),
+        ("dir-at-cache", "ld.so.cache: not a regular file"),
+    ] {
+        let run = run_fixture(&bin, "nvshim-hook", fixture, &update, &host, &[]);
+        assert_eq!(run.code, Some(1), "{fixture}: {run:?}");
+        assert!(run.stderr.contains(want), "{fixture}: {:?}", run.stderr);
+        assert!(
+            run.elapsed < Duration::from_secs(5),
+            "{fixture}: took {:?}",
+            run.elapsed
+        );
+    }
+    // A FIFO named like a library is skipped, and the rest is indexed.
+    let run = run_fixture(&bin, "nvshim-hook", "fifo-libraries", &update, &host, &[]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+}
+
+#[test]
+fn etc_symlinks_are_followed_inside_the_root_only() {
+    let host = Host::new();
+    let bin = static_hook();
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    image(&rootfs, &host, "etc-symlink-to-slash");
+    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let run = run_hook(
+        &bin,
+        "nvshim-hook",
+        &["update-ldcache", "--folder", LIBDIR],
+        &state,
+        &[],
+        &rootfs,
+        TIMEOUT,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    // /etc -> / inside the root is the root itself.
+    assert!(rootfs.join("ld.so.cache").is_file());
+    assert!(rootfs.join("ld.so.conf.d/00-nvshim.conf").is_file());
+    // The symlinked cache is replaced, not written through.
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    image(&rootfs, &host, "cache-symlink-to-host");
+    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let run = run_hook(
+        &bin,
+        "nvshim-hook",
+        &["update-ldcache", "--folder", LIBDIR],
+        &state,
+        &[],
+        &rootfs,
+        TIMEOUT,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let meta = fs::symlink_metadata(rootfs.join("etc/ld.so.cache")).unwrap();
+    assert!(meta.is_file());
+    assert_eq!(
+        fs::read_to_string(host.dir.join("etc/ld.so.cache")).unwrap(),
+        "the host's cache\n"
+    );
+}
+
+#[test]
+fn ld_preload_reaches_only_a_dynamic_build() {
+    let host = Host::new();
+    let env_preload = host.preload.display().to_string();
+    let env = [("LD_PRELOAD", env_preload.as_str())];
+    let update = hooks(&host).remove(1);
+    // Positive control: the loader of a dynamically linked binary runs the library.
+    let run = run_fixture(
+        &common::dynamic_hook(),
+        "nvshim-hook",
+        "plain",
+        &update,
+        &host,
+        &env,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        host.marker.exists(),
+        "control failed: the preload library did not run"
+    );
+    fs::remove_file(&host.marker).unwrap();
+    // The shipped, static binary has no loader: nothing runs.
+    for hook in hooks(&host) {
+        let run = run_fixture(&static_hook(), "nvshim-hook", "plain", &hook, &host, &env);
+        assert_eq!(run.code, Some(0), "{run:?}");
+    }
+    assert!(
+        !host.marker.exists(),
+        "the LD_PRELOAD library ran in the static hook"
+    );
+}
+
+#[test]
+fn legacy_hook_name_fails_with_directions() {
+    let run = run_hook(
+        &static_hook(),
+        "nvidia-container-runtime-hook",
+        &["prestart"],
+        "{}",
+        &[],
+        Path::new("/"),
+        TIMEOUT,
+    );
+    assert_eq!(run.code, Some(1));
+    assert!(
+        run.stderr
+            .contains("nvshim runtime configure --runtime docker"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn nvidia_only_hooks_warn_and_succeed() {
+    for args in [
+        vec!["enable-cuda-compat", "--host-driver-version=580.65.06"],
+        vec!["disable-device-node-modification"],
+        vec!["update-application-profile"],
+        vec!["chmod", "--mode", "755", "--path", "/dev/dri"],
+        vec!["a-hook-from-the-future"],
+    ] {
+        let run = run_hook(
+            &static_hook(),
+            "nvidia-cdi-hook",
+            &args,
+            "{}",
+            &[],
+            Path::new("/"),
+            TIMEOUT,
+        );
+        assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
+        assert!(run.stderr.contains("warning"), "{args:?}: {run:?}");
+    }
+    let run = run_hook(
+        &static_hook(),
+        "nvshim-hook",
+        &["enable-cuda-compat"],
+        "{}",
+        &[],
+        Path::new("/"),
+        TIMEOUT,
+    );
+    assert_eq!(run.code, Some(2));
+}
+
+#[test]
+fn symlink_outside_root_via_host_link_is_inside() {
+    // `libdir-symlink-to-host`: the library directory is an image symlink climbing to a host
+    // path; inside the root that path does not exist, so the links cannot be made there.
+    let host = Host::new();
+    let create = hooks(&host).remove(0);
+    let run = run_fixture(
+        &static_hook(),
+        "nvshim-hook",
+        "libdir-symlink-to-host",
+        &create,
+        &host,
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(fs::read_dir(host.dir.join("lib")).unwrap().count(), 1);
+}

@@ -1,0 +1,240 @@
+//! The hooks in real containers: runc runs them as createContainer hooks (in the container's
+//! mount namespace, before pivot_root, cwd = rootfs) on a busybox rootfs into which a stub
+//! `libcuda.so.580.65.06` is bind-mounted read-only, and the container's `ldconfig -p` (the
+//! host's static ldconfig copied in) must list it. Kept small: the full end-to-end harness
+//! lives in the workspace's tests.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{ldconfig_r, static_hook, stub, Tree};
+use nvshim_hook::ldcache::LdCache;
+use serde_json::{json, Value};
+
+const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
+const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A busybox rootfs with the host's static ldconfig.
+fn busybox_rootfs(rootfs: &Path) -> Tree {
+    let t = Tree::new(rootfs);
+    t.dir("/bin")
+        .dir("/sbin")
+        .dir("/proc")
+        .dir("/dev")
+        .dir("/sys")
+        .dir("/tmp");
+    fs::copy("/usr/bin/busybox", t.path("/bin/busybox")).unwrap();
+    for applet in ["sh", "ls", "cat", "readlink", "echo"] {
+        t.link(&format!("/bin/{applet}"), "busybox");
+    }
+    fs::copy(common::LDCONFIG, t.path("/sbin/ldconfig")).unwrap();
+    t
+}
+
+fn hook(args: &[&str], env: bool) -> Value {
+    let mut h = json!({
+        "path": static_hook(),
+        "args": args,
+    });
+    if env {
+        h["env"] = json!([PATH]);
+    }
+    h
+}
+
+/// The createContainer hooks the runtime shim writes.
+fn driver_hooks(env: bool) -> Vec<Value> {
+    vec![
+        hook(
+            &[
+                "nvshim-hook",
+                "create-symlinks",
+                "--link",
+                "libcuda.so.580.65.06::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "--link",
+                "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+            ],
+            env,
+        ),
+        hook(&["nvshim-hook", "update-ldcache", "--folder", LIBDIR], env),
+    ]
+}
+
+/// Writes `runc spec`'s config.json, adapted, and runs the container; returns its stdout.
+fn run_container(bundle: &Path, hooks: Vec<Value>, process_env: &[&str]) -> String {
+    let spec = Command::new("runc")
+        .args(["spec", "--bundle"])
+        .arg(bundle)
+        .output()
+        .unwrap();
+    assert!(
+        spec.status.success(),
+        "runc spec: {}",
+        String::from_utf8_lossy(&spec.stderr)
+    );
+    let path = bundle.join("config.json");
+    let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    config["process"]["terminal"] = json!(false);
+    config["process"]["args"] = json!(["/sbin/ldconfig", "-p"]);
+    let mut env: Vec<Value> = vec![json!(PATH)];
+    env.extend(process_env.iter().map(|e| json!(e)));
+    config["process"]["env"] = json!(env);
+    config["root"]["path"] = json!("rootfs");
+    let lib = stub("libcuda.so.1");
+    config["mounts"].as_array_mut().unwrap().push(json!({
+        "destination": format!("{LIBDIR}/libcuda.so.580.65.06"),
+        "type": "bind",
+        "source": lib,
+        "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+    }));
+    config["hooks"] = json!({ "createContainer": hooks });
+    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let id = format!(
+        "nvshim-hook-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    let state = bundle.join("runc-state");
+    let mut child = Command::new("runc")
+        .arg("--root")
+        .arg(&state)
+        .args(["run", "--bundle"])
+        .arg(bundle)
+        .arg(&id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runc starts");
+    let start = std::time::Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = Command::new("runc")
+                .arg("--root")
+                .arg(&state)
+                .args(["delete", "-f", &id])
+                .status();
+            panic!("runc run did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "runc run: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `ldconfig -p` lines as (name, path).
+fn listed(output: &str) -> Vec<(String, String)> {
+    output
+        .lines()
+        .filter_map(|l| {
+            let (left, path) = l.trim().split_once(" => ")?;
+            let name = left.split(" (").next()?;
+            Some((name.to_string(), path.to_string()))
+        })
+        .collect()
+}
+
+fn has(output: &str, name: &str, path: &str) -> bool {
+    listed(output).iter().any(|(n, p)| n == name && p == path)
+}
+
+#[test]
+fn busybox_container_sees_libcuda() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = work.path().join("bundle");
+    busybox_rootfs(&bundle.join("rootfs"));
+    let out = run_container(&bundle, driver_hooks(true), &[]);
+    assert!(
+        has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
+        "{out}"
+    );
+    assert!(
+        has(&out, "libcuda.so", &format!("{LIBDIR}/libcuda.so")),
+        "{out}"
+    );
+    let rootfs = bundle.join("rootfs");
+    assert_eq!(
+        fs::read_link(rootfs.join("usr/lib/x86_64-linux-gnu/libcuda.so.1")).unwrap(),
+        PathBuf::from("libcuda.so.580.65.06")
+    );
+    assert!(rootfs.join("etc/ld.so.conf.d/00-nvshim.conf").is_file());
+}
+
+#[test]
+fn existing_cache_entries_survive() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = work.path().join("bundle");
+    let t = busybox_rootfs(&bundle.join("rootfs"));
+    t.file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+        .file(
+            "/etc/ld.so.conf.d/local.conf",
+            "/usr/local/lib\n/opt/app/lib\n",
+        )
+        .lib("/usr/local/lib/libfoo.so.1.2.3", "libfoo.so.1")
+        .lib("/opt/app/lib/libapp.so.7", "libapp.so.7")
+        .lib("/usr/lib/libbar.so.2.0", "libbar.so.2")
+        .link("/usr/lib/libbar.so", "libbar.so.2");
+    ldconfig_r(&bundle.join("rootfs"));
+    let before = LdCache::parse(&fs::read(bundle.join("rootfs/etc/ld.so.cache")).unwrap()).unwrap();
+    assert_eq!(before.entries.len(), 3, "{before:?}");
+    let out = run_container(&bundle, driver_hooks(true), &[]);
+    for e in &before.entries {
+        assert!(
+            has(&out, &e.name, &e.path),
+            "lost {} => {}:\n{out}",
+            e.name,
+            e.path
+        );
+    }
+    assert!(
+        has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
+        "{out}"
+    );
+}
+
+#[test]
+fn nvidiascape_image_cannot_preload_into_the_hook() {
+    // CVE-2025-23266: a hook without `env` inherits the container's environment from runc, and
+    // the image sets LD_PRELOAD to a library in its own rootfs (the hook's cwd). The shipped
+    // static hook has no dynamic loader to honour it.
+    let work = tempfile::tempdir().unwrap();
+    let bundle = work.path().join("bundle");
+    let rootfs = bundle.join("rootfs");
+    busybox_rootfs(&rootfs);
+    let marker = work.path().join("owned");
+    let poc = common::preload_library(work.path(), &marker);
+    fs::copy(&poc, rootfs.join("poc.so")).unwrap();
+    let out = run_container(
+        &bundle,
+        driver_hooks(false),
+        &[
+            "LD_PRELOAD=/proc/self/cwd/poc.so",
+            "LD_LIBRARY_PATH=/proc/self/cwd",
+        ],
+    );
+    assert!(
+        has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
+        "{out}"
+    );
+    assert!(
+        !marker.exists(),
+        "the image's LD_PRELOAD library ran in a hook"
+    );
+}
