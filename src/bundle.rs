@@ -16,19 +16,19 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum BundleError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {source}; check the bundle directory given with --bundle (runc reads config.json there)")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} is not valid JSON: {source}")]
+    #[error("{path} is not valid JSON: {source}; whatever wrote the bundle wrote a broken file (check it with `jq . {path}`)")]
     Malformed {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("{path} is not an OCI runtime spec: {what}")]
+    #[error("{path} is not an OCI runtime spec: {what}; compare it with the config.json `runc spec` writes")]
     NotASpec { path: PathBuf, what: &'static str },
-    #[error("cannot write {path}: {source} (the original config.json is unchanged)")]
+    #[error("cannot write {path}: {source} (the original config.json is unchanged); check that the bundle directory is writable and has space")]
     Write {
         path: PathBuf,
         source: std::io::Error,
@@ -57,10 +57,27 @@ impl Bundle {
         Bundle::from_bytes(dir, original)
     }
 
+    /// Loads a config.json kept outside a bundle (`nvshim explain --spec FILE`); errors name
+    /// the file, and the bundle directory is the file's directory.
+    pub fn load_file(path: &Path) -> Result<Bundle, BundleError> {
+        let original = fs::read(path).map_err(|source| BundleError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Bundle::parse(dir, path.to_path_buf(), original)
+    }
+
     /// A bundle at `dir` whose config.json holds `original` (what [`Bundle::load`] read; the
     /// fuzz target `bundle_edits` feeds it bytes without a file).
     pub fn from_bytes(dir: &Path, original: Vec<u8>) -> Result<Bundle, BundleError> {
-        let config_path = dir.join("config.json");
+        Bundle::parse(dir, dir.join("config.json"), original)
+    }
+
+    fn parse(dir: &Path, config_path: PathBuf, original: Vec<u8>) -> Result<Bundle, BundleError> {
         let spec: Value =
             serde_json::from_slice(&original).map_err(|source| BundleError::Malformed {
                 path: config_path.clone(),

@@ -15,12 +15,12 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/nvshim/config.toml";
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read nvshim config {path}: {source}")]
+    #[error("cannot read nvshim config {path}: {source}; make it readable, or point NVSHIM_CONFIG at another file")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid nvshim config {path}: {message}")]
+    #[error("invalid nvshim config {path}: {message}; fix it (README.md \"Configuration\" lists the keys), or remove the file to run with the defaults")]
     Parse { path: PathBuf, message: String },
 }
 
@@ -78,6 +78,10 @@ pub struct Config {
     pub accept_envvar_unprivileged: bool,
     /// Honour `/var/run/nvidia-container-devices/<id>` volume-mount requests.
     pub accept_volume_mounts: bool,
+    /// The host MPS control daemon's pipe directory (its `CUDA_MPS_PIPE_DIRECTORY`). When it
+    /// exists, compute containers of legacy requests get it mounted at the same path with the
+    /// variable set, so their CUDA clients reach the daemon.
+    pub mps_pipe_directory: PathBuf,
     /// The `nvshim-hook` binary written into hooks; default: next to the running executable,
     /// else `/usr/bin/nvshim-hook`.
     pub hook_path: Option<PathBuf>,
@@ -101,6 +105,7 @@ impl Default for Config {
             log_level: LogLevel::Info,
             accept_envvar_unprivileged: true,
             accept_volume_mounts: false,
+            mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
             hook_path: None,
             mode: Mode::Auto,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
@@ -132,9 +137,19 @@ impl Config {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.message().to_string(),
+        toml::from_str(text).map_err(|e| {
+            // The parser's message names the key; the line says where it is.
+            let line = e
+                .span()
+                .and_then(|s| text.as_bytes().get(..s.start))
+                .map(|before| before.iter().filter(|b| **b == b'\n').count() + 1);
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: match line {
+                    Some(n) => format!("line {n}: {}", e.message()),
+                    None => e.message().to_string(),
+                },
+            }
         })
     }
 }
@@ -161,6 +176,8 @@ mod tests {
             log-file = "/var/log/nvshim.log"
             log-level = "debug"
             accept-envvar-unprivileged = false
+            accept-volume-mounts = true
+            mps-pipe-directory = "/run/mps/pipe"
             mode = "cdi"
             cdi-spec-dirs = ["/etc/cdi"]
             "#,
@@ -171,6 +188,8 @@ mod tests {
         assert_eq!(cfg.proc_root, PathBuf::from("/host/proc"));
         assert_eq!(cfg.log_level, LogLevel::Debug);
         assert!(!cfg.accept_envvar_unprivileged);
+        assert!(cfg.accept_volume_mounts);
+        assert_eq!(cfg.mps_pipe_directory, PathBuf::from("/run/mps/pipe"));
         assert_eq!(cfg.mode, Mode::Cdi);
         assert_eq!(
             cfg.cdi_annotation_prefixes,

@@ -40,13 +40,61 @@ pub enum CreateError {
 pub struct Plan {
     pub bundle: Bundle,
     pub request: Request,
+    /// How the request is served.
+    pub route: Route,
     /// The GPUs resolved (legacy requests).
     pub gpus: Vec<Gpu>,
     /// The CDI devices injected (CDI requests), fully qualified.
     pub cdi_devices: Vec<String>,
+    /// All the edits, in the order they are applied: the concatenation of `groups`.
     pub edits: ContainerEdits,
+    /// The edits grouped by what caused them (what `nvshim explain` shows).
+    pub groups: Vec<EditGroup>,
+    /// Prestart hooks removed from config.json: NVIDIA's legacy hook that `docker run --gpus`
+    /// adds, which would edit the container a second time behind runc's back.
+    pub removed_hooks: Vec<Value>,
+    /// Things worth an operator's attention that do not stop `create` (also logged).
+    pub warnings: Vec<String>,
     /// config.json after the edits.
     pub edited: Value,
+}
+
+/// What caused a group of edits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// A GPU a legacy request selected: its device node (and so its cgroup rule).
+    Gpu(Gpu),
+    /// What a legacy request needs whichever GPUs it selects: control nodes, the driver's
+    /// libraries and binaries, the hooks.
+    Driver,
+    /// A CDI spec's global edits, added with the first requested device it provides.
+    CdiSpec { path: PathBuf, kind: String },
+    /// A requested CDI device's own edits.
+    CdiDevice { name: String, path: PathBuf },
+}
+
+/// Edits and their cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditGroup {
+    pub cause: Cause,
+    pub edits: ContainerEdits,
+}
+
+/// How far [`plan_bundle`] got: what `nvshim explain` shows when `create` would fail.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub request: Option<Request>,
+    pub route: Option<Route>,
+    pub gpus: Vec<Gpu>,
+    pub removed_hooks: Vec<Value>,
+    pub warnings: Vec<String>,
+}
+
+impl Trace {
+    fn warn(&mut self, message: String) {
+        tracing::warn!("{message}");
+        self.warnings.push(message);
+    }
 }
 
 impl Plan {
@@ -97,73 +145,151 @@ fn check_requirements(host: &Host, request: &Request, gpus: &[Gpu]) -> Result<()
 
 /// Computes what `create` would do to the bundle at `dir`.
 pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, CreateError> {
-    let bundle = Bundle::load(dir)?;
+    plan_bundle(config, Bundle::load(dir)?, hook_path, &mut Trace::default())
+}
+
+/// Computes what `create` would do to `bundle`, recording in `trace` what it found on the way
+/// (so a failure can still be explained).
+pub fn plan_bundle(
+    config: &Config,
+    bundle: Bundle,
+    hook_path: &Path,
+    trace: &mut Trace,
+) -> Result<Plan, CreateError> {
+    let config_path = bundle.config_path().to_path_buf();
     let request =
         request::from_spec(&bundle.spec, config).map_err(|source| CreateError::Request {
-            path: bundle.config_path().to_path_buf(),
+            path: config_path.clone(),
             source,
         })?;
+    trace.request = Some(request.clone());
     if request.ignored_unprivileged_env {
-        tracing::warn!(
-            bundle = %dir.display(),
-            "ignoring NVIDIA_VISIBLE_DEVICES from an unprivileged container (accept-envvar-unprivileged = false)"
-        );
+        trace.warn(format!(
+            "{}: ignoring NVIDIA_VISIBLE_DEVICES from an unprivileged container (accept-envvar-unprivileged = false)",
+            config_path.display()
+        ));
+    }
+    let mut edited = bundle.spec.clone();
+    if request.sources.contains(&request::Source::DockerGpusHook) {
+        let before = legacy_hooks(&edited);
+        edits::remove_legacy_hooks(&mut edited);
+        let after = legacy_hooks(&edited);
+        trace.removed_hooks = before.into_iter().filter(|h| !after.contains(h)).collect();
+    }
+    let route = request::route(&request, config).map_err(|source| CreateError::Request {
+        path: config_path.clone(),
+        source,
+    })?;
+    trace.route = Some(route.clone());
+    if route != Route::Nothing {
+        // The device plugin's `/dev/null` mounts were the request and carry nothing else.
+        request::remove_device_mounts(&mut edited, &request.device_mounts);
     }
     let mut plan = Plan {
-        edited: bundle.spec.clone(),
         bundle,
         request,
+        route: route.clone(),
         gpus: Vec::new(),
         cdi_devices: Vec::new(),
         edits: ContainerEdits::default(),
+        groups: Vec::new(),
+        removed_hooks: trace.removed_hooks.clone(),
+        warnings: Vec::new(),
+        edited,
     };
-    if plan
-        .request
-        .sources
-        .contains(&request::Source::DockerGpusHook)
-    {
-        edits::remove_legacy_hooks(&mut plan.edited);
-    }
-    let route = request::route(&plan.request, config).map_err(|source| CreateError::Request {
-        path: plan.bundle.config_path().to_path_buf(),
-        source,
-    })?;
     match route {
-        Route::Nothing => return Ok(plan),
-        Route::Cdi(names) => {
-            apply_cdi(config, &mut plan, names)?;
-            return Ok(plan);
+        Route::Nothing => {}
+        Route::Cdi(names) => apply_cdi(config, &mut plan, names, trace)?,
+        Route::Legacy => {
+            let host = host_from(config);
+            let settings = legacy::Settings::new(config, hook_path);
+            let (gpus, edits) = legacy::resolve_with(&host, &plan.request, &settings)?;
+            trace.gpus = gpus.clone();
+            check_requirements(&host, &plan.request, &gpus)?;
+            edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit {
+                path: config_path,
+                source,
+            })?;
+            plan.groups = group_legacy(&gpus, &edits);
+            plan.gpus = gpus;
+            plan.edits = edits;
         }
-        Route::Legacy => {}
     }
-    let host = host_from(config);
-    let (gpus, edits) = legacy::resolve(&host, &plan.request, hook_path)?;
-    check_requirements(&host, &plan.request, &gpus)?;
-    edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit {
-        path: plan.bundle.config_path().to_path_buf(),
-        source,
-    })?;
-    plan.gpus = gpus;
-    plan.edits = edits;
+    plan.warnings = trace.warnings.clone();
     Ok(plan)
+}
+
+/// The prestart hooks of a spec (to tell which ones [`edits::remove_legacy_hooks`] removed).
+fn legacy_hooks(spec: &Value) -> Vec<Value> {
+    spec.pointer("/hooks/prestart")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Splits a legacy request's edits by cause: each selected GPU's node (`/dev/nvidia<minor>`),
+/// then everything else (the driver). Display only: `edits` stays the one list applied.
+fn group_legacy(gpus: &[Gpu], edits: &ContainerEdits) -> Vec<EditGroup> {
+    let mut rest = edits.clone();
+    let mut groups = Vec::new();
+    for gpu in gpus {
+        let node = format!("/dev/nvidia{}", gpu.minor);
+        let (mine, others) = rest
+            .device_nodes
+            .into_iter()
+            .partition(|d: &edits::DeviceNode| d.path == node);
+        rest.device_nodes = others;
+        groups.push(EditGroup {
+            cause: Cause::Gpu(gpu.clone()),
+            edits: ContainerEdits {
+                device_nodes: mine,
+                ..Default::default()
+            },
+        });
+    }
+    if !rest.is_empty() {
+        groups.push(EditGroup {
+            cause: Cause::Driver,
+            edits: rest,
+        });
+    }
+    groups
 }
 
 /// Serves a CDI request from the spec directories: reads the spec files and nothing else of
 /// the host (no NVML, no /proc), so a CDI create costs one directory scan.
-fn apply_cdi(config: &Config, plan: &mut Plan, names: Vec<String>) -> Result<(), CreateError> {
+fn apply_cdi(
+    config: &Config,
+    plan: &mut Plan,
+    names: Vec<String>,
+    trace: &mut Trace,
+) -> Result<(), CreateError> {
     let path = plan.bundle.config_path().to_path_buf();
     let registry = cdi::Registry::load(&config.cdi_spec_dirs);
     for e in registry.errors() {
-        tracing::warn!("skipping CDI spec: {e}");
+        trace.warn(format!("skipping CDI spec: {e}"));
     }
-    let edits = registry
-        .resolve(&names)
+    let grouped = registry
+        .resolve_grouped(&names)
         .map_err(|source| CreateError::Cdi {
             path: path.clone(),
             source,
         })?;
+    let mut edits = ContainerEdits::default();
+    for (origin, group) in grouped {
+        edits.append(&group);
+        plan.groups.push(EditGroup {
+            cause: match origin {
+                cdi::registry::EditsOrigin::Spec { path, kind } => Cause::CdiSpec { path, kind },
+                cdi::registry::EditsOrigin::Device { name, path } => {
+                    Cause::CdiDevice { name, path }
+                }
+            },
+            edits: group,
+        });
+    }
     for stale in cdi::registry::stale_device_nodes(&edits) {
-        tracing::warn!("stale CDI spec: {stale}");
+        trace.warn(format!("stale CDI spec: {stale}"));
     }
     edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;

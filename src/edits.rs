@@ -27,28 +27,28 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum EditError {
-    #[error("failed to stat host device {host_path:?} for {path}: {source}")]
+    #[error("failed to stat host device {host_path:?} for {path}: {source}; the node is gone since the CDI spec was written (a reboot or driver change?): recreate it (`nvidia-smi` as root), or regenerate the spec with `nvshim cdi generate`")]
     StatDevice {
         path: String,
         host_path: String,
         source: std::io::Error,
     },
-    #[error("host device {host_path:?} for {path} is not a device node")]
+    #[error("host device {host_path:?} for {path} is not a device node; fix the CDI spec that names it, or regenerate it with `nvshim cdi generate`")]
     NotADevice { path: String, host_path: String },
-    #[error("device {path} declares type {declared:?} but host {host_path:?} is type {host:?}")]
+    #[error("device {path} declares type {declared:?} but host {host_path:?} is type {host:?}; fix the type in the CDI spec, or regenerate it with `nvshim cdi generate`")]
     TypeMismatch {
         path: String,
         host_path: String,
         declared: String,
         host: String,
     },
-    #[error("invalid device type {kind:?} for {path} (expected b, c, u or p)")]
+    #[error("invalid device type {kind:?} for {path} (expected b, c, u or p); fix the CDI spec that declares it")]
     BadDeviceType { path: String, kind: String },
-    #[error("unknown hook name {0:?}")]
+    #[error("unknown hook name {0:?}; a CDI hook's hookName must be prestart, createRuntime, createContainer, startContainer, poststart or poststop")]
     UnknownHook(String),
-    #[error("config.json field {0} has an unexpected type")]
+    #[error("config.json field {0} has an unexpected type; it must have the type the OCI runtime spec gives it (compare with `runc spec`)")]
     SpecShape(&'static str),
-    #[error("cannot build {what}: {message}")]
+    #[error("cannot build {what}: {message}; this is a bug in nvshim, please report it with `nvshim explain` output")]
     Build { what: &'static str, message: String },
 }
 

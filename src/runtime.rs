@@ -14,13 +14,13 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    #[error("no low-level runtime found: tried {tried} (set low-level-runtimes in the nvshim config to an installed runc or crun)")]
+    #[error("no low-level runtime found: none of {tried} is an executable file on PATH or in /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; install runc or crun, or set low-level-runtimes in the nvshim config to an absolute path")]
     NotFound { tried: String },
-    #[error("the {flag} option requires an argument")]
+    #[error("the {flag} option requires an argument; fix the runc command line the engine or script passed to nvshim-runtime")]
     MissingValue { flag: String },
-    #[error("cannot exec low-level runtime {path}: {source}")]
+    #[error("cannot exec low-level runtime {path}: {source}; check that it is a working runc or crun (low-level-runtimes in the nvshim config)")]
     Exec { path: PathBuf, source: nix::Error },
-    #[error("argument contains a NUL byte: {0:?}")]
+    #[error("argument contains a NUL byte: {0:?}; fix the command line the engine or script passed to nvshim-runtime")]
     NulInArgument(OsString),
 }
 

@@ -362,6 +362,7 @@ fn mig_topology(host: &FakeHost) -> Topology {
                 5 => mig(3),
                 _ => Vec::new(),
             },
+            ..Default::default()
         });
     }
     Topology {

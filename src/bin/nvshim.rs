@@ -26,6 +26,29 @@ struct Cli {
 enum Command {
     /// Show the configuration nvshim resolves (file, defaults applied).
     Config,
+    /// Register nvshim-runtime with a container engine (docker, containerd, cri-o).
+    #[command(subcommand)]
+    Runtime(RuntimeCommand),
+    /// Prepare the host for GPU containers.
+    #[command(subcommand)]
+    System(SystemCommand),
+    /// CDI specs: generate one for this host's GPUs, list the devices in the spec
+    /// directories, validate spec files.
+    #[command(subcommand)]
+    Cdi(CdiCommand),
+    /// Show what nvshim-runtime create would do to a bundle, and why, changing nothing: the
+    /// requests and their sources, the mode, the GPUs, every edit grouped by its cause, a diff
+    /// of config.json, and the error create would fail with (exit 1 then).
+    Explain(ExplainArgs),
+    /// Check the host for GPU containers: driver, device nodes, /dev/char links, persistence
+    /// mode, CDI specs, engines, runc. One line per check with the command that fixes each
+    /// problem; exit 0 (all ok), 1 (warnings) or 2 (errors).
+    Doctor(DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages into a directory (for packaging).
+    #[command(hide = true)]
+    GenerateMan { out_dir: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -40,15 +63,597 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(result) = run_without_config(&cli) {
+        return result;
+    }
     let path = cli
         .config
         .unwrap_or_else(|| Config::path_from_env(std::env::var_os(CONFIG_ENV)));
+    if let Command::Doctor(args) = &cli.command {
+        // A config that does not load is one of doctor's findings, not a reason to stop.
+        return Ok(diagnostics::doctor_command(args, &path));
+    }
     let config = Config::load(&path).with_context(|| "loading the nvshim config")?;
     match cli.command {
         Command::Config => {
             println!("# {}", path.display());
             println!("{config:#?}");
         }
+        Command::System(cmd) => return system_command(cmd, &config),
+        Command::Cdi(cmd) => return cdi_command(cmd, &config),
+        Command::Explain(args) => return Ok(diagnostics::explain_command(&args, &config, &path)),
+        Command::Doctor(_) => {}
+        // Handled by run_without_config.
+        Command::Runtime(_) | Command::Completions { .. } | Command::GenerateMan { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
+}
+
+// ---- `runtime`, `system`, `completions`, `generate-man` --------------------------------------
+
+#[derive(Debug, Subcommand)]
+enum RuntimeCommand {
+    /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; the
+    /// changed file is first copied to <file>.nvshim.bak).
+    Configure(EngineArgs),
+    /// Remove what `configure` added (the runtime, a default that names it, nvshim's drop-in).
+    Unconfigure(EngineArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct EngineArgs {
+    /// The container engine.
+    #[arg(long, value_parser = parse_engine)]
+    runtime: nvshim::engine::Engine,
+    /// The engine's config file [default: /etc/docker/daemon.json,
+    /// /etc/containerd/config.toml, /etc/crio/crio.conf].
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The drop-in nvshim writes (containerd when its config has `imports`; cri-o always)
+    /// [default: conf.d/99-nvshim.toml beside containerd's config,
+    /// crio.conf.d/99-nvshim.toml beside cri-o's].
+    #[arg(long, value_name = "PATH")]
+    drop_in_config: Option<PathBuf>,
+    /// The name the engine knows the runtime by.
+    #[arg(long, alias = "nvidia-runtime-name", default_value = nvshim::engine::DEFAULT_RUNTIME_NAME)]
+    runtime_name: String,
+    /// nvshim-runtime as the engine will run it [default: next to this binary, else
+    /// /usr/bin/nvshim-runtime].
+    #[arg(long, alias = "nvidia-runtime-path", value_name = "PATH")]
+    runtime_path: Option<PathBuf>,
+    /// Also make it the engine's default runtime (configure only).
+    #[arg(long, alias = "nvidia-set-as-default")]
+    set_as_default: bool,
+    /// Print the changes as a unified diff and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn parse_engine(s: &str) -> Result<nvshim::engine::Engine, String> {
+    s.parse()
+}
+
+#[derive(Debug, Subcommand)]
+enum SystemCommand {
+    /// Create /dev/char/MAJ:MIN links for the NVIDIA device nodes, which runc's systemd cgroup
+    /// driver needs to keep GPU access across `systemctl daemon-reload`.
+    CreateDevCharSymlinks {
+        /// Where to create the links.
+        #[arg(long, default_value = nvshim::system::DEFAULT_DEV_CHAR_PATH)]
+        dev_char_path: PathBuf,
+        /// Link every node the driver can have (from /proc/devices and the GPUs in
+        /// /proc/driver/nvidia/gpus), not only the nodes that exist now.
+        #[arg(long)]
+        create_all: bool,
+        /// Print what would be done and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Commands that never read nvshim's own config: a broken config.toml must not stop an engine
+/// from being configured or unconfigured.
+fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
+    match &cli.command {
+        Command::Runtime(cmd) => Some(runtime_command(cmd)),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut cmd, "nvshim", &mut std::io::stdout());
+            Some(Ok(ExitCode::SUCCESS))
+        }
+        Command::GenerateMan { out_dir } => Some(generate_man(out_dir).map(|()| ExitCode::SUCCESS)),
+        _ => None,
+    }
+}
+
+fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
+    use nvshim::engine::{self, Options};
+    let (args, configure) = match cmd {
+        RuntimeCommand::Configure(a) => (a, true),
+        RuntimeCommand::Unconfigure(a) => (a, false),
+    };
+    let runtime_path = match &args.runtime_path {
+        Some(p) => p.clone(),
+        None => default_runtime_path(),
+    };
+    let mut opts = Options::new(args.runtime, runtime_path);
+    if let Some(c) = &args.config {
+        // The drop-in beside it goes into containerd's `imports`, which must be absolute.
+        let c = std::path::absolute(c).with_context(|| format!("resolving {}", c.display()))?;
+        opts.drop_in = args.runtime.default_drop_in(&c);
+        opts.config = c;
+    }
+    if let Some(d) = &args.drop_in_config {
+        anyhow::ensure!(
+            d.is_absolute(),
+            "--drop-in-config must be an absolute path (the engine resolves it)"
+        );
+        opts.drop_in = Some(d.clone());
+    }
+    opts.runtime_name = args.runtime_name.clone();
+    opts.set_as_default = args.set_as_default;
+    let plan = if configure {
+        engine::configure(&opts)?
+    } else {
+        engine::unconfigure(&opts)?
+    };
+    if plan.is_empty() {
+        println!(
+            "nvshim: {} is already {}: nothing to change",
+            args.runtime,
+            if configure {
+                "configured"
+            } else {
+                "unconfigured"
+            }
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.dry_run {
+        print!("{}", plan.diff());
+        return Ok(ExitCode::SUCCESS);
+    }
+    for applied in plan.apply()? {
+        let verb = if applied.removed { "removed" } else { "wrote" };
+        match &applied.backup {
+            Some(b) => println!(
+                "nvshim: {verb} {} (previous content in {})",
+                applied.path.display(),
+                b.display()
+            ),
+            None => println!("nvshim: {verb} {}", applied.path.display()),
+        }
+    }
+    println!(
+        "nvshim: restart {} to apply (e.g. systemctl restart {})",
+        args.runtime, args.runtime
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The nvshim-runtime installed beside this binary (a package's /usr/bin, a release tarball, a
+/// build's target dir), else the packages' path.
+fn default_runtime_path() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("nvshim-runtime")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(nvshim::engine::DEFAULT_RUNTIME_PATH))
+}
+
+fn system_command(cmd: SystemCommand, config: &Config) -> anyhow::Result<ExitCode> {
+    use nvshim::system::{create_dev_char_symlinks, DevCharOptions, LinkAction};
+    let SystemCommand::CreateDevCharSymlinks {
+        dev_char_path,
+        create_all,
+        dry_run,
+    } = cmd;
+    let host = nvshim::create::host_from(config);
+    let opts = DevCharOptions {
+        dev_char_path,
+        create_all,
+        dry_run,
+    };
+    let links = create_dev_char_symlinks(&host, &opts)?;
+    let would = if dry_run { "would " } else { "" };
+    for l in &links {
+        let (link, target) = (l.link.display(), l.target.display());
+        match &l.action {
+            LinkAction::Create => println!("{would}create {link} -> {target}"),
+            LinkAction::Replace { old } => {
+                println!(
+                    "{would}replace {link} -> {target} (was -> {})",
+                    old.display()
+                )
+            }
+            LinkAction::Keep => println!("keep {link} -> {target}"),
+            LinkAction::Blocked => {
+                eprintln!("nvshim: {link} exists and is not a symlink: left alone")
+            }
+        }
+    }
+    if links.is_empty() {
+        eprintln!(
+            "nvshim: no NVIDIA device nodes under {}/dev (pass --create-all to link the nodes the driver will create)",
+            config.dev_root.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `nvshim.1`, one page per subcommand (`nvshim-runtime-configure.1`, ...), and
+/// `nvshim-runtime.8` for the runtime binary, all from clap definitions.
+fn generate_man(out_dir: &std::path::Path) -> anyhow::Result<()> {
+    fn write(out_dir: &std::path::Path, name: &str, cmd: clap::Command) -> anyhow::Result<()> {
+        let path = out_dir.join(name);
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut buf)?;
+        std::fs::write(&path, buf).with_context(|| format!("writing {}", path.display()))
+    }
+    fn leaves(out_dir: &std::path::Path, cmd: &clap::Command) -> anyhow::Result<()> {
+        // clap's generated `help` subcommands mirror the real ones: no pages of their own.
+        let subs = cmd.get_subcommands();
+        for sub in subs.filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+            if sub.has_subcommands() {
+                // Group pages would clash with the binaries' names (`nvshim runtime` vs
+                // `nvshim-runtime`); nvshim.1 lists the groups.
+                leaves(out_dir, sub)?;
+            } else {
+                let name = sub.get_display_name().unwrap_or(sub.get_name()).to_string();
+                write(out_dir, &format!("{name}.1"), sub.clone())?;
+            }
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    write(out_dir, "nvshim.1", cmd.clone())?;
+    leaves(out_dir, &cmd)?;
+    let runtime = clap::Command::new("nvshim-runtime")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about("OCI runtime shim that makes NVIDIA GPUs appear in containers")
+        .long_about(
+            "nvshim-runtime takes runc's exact command line. On `create` and `run` it edits the \
+             bundle's config.json for the GPUs the container requests (NVIDIA_VISIBLE_DEVICES, \
+             cdi.k8s.io/* annotations, Docker's --gpus), then execs the low-level runtime (runc, \
+             else crun; `low-level-runtimes` in the config) with the same arguments. Other \
+             commands are passed through untouched. Engines run it as the runtime `nvidia`: see \
+             nvshim-runtime-configure(1).",
+        )
+        .after_help(
+            "ENVIRONMENT: NVSHIM_CONFIG names the config file (default /etc/nvshim/config.toml).",
+        )
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .arg(
+            clap::Arg::new("runc-args")
+                .value_name("RUNC ARGUMENTS")
+                .num_args(0..)
+                .help("Global flags, a command and its arguments, exactly as for runc(8)"),
+        );
+    write(out_dir, "nvshim-runtime.8", runtime)
+}
+
+// ---- `cdi` ------------------------------------------------------------------------------------
+
+#[derive(Debug, Subcommand)]
+enum CdiCommand {
+    /// Write a CDI spec for this host's GPUs: kind nvidia.com/gpu, a device per GPU (and MIG
+    /// device) under each naming strategy, and `all`. GPUs come from NVML when the driver
+    /// root's libnvidia-ml.so.1 loads, else from /proc (no MIG).
+    Generate(GenerateArgs),
+    /// List the devices the spec directories (cdi-spec-dirs) provide, and every spec that
+    /// failed to load with its error.
+    List,
+    /// Check spec files as a consumer reads them; exit 1 naming the reason for each invalid
+    /// one.
+    Validate {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct GenerateArgs {
+    /// Write the spec here (atomically, mode 0644) instead of to stdout.
+    #[arg(long, short, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Output format [default: json for a .json --output, else yaml].
+    #[arg(long, value_parser = ["yaml", "json"])]
+    format: Option<String>,
+    /// How devices are named: index (0, MIG 0:1), uuid (GPU-…, MIG-…), type-index (gpu0,
+    /// mig0:1); repeat or comma-separate [default: index,uuid].
+    #[arg(
+        long = "device-name-strategy",
+        value_delimiter = ',',
+        value_name = "STRATEGY"
+    )]
+    strategies: Vec<String>,
+    /// The vendor part of the kind.
+    #[arg(long, default_value = "nvidia.com")]
+    vendor: String,
+    /// The class part of the kind [default: gpu; imex-channel with --mode imex].
+    #[arg(long)]
+    class: Option<String>,
+    /// What to describe: auto (GPUs and MIG devices, from NVML or /proc), imex (the IMEX
+    /// channels under <dev-root>/dev/nvidia-caps-imex-channels, kind nvidia.com/imex-channel).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "imex"])]
+    mode: String,
+    /// Leave out the `all` device.
+    #[arg(long)]
+    no_all_device: bool,
+}
+
+fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
+    use nvshim::cdi::{generate, spec, Registry};
+    match cmd {
+        CdiCommand::Generate(args) => {
+            let mut opts = generate::Options {
+                vendor: args.vendor,
+                class: args.class.unwrap_or_else(|| {
+                    if args.mode == "imex" {
+                        generate::IMEX_CLASS.to_string()
+                    } else {
+                        "gpu".to_string()
+                    }
+                }),
+                all_device: !args.no_all_device,
+                hook_path: nvshim::create::hook_path(
+                    config,
+                    std::env::current_exe().ok().as_deref(),
+                ),
+                ..Default::default()
+            };
+            if !args.strategies.is_empty() {
+                opts.strategies = args
+                    .strategies
+                    .iter()
+                    .map(|s| s.parse())
+                    .collect::<Result<_, _>>()?;
+            }
+            let format = match (args.format.as_deref(), &args.output) {
+                (Some("json"), _) => spec::Format::Json,
+                (Some(_), _) | (None, None) => spec::Format::Yaml,
+                (None, Some(path)) => spec::Format::for_path(path),
+            };
+            let host = nvshim::create::host_from(config);
+            let (spec, origin) = if args.mode == "imex" {
+                let spec = generate::generate_imex(&host, &opts)
+                    .context("generating the IMEX channel spec")?;
+                (spec, "IMEX channel nodes".to_string())
+            } else {
+                // Progress on a terminal only: a script's stderr stays as it was.
+                let mut progress = diagnostics::TermProgress::new();
+                let discovery = generate::discover_with_progress(&host, &mut |m| progress.step(m))
+                    .context("discovering GPUs")?;
+                progress.clear();
+                let from = match &discovery.source {
+                    generate::Source::Nvml(lib) => format!("NVML {}", lib.display()),
+                    generate::Source::Proc { reason } => {
+                        eprintln!(
+                            "nvshim: NVML not used ({reason}); GPUs from /proc, no MIG devices"
+                        );
+                        "/proc".to_string()
+                    }
+                };
+                let spec = generate::generate_with_progress(&host, &discovery, &opts, &mut |m| {
+                    progress.step(m)
+                })
+                .context("generating the CDI spec")?;
+                progress.clear();
+                (
+                    spec,
+                    format!("driver {}, GPUs from {from}", discovery.driver_version),
+                )
+            };
+            let text = generate::render(&spec, format);
+            match &args.output {
+                Some(path) => {
+                    generate::write_atomically(path, &text)?;
+                    eprintln!(
+                        "nvshim: wrote {} ({} devices of kind {}, cdiVersion {}, {origin})",
+                        path.display(),
+                        spec.devices.len(),
+                        spec.kind,
+                        spec.cdi_version,
+                    );
+                }
+                None => print!("{text}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CdiCommand::List => {
+            let registry = Registry::load(&config.cdi_spec_dirs);
+            for (name, loaded) in registry.devices() {
+                println!("{name}\t{}", loaded.path.display());
+            }
+            if !registry.errors().is_empty() {
+                println!("# failed to load:");
+                for e in registry.errors() {
+                    println!("{e}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CdiCommand::Validate { files } => {
+            let mut ok = true;
+            for f in &files {
+                match spec::read_file(f) {
+                    Ok(s) => {
+                        let ext = f.extension().and_then(|e| e.to_str());
+                        let note = if matches!(ext, Some("json" | "yaml")) {
+                            ""
+                        } else {
+                            " (consumers only read *.json and *.yaml files)"
+                        };
+                        println!(
+                            "{}: valid: kind {}, cdiVersion {} (content needs {}), {} devices{note}",
+                            f.display(),
+                            s.kind,
+                            s.cdi_version,
+                            s.minimum_version(),
+                            s.devices.len()
+                        );
+                    }
+                    Err(e) => {
+                        ok = false;
+                        println!("{e}");
+                    }
+                }
+            }
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+// ---- `explain`, `doctor` ---------------------------------------------------------------------
+
+use diagnostics::{DoctorArgs, ExplainArgs};
+
+mod diagnostics {
+    use std::path::{Path, PathBuf};
+    use std::process::ExitCode;
+
+    use std::io::{IsTerminal, Write};
+
+    use nvshim::config::Config;
+    use nvshim::{create, doctor, explain, runtime};
+
+    /// One status line on stderr, rewritten in place, for long operations (`cdi generate` on a
+    /// large node, where NVML alone can take seconds per GPU). Silent when stderr is not a
+    /// terminal, so logs and scripts see exactly what they saw before.
+    pub struct TermProgress {
+        on: bool,
+        shown: bool,
+    }
+
+    impl TermProgress {
+        pub fn new() -> TermProgress {
+            TermProgress {
+                on: std::io::stderr().is_terminal(),
+                shown: false,
+            }
+        }
+
+        pub fn step(&mut self, what: &str) {
+            if self.on {
+                // Carriage return and "erase line" (ECMA-48 EL): the next step replaces this.
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2Knvshim: {what}...");
+                let _ = err.flush();
+                self.shown = true;
+            }
+        }
+
+        /// Removes the line, before anything else is printed.
+        pub fn clear(&mut self) {
+            if self.shown {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2K");
+                let _ = err.flush();
+                self.shown = false;
+            }
+        }
+    }
+
+    impl Drop for TermProgress {
+        fn drop(&mut self) {
+            self.clear();
+        }
+    }
+
+    #[derive(Debug, clap::Args)]
+    pub struct ExplainArgs {
+        /// The bundle directory; its config.json is read, never written [default: .].
+        #[arg(long, short, value_name = "DIR", conflicts_with = "spec")]
+        bundle: Option<PathBuf>,
+        /// A config.json outside a bundle.
+        #[arg(long, value_name = "FILE")]
+        spec: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+        format: String,
+    }
+
+    #[derive(Debug, clap::Args)]
+    pub struct DoctorArgs {
+        /// Docker's config.
+        #[arg(long, value_name = "PATH", default_value = "/etc/docker/daemon.json")]
+        docker_config: PathBuf,
+        /// containerd's config.
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "/etc/containerd/config.toml"
+        )]
+        containerd_config: PathBuf,
+        /// CRI-O's config (its crio.conf.d drop-ins are read beside it).
+        #[arg(long, value_name = "PATH", default_value = "/etc/crio/crio.conf")]
+        crio_config: PathBuf,
+        /// Where the /dev/char links are expected.
+        #[arg(long, value_name = "PATH", default_value = nvshim::system::DEFAULT_DEV_CHAR_PATH)]
+        dev_char_path: PathBuf,
+        /// Output format.
+        #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+        format: String,
+    }
+
+    pub fn explain_command(args: &ExplainArgs, config: &Config, config_path: &Path) -> ExitCode {
+        let input = match (&args.spec, &args.bundle) {
+            (Some(file), _) => explain::Input::Spec(file.clone()),
+            (None, Some(dir)) => explain::Input::Bundle(dir.clone()),
+            (None, None) => explain::Input::Bundle(PathBuf::from(".")),
+        };
+        let self_exe = std::env::current_exe().ok();
+        let hook = create::hook_path(config, self_exe.as_deref());
+        // The lookup nvshim-runtime makes (it skips itself, so pass the runtime beside us).
+        let shim = self_exe
+            .as_deref()
+            .and_then(Path::parent)
+            .map(|d| d.join("nvshim-runtime"));
+        let runc = runtime::find_low_level_runtime(
+            &config.low_level_runtimes,
+            std::env::var_os("PATH").as_deref(),
+            shim.as_deref(),
+        );
+        let shown_config = config_path.exists().then_some(config_path);
+        let e = explain::explain(config, shown_config, &input, &hook, runc);
+        if args.format == "json" {
+            println!("{}", serde_json::to_string_pretty(&e).unwrap_or_default());
+        } else {
+            print!("{}", explain::render_text(&e));
+        }
+        if e.error.is_some() {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+
+    pub fn doctor_command(args: &DoctorArgs, config_path: &Path) -> ExitCode {
+        let (config, error) = match Config::load(config_path) {
+            Ok(c) => (c, None),
+            Err(e) => (Config::default(), Some(e.to_string())),
+        };
+        let mut opts = doctor::Options::system(config, config_path.to_path_buf());
+        opts.config_error = error;
+        opts.docker_config = args.docker_config.clone();
+        opts.containerd_config = args.containerd_config.clone();
+        opts.crio_config = args.crio_config.clone();
+        opts.dev_char_path = args.dev_char_path.clone();
+        opts.path_var = std::env::var_os("PATH");
+        opts.self_exe = std::env::current_exe().ok();
+        let checks = doctor::run(&opts);
+        if args.format == "json" {
+            println!("{}", doctor::render_json(&checks));
+        } else {
+            print!("{}", doctor::render_text(&checks));
+        }
+        ExitCode::from(doctor::exit_code(&checks))
+    }
 }

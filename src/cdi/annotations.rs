@@ -11,9 +11,9 @@ use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum AnnotationError {
-    #[error("annotation {key:?}: value {value:?} has an empty device name")]
+    #[error("annotation {key:?}: value {value:?} has an empty device name; the value must be a comma list of CDI device names (vendor.com/class=name)")]
     EmptyItem { key: String, value: String },
-    #[error("annotation {key:?}: value is not a string")]
+    #[error("annotation {key:?}: value is not a string; the value must be a comma list of CDI device names (vendor.com/class=name)")]
     NotAString { key: String },
 }
 

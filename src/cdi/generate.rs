@@ -69,6 +69,8 @@ pub enum GenerateError {
     Invalid(#[from] SpecError),
     #[error("unknown device name strategy {0:?} (index, uuid, type-index)")]
     Strategy(String),
+    #[error("no IMEX channels: no channel<N> device nodes in {} (channels appear when the IMEX daemon or a ComputeDomain creates them)", dir.display())]
+    NoImexChannels { dir: PathBuf },
     #[error("cannot write {}: {source}", path.display())]
     Write {
         path: PathBuf,
@@ -143,7 +145,16 @@ pub struct Discovery {
 
 /// NVML when it loads and answers, else `/proc`.
 pub fn discover(host: &Host) -> Result<Discovery, GenerateError> {
-    let nvml = nvml::library_path(host).and_then(nvml::discover);
+    discover_with_progress(host, &mut |_| {})
+}
+
+/// [`discover`], telling `progress` what it is doing (`nvshim cdi generate` shows it on a
+/// terminal).
+pub fn discover_with_progress(
+    host: &Host,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Discovery, GenerateError> {
+    let nvml = nvml::library_path(host).and_then(|lib| nvml::discover_with_progress(lib, progress));
     let reason = match nvml {
         Ok(n) => {
             return Ok(Discovery {
@@ -402,6 +413,16 @@ fn mig_unit(
 
 /// Builds the spec for `discovery` on `host`.
 pub fn generate(host: &Host, discovery: &Discovery, opts: &Options) -> Result<Spec, GenerateError> {
+    generate_with_progress(host, discovery, opts, &mut |_| {})
+}
+
+/// [`generate`], telling `progress` what it is doing.
+pub fn generate_with_progress(
+    host: &Host,
+    discovery: &Discovery,
+    opts: &Options,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Spec, GenerateError> {
     if discovery.gpus.is_empty() {
         return Err(GenerateError::NoGpus {
             from: match &discovery.source {
@@ -423,7 +444,9 @@ pub fn generate(host: &Host, discovery: &Discovery, opts: &Options) -> Result<Sp
     } else {
         Vec::new()
     };
+    let total = discovery.gpus.len();
     for g in discovery.gpus.iter().filter(|g| !g.mig_enabled) {
+        progress(&format!("GPU {} of {total}: device nodes", g.index + 1));
         let mut edits = ContainerEdits::default();
         add_node(&mut edits, node_edit(host, &format!("nvidia{}", g.minor)));
         units.push(Unit {
@@ -434,6 +457,7 @@ pub fn generate(host: &Host, discovery: &Discovery, opts: &Options) -> Result<Sp
         });
     }
     for g in discovery.gpus.iter().filter(|g| g.mig_enabled) {
+        progress(&format!("GPU {} of {total}: MIG devices", g.index + 1));
         for m in &g.migs {
             units.push(mig_unit(host, &minors, g, m)?);
         }
@@ -473,12 +497,82 @@ pub fn generate(host: &Host, discovery: &Discovery, opts: &Options) -> Result<Sp
             ..Default::default()
         });
     }
+    progress("driver libraries, binaries, firmware and hooks");
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: format!("{}/{}", opts.vendor, opts.class),
         annotations: Default::default(),
         devices,
         container_edits: global_edits(host, &discovery.driver_version, &opts.hook_path)?,
+    };
+    spec.cdi_version = spec.minimum_version().to_string();
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// The class NVIDIA names IMEX channel specs with (`nvidia-ctk cdi generate --mode imex`).
+pub const IMEX_CLASS: &str = "imex-channel";
+
+/// The IMEX channels that exist: `<dev-root>/dev/nvidia-caps-imex-channels/channel<N>` char
+/// devices, by number.
+pub fn imex_channels(host: &Host) -> Vec<u32> {
+    let dir = host.roots().dev_root.join("dev/nvidia-caps-imex-channels");
+    let mut out: Vec<u32> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n = name.strip_prefix("channel")?;
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let n: u32 = n.parse().ok()?;
+            host.device_node(&format!("nvidia-caps-imex-channels/{name}"))
+                .map(|_| n)
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// A spec for the host's IMEX channels (NVIDIA's `imex` mode, nvidia-toolkit-behaviour.md
+/// §5.2): kind `<vendor>/<class>` (`nvidia.com/imex-channel` by default), one device per
+/// channel named by its number, and `all`; no global edits. Device nodes as [`generate`]
+/// writes them (stat'ed numbers, no type).
+pub fn generate_imex(host: &Host, opts: &Options) -> Result<Spec, GenerateError> {
+    let channels = imex_channels(host);
+    if channels.is_empty() {
+        return Err(GenerateError::NoImexChannels {
+            dir: host.roots().dev_root.join("dev/nvidia-caps-imex-channels"),
+        });
+    }
+    let mut devices: Vec<Device> = Vec::new();
+    let mut all = ContainerEdits::default();
+    for c in &channels {
+        let mut edits = ContainerEdits::default();
+        let node = node_edit(host, &format!("nvidia-caps-imex-channels/channel{c}"));
+        add_node(&mut all, node.clone());
+        add_node(&mut edits, node);
+        devices.push(Device {
+            name: c.to_string(),
+            container_edits: edits,
+            ..Default::default()
+        });
+    }
+    if opts.all_device {
+        devices.push(Device {
+            name: "all".into(),
+            container_edits: all,
+            ..Default::default()
+        });
+    }
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: format!("{}/{}", opts.vendor, opts.class),
+        annotations: Default::default(),
+        devices,
+        container_edits: ContainerEdits::default(),
     };
     spec.cdi_version = spec.minimum_version().to_string();
     spec.validate()?;

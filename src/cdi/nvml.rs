@@ -108,6 +108,16 @@ fn instance_ids(nvml: &Nvml, dev: &Device) -> Result<(u32, u32), NvmlError> {
 
 /// Enumerates GPUs and MIG devices through the NVML library at `lib`.
 pub fn discover(lib: PathBuf) -> Result<NvmlHost, NvmlDiscoveryError> {
+    discover_with_progress(lib, &mut |_| {})
+}
+
+/// [`discover`], telling `progress` what it is doing: initialising NVML can take seconds per
+/// GPU when persistence mode is off, and a large node has 8 or 16 GPUs with MIG devices.
+pub fn discover_with_progress(
+    lib: PathBuf,
+    progress: &mut dyn FnMut(&str),
+) -> Result<NvmlHost, NvmlDiscoveryError> {
+    progress("initialising NVML");
     let err = |what: String| {
         let lib = lib.clone();
         move |source| NvmlDiscoveryError::Nvml { lib, what, source }
@@ -122,6 +132,7 @@ pub fn discover(lib: PathBuf) -> Result<NvmlHost, NvmlDiscoveryError> {
     let count = nvml.device_count().map_err(err("device count".into()))?;
     let mut gpus = Vec::new();
     for index in 0..count {
+        progress(&format!("NVML: GPU {} of {count}", index + 1));
         let what = |w: &str| format!("GPU {index}: {w}");
         let dev = nvml.device_by_index(index).map_err(err(what("handle")))?;
         let uuid = dev.uuid().map_err(err(what("UUID")))?;
@@ -175,4 +186,46 @@ pub fn discover(lib: PathBuf) -> Result<NvmlHost, NvmlDiscoveryError> {
         driver_version,
         gpus,
     })
+}
+
+/// One GPU's persistence mode as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Persistence {
+    /// NVML index (PCI bus order).
+    pub index: u32,
+    pub uuid: String,
+    /// `None`: NVML does not support asking on this GPU.
+    pub enabled: Option<bool>,
+}
+
+/// Persistence mode of every GPU, for `nvshim doctor`. With it off, the driver tears a GPU down
+/// when its last client exits and initialises it again on the next open: seconds per container
+/// start on large nodes, and RPC time-outs on 8- and 16-GPU ones (field-lessons.md §0, §1).
+pub fn persistence_modes(lib: PathBuf) -> Result<Vec<Persistence>, NvmlDiscoveryError> {
+    let err = |what: String| {
+        let lib = lib.clone();
+        move |source| NvmlDiscoveryError::Nvml { lib, what, source }
+    };
+    let nvml = Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .map_err(err("loading and initialising".into()))?;
+    let count = nvml.device_count().map_err(err("device count".into()))?;
+    let mut out = Vec::new();
+    for index in 0..count {
+        let what = |w: &str| format!("GPU {index}: {w}");
+        let dev = nvml.device_by_index(index).map_err(err(what("handle")))?;
+        let uuid = dev.uuid().map_err(err(what("UUID")))?;
+        let enabled = match dev.is_in_persistent_mode() {
+            Ok(on) => Some(on),
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => return Err(err(what("persistence mode"))(e)),
+        };
+        out.push(Persistence {
+            index,
+            uuid,
+            enabled,
+        });
+    }
+    Ok(out)
 }

@@ -52,6 +52,16 @@ pub struct ResolveError {
     pub why: String,
 }
 
+/// Where a group of resolved edits comes from ([`Registry::resolve_grouped`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EditsOrigin {
+    /// The global `containerEdits` of the spec at `path`, added once, with the first requested
+    /// device it provides.
+    Spec { path: PathBuf, kind: String },
+    /// The requested device `name`'s own `containerEdits`, from the spec at `path`.
+    Device { name: String, path: PathBuf },
+}
+
 /// A spec that loaded, with where it came from.
 #[derive(Debug, Clone)]
 pub struct LoadedSpec {
@@ -231,6 +241,20 @@ impl Registry {
     /// each name in order, its spec's global edits the first time that spec is seen, then the
     /// device's own. Fails naming every name that does not resolve, before anything is built.
     pub fn resolve(&self, names: &[String]) -> Result<ContainerEdits, ResolveError> {
+        let mut edits = ContainerEdits::default();
+        for (_, group) in self.resolve_grouped(names)? {
+            edits.append(&group);
+        }
+        Ok(edits)
+    }
+
+    /// [`Registry::resolve`], one group per source of edits, in the order they apply (what
+    /// `nvshim explain` shows): a spec's global edits (left out when empty) before the first
+    /// device it provides, then each device's own.
+    pub fn resolve_grouped(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<(EditsOrigin, ContainerEdits)>, ResolveError> {
         let missing: Vec<String> = names
             .iter()
             .filter(|n| !self.devices.contains_key(*n))
@@ -240,26 +264,65 @@ impl Registry {
             let why = self.explain(&missing);
             return Err(ResolveError { missing, why });
         }
-        let mut edits = ContainerEdits::default();
+        let mut groups = Vec::new();
         let mut seen: Vec<usize> = Vec::new();
         for name in names {
             let Some(&(s, d)) = self.devices.get(name) else {
                 continue;
             };
-            let spec = &self.specs[s].spec;
+            let loaded = &self.specs[s];
             if !seen.contains(&s) {
                 seen.push(s);
-                edits.append(&spec.container_edits);
+                if !loaded.spec.container_edits.is_empty() {
+                    let mut edits = loaded.spec.container_edits.clone();
+                    normalize_empty(&mut edits);
+                    groups.push((
+                        EditsOrigin::Spec {
+                            path: loaded.path.clone(),
+                            kind: loaded.spec.kind.clone(),
+                        },
+                        edits,
+                    ));
+                }
             }
-            edits.append(&spec.devices[d].container_edits);
+            let mut edits = loaded.spec.devices[d].container_edits.clone();
+            normalize_empty(&mut edits);
+            groups.push((
+                EditsOrigin::Device {
+                    name: name.clone(),
+                    path: loaded.path.clone(),
+                },
+                edits,
+            ));
         }
-        normalize_empty(&mut edits);
-        Ok(edits)
+        Ok(groups)
     }
 
     fn explain(&self, missing: &[String]) -> String {
-        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        let dirs: Vec<String> = self
+            .dirs
+            .iter()
+            .map(|d| {
+                if d.exists() {
+                    d.display().to_string()
+                } else {
+                    format!("{} (missing)", d.display())
+                }
+            })
+            .collect();
+        let target = self
+            .dirs
+            .last()
+            .map_or_else(|| PathBuf::from("/var/run/cdi"), Clone::clone)
+            .join("nvidia.yaml");
+        let generate = format!("nvshim cdi generate --output {}", target.display());
         let mut reasons: Vec<String> = Vec::new();
+        let mut next: Vec<String> = Vec::new();
+        let mut add_next = |n: String| {
+            if !next.contains(&n) {
+                next.push(n);
+            }
+        };
         for name in missing {
             if let Some(files) = self.conflicts.get(name) {
                 let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
@@ -267,16 +330,15 @@ impl Registry {
                     "{name} is defined by more than one spec in the same directory ({}), so by none",
                     files.join(", ")
                 ));
+                add_next("remove all but one of those specs".into());
                 continue;
             }
             let kind = name.split_once('=').map_or(name.as_str(), |(k, _)| k);
             let specs: Vec<&LoadedSpec> =
                 self.specs.iter().filter(|s| s.spec.kind == kind).collect();
             if specs.is_empty() {
-                reasons.push(format!(
-                    "no valid spec in {} defines kind {kind:?}",
-                    dirs.join(", ")
-                ));
+                reasons.push(format!("no valid spec defines kind {kind:?}"));
+                add_next(format!("generate one with `{generate}`"));
             } else {
                 let mut have: Vec<&str> = specs
                     .iter()
@@ -298,6 +360,9 @@ impl Registry {
                     name.split_once('=').map_or("", |(_, n)| n),
                     shown.join(", ")
                 ));
+                add_next(format!(
+                    "ask for one of those (`nvshim cdi list` shows them all), or run `{generate}` if the GPUs changed"
+                ));
             }
         }
         let failed: Vec<String> = self
@@ -312,8 +377,16 @@ impl Registry {
                 failed.len(),
                 failed.join("; ")
             ));
+            add_next("fix or remove the specs that failed to load".into());
         }
-        reasons.join("; ")
+        // The directories searched and what to do next close the sentence: the operator should
+        // not have to guess where nvshim looked (field-lessons.md §2.8).
+        format!(
+            "{}; spec dirs searched: {}; {}",
+            reasons.join("; "),
+            dirs.join(", "),
+            next.join(", or ")
+        )
     }
 }
 
@@ -372,6 +445,89 @@ pub fn stale_device_nodes(edits: &ContainerEdits) -> Vec<String> {
     out
 }
 
+/// Device nodes a spec names that do not exist on the host: a GPU removed or not yet probed,
+/// or a node the driver has not created since boot (`create` fails on them when the spec
+/// leaves the numbers to a `stat`).
+pub fn missing_device_nodes(edits: &ContainerEdits) -> Vec<String> {
+    edits
+        .device_nodes
+        .iter()
+        .filter_map(|d| {
+            let host = d
+                .host_path
+                .as_deref()
+                .filter(|h| !h.is_empty())
+                .unwrap_or(&d.path);
+            std::fs::symlink_metadata(host)
+                .is_err()
+                .then(|| format!("{} ({host}) does not exist on the host", d.path))
+        })
+        .collect()
+}
+
+/// The driver version a library file name carries, when it looks like one: `libcuda.so.580.65.06`
+/// → `580.65.06`. Driver branches are three-digit numbers, which keeps out libraries shipped
+/// with the driver under their own versions (`libnvidia-egl-wayland.so.1.1.13`).
+fn library_driver_version(path: &str) -> Option<&str> {
+    let file = path.rsplit('/').next()?;
+    let (_, version) = file.split_once(".so.")?;
+    let parts: Vec<&str> = version.split('.').collect();
+    let numeric = parts
+        .iter()
+        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let branch: u32 = parts.first()?.parse().ok()?;
+    (numeric && (2..=3).contains(&parts.len()) && branch >= 100).then_some(version)
+}
+
+/// Mounts that give a spec away as generated for another driver: a host file that no longer
+/// exists, or (with `driver_version`, the running driver's) a library of another driver
+/// version. After a driver upgrade these are what users meet as "open failed:
+/// libnvidia-tls.so.575.64.05" (field-lessons.md §2.8).
+pub fn stale_library_mounts(edits: &ContainerEdits, driver_version: Option<&str>) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in &edits.mounts {
+        let version = library_driver_version(&m.host_path);
+        if let (Some(have), Some(running)) = (version, driver_version) {
+            if have != running {
+                out.push(format!(
+                    "mounts {} of driver {have}, but driver {running} is running",
+                    m.host_path
+                ));
+                continue;
+            }
+        }
+        let is_bind = m.kind.as_deref() == Some("bind")
+            || m.options.iter().any(|o| o == "bind" || o == "rbind");
+        if is_bind && std::fs::symlink_metadata(&m.host_path).is_err() {
+            out.push(format!(
+                "mounts {}, which does not exist on the host",
+                m.host_path
+            ));
+        }
+    }
+    out
+}
+
+/// Everything that makes a loaded spec stale on this host, each finding once: device numbers
+/// that moved, device nodes that vanished, library mounts of another driver or missing.
+pub fn stale_spec(spec: &Spec, driver_version: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let all = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    for edits in all {
+        let found = stale_device_nodes(edits)
+            .into_iter()
+            .chain(missing_device_nodes(edits))
+            .chain(stale_library_mounts(edits, driver_version));
+        for f in found {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +551,47 @@ mod tests {
             stale[0].contains("1:4 in the spec but 1:3 on the host"),
             "{stale:?}"
         );
+    }
+
+    #[test]
+    fn library_versions_and_missing_files() {
+        assert_eq!(
+            library_driver_version("/usr/lib/libcuda.so.580.65.06"),
+            Some("580.65.06")
+        );
+        assert_eq!(
+            library_driver_version("/usr/lib/libnvidia-egl-wayland.so.1.1.13"),
+            None
+        );
+        assert_eq!(library_driver_version("/usr/lib/libcuda.so.1"), None);
+        let mount = |p: &str| crate::edits::Mount {
+            host_path: p.into(),
+            container_path: p.into(),
+            kind: None,
+            options: vec!["ro".into(), "rbind".into()],
+        };
+        let edits = ContainerEdits {
+            mounts: vec![
+                mount("/nonexistent/libcuda.so.575.64.05"),
+                mount("/nonexistent/libnvidia-ml.so.580.65.06"),
+                mount("/dev/null"),
+            ],
+            ..Default::default()
+        };
+        let stale = stale_library_mounts(&edits, Some("580.65.06"));
+        assert_eq!(stale.len(), 2, "{stale:?}");
+        assert!(
+            stale[0].contains("of driver 575.64.05, but driver 580.65.06"),
+            "{stale:?}"
+        );
+        assert!(stale[1].contains("which does not exist"), "{stale:?}");
+        let missing = missing_device_nodes(&ContainerEdits {
+            device_nodes: vec![DeviceNode {
+                path: "/dev/nvidia-nope".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert_eq!(missing.len(), 1);
     }
 }

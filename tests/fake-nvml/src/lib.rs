@@ -21,8 +21,10 @@ use std::ffi::{c_char, c_int, c_uint};
 use std::sync::Mutex;
 
 use nvml_wrapper_sys::bindings::{
-    nvmlDeviceAttributes_t, nvmlDevice_t, nvmlMemory_t, nvmlPciInfo_t,
-    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
+    nvmlDeviceAttributes_t, nvmlDevice_t,
+    nvmlEnableState_enum_NVML_FEATURE_DISABLED as NVML_FEATURE_DISABLED,
+    nvmlEnableState_enum_NVML_FEATURE_ENABLED as NVML_FEATURE_ENABLED, nvmlEnableState_t,
+    nvmlMemory_t, nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
     nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
     nvmlReturn_enum_NVML_ERROR_NOT_FOUND as NOT_FOUND,
     nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED,
@@ -71,6 +73,9 @@ pub struct Gpu {
     /// The MIG devices, in handle-index order (only used when MIG is enabled).
     #[serde(default)]
     pub mig_devices: Vec<MigDevice>,
+    /// `nvmlDeviceGetPersistenceMode`; `None` answers `NVML_ERROR_NOT_SUPPORTED`.
+    #[serde(default)]
+    pub persistence_mode: Option<bool>,
 }
 
 /// One MIG device (a compute instance inside a GPU instance).
@@ -394,6 +399,29 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     })
 }
 
+/// `nvmlDeviceGetPersistenceMode`: physical GPUs only.
+///
+/// # Safety
+/// `mode` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| match (mig, g.persistence_mode) {
+        (None, Some(on)) => {
+            let state = if on {
+                NVML_FEATURE_ENABLED
+            } else {
+                NVML_FEATURE_DISABLED
+            };
+            // SAFETY: forwarded caller contract.
+            unsafe { put(mode, state) }
+        }
+        _ => NOT_SUPPORTED,
+    })
+}
+
 /// `nvmlDeviceGetIndex`.
 ///
 /// # Safety
@@ -683,6 +711,7 @@ mod tests {
                     slice_count: 1,
                     memory_total: 10 << 30,
                 }],
+                persistence_mode: Some(true),
             }],
         };
         let text = serde_json::to_string(&t).unwrap();

@@ -8,13 +8,16 @@
 //!   driver's SONAMEs, an `ld.so.cache` built by the real `ldconfig`, and `nvidia-smi`.
 //! - [`Rootfs`], [`Bundle`] and [`Runtime`] make a busybox bundle and drive any runtime with runc's
 //!   command line (`runc` itself, or `nvshim-runtime` in front of it), cleaning up after themselves.
+//! - [`podman`] runs podman as an independent CDI consumer with its own state dirs.
 //! - [`probe`] is the in-container checker: a busybox shell script printing parseable lines, and a
 //!   parser plus assertions over its report (the role youki's `runtimetest` plays in contest).
 //!
 //! Everything here needs root (mknod, runc), as the end-to-end tests do.
 
+pub mod breakage;
 pub mod bundle;
 pub mod host;
+pub mod podman;
 pub mod probe;
 pub mod rootfs;
 pub mod runner;

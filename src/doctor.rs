@@ -1,0 +1,1097 @@
+//! `nvshim doctor`: checks the host for what GPU containers need, one line per check, each
+//! problem with the command that fixes it.
+//!
+//! One issue in five on NVIDIA's toolkit quotes an opaque error, and a self-diagnostic command
+//! has been asked for since 2023 (field-lessons.md §4, nvidia-container-toolkit#179). The
+//! checks follow the failures users meet most (field-lessons.md §2): the driver not loaded,
+//! device nodes missing or with numbers that moved (§2.3), `/dev/char` links missing for the
+//! systemd cgroup driver ("Failed to initialize NVML: Unknown Error" after a daemon-reload,
+//! §2.1), persistence mode off (seconds per container start, §1), CDI specs that no longer
+//! match the driver (the most reported CDI failure, §2.8), engines without the `nvidia`
+//! runtime or pointing at a binary that is gone (§2.6, §2.7), no runc or crun.
+//!
+//! Every check reads through the same code the runtime uses ([`crate::host`],
+//! [`crate::cdi::Registry`], [`crate::system`], [`crate::runtime`], [`crate::engine`]) and
+//! changes nothing. Every path comes from [`Options`], so tests point it at a fake host and
+//! temporary engine configs.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cdi::{self, Registry};
+use crate::config::Config;
+use crate::create;
+use crate::engine::{self, Engine};
+use crate::host::{cuda_version_for_driver, Gpu, Host};
+use crate::runtime;
+use crate::system::{self, DevCharOptions, LinkAction};
+
+/// A check's verdict, in increasing order of gravity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    /// Not checked (what it needs is absent, e.g. NVML or the engine).
+    Skip,
+    Warning,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Skip => "skip",
+            Status::Warning => "warning",
+            Status::Error => "error",
+        }
+    }
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    /// Short and stable: `driver`, `device-nodes`, `dev-char`, `persistence`, `cdi-spec`,
+    /// `engine-docker`, ...
+    pub name: String,
+    pub status: Status,
+    pub message: String,
+    /// The command (or the action) that fixes a warning or an error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+fn check(name: &str, status: Status, message: impl Into<String>, fix: Option<String>) -> Check {
+    Check {
+        name: name.into(),
+        status,
+        message: message.into(),
+        fix,
+    }
+}
+
+/// Where to look. [`Options::system`] gives the real paths.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub config: Config,
+    /// The nvshim config file and why it did not load, if it did not (then `config` is the
+    /// defaults).
+    pub config_path: PathBuf,
+    pub config_error: Option<String>,
+    pub docker_config: PathBuf,
+    pub containerd_config: PathBuf,
+    pub crio_config: PathBuf,
+    pub dev_char_path: PathBuf,
+    /// `PATH`: where engines' daemons and runc are looked for.
+    pub path_var: Option<OsString>,
+    /// The running `nvshim` binary: `nvshim-runtime` and `nvshim-hook` are expected beside it.
+    pub self_exe: Option<PathBuf>,
+}
+
+impl Options {
+    /// The real system's paths for `config`.
+    pub fn system(config: Config, config_path: PathBuf) -> Options {
+        Options {
+            config,
+            config_path,
+            config_error: None,
+            docker_config: Engine::Docker.default_config(),
+            containerd_config: Engine::Containerd.default_config(),
+            crio_config: Engine::Crio.default_config(),
+            dev_char_path: PathBuf::from(system::DEFAULT_DEV_CHAR_PATH),
+            path_var: None,
+            self_exe: None,
+        }
+    }
+}
+
+/// The exit status for a report: 0 all ok, 1 warnings, 2 errors.
+pub fn exit_code(checks: &[Check]) -> u8 {
+    match checks.iter().map(|c| c.status).max() {
+        Some(Status::Error) => 2,
+        Some(Status::Warning) => 1,
+        _ => 0,
+    }
+}
+
+/// Runs every check.
+pub fn run(opts: &Options) -> Vec<Check> {
+    let mut out = Vec::new();
+    out.push(config_check(opts));
+    let host = create::host_from(&opts.config);
+    let driver = driver_check(&host);
+    let loaded = driver.1.clone();
+    out.push(driver.0);
+    match &loaded {
+        Some(version) => {
+            let gpus = gpus_check(&host, &mut out);
+            out.push(device_nodes_check(&host, &gpus));
+            out.push(dev_char_check(&host, opts));
+            out.push(persistence_check(&host));
+            out.push(libraries_check(&host, version));
+        }
+        None => {
+            for name in [
+                "gpus",
+                "device-nodes",
+                "dev-char",
+                "persistence",
+                "libraries",
+            ] {
+                out.push(check(
+                    name,
+                    Status::Skip,
+                    "not checked: the driver is not loaded",
+                    None,
+                ));
+            }
+        }
+    }
+    let host_gpus = host.gpus().unwrap_or_default();
+    out.extend(cdi_checks(&opts.config, loaded.as_deref(), &host_gpus));
+    for engine in Engine::ALL {
+        out.push(engine_check(engine, opts));
+    }
+    out.push(low_level_runtime_check(opts));
+    out.push(hook_check(opts));
+    out
+}
+
+fn config_check(opts: &Options) -> Check {
+    let path = opts.config_path.display();
+    match &opts.config_error {
+        Some(e) => check(
+            "config",
+            Status::Error,
+            format!("{e} (the other checks use the defaults)"),
+            Some(format!(
+                "fix {path}, or move it away to run with the defaults"
+            )),
+        ),
+        None if opts.config_path.exists() => check("config", Status::Ok, format!("{path}"), None),
+        None => check(
+            "config",
+            Status::Ok,
+            format!("{path} does not exist: the defaults apply"),
+            None,
+        ),
+    }
+}
+
+/// The driver check, and the running driver version when it is loaded.
+fn driver_check(host: &Host) -> (Check, Option<String>) {
+    let file = host.roots().proc_root.join("driver/nvidia/version");
+    match host.driver_version() {
+        Ok(v) => {
+            let cuda = cuda_version_for_driver(&v)
+                .map(|c| format!(", CUDA {c}"))
+                .unwrap_or_default();
+            (
+                check(
+                    "driver",
+                    Status::Ok,
+                    format!("NVIDIA driver {v} loaded{cuda}"),
+                    None,
+                ),
+                Some(v),
+            )
+        }
+        Err(e) => {
+            let message = if file.exists() {
+                e.to_string()
+            } else {
+                format!(
+                    "the NVIDIA driver is not loaded ({} does not exist)",
+                    file.display()
+                )
+            };
+            (
+                check(
+                    "driver",
+                    Status::Error,
+                    message,
+                    Some("modprobe nvidia (if it fails, `dmesg | grep -i nvrm` says why; without a driver, install one)".into()),
+                ),
+                None,
+            )
+        }
+    }
+}
+
+fn gpus_check(host: &Host, out: &mut Vec<Check>) -> Vec<Gpu> {
+    let dir = host.roots().proc_root.join("driver/nvidia/gpus");
+    match host.gpus() {
+        Ok(gpus) if gpus.is_empty() => {
+            out.push(check(
+                "gpus",
+                Status::Warning,
+                format!("the driver is loaded but sees no GPU (nothing under {})", dir.display()),
+                Some("check that the GPUs are on the bus (`lspci -d 10de:`) and `dmesg | grep -i nvrm` for errors".into()),
+            ));
+            gpus
+        }
+        Ok(gpus) => {
+            let list: Vec<String> = gpus
+                .iter()
+                .map(|g| format!("{} {} ({})", g.index, g.uuid, g.bus_id))
+                .collect();
+            out.push(check(
+                "gpus",
+                Status::Ok,
+                format!("{} GPU(s): {}", gpus.len(), list.join(", ")),
+                None,
+            ));
+            gpus
+        }
+        Err(e) => {
+            out.push(check(
+                "gpus",
+                Status::Error,
+                e.to_string(),
+                Some("reload the driver (`modprobe -r nvidia && modprobe nvidia`) or check `dmesg | grep -i nvrm`".into()),
+            ));
+            Vec::new()
+        }
+    }
+}
+
+/// Control-node minors on the `nvidia` major (nvidia-toolkit-behaviour.md §6).
+const NVIDIACTL_MINOR: u32 = 255;
+
+fn device_nodes_check(host: &Host, gpus: &[Gpu]) -> Check {
+    let devices = host.roots().proc_root.join("devices");
+    let majors = match host.device_majors() {
+        Ok(m) => m,
+        Err(e) => {
+            return check(
+                "device-nodes",
+                Status::Error,
+                e.to_string(),
+                Some("modprobe nvidia".into()),
+            )
+        }
+    };
+    // (name, major, minor, the command that creates it)
+    let mut wanted: Vec<(String, u32, u32, String)> = gpus
+        .iter()
+        .map(|g| {
+            (
+                format!("nvidia{}", g.minor),
+                majors.nvidia,
+                g.minor,
+                format!("nvidia-modprobe -c {}", g.minor),
+            )
+        })
+        .collect();
+    wanted.push((
+        "nvidiactl".into(),
+        majors.nvidia,
+        NVIDIACTL_MINOR,
+        "nvidia-modprobe -c 0".into(),
+    ));
+    let mut problems: Vec<String> = Vec::new();
+    let mut fixes: Vec<String> = Vec::new();
+    let mut status = Status::Ok;
+    match majors.nvidia_uvm {
+        Some(uvm) => wanted.push((
+            "nvidia-uvm".into(),
+            uvm,
+            0,
+            "nvidia-modprobe -u -c 0".into(),
+        )),
+        None => {
+            status = Status::Error;
+            problems.push(format!(
+                "no nvidia-uvm major in {}: CUDA cannot start without the nvidia-uvm module",
+                devices.display()
+            ));
+            fixes.push("modprobe nvidia-uvm".into());
+        }
+    }
+    let dev = host.roots().dev_root.join("dev");
+    let mut present = Vec::new();
+    for (name, major, minor, fix) in &wanted {
+        let path = dev.join(name);
+        match host.device_node(name) {
+            Some(n) if (n.major, n.minor) == (*major, *minor) => present.push(name.clone()),
+            Some(n) => {
+                status = Status::Error;
+                problems.push(format!(
+                    "{} is c {}:{} but the driver's numbers are {major}:{minor} ({})",
+                    path.display(),
+                    n.major,
+                    n.minor,
+                    devices.display()
+                ));
+                fixes.push(format!("rm {} && {fix}", path.display()));
+            }
+            None => {
+                status = Status::Error;
+                let what = if path.exists() {
+                    "is not a device node"
+                } else {
+                    "is missing"
+                };
+                problems.push(format!(
+                    "{} {what} (expected c {major}:{minor})",
+                    path.display()
+                ));
+                if !fixes.contains(fix) {
+                    fixes.push(fix.clone());
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        check(
+            "device-nodes",
+            Status::Ok,
+            format!(
+                "{} under {} with the majors of {} (nvidia {}{})",
+                present.join(", "),
+                dev.display(),
+                devices.display(),
+                majors.nvidia,
+                majors
+                    .nvidia_uvm
+                    .map(|u| format!(", nvidia-uvm {u}"))
+                    .unwrap_or_default()
+            ),
+            None,
+        )
+    } else {
+        check(
+            "device-nodes",
+            status,
+            problems.join("; "),
+            Some(format!(
+                "{} (or run `nvidia-smi` once as root, which creates the nodes)",
+                fixes.join("; ")
+            )),
+        )
+    }
+}
+
+fn dev_char_check(host: &Host, opts: &Options) -> Check {
+    let dry = DevCharOptions {
+        dev_char_path: opts.dev_char_path.clone(),
+        create_all: false,
+        dry_run: true,
+    };
+    let mut fix = "nvshim system create-dev-char-symlinks".to_string();
+    if opts.dev_char_path != Path::new(system::DEFAULT_DEV_CHAR_PATH) {
+        fix.push_str(&format!(
+            " --dev-char-path {}",
+            opts.dev_char_path.display()
+        ));
+    }
+    let links = match system::create_dev_char_symlinks(host, &dry) {
+        Ok(l) => l,
+        Err(e) => return check("dev-char", Status::Error, e.to_string(), Some(fix)),
+    };
+    if links.is_empty() {
+        return check(
+            "dev-char",
+            Status::Skip,
+            "no NVIDIA device nodes to link",
+            None,
+        );
+    }
+    let bad: Vec<String> = links
+        .iter()
+        .filter(|l| l.action != LinkAction::Keep)
+        .map(|l| {
+            let state = match &l.action {
+                LinkAction::Create => "missing".to_string(),
+                LinkAction::Replace { old } => format!("points at {}", old.display()),
+                LinkAction::Blocked => "is not a symlink".to_string(),
+                LinkAction::Keep => String::new(),
+            };
+            format!("{} {state}", l.link.display())
+        })
+        .collect();
+    if bad.is_empty() {
+        return check(
+            "dev-char",
+            Status::Ok,
+            format!(
+                "{} links under {} lead to the NVIDIA nodes",
+                links.len(),
+                opts.dev_char_path.display()
+            ),
+            None,
+        );
+    }
+    // A warning, not an error: only runc's systemd cgroup driver needs them, and which driver
+    // the engines use is not visible from here.
+    check(
+        "dev-char",
+        Status::Warning,
+        format!(
+            "{} of {} links missing or wrong: {}; with the systemd cgroup driver runc drops the GPU device rules, and the next `systemctl daemon-reload` revokes GPU access (\"Failed to initialize NVML: Unknown Error\")",
+            bad.len(),
+            links.len(),
+            bad.join(", ")
+        ),
+        Some(fix),
+    )
+}
+
+fn persistence_check(host: &Host) -> Check {
+    let modes = cdi::nvml::library_path(host).and_then(cdi::nvml::persistence_modes);
+    let modes = match modes {
+        Ok(m) => m,
+        Err(e) => {
+            return check(
+                "persistence",
+                Status::Skip,
+                format!("not checked: NVML did not load or answer ({e})"),
+                None,
+            )
+        }
+    };
+    let off: Vec<String> = modes
+        .iter()
+        .filter(|p| p.enabled == Some(false))
+        .map(|p| format!("GPU {} ({})", p.index, p.uuid))
+        .collect();
+    let known = modes.iter().filter(|p| p.enabled.is_some()).count();
+    if known == 0 {
+        return check(
+            "persistence",
+            Status::Skip,
+            "not checked: NVML does not report persistence mode on these GPUs",
+            None,
+        );
+    }
+    if off.is_empty() {
+        return check(
+            "persistence",
+            Status::Ok,
+            format!("persistence mode is on for {known} GPU(s)"),
+            None,
+        );
+    }
+    check(
+        "persistence",
+        Status::Warning,
+        format!(
+            "persistence mode is off on {}: every container start initialises the GPU again (seconds on large nodes)",
+            off.join(", ")
+        ),
+        Some("systemctl enable --now nvidia-persistenced (or `nvidia-smi -pm 1`)".into()),
+    )
+}
+
+fn libraries_check(host: &Host, version: &str) -> Check {
+    let root = &host.roots().driver_root;
+    let cache_path = crate::host::under_root(root, "/etc/ld.so.cache");
+    let ldconfig = if root == Path::new("/") {
+        "ldconfig".to_string()
+    } else {
+        format!("ldconfig -r {}", root.display())
+    };
+    let cache = match host.ld_cache() {
+        Ok(c) => c,
+        Err(e) => {
+            return check("libraries", Status::Error, e.to_string(), Some(ldconfig));
+        }
+    };
+    let wanted = ["libcuda.so", "libnvidia-ml.so"];
+    let found = host.driver_libraries(&cache, &wanted, version);
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|w| !found.iter().any(|l| l.soname.starts_with(&format!("{w}."))))
+        .map(|w| format!("{w}.{version}"))
+        .collect();
+    if missing.is_empty() {
+        let files: Vec<String> = found
+            .iter()
+            .map(|l| l.file.container_path.clone())
+            .collect();
+        check(
+            "libraries",
+            Status::Ok,
+            format!("{} (through {})", files.join(", "), cache_path.display()),
+            None,
+        )
+    } else {
+        check(
+            "libraries",
+            Status::Error,
+            format!(
+                "{} not found through {}: GPU containers would get no driver library of version {version}",
+                missing.join(", "),
+                cache_path.display()
+            ),
+            Some(format!(
+                "{ldconfig} (or reinstall the driver's user-space libraries for {version})"
+            )),
+        )
+    }
+}
+
+fn cdi_checks(config: &Config, driver_version: Option<&str>, gpus: &[Gpu]) -> Vec<Check> {
+    let registry = Registry::load(&config.cdi_spec_dirs);
+    let target = config
+        .cdi_spec_dirs
+        .last()
+        .map_or_else(|| PathBuf::from("/var/run/cdi"), Clone::clone)
+        .join("nvidia.yaml");
+    let generate = |path: &Path| format!("nvshim cdi generate --output {}", path.display());
+    let mut out = Vec::new();
+    for e in registry.errors() {
+        out.push(check(
+            "cdi-spec",
+            Status::Error,
+            format!("{e} (its devices are unavailable)"),
+            Some(format!(
+                "fix or remove {}, or regenerate it: {}",
+                e.path().display(),
+                generate(e.path())
+            )),
+        ));
+    }
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let mut nvidia_specs = 0;
+    for loaded in registry.specs() {
+        let spec = &loaded.spec;
+        let mut stale = cdi::registry::stale_spec(spec, driver_version);
+        if spec.kind.starts_with("nvidia.com/") {
+            nvidia_specs += 1;
+            if !gpus.is_empty() {
+                let names: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+                let by_uuid = names.iter().any(|n| n.starts_with("GPU-"));
+                for n in names.iter().filter(|n| n.starts_with("GPU-")) {
+                    if !uuids.contains(n) {
+                        stale.push(format!("has device {n}, a GPU this host does not have"));
+                    }
+                }
+                if by_uuid && spec.kind == "nvidia.com/gpu" {
+                    for u in &uuids {
+                        if !names.contains(u) {
+                            stale.push(format!("lacks this host's GPU {u}"));
+                        }
+                    }
+                }
+            }
+        }
+        let path = loaded.path.display();
+        if stale.is_empty() {
+            out.push(check(
+                "cdi-spec",
+                Status::Ok,
+                format!(
+                    "{path}: kind {}, {} devices, matches the host{}",
+                    spec.kind,
+                    spec.devices.len(),
+                    driver_version
+                        .map(|v| format!(" and driver {v}"))
+                        .unwrap_or_default()
+                ),
+                None,
+            ));
+        } else {
+            let shown: Vec<&str> = stale.iter().take(3).map(String::as_str).collect();
+            let more = if stale.len() > shown.len() {
+                format!(" (and {} more)", stale.len() - shown.len())
+            } else {
+                String::new()
+            };
+            out.push(check(
+                "cdi-spec",
+                Status::Error,
+                format!(
+                    "{path} is stale: {}{more}; containers given its devices fail or get the wrong libraries",
+                    shown.join("; ")
+                ),
+                Some(generate(&loaded.path)),
+            ));
+        }
+    }
+    if nvidia_specs == 0 {
+        let dirs: Vec<String> = config
+            .cdi_spec_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        out.push(check(
+            "cdi-spec",
+            Status::Warning,
+            format!(
+                "no CDI spec for nvidia.com devices in {}: CDI requests (Kubernetes device plugins, Docker's --gpus since 29.2) fail with \"unresolvable CDI devices\"",
+                dirs.join(", ")
+            ),
+            Some(generate(&target)),
+        ));
+    }
+    out
+}
+
+// ---- engines ---------------------------------------------------------------------------------
+
+/// Reads TOML for the engine checks (read-only; the writers in [`crate::engine`] keep the
+/// files' formatting, which a check does not need).
+fn read_toml(path: &Path) -> Result<Option<toml::Table>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str::<toml::Table>(&text)
+            .map(Some)
+            .map_err(|e| format!("cannot parse {}: {}", path.display(), e.message())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+fn toml_at<'a>(t: &'a toml::Table, keys: &[&str]) -> Option<&'a toml::Value> {
+    let (last, init) = keys.split_last()?;
+    let mut cur = t;
+    for k in init {
+        cur = cur.get(*k)?.as_table()?;
+    }
+    cur.get(*last)
+}
+
+/// Files of a directory matching a file-name pattern with `*` (containerd's `imports` globs).
+fn glob_files(pattern: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
+        return Vec::new();
+    };
+    let name = name.to_string_lossy();
+    let parts: Vec<&str> = name.split('*').collect();
+    let matches = |n: &str| {
+        let (first, rest) = parts.split_first().unwrap_or((&"", &[]));
+        let Some(mut tail) = n.strip_prefix(first) else {
+            return false;
+        };
+        for (i, p) in rest.iter().enumerate() {
+            if i + 1 == rest.len() {
+                return tail.ends_with(p);
+            }
+            match tail.find(p) {
+                Some(at) => tail = &tail[at + p.len()..],
+                None => return false,
+            }
+        }
+        tail.is_empty()
+    };
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| matches(&e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
+/// The `nvidia` runtime's binary as an engine's config files define it: `(files read, path)`.
+/// The path is `None` when no file defines the runtime, `Some("")` when one does without a
+/// binary.
+type Configured = (Vec<PathBuf>, Option<String>);
+
+fn docker_runtime(config: &Path, name: &str) -> Result<Configured, String> {
+    let files = vec![config.to_path_buf()];
+    let text = match std::fs::read_to_string(config) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((files, None)),
+        Err(e) => return Err(format!("cannot read {}: {e}", config.display())),
+    };
+    if text.trim().is_empty() {
+        return Ok((files, None));
+    }
+    let doc: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("cannot parse {}: {e}", config.display()))?;
+    let path = doc.get("runtimes").and_then(|r| r.get(name)).map(|r| {
+        r.get("path")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    });
+    Ok((files, path))
+}
+
+fn containerd_runtime(config: &Path, name: &str) -> Result<Configured, String> {
+    let Some(main) = read_toml(config)? else {
+        return Ok((vec![config.to_path_buf()], None));
+    };
+    // containerd reads an unversioned file with plugin sections as version 1.
+    let version = match main.get("version").and_then(toml::Value::as_integer) {
+        Some(v) => v,
+        None if main.contains_key("plugins") => 1,
+        None => 2,
+    };
+    let cri = engine::containerd::cri_plugin(version);
+    let dir = config.parent().unwrap_or(Path::new("/"));
+    let mut files = vec![config.to_path_buf()];
+    for entry in main
+        .get("imports")
+        .and_then(toml::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(toml::Value::as_str)
+    {
+        let p = Path::new(entry);
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            dir.join(p)
+        };
+        if entry.contains('*') {
+            files.extend(glob_files(&p));
+        } else {
+            files.push(p);
+        }
+    }
+    let mut found = None;
+    let keys = ["plugins", cri, "containerd", "runtimes", name];
+    for f in &files {
+        let doc = if f == config {
+            Some(main.clone())
+        } else {
+            read_toml(f)?
+        };
+        let Some(doc) = doc else { continue };
+        if let Some(rt) = toml_at(&doc, &keys) {
+            found = Some(
+                rt.get("options")
+                    .and_then(|o| o.get("BinaryName"))
+                    .and_then(toml::Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            );
+        }
+    }
+    Ok((files, found))
+}
+
+fn crio_runtime(config: &Path, name: &str) -> Result<Configured, String> {
+    let mut files = vec![config.to_path_buf()];
+    let drop_ins = config
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join("crio.conf.d");
+    let mut more: Vec<PathBuf> = std::fs::read_dir(&drop_ins)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file() && !p.to_string_lossy().ends_with(".nvshim.bak"))
+        .collect();
+    more.sort();
+    files.extend(more);
+    let mut found = None;
+    for f in &files {
+        let Some(doc) = read_toml(f)? else { continue };
+        if let Some(rt) = toml_at(&doc, &["crio", "runtime", "runtimes", name]) {
+            found = Some(
+                rt.get("runtime_path")
+                    .and_then(toml::Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            );
+        }
+    }
+    Ok((files, found))
+}
+
+fn on_path(path_var: Option<&OsString>, name: &str) -> Option<PathBuf> {
+    std::env::split_paths(path_var?)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn engine_check(engine: Engine, opts: &Options) -> Check {
+    let (config, daemon, service) = match engine {
+        Engine::Docker => (&opts.docker_config, "dockerd", "docker"),
+        Engine::Containerd => (&opts.containerd_config, "containerd", "containerd"),
+        Engine::Crio => (&opts.crio_config, "crio", "crio"),
+    };
+    let name = format!("engine-{engine}");
+    let runtime_name = engine::DEFAULT_RUNTIME_NAME;
+    let installed = config.exists() || on_path(opts.path_var.as_ref(), daemon).is_some();
+    if !installed {
+        return check(
+            &name,
+            Status::Skip,
+            format!(
+                "not installed (no {}, no {daemon} on PATH)",
+                config.display()
+            ),
+            None,
+        );
+    }
+    let mut fix = format!("nvshim runtime configure --runtime {engine}");
+    if *config != engine.default_config() {
+        fix.push_str(&format!(" --config {}", config.display()));
+    }
+    fix.push_str(&format!(" && systemctl restart {service}"));
+    let read = match engine {
+        Engine::Docker => docker_runtime(config, runtime_name),
+        Engine::Containerd => containerd_runtime(config, runtime_name),
+        Engine::Crio => crio_runtime(config, runtime_name),
+    };
+    let (files, configured) = match read {
+        Ok(r) => r,
+        Err(e) => {
+            return check(
+                &name,
+                Status::Error,
+                format!("{e}: {engine} will not start with it"),
+                Some(format!("fix the file, then {fix}")),
+            )
+        }
+    };
+    let shown: Vec<String> = files
+        .iter()
+        .filter(|f| f.exists())
+        .map(|f| f.display().to_string())
+        .collect();
+    let shown = if shown.is_empty() {
+        config.display().to_string()
+    } else {
+        shown.join(", ")
+    };
+    let Some(binary) = configured else {
+        return check(
+            &name,
+            Status::Error,
+            format!(
+                "no runtime {runtime_name:?} in {shown}: `--runtime={runtime_name}` and the RuntimeClass {runtime_name:?} fail"
+            ),
+            Some(fix),
+        );
+    };
+    if binary.is_empty() {
+        return check(
+            &name,
+            Status::Error,
+            format!("runtime {runtime_name:?} in {shown} names no binary, so {engine} runs plain runc for it"),
+            Some(fix),
+        );
+    }
+    let path = Path::new(&binary);
+    if !path.is_absolute() || !is_executable(path) {
+        return check(
+            &name,
+            Status::Error,
+            format!(
+                "runtime {runtime_name:?} in {shown} points at {binary}, which is not an executable file"
+            ),
+            Some(fix),
+        );
+    }
+    let base = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    if base.as_deref() != Some("nvshim-runtime") {
+        return check(
+            &name,
+            Status::Warning,
+            format!(
+                "runtime {runtime_name:?} in {shown} points at {binary}, not at nvshim-runtime"
+            ),
+            Some(fix),
+        );
+    }
+    // The engine writer's own verdict: a configure that would change nothing means the runtime
+    // is set up exactly as nvshim sets it up (CDI annotations passed through, runc's options
+    // carried over, ...).
+    let mut eopts = engine::Options::new(engine, path.to_path_buf());
+    eopts.drop_in = engine.default_drop_in(config);
+    eopts.config = config.clone();
+    match engine::configure(&eopts) {
+        Ok(plan) if plan.is_empty() => check(
+            &name,
+            Status::Ok,
+            format!("runtime {runtime_name:?} is {binary} ({shown})"),
+            None,
+        ),
+        Ok(plan) => {
+            let changed: Vec<String> = plan
+                .changes
+                .iter()
+                .map(|c| c.path.display().to_string())
+                .collect();
+            check(
+                &name,
+                Status::Warning,
+                format!(
+                    "runtime {runtime_name:?} is {binary}, but `nvshim runtime configure` would still change {} (`--dry-run` shows how)",
+                    changed.join(", ")
+                ),
+                Some(fix),
+            )
+        }
+        Err(e) => check(&name, Status::Error, e.to_string(), Some(fix)),
+    }
+}
+
+fn low_level_runtime_check(opts: &Options) -> Check {
+    let runtime_exe = opts
+        .self_exe
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|d| d.join("nvshim-runtime"));
+    match runtime::find_low_level_runtime(
+        &opts.config.low_level_runtimes,
+        opts.path_var.as_deref(),
+        runtime_exe.as_deref(),
+    ) {
+        Ok(p) => check(
+            "low-level-runtime",
+            Status::Ok,
+            format!("{} (nvshim-runtime execs it)", p.display()),
+            None,
+        ),
+        Err(e) => check(
+            "low-level-runtime",
+            Status::Error,
+            e.to_string(),
+            Some(format!(
+                "apt-get install runc (or dnf install runc), or set low-level-runtimes in {}",
+                opts.config_path.display()
+            )),
+        ),
+    }
+}
+
+fn hook_check(opts: &Options) -> Check {
+    let hook = create::hook_path(&opts.config, opts.self_exe.as_deref());
+    if is_executable(&hook) {
+        check(
+            "hook",
+            Status::Ok,
+            format!("{} (written into GPU containers' hooks)", hook.display()),
+            None,
+        )
+    } else {
+        check(
+            "hook",
+            Status::Error,
+            format!(
+                "{} is not an executable file: every GPU container's createContainer hook would fail",
+                hook.display()
+            ),
+            Some(format!(
+                "install nvshim-hook there, or set hook-path in {}",
+                opts.config_path.display()
+            )),
+        )
+    }
+}
+
+/// The text report: one line per check, then a summary.
+pub fn render_text(checks: &[Check]) -> String {
+    let mut o = String::new();
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for c in checks {
+        let _ = write!(
+            o,
+            "{:<8} {:<width$}  {}",
+            c.status.as_str(),
+            c.name,
+            c.message
+        );
+        if let Some(fix) = &c.fix {
+            let _ = write!(o, "; fix: {fix}");
+        }
+        o.push('\n');
+    }
+    let count = |s: Status| checks.iter().filter(|c| c.status == s).count();
+    let _ = writeln!(
+        o,
+        "{} errors, {} warnings, {} ok, {} skipped",
+        count(Status::Error),
+        count(Status::Warning),
+        count(Status::Ok),
+        count(Status::Skip)
+    );
+    o
+}
+
+/// The JSON report.
+pub fn render_json(checks: &[Check]) -> String {
+    let v = serde_json::json!({
+        "checks": checks,
+        "exitCode": exit_code(checks),
+    });
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        let c = |s| check("x", s, "", None);
+        assert_eq!(exit_code(&[c(Status::Ok), c(Status::Skip)]), 0);
+        assert_eq!(exit_code(&[c(Status::Ok), c(Status::Warning)]), 1);
+        assert_eq!(exit_code(&[c(Status::Error), c(Status::Warning)]), 2);
+    }
+
+    #[test]
+    fn globs() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in ["a.toml", "b.toml", "c.txt"] {
+            std::fs::write(dir.path().join(n), "").unwrap();
+        }
+        let got = glob_files(&dir.path().join("*.toml"));
+        assert_eq!(
+            got,
+            vec![dir.path().join("a.toml"), dir.path().join("b.toml")]
+        );
+    }
+
+    #[test]
+    fn engine_configs_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("daemon.json");
+        std::fs::write(
+            &d,
+            r#"{"runtimes": {"nvidia": {"path": "/x/nvshim-runtime"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            docker_runtime(&d, "nvidia").unwrap().1.as_deref(),
+            Some("/x/nvshim-runtime")
+        );
+        let c = dir.path().join("config.toml");
+        std::fs::write(
+            &c,
+            "version = 2\nimports = [\"conf.d/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n",
+        )
+        .unwrap();
+        assert_eq!(containerd_runtime(&c, "nvidia").unwrap().1, None);
+        std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+        std::fs::write(
+            dir.path().join("conf.d/99.toml"),
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\nBinaryName = \"/y/nvshim-runtime\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            containerd_runtime(&c, "nvidia").unwrap().1.as_deref(),
+            Some("/y/nvshim-runtime")
+        );
+        let crio = dir.path().join("crio.conf");
+        std::fs::create_dir(dir.path().join("crio.conf.d")).unwrap();
+        std::fs::write(
+            dir.path().join("crio.conf.d/99-nvshim.toml"),
+            "[crio.runtime.runtimes.nvidia]\nruntime_path = \"/z/nvshim-runtime\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            crio_runtime(&crio, "nvidia").unwrap().1.as_deref(),
+            Some("/z/nvshim-runtime")
+        );
+    }
+}

@@ -1,0 +1,874 @@
+//! End-to-end tests of the operator diagnostics: `nvshim explain` (what `create` would do,
+//! from the same plan) and `nvshim doctor` (host checks with exit status 0/1/2), run as the
+//! built binaries against the simulated GPU host in healthy and broken states, plus the
+//! progress display of `nvshim cdi generate`.
+//!
+//! The fake host (`FakeHostSpec::with_gpus(2)`) numbers GPUs in bus order against their minors:
+//! index 0 is `/dev/nvidia1`, index 1 is `/dev/nvidia0`. Everything runs as root.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use nvshim_fake_nvml::{Gpu as NvmlGpu, Topology, TOPOLOGY_ENV};
+use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
+const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+
+/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim`.
+fn hook_path() -> PathBuf {
+    let hook = Path::new(NVSHIM).with_file_name("nvshim-hook");
+    assert!(
+        hook.exists(),
+        "{} is missing: run `cargo build --workspace` first (cargo test only builds the root \
+         package's binaries)",
+        hook.display()
+    );
+    hook
+}
+
+/// The fake NVML cdylib: built as a dev-dependency into `deps/`, or by `cargo build
+/// --workspace` next to the binaries.
+fn fake_nvml() -> PathBuf {
+    let dir = Path::new(NVSHIM).parent().unwrap();
+    [
+        dir.join("libnvshim_fake_nvml.so"),
+        dir.join("deps/libnvshim_fake_nvml.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| panic!("libnvshim_fake_nvml.so not found next to {NVSHIM}"))
+}
+
+/// One test's world: a fake host, spec dirs, engine configs and an nvshim config, all in a
+/// temp dir; `PATH` for nvshim is a directory of this world holding nothing, so no engine
+/// installed on the machine running the tests is detected.
+struct World {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+    etc_cdi: PathBuf,
+    run_cdi: PathBuf,
+    docker: PathBuf,
+    containerd: PathBuf,
+    crio: PathBuf,
+    dev_char: PathBuf,
+    path: PathBuf,
+    env: Vec<(String, PathBuf)>,
+}
+
+impl World {
+    fn new() -> World {
+        World::with_config("")
+    }
+
+    fn with_config(extra_toml: &str) -> World {
+        let tmp = tempfile::Builder::new()
+            .prefix("nvshim-e2e-diag-")
+            .tempdir()
+            .unwrap();
+        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
+        let d = tmp.path();
+        let w = World {
+            config: d.join("nvshim/config.toml"),
+            etc_cdi: d.join("etc-cdi"),
+            run_cdi: d.join("run-cdi"),
+            docker: d.join("docker/daemon.json"),
+            containerd: d.join("containerd/config.toml"),
+            crio: d.join("crio/crio.conf"),
+            dev_char: d.join("dev-char"),
+            path: d.join("empty-path"),
+            env: Vec::new(),
+            host,
+            tmp,
+        };
+        for dir in [&w.etc_cdi, &w.run_cdi, &w.path] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        w.host
+            .write_config(
+                &w.config,
+                &format!(
+                    "hook-path = {:?}\ncdi-spec-dirs = [{:?}, {:?}]\n{extra_toml}",
+                    hook_path().display().to_string(),
+                    w.etc_cdi.display().to_string(),
+                    w.run_cdi.display().to_string()
+                ),
+            )
+            .unwrap();
+        w
+    }
+
+    fn nvshim(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(NVSHIM);
+        cmd.args(args)
+            .env("NVSHIM_CONFIG", &self.config)
+            .env("PATH", &self.path);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+
+    fn doctor(&self) -> Doctor {
+        let out = self.nvshim(&[
+            "doctor",
+            "--format",
+            "json",
+            "--docker-config",
+            self.docker.to_str().unwrap(),
+            "--containerd-config",
+            self.containerd.to_str().unwrap(),
+            "--crio-config",
+            self.crio.to_str().unwrap(),
+            "--dev-char-path",
+            self.dev_char.to_str().unwrap(),
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let report: Value = serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}):\n{stdout}\n{out:?}"));
+        Doctor {
+            code: out.status.code(),
+            report,
+        }
+    }
+
+    /// The text form, for the report's samples.
+    fn doctor_text(&self) -> String {
+        let out = self.nvshim(&[
+            "doctor",
+            "--docker-config",
+            self.docker.to_str().unwrap(),
+            "--containerd-config",
+            self.containerd.to_str().unwrap(),
+            "--crio-config",
+            self.crio.to_str().unwrap(),
+            "--dev-char-path",
+            self.dev_char.to_str().unwrap(),
+        ]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn generate(&self) -> PathBuf {
+        let out_path = self.run_cdi.join("nvidia.yaml");
+        let out = self.nvshim(&["cdi", "generate", "--output", out_path.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "nvshim cdi generate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out_path
+    }
+
+    /// Registers nvshim-runtime with every engine, in this world's engine configs.
+    fn configure_engines(&self) {
+        for (engine, config) in [
+            ("docker", &self.docker),
+            ("containerd", &self.containerd),
+            ("crio", &self.crio),
+        ] {
+            fs::create_dir_all(config.parent().unwrap()).unwrap();
+            let out = self.nvshim(&[
+                "runtime",
+                "configure",
+                "--runtime",
+                engine,
+                "--config",
+                config.to_str().unwrap(),
+                "--runtime-path",
+                SHIM,
+            ]);
+            assert!(
+                out.status.success(),
+                "configure {engine}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // CRI-O is detected by its config file, which configure leaves alone (drop-in only).
+        fs::write(&self.crio, "").unwrap();
+    }
+
+    fn create_dev_char_links(&self) {
+        let out = self.nvshim(&[
+            "system",
+            "create-dev-char-symlinks",
+            "--dev-char-path",
+            self.dev_char.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    /// Replaces the host's libnvidia-ml with the fake NVML answering with these persistence
+    /// modes (by bus index), and sets the topology variable for every later nvshim call.
+    fn install_fake_nvml(&mut self, persistence: &[bool]) {
+        let gpus = self
+            .host
+            .gpus_by_bus()
+            .into_iter()
+            .zip(persistence)
+            .map(|(g, on)| NvmlGpu {
+                name: g.model.clone(),
+                uuid: g.uuid.clone(),
+                minor: g.minor,
+                bus_id: g.bus_id.clone(),
+                persistence_mode: Some(*on),
+                ..Default::default()
+            })
+            .collect();
+        let topology = Topology {
+            driver_version: self.host.driver_version().to_string(),
+            cuda_driver_version: 13000,
+            gpus,
+        };
+        let lib = self
+            .host
+            .host_path(&self.host.container_lib_path("libnvidia-ml"));
+        fs::copy(fake_nvml(), &lib).unwrap();
+        let path = self.tmp.path().join("topology.json");
+        fs::write(&path, serde_json::to_string_pretty(&topology).unwrap()).unwrap();
+        self.env.push((TOPOLOGY_ENV.into(), path));
+    }
+
+    /// Everything in order: spec, engines, links, NVML with persistence on.
+    fn healthy() -> World {
+        let mut w = World::new();
+        w.install_fake_nvml(&[true, true]);
+        w.generate();
+        w.configure_engines();
+        w.create_dev_char_links();
+        w
+    }
+
+    fn bundle(&self, name: &str, env: &[(&str, &str)]) -> Bundle {
+        let b = Bundle::new(&self.tmp.path().join(name), &["true"]).unwrap();
+        for (k, v) in env {
+            b.set_env(k, v).unwrap();
+        }
+        b
+    }
+
+    fn explain(&self, args: &[&str]) -> (Option<i32>, Value) {
+        let mut all = vec!["explain", "--format", "json"];
+        all.extend_from_slice(args);
+        let out = self.nvshim(&all);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!(
+                "explain printed no JSON ({e}):\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code(), v)
+    }
+
+    fn explain_text(&self, args: &[&str]) -> String {
+        let mut all = vec!["explain"];
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&self.nvshim(&all).stdout).into_owned()
+    }
+}
+
+struct Doctor {
+    code: Option<i32>,
+    report: Value,
+}
+
+impl Doctor {
+    /// The checks named `name` (cdi-spec may appear once per spec).
+    fn checks(&self, name: &str) -> Vec<&Value> {
+        self.report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["name"] == name)
+            .collect()
+    }
+
+    #[track_caller]
+    fn one(&self, name: &str) -> &Value {
+        let found = self.checks(name);
+        assert_eq!(
+            found.len(),
+            1,
+            "one {name} check expected in {:#}",
+            self.report
+        );
+        found[0]
+    }
+
+    #[track_caller]
+    fn status(&self, name: &str) -> String {
+        self.one(name)["status"].as_str().unwrap().to_string()
+    }
+
+    #[track_caller]
+    fn assert(&self, name: &str, status: &str, message_has: &[&str], fix_has: &[&str]) {
+        let c = self.one(name);
+        assert_eq!(c["status"], status, "{name}: {c:#}\n{:#}", self.report);
+        let message = c["message"].as_str().unwrap();
+        for m in message_has {
+            assert!(message.contains(m), "{name} message lacks {m:?}: {message}");
+        }
+        let fix = c["fix"].as_str().unwrap_or("");
+        for f in fix_has {
+            assert!(fix.contains(f), "{name} fix lacks {f:?}: {fix:?}");
+        }
+    }
+
+    /// Checks other than `except` must not be warnings or errors.
+    #[track_caller]
+    fn others_fine(&self, except: &[&str]) {
+        for c in self.report["checks"].as_array().unwrap() {
+            let name = c["name"].as_str().unwrap();
+            if except.contains(&name) {
+                continue;
+            }
+            assert!(
+                c["status"] == "ok" || c["status"] == "skip",
+                "{name} should be ok: {c:#}"
+            );
+        }
+    }
+}
+
+// ---- doctor ------------------------------------------------------------------------------------
+
+#[test]
+fn doctor_healthy_host_is_all_ok() {
+    let w = World::healthy();
+    let d = w.doctor();
+    d.others_fine(&[]);
+    assert_eq!(d.code, Some(0), "{:#}", d.report);
+    d.assert("driver", "ok", &["580.65.06", "CUDA 13.0"], &[]);
+    d.assert(
+        "device-nodes",
+        "ok",
+        &["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"],
+        &[],
+    );
+    d.assert("dev-char", "ok", &["6 links"], &[]);
+    d.assert("persistence", "ok", &["on for 2 GPU(s)"], &[]);
+    d.assert(
+        "cdi-spec",
+        "ok",
+        &["nvidia.yaml", "matches the host and driver 580.65.06"],
+        &[],
+    );
+    for engine in ["engine-docker", "engine-containerd", "engine-crio"] {
+        d.assert(engine, "ok", &[SHIM], &[]);
+    }
+    d.assert("low-level-runtime", "ok", &["runc"], &[]);
+    d.assert("hook", "ok", &["nvshim-hook"], &[]);
+    let text = w.doctor_text();
+    assert!(text.lines().next().unwrap().starts_with("ok "), "{text}");
+    assert!(text.contains("0 errors, 0 warnings"), "{text}");
+}
+
+#[test]
+fn doctor_reports_a_stale_spec_after_a_driver_upgrade() {
+    let w = World::healthy();
+    // The spec an upgrade from 575.64.05 leaves behind, beside the current one.
+    let stale = w.etc_cdi.join("nvidia-old.json");
+    w.host.write_cdi_spec(&stale, "575.64.05").unwrap();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(2), "{:#}", d.report);
+    let specs = d.checks("cdi-spec");
+    let bad: Vec<_> = specs.iter().filter(|c| c["status"] == "error").collect();
+    assert_eq!(bad.len(), 1, "{specs:#?}");
+    let msg = bad[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("{} is stale", stale.display())),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("libcuda.so.575.64.05 of driver 575.64.05, but driver 580.65.06 is running"),
+        "{msg}"
+    );
+    assert_eq!(
+        bad[0]["fix"],
+        format!("nvshim cdi generate --output {}", stale.display())
+    );
+    d.others_fine(&["cdi-spec"]);
+}
+
+#[test]
+fn doctor_reports_a_spec_whose_device_major_moved() {
+    let w = World::healthy();
+    w.host.move_uvm_major(511).unwrap();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(2), "{:#}", d.report);
+    let spec = w.run_cdi.join("nvidia.yaml");
+    d.assert(
+        "cdi-spec",
+        "error",
+        &["/dev/nvidia-uvm is 508:0 in the spec but 511:0 on the host"],
+        &[&format!("nvshim cdi generate --output {}", spec.display())],
+    );
+    // The links now lead to nodes with other numbers: 511:0 and 511:1 are missing.
+    d.assert(
+        "dev-char",
+        "warning",
+        &["511:0"],
+        &["create-dev-char-symlinks"],
+    );
+    d.others_fine(&["cdi-spec", "dev-char"]);
+}
+
+#[test]
+fn doctor_reports_a_missing_device_node() {
+    let w = World::healthy();
+    w.host.remove_device_node("nvidia0").unwrap();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(2), "{:#}", d.report);
+    d.assert(
+        "device-nodes",
+        "error",
+        &["dev/nvidia0 is missing (expected c 195:0)"],
+        &["nvidia-modprobe -c 0"],
+    );
+    // The spec names the node too.
+    d.assert(
+        "cdi-spec",
+        "error",
+        &["/dev/nvidia0", "does not exist on the host"],
+        &[],
+    );
+    d.others_fine(&["device-nodes", "cdi-spec"]);
+}
+
+#[test]
+fn doctor_warns_about_missing_dev_char_links() {
+    let mut w = World::new();
+    w.install_fake_nvml(&[true, true]);
+    w.generate();
+    w.configure_engines();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(1), "only a warning: {:#}", d.report);
+    d.assert(
+        "dev-char",
+        "warning",
+        &["6 of 6 links", "195:0 missing", "daemon-reload"],
+        &[&format!(
+            "nvshim system create-dev-char-symlinks --dev-char-path {}",
+            w.dev_char.display()
+        )],
+    );
+    d.others_fine(&["dev-char"]);
+}
+
+#[test]
+fn doctor_reports_engines_not_configured() {
+    let w = World::healthy();
+    // Docker without the runtime; containerd's runtime pointing at a binary that is gone.
+    fs::write(&w.docker, r#"{"log-level": "warn"}"#).unwrap();
+    let text = fs::read_to_string(&w.containerd).unwrap();
+    fs::write(
+        &w.containerd,
+        text.replace(SHIM, "/opt/gone/nvshim-runtime"),
+    )
+    .unwrap();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(2), "{:#}", d.report);
+    d.assert(
+        "engine-docker",
+        "error",
+        &["no runtime \"nvidia\"", w.docker.to_str().unwrap()],
+        &[&format!(
+            "nvshim runtime configure --runtime docker --config {} && systemctl restart docker",
+            w.docker.display()
+        )],
+    );
+    d.assert(
+        "engine-containerd",
+        "error",
+        &["/opt/gone/nvshim-runtime, which is not an executable file"],
+        &["nvshim runtime configure --runtime containerd"],
+    );
+    d.others_fine(&["engine-docker", "engine-containerd"]);
+}
+
+#[test]
+fn doctor_warns_when_persistence_mode_is_off() {
+    let mut w = World::healthy();
+    w.env.clear();
+    w.install_fake_nvml(&[true, false]);
+    let d = w.doctor();
+    assert_eq!(d.code, Some(1), "{:#}", d.report);
+    let uuid = &w.host.gpu_at_index(1).unwrap().uuid;
+    d.assert(
+        "persistence",
+        "warning",
+        &[&format!("off on GPU 1 ({uuid})")],
+        &["nvidia-persistenced"],
+    );
+}
+
+#[test]
+fn doctor_without_driver_skips_what_needs_it() {
+    let w = World::healthy();
+    w.host.unload_driver().unwrap();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(2), "{:#}", d.report);
+    d.assert(
+        "driver",
+        "error",
+        &["not loaded", "driver/nvidia/version does not exist"],
+        &["modprobe nvidia"],
+    );
+    for name in [
+        "gpus",
+        "device-nodes",
+        "dev-char",
+        "persistence",
+        "libraries",
+    ] {
+        assert_eq!(d.status(name), "skip", "{name}");
+    }
+}
+
+#[test]
+fn doctor_reports_a_broken_config_and_goes_on() {
+    let w = World::healthy();
+    fs::write(&w.config, "driver-rot = \"/\"\n").unwrap();
+    let d = w.doctor();
+    assert_eq!(d.code, Some(2), "{:#}", d.report);
+    d.assert(
+        "config",
+        "error",
+        &[w.config.to_str().unwrap(), "line 1", "driver-rot"],
+        &[],
+    );
+    // With the defaults, the other checks still run (against the real host).
+    assert!(d.checks("low-level-runtime").len() == 1);
+}
+
+#[test]
+fn doctor_reports_no_low_level_runtime() {
+    let w = World::with_config("low-level-runtimes = [\"/nonexistent/runc\"]\n");
+    let d = w.doctor();
+    d.assert(
+        "low-level-runtime",
+        "error",
+        &["/nonexistent/runc"],
+        &["install runc", w.config.to_str().unwrap()],
+    );
+}
+
+// ---- explain -----------------------------------------------------------------------------------
+
+/// The entries of `doc[key...]` (an array), or none.
+fn list(doc: &Value, pointer: &str) -> Vec<Value> {
+    doc.pointer(pointer)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn explain_legacy_request_matches_what_create_does() {
+    // A low-level runtime that does nothing: create edits the bundle, then "runs" it.
+    let w = World::with_config("low-level-runtimes = [\"/bin/true\"]\n");
+    let b = w.bundle("legacy", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let before = b.config_bytes().unwrap();
+    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{e:#}");
+    assert_eq!(e["error"], Value::Null);
+    assert_eq!(e["route"]["mode"], "legacy");
+    assert_eq!(
+        e["requests"],
+        json!([{"source": "env", "key": "NVIDIA_VISIBLE_DEVICES", "value": "1", "honoured": true}])
+    );
+    assert_eq!(e["capabilities"], json!(["compute", "utility"]));
+    // Index 1 in bus order is minor 0.
+    let gpu = w.host.gpu_at_index(1).unwrap();
+    assert_eq!(
+        e["gpus"],
+        json!([{"index": 1, "uuid": gpu.uuid, "minor": 0, "busId": gpu.bus_id, "model": gpu.model}])
+    );
+    let groups = e["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{e:#}");
+    assert_eq!(groups[0]["cause"]["type"], "gpu");
+    assert_eq!(groups[0]["cause"]["gpu"]["uuid"], gpu.uuid.as_str());
+    assert_eq!(
+        groups[0]["deviceNodes"],
+        json!([{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 0o666, "uid": 0, "gid": 0}])
+    );
+    assert_eq!(
+        groups[0]["cgroupRules"],
+        json!([{"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}])
+    );
+    assert_eq!(groups[1]["cause"]["type"], "driver");
+    let driver_nodes: Vec<&str> = groups[1]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert!(driver_nodes.contains(&"/dev/nvidiactl"), "{driver_nodes:?}");
+    let libcuda = w.host.container_lib_path("libcuda");
+    assert!(
+        groups[1]["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"] == libcuda.as_str()),
+        "{e:#}"
+    );
+    assert_eq!(groups[1]["hooks"].as_array().unwrap().len(), 2);
+    assert_eq!(e["changesBundle"], true);
+    let diff = e["diff"].as_str().unwrap();
+    assert!(
+        diff.lines()
+            .any(|l| l.starts_with('+') && l.contains("\"path\": \"/dev/nvidia0\"")),
+        "{diff}"
+    );
+    assert_eq!(
+        b.config_bytes().unwrap(),
+        before,
+        "explain wrote config.json"
+    );
+
+    let text = w.explain_text(&["--bundle", b.dir().to_str().unwrap()]);
+    for needle in [
+        "Mode: legacy",
+        &format!("GPU 1 ({}", gpu.uuid),
+        "device  /dev/nvidia0  c 195:0",
+        "cgroup  allow c 195:0 rwm",
+        "Result: create would rewrite config.json",
+        &format!("+++ {}/config.json (after create)", b.dir().display()),
+    ] {
+        assert!(text.contains(needle), "text lacks {needle:?}:\n{text}");
+    }
+
+    // What create writes is what explain showed: run the shim with a low-level runtime that
+    // does nothing, and compare every device node, cgroup rule and mount added.
+    assert_eq!(e["lowLevelRuntime"], "/bin/true");
+    let out = Command::new(SHIM)
+        .args(["create", "--bundle", b.dir().to_str().unwrap(), "c1"])
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let created = b.config().unwrap();
+    let original: Value = serde_json::from_slice(&before).unwrap();
+    for (pointer, key) in [
+        ("/linux/devices", "deviceNodes"),
+        ("/linux/resources/devices", "cgroupRules"),
+        ("/mounts", "mounts"),
+    ] {
+        let added: Vec<Value> = list(&created, pointer)
+            .into_iter()
+            .filter(|v| !list(&original, pointer).contains(v))
+            .collect();
+        let explained: Vec<Value> = groups
+            .iter()
+            .flat_map(|g| g[key].as_array().unwrap().clone())
+            .collect();
+        assert_eq!(added.len(), explained.len(), "{pointer}");
+        for v in &explained {
+            assert!(
+                added.contains(v),
+                "{pointer}: {v} explained but not created"
+            );
+        }
+    }
+}
+
+#[test]
+fn explain_cdi_request_groups_by_device_and_spec() {
+    let w = World::new();
+    let spec = w.generate();
+    let b = w.bundle("cdi", &[]);
+    b.edit(|c| {
+        c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"});
+        Ok(())
+    })
+    .unwrap();
+    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{e:#}");
+    assert_eq!(e["route"]["mode"], "cdi");
+    assert_eq!(e["route"]["cdiDevices"], json!(["nvidia.com/gpu=0"]));
+    assert_eq!(e["requests"][0]["source"], "annotation");
+    assert_eq!(e["requests"][0]["key"], "cdi.k8s.io/gpu");
+    let groups = e["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{e:#}");
+    assert_eq!(
+        groups[0]["cause"],
+        json!({"type": "cdiSpec", "spec": spec, "kind": "nvidia.com/gpu"})
+    );
+    assert_eq!(
+        groups[0]["env"],
+        json!([{"entry": "NVIDIA_VISIBLE_DEVICES=void"}])
+    );
+    assert_eq!(
+        groups[1]["cause"],
+        json!({"type": "cdiDevice", "device": "nvidia.com/gpu=0", "spec": spec})
+    );
+    // Index 0 is /dev/nvidia1.
+    assert_eq!(groups[1]["deviceNodes"][0]["path"], "/dev/nvidia1");
+    assert_eq!(groups[1]["cgroupRules"][0]["minor"], 1);
+}
+
+#[test]
+fn explain_shows_the_docker_gpus_hook_removed() {
+    let w = World::new();
+    let b = w.bundle("docker", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let hook = json!({"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]});
+    let h = hook.clone();
+    b.edit(move |c| {
+        c["hooks"] = json!({"prestart": [h]});
+        Ok(())
+    })
+    .unwrap();
+    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{e:#}");
+    assert_eq!(e["removedHooks"], json!([hook]));
+    let sources: Vec<&str> = e["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(sources, vec!["dockerGpusHook", "env"]);
+    assert_eq!(e["gpus"].as_array().unwrap().len(), 2);
+    let text = w.explain_text(&["--bundle", b.dir().to_str().unwrap()]);
+    assert!(
+        text.contains("removed hook    prestart  /usr/bin/nvidia-container-runtime-hook prestart"),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_reports_the_error_create_would_fail_with() {
+    let w = World::new();
+    let b = w.bundle("unknown", &[("NVIDIA_VISIBLE_DEVICES", "7")]);
+    let before = b.config_bytes().unwrap();
+    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{e:#}");
+    let err = e["error"].as_str().unwrap();
+    assert!(
+        err.contains("unknown GPU \"7\" in NVIDIA_VISIBLE_DEVICES"),
+        "{err}"
+    );
+    // What was found on the way is still shown.
+    assert_eq!(e["requests"][0]["value"], "7");
+    assert_eq!(e["route"]["mode"], "legacy");
+    assert_eq!(b.config_bytes().unwrap(), before);
+
+    // --spec: a config.json outside a bundle.
+    let file = w.tmp.path().join("elsewhere.json");
+    fs::write(&file, &before).unwrap();
+    let (code, e) = w.explain(&["--spec", file.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert_eq!(e["configJson"], file.to_str().unwrap());
+    let text = w.explain_text(&["--spec", file.to_str().unwrap()]);
+    assert!(
+        text.contains("Result: create would fail: unknown GPU \"7\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_warns_about_a_stale_spec() {
+    let w = World::new();
+    w.generate();
+    w.host.move_uvm_major(511).unwrap();
+    let b = w.bundle("stale", &[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=all")]);
+    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{e:#}");
+    let warnings = e["warnings"].to_string();
+    assert!(
+        warnings
+            .contains("stale CDI spec: /dev/nvidia-uvm is 508:0 in the spec but 511:0 on the host"),
+        "{warnings}"
+    );
+    // A spec whose libraries belong to another driver.
+    fs::remove_file(w.run_cdi.join("nvidia.yaml")).unwrap();
+    w.host
+        .write_cdi_spec(&w.run_cdi.join("nvidia.json"), "575.64.05")
+        .unwrap();
+    let (_, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let warnings = e["warnings"].to_string();
+    assert!(
+        warnings
+            .contains("libcuda.so.575.64.05 of driver 575.64.05, but driver 580.65.06 is running"),
+        "{warnings}"
+    );
+}
+
+#[test]
+fn explain_needs_no_root_and_writes_nothing() {
+    let w = World::new();
+    let b = w.bundle("nobody", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    // Readable by others, writable by root only.
+    for p in [w.tmp.path(), b.dir(), w.config.parent().unwrap()] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = Command::new(NVSHIM)
+        .args([
+            "explain",
+            "--format",
+            "json",
+            "--bundle",
+            b.dir().to_str().unwrap(),
+        ])
+        .env("NVSHIM_CONFIG", &w.config)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let e: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(e["error"], Value::Null, "{e:#}");
+    assert_eq!(e["changesBundle"], true);
+}
+
+// ---- progress ------------------------------------------------------------------------------------
+
+#[test]
+fn generate_shows_progress_on_a_terminal_only() {
+    let w = World::new();
+    let out_path = w.run_cdi.join("nvidia.yaml");
+    let out = w.nvshim(&["cdi", "generate", "--output", out_path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains('\r') && !stderr.contains('\x1b'),
+        "{stderr:?}"
+    );
+    assert!(!stderr.contains("GPU 1 of 2"), "{stderr:?}");
+
+    // script(1) gives the command a pseudo-terminal.
+    let script = Path::new("/usr/bin/script");
+    if !script.exists() {
+        eprintln!("skipping the terminal half: no /usr/bin/script");
+        return;
+    }
+    let cmd = format!(
+        "{NVSHIM} cdi generate --output {}",
+        w.run_cdi.join("tty.yaml").display()
+    );
+    let out = Command::new(script)
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
+        .unwrap();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{seen}");
+    assert!(
+        seen.contains("\r\x1b[2Knvshim: GPU 1 of 2: device nodes..."),
+        "{seen:?}"
+    );
+    assert!(seen.contains("nvshim: wrote"), "{seen:?}");
+}

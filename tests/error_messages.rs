@@ -1,0 +1,296 @@
+//! The wording of the errors `nvshim-runtime create` reports most often: each names the input
+//! that caused it and says what to do next, in one line (field-lessons.md §0: one issue in five
+//! on NVIDIA's toolkit quotes an opaque error). The real binary runs against the simulated GPU
+//! host; the low-level runtime is `/bin/false`, so a create that wrongly succeeded fails
+//! without a message and no container is ever made.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
+use serde_json::json;
+use tempfile::TempDir;
+
+const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
+const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+
+struct World {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+    etc_cdi: PathBuf,
+    run_cdi: PathBuf,
+}
+
+impl World {
+    fn new(extra_toml: &str) -> World {
+        let tmp = tempfile::Builder::new()
+            .prefix("nvshim-errors-")
+            .tempdir()
+            .unwrap();
+        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
+        let config = tmp.path().join("nvshim/config.toml");
+        let etc_cdi = tmp.path().join("etc-cdi");
+        let run_cdi = tmp.path().join("run-cdi");
+        let runtimes = if extra_toml.contains("low-level-runtimes") {
+            String::new()
+        } else {
+            "low-level-runtimes = [\"/bin/false\"]\n".to_string()
+        };
+        host.write_config(
+            &config,
+            &format!(
+                "{runtimes}cdi-spec-dirs = [{:?}, {:?}]\n{extra_toml}",
+                etc_cdi.display().to_string(),
+                run_cdi.display().to_string()
+            ),
+        )
+        .unwrap();
+        World {
+            tmp,
+            host,
+            config,
+            etc_cdi,
+            run_cdi,
+        }
+    }
+
+    fn bundle(&self, env: &[(&str, &str)]) -> Bundle {
+        let b = Bundle::new(&self.tmp.path().join("bundle"), &["true"]).unwrap();
+        for (k, v) in env {
+            b.set_env(k, v).unwrap();
+        }
+        b
+    }
+
+    fn generate(&self) {
+        fs::create_dir_all(&self.run_cdi).unwrap();
+        let out = Command::new(NVSHIM)
+            .args(["cdi", "generate", "--output"])
+            .arg(self.run_cdi.join("nvidia.yaml"))
+            .env("NVSHIM_CONFIG", &self.config)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    /// Runs `nvshim-runtime create` on `dir` and returns its one-line error, after checking
+    /// that it failed, said one line, and left config.json as it was.
+    #[track_caller]
+    fn create_error(&self, dir: &Path) -> String {
+        let config_json = dir.join("config.json");
+        let before = fs::read(&config_json).ok();
+        let out = Command::new(SHIM)
+            .args(["--root"])
+            .arg(self.tmp.path().join("state"))
+            .args(["create", "--bundle"])
+            .arg(dir)
+            .arg("nvshim-errors")
+            .env("NVSHIM_CONFIG", &self.config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "create should fail: {out:?}");
+        assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr:?}");
+        assert!(stderr.starts_with("nvshim: "), "{stderr:?}");
+        assert!(
+            !stderr.trim_end().ends_with('.'),
+            "no trailing period: {stderr:?}"
+        );
+        assert_eq!(fs::read(&config_json).ok(), before, "config.json changed");
+        stderr.trim_end().to_string()
+    }
+}
+
+#[track_caller]
+fn assert_has(msg: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(msg.contains(n), "{n:?} missing from:\n{msg}");
+    }
+}
+
+#[test]
+fn unknown_gpu_lists_the_gpus_there_are() {
+    let w = World::new("");
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "7")]);
+    let msg = w.create_error(b.dir());
+    let g0 = w.host.gpu_at_index(0).unwrap();
+    let g1 = w.host.gpu_at_index(1).unwrap();
+    assert_has(
+        &msg,
+        &[
+            "unknown GPU \"7\" in NVIDIA_VISIBLE_DEVICES",
+            &format!(
+                "this host has GPUs 0 ({}, {}), 1 ({}, {})",
+                g0.uuid, g0.bus_id, g1.uuid, g1.bus_id
+            ),
+            "name one of those by index, UUID or PCI bus id",
+        ],
+    );
+}
+
+#[test]
+fn unknown_cdi_device_lists_the_devices_and_the_dirs_searched() {
+    let w = World::new("");
+    w.generate();
+    let b = w.bundle(&[]);
+    b.edit(|c| {
+        c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=9"});
+        Ok(())
+    })
+    .unwrap();
+    let msg = w.create_error(b.dir());
+    let spec = w.run_cdi.join("nvidia.yaml");
+    assert_has(
+        &msg,
+        &[
+            &format!(
+                "{}: unresolvable CDI devices nvidia.com/gpu=9",
+                b.config_path().display()
+            ),
+            &format!(
+                "{} (kind \"nvidia.com/gpu\") has no device \"9\"; it has 0, 1, ",
+                spec.display()
+            ),
+            ", all;",
+            &format!(
+                "spec dirs searched: {} (missing), {}",
+                w.etc_cdi.display(),
+                w.run_cdi.display()
+            ),
+            "`nvshim cdi list` shows them all",
+            &format!("`nvshim cdi generate --output {}`", spec.display()),
+        ],
+    );
+}
+
+#[test]
+fn missing_cdi_spec_dirs_are_named_with_the_command_that_makes_a_spec() {
+    let w = World::new("");
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=0")]);
+    let msg = w.create_error(b.dir());
+    assert_has(
+        &msg,
+        &[
+            "unresolvable CDI devices nvidia.com/gpu=0",
+            "no valid spec defines kind \"nvidia.com/gpu\"",
+            &format!(
+                "spec dirs searched: {} (missing), {} (missing)",
+                w.etc_cdi.display(),
+                w.run_cdi.display()
+            ),
+            &format!(
+                "generate one with `nvshim cdi generate --output {}`",
+                w.run_cdi.join("nvidia.yaml").display()
+            ),
+        ],
+    );
+}
+
+#[test]
+fn unmet_requirement_shows_the_host_and_the_way_out() {
+    let w = World::new("");
+    let b = w.bundle(&[
+        ("NVIDIA_VISIBLE_DEVICES", "0"),
+        ("NVIDIA_REQUIRE_CUDA", "cuda>=99.0"),
+    ]);
+    let msg = w.create_error(b.dir());
+    assert_has(
+        &msg,
+        &[
+            "unsatisfied condition: NVIDIA_REQUIRE_CUDA=\"cuda>=99.0\" (host: driver 580.65.06, CUDA 13.0)",
+            "set NVIDIA_DISABLE_REQUIRE=true to skip the check",
+        ],
+    );
+}
+
+#[test]
+fn malformed_config_json_is_named() {
+    let w = World::new("");
+    let dir = w.tmp.path().join("broken");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("config.json"), "{\"process\": ").unwrap();
+    let msg = w.create_error(&dir);
+    let path = dir.join("config.json");
+    assert_has(
+        &msg,
+        &[
+            &format!("{} is not valid JSON: EOF while parsing", path.display()),
+            &format!("check it with `jq . {}`", path.display()),
+        ],
+    );
+}
+
+#[test]
+fn invalid_nvshim_config_names_the_file_line_and_key() {
+    let w = World::new("");
+    fs::write(&w.config, "log-level = \"debug\"\ndriver-rot = \"/\"\n").unwrap();
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = w.create_error(b.dir());
+    assert_has(
+        &msg,
+        &[
+            &format!(
+                "invalid nvshim config {}: line 2: unknown field `driver-rot`",
+                w.config.display()
+            ),
+            "remove the file to run with the defaults",
+        ],
+    );
+}
+
+#[test]
+fn no_low_level_runtime_says_what_was_searched() {
+    let w = World::new("low-level-runtimes = [\"/nonexistent/runc\", \"no-such-crun\"]\n");
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = w.create_error(b.dir());
+    assert_has(
+        &msg,
+        &[
+            "no low-level runtime found: none of /nonexistent/runc, no-such-crun is an executable file on PATH or in /usr/local/sbin",
+            "install runc or crun, or set low-level-runtimes in the nvshim config",
+        ],
+    );
+}
+
+#[test]
+fn driver_not_loaded_says_so() {
+    let w = World::new("");
+    w.host.unload_driver().unwrap();
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = w.create_error(b.dir());
+    assert_has(
+        &msg,
+        &[
+            &format!(
+                "{} does not exist: the NVIDIA driver is not loaded",
+                w.host.proc_root().join("driver/nvidia/version").display()
+            ),
+            "load it with `modprobe nvidia`",
+        ],
+    );
+}
+
+#[test]
+fn json_log_carries_the_same_message() {
+    let w = World::new("");
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "GPU-nope")]);
+    let log = w.tmp.path().join("runc-log.json");
+    let out = Command::new(SHIM)
+        .arg("--log")
+        .arg(&log)
+        .args(["--log-format", "json", "create", "--bundle"])
+        .arg(b.dir())
+        .arg("nvshim-errors-log")
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = fs::read_to_string(&log).unwrap();
+    let entry: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+    assert_eq!(entry["level"], "error");
+    assert_eq!(entry["msg"].as_str().unwrap(), stderr.trim_end());
+    assert!(stderr.contains("unknown GPU \"GPU-nope\""), "{stderr}");
+}
