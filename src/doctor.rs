@@ -21,7 +21,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::cdi::{self, Registry};
 use crate::config::Config;
@@ -636,171 +635,6 @@ fn cdi_checks(config: &Config, driver_version: Option<&str>, gpus: &[Gpu]) -> Ve
 
 // ---- engines ---------------------------------------------------------------------------------
 
-/// Reads TOML for the engine checks (read-only; the writers in [`crate::engine`] keep the
-/// files' formatting, which a check does not need).
-fn read_toml(path: &Path) -> Result<Option<toml::Table>, String> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => toml::from_str::<toml::Table>(&text)
-            .map(Some)
-            .map_err(|e| format!("cannot parse {}: {}", path.display(), e.message())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
-    }
-}
-
-fn toml_at<'a>(t: &'a toml::Table, keys: &[&str]) -> Option<&'a toml::Value> {
-    let (last, init) = keys.split_last()?;
-    let mut cur = t;
-    for k in init {
-        cur = cur.get(*k)?.as_table()?;
-    }
-    cur.get(*last)
-}
-
-/// Files of a directory matching a file-name pattern with `*` (containerd's `imports` globs).
-fn glob_files(pattern: &Path) -> Vec<PathBuf> {
-    let (Some(dir), Some(name)) = (pattern.parent(), pattern.file_name()) else {
-        return Vec::new();
-    };
-    let name = name.to_string_lossy();
-    let parts: Vec<&str> = name.split('*').collect();
-    let matches = |n: &str| {
-        let (first, rest) = parts.split_first().unwrap_or((&"", &[]));
-        let Some(mut tail) = n.strip_prefix(first) else {
-            return false;
-        };
-        for (i, p) in rest.iter().enumerate() {
-            if i + 1 == rest.len() {
-                return tail.ends_with(p);
-            }
-            match tail.find(p) {
-                Some(at) => tail = &tail[at + p.len()..],
-                None => return false,
-            }
-        }
-        tail.is_empty()
-    };
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| matches(&e.file_name().to_string_lossy()))
-        .map(|e| e.path())
-        .collect();
-    out.sort();
-    out
-}
-
-/// The `nvidia` runtime's binary as an engine's config files define it: `(files read, path)`.
-/// The path is `None` when no file defines the runtime, `Some("")` when one does without a
-/// binary.
-type Configured = (Vec<PathBuf>, Option<String>);
-
-fn docker_runtime(config: &Path, name: &str) -> Result<Configured, String> {
-    let files = vec![config.to_path_buf()];
-    let text = match std::fs::read_to_string(config) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((files, None)),
-        Err(e) => return Err(format!("cannot read {}: {e}", config.display())),
-    };
-    if text.trim().is_empty() {
-        return Ok((files, None));
-    }
-    let doc: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("cannot parse {}: {e}", config.display()))?;
-    let path = doc.get("runtimes").and_then(|r| r.get(name)).map(|r| {
-        r.get("path")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    });
-    Ok((files, path))
-}
-
-fn containerd_runtime(config: &Path, name: &str) -> Result<Configured, String> {
-    let Some(main) = read_toml(config)? else {
-        return Ok((vec![config.to_path_buf()], None));
-    };
-    // containerd reads an unversioned file with plugin sections as version 1.
-    let version = match main.get("version").and_then(toml::Value::as_integer) {
-        Some(v) => v,
-        None if main.contains_key("plugins") => 1,
-        None => 2,
-    };
-    let cri = engine::containerd::cri_plugin(version);
-    let dir = config.parent().unwrap_or(Path::new("/"));
-    let mut files = vec![config.to_path_buf()];
-    for entry in main
-        .get("imports")
-        .and_then(toml::Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(toml::Value::as_str)
-    {
-        let p = Path::new(entry);
-        let p = if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            dir.join(p)
-        };
-        if entry.contains('*') {
-            files.extend(glob_files(&p));
-        } else {
-            files.push(p);
-        }
-    }
-    let mut found = None;
-    let keys = ["plugins", cri, "containerd", "runtimes", name];
-    for f in &files {
-        let doc = if f == config {
-            Some(main.clone())
-        } else {
-            read_toml(f)?
-        };
-        let Some(doc) = doc else { continue };
-        if let Some(rt) = toml_at(&doc, &keys) {
-            found = Some(
-                rt.get("options")
-                    .and_then(|o| o.get("BinaryName"))
-                    .and_then(toml::Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-            );
-        }
-    }
-    Ok((files, found))
-}
-
-fn crio_runtime(config: &Path, name: &str) -> Result<Configured, String> {
-    let mut files = vec![config.to_path_buf()];
-    let drop_ins = config
-        .parent()
-        .unwrap_or(Path::new("/"))
-        .join("crio.conf.d");
-    let mut more: Vec<PathBuf> = std::fs::read_dir(&drop_ins)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file() && !p.to_string_lossy().ends_with(".nvshim.bak"))
-        .collect();
-    more.sort();
-    files.extend(more);
-    let mut found = None;
-    for f in &files {
-        let Some(doc) = read_toml(f)? else { continue };
-        if let Some(rt) = toml_at(&doc, &["crio", "runtime", "runtimes", name]) {
-            found = Some(
-                rt.get("runtime_path")
-                    .and_then(toml::Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-            );
-        }
-    }
-    Ok((files, found))
-}
-
 fn on_path(path_var: Option<&OsString>, name: &str) -> Option<PathBuf> {
     std::env::split_paths(path_var?)
         .map(|d| d.join(name))
@@ -836,13 +670,12 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
         fix.push_str(&format!(" --config {}", config.display()));
     }
     fix.push_str(&format!(" && systemctl restart {service}"));
-    let read = match engine {
-        Engine::Docker => docker_runtime(config, runtime_name),
-        Engine::Containerd => containerd_runtime(config, runtime_name),
-        Engine::Crio => crio_runtime(config, runtime_name),
-    };
-    let (files, configured) = match read {
-        Ok(r) => r,
+    // The same parsers `nvshim runtime configure` edits with, read-only.
+    let mut eopts = engine::Options::new(engine, PathBuf::from(engine::DEFAULT_RUNTIME_PATH));
+    eopts.drop_in = engine.default_drop_in(config);
+    eopts.config = config.clone();
+    let (files, configured) = match engine::registration(&eopts) {
+        Ok(r) => (r.files, r.binary),
         Err(e) => {
             return check(
                 &name,
@@ -905,9 +738,7 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
     // The engine writer's own verdict: a configure that would change nothing means the runtime
     // is set up exactly as nvshim sets it up (CDI annotations passed through, runc's options
     // carried over, ...).
-    let mut eopts = engine::Options::new(engine, path.to_path_buf());
-    eopts.drop_in = engine.default_drop_in(config);
-    eopts.config = config.clone();
+    eopts.runtime_path = path.to_path_buf();
     match engine::configure(&eopts) {
         Ok(plan) if plan.is_empty() => check(
             &name,
@@ -1037,61 +868,5 @@ mod tests {
         assert_eq!(exit_code(&[c(Status::Ok), c(Status::Skip)]), 0);
         assert_eq!(exit_code(&[c(Status::Ok), c(Status::Warning)]), 1);
         assert_eq!(exit_code(&[c(Status::Error), c(Status::Warning)]), 2);
-    }
-
-    #[test]
-    fn globs() {
-        let dir = tempfile::tempdir().unwrap();
-        for n in ["a.toml", "b.toml", "c.txt"] {
-            std::fs::write(dir.path().join(n), "").unwrap();
-        }
-        let got = glob_files(&dir.path().join("*.toml"));
-        assert_eq!(
-            got,
-            vec![dir.path().join("a.toml"), dir.path().join("b.toml")]
-        );
-    }
-
-    #[test]
-    fn engine_configs_are_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().join("daemon.json");
-        std::fs::write(
-            &d,
-            r#"{"runtimes": {"nvidia": {"path": "/x/nvshim-runtime"}}}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            docker_runtime(&d, "nvidia").unwrap().1.as_deref(),
-            Some("/x/nvshim-runtime")
-        );
-        let c = dir.path().join("config.toml");
-        std::fs::write(
-            &c,
-            "version = 2\nimports = [\"conf.d/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n",
-        )
-        .unwrap();
-        assert_eq!(containerd_runtime(&c, "nvidia").unwrap().1, None);
-        std::fs::create_dir(dir.path().join("conf.d")).unwrap();
-        std::fs::write(
-            dir.path().join("conf.d/99.toml"),
-            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\nBinaryName = \"/y/nvshim-runtime\"\n",
-        )
-        .unwrap();
-        assert_eq!(
-            containerd_runtime(&c, "nvidia").unwrap().1.as_deref(),
-            Some("/y/nvshim-runtime")
-        );
-        let crio = dir.path().join("crio.conf");
-        std::fs::create_dir(dir.path().join("crio.conf.d")).unwrap();
-        std::fs::write(
-            dir.path().join("crio.conf.d/99-nvshim.toml"),
-            "[crio.runtime.runtimes.nvidia]\nruntime_path = \"/z/nvshim-runtime\"\n",
-        )
-        .unwrap();
-        assert_eq!(
-            crio_runtime(&crio, "nvidia").unwrap().1.as_deref(),
-            Some("/z/nvshim-runtime")
-        );
     }
 }

@@ -14,16 +14,18 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum HostError {
-    #[error("cannot read {path}: {source} (is the NVIDIA driver loaded?)")]
+    #[error("cannot read {path}: {source}; is the NVIDIA driver loaded (`nvshim doctor` checks), and do driver-root, dev-root and proc-root in the nvshim config point at the GPU host?")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: {message}")]
+    #[error("{path}: {message}; nvshim cannot read what the driver wrote there: please report it with the file's content")]
     Parse { path: PathBuf, message: String },
-    #[error("no NVIDIA character device major in {path} (expected a line like \"195 nvidia\")")]
+    #[error("{path} does not exist: the NVIDIA driver is not loaded; load it with `modprobe nvidia` (`dmesg | grep -i nvrm` says why it failed), or set proc-root in the nvshim config if the host's /proc is elsewhere")]
+    NotLoaded { path: PathBuf },
+    #[error("no NVIDIA character device major in {path} (expected a line like \"195 nvidia\"): the NVIDIA driver is not loaded; load it with `modprobe nvidia` (`dmesg | grep -i nvrm` says why it failed)")]
     NoNvidiaMajor { path: PathBuf },
-    #[error("host ld.so.cache {path}: {source}")]
+    #[error("host ld.so.cache {path}: {source}; rebuild it with `ldconfig` (`ldconfig -r <driver-root>` for a driver root other than /)")]
     LdCache {
         path: PathBuf,
         source: nvshim_hook::ldcache::LdCacheError,
@@ -144,7 +146,14 @@ impl Host {
     /// `proc/driver/nvidia/version`: `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06 ...`.
     pub fn driver_version(&self) -> Result<String, HostError> {
         let path = self.roots.proc_root.join("driver/nvidia/version");
-        let text = read(&path)?;
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            // The kernel module writes the file when it loads.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(HostError::NotLoaded { path })
+            }
+            Err(source) => return Err(HostError::Read { path, source }),
+        };
         let line = text.lines().find(|l| l.starts_with("NVRM version:"));
         line.and_then(|l| {
             let words: Vec<&str> = l.split_whitespace().collect();

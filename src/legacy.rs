@@ -7,23 +7,66 @@
 //! `src/nvc_info.c`), mounted read-only at their host paths; and two `createContainer` hooks
 //! (SONAME links, then the ld.so.cache update) with an explicit minimal environment, so no
 //! hook ever inherits the container's (CVE-2025-23266).
+//!
+//! Beyond whole GPUs (the Kubernetes request-forms issue):
+//! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
+//!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
+//!   `N` from `<proc-root>/driver/nvidia-caps/mig-minors` (NVIDIA `internal/nvcaps`,
+//!   nvidia-toolkit-behaviour.md §5.3). NVML is loaded only to map a MIG index or UUID to its
+//!   GPU and instances, and only when the request names one: a request without MIG ids never
+//!   loads it (field-lessons.md §1).
+//! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`
+//!   capability node, for privileged containers only (libnvidia-container refuses others too).
+//! - IMEX channels: `/dev/nvidia-caps-imex-channels/channel<N>`, major
+//!   `nvidia-caps-imex-channels` of `/proc/devices`, minor `N`; the node must exist.
+//! - MPS: the host daemon's pipe directory, when it exists, for compute containers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::cdi::nvml::{self, GpuInfo, NvmlDiscoveryError};
+use crate::config::Config;
 use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
 use crate::host::{normalize_bus_id, DeviceMajors, Gpu, Host, HostError};
-use crate::request::{Capabilities, Request, VisibleDevices};
+use crate::request::{
+    Capabilities, Request, VisibleDevices, MIG_CONFIG_DEVICES, MIG_MONITOR_DEVICES,
+};
 
 #[derive(Debug, Error)]
 pub enum LegacyError {
     #[error(transparent)]
     Host(#[from] HostError),
-    #[error("unknown GPU {id:?} in NVIDIA_VISIBLE_DEVICES; this host has {available}")]
+    #[error("unknown GPU {id:?} in NVIDIA_VISIBLE_DEVICES; this host has {available}: name one of those by index, UUID or PCI bus id")]
     UnknownGpu { id: String, available: String },
-    #[error("NVIDIA_VISIBLE_DEVICES asks for GPUs but the host has none under {dir}")]
+    #[error("NVIDIA_VISIBLE_DEVICES asks for GPUs but the host has none under {dir}; check the GPUs with `nvidia-smi -L` on the host (`nvshim doctor` checks the driver), or set NVIDIA_VISIBLE_DEVICES=none for the driver without GPUs")]
     NoGpus { dir: String },
+    #[error("cannot map MIG device {id:?} to its GPU through NVML: {source} (NVML is loaded only for MIG ids; name the MIG device as MIG-GPU-<gpu uuid>/<gi>/<ci>, or fix libnvidia-ml.so.1 under driver-root)")]
+    Nvml {
+        id: String,
+        source: NvmlDiscoveryError,
+    },
+    #[error("unknown MIG device {id:?} in NVIDIA_VISIBLE_DEVICES; {available}")]
+    UnknownMig { id: String, available: String },
+    #[error("MIG device {id:?}: no {capability:?} line in {file} (is the nvidia-caps part of the driver loaded?)")]
+    MigCapability {
+        id: String,
+        capability: String,
+        file: PathBuf,
+    },
+    #[error("{what} needs the {name:?} character device major, which {path} does not list (is the driver loaded?)")]
+    NoMajor {
+        what: String,
+        name: &'static str,
+        path: PathBuf,
+    },
+    #[error("{var} asks for the MIG {capability} capability, which only privileged containers (CAP_SYS_ADMIN) may have; run the container privileged or unset {var}")]
+    MigUnprivileged {
+        var: &'static str,
+        capability: &'static str,
+    },
+    #[error("IMEX channel {channel} does not exist: no device node {path} (create the channel, e.g. through a ComputeDomain, or ask for one that exists)")]
+    UnknownImexChannel { channel: u32, path: PathBuf },
 }
 
 /// Libraries per capability (libnvidia-container `src/nvc_info.c`).
@@ -79,6 +122,30 @@ pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate
 
 /// The environment every nvshim hook runs with: never the container's.
 pub const HOOK_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Options of the MPS pipe directory mount: writable (clients create their pipes there), no
+/// exec, devices or setuid, private (NVIDIA's IPC mounts, `internal/discover/ipc.go`).
+pub const MPS_MOUNT_OPTIONS: &[&str] = &["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"];
+/// The variable telling CUDA clients where the MPS daemon's pipes are.
+pub const MPS_PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+
+/// What the resolver needs from the config besides the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The `nvshim-hook` binary written into hooks.
+    pub hook_path: PathBuf,
+    /// The host MPS daemon's pipe directory (`mps-pipe-directory`).
+    pub mps_pipe_directory: PathBuf,
+}
+
+impl Settings {
+    pub fn new(config: &Config, hook_path: &Path) -> Settings {
+        Settings {
+            hook_path: hook_path.to_path_buf(),
+            mps_pipe_directory: config.mps_pipe_directory.clone(),
+        }
+    }
+}
 
 /// Well-known minors (nvidia-toolkit-behaviour.md §6).
 const NVIDIACTL_MINOR: u32 = 255;
@@ -209,11 +276,256 @@ pub fn device_nodes(host: &Host, majors: &DeviceMajors, gpus: &[Gpu]) -> Vec<Dev
     nodes
 }
 
-/// The edits for a legacy request. `hook_path` is the `nvshim-hook` binary written into hooks.
+/// A MIG device as `NVIDIA_VISIBLE_DEVICES` names it (go-nvlib `device/identifier.go`,
+/// libnvidia-container `src/cli/common.c`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigId {
+    /// `G:M`: MIG device `M` (its NVML handle index) of GPU `G` (NVML index).
+    Index { gpu: u32, mig: u32 },
+    /// `MIG-<uuid>`.
+    Uuid(String),
+    /// `MIG-GPU-<gpu uuid>/<gi>/<ci>`, the naming of drivers before R470: says everything, so
+    /// needs no NVML.
+    Path {
+        gpu_uuid: String,
+        gpu_instance: u32,
+        compute_instance: u32,
+    },
+}
+
+fn number(s: &str) -> Option<u32> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse().ok())
+        .flatten()
+}
+
+/// Parses a MIG id; `None` for anything else (a GPU id). A PCI bus id has a `.` and so is never
+/// `G:M`.
+pub fn parse_mig_id(id: &str) -> Option<MigId> {
+    if let Some((g, m)) = id.split_once(':') {
+        return Some(MigId::Index {
+            gpu: number(g)?,
+            mig: number(m)?,
+        });
+    }
+    let rest = id.get(..4).filter(|p| p.eq_ignore_ascii_case("MIG-"))?;
+    let rest = &id[rest.len()..];
+    if rest
+        .get(..4)
+        .is_some_and(|p| p.eq_ignore_ascii_case("GPU-"))
+    {
+        let mut parts = rest.split('/');
+        let (Some(gpu_uuid), Some(gi), Some(ci), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Some(MigId::Uuid(id.to_string()));
+        };
+        if let (Some(gpu_instance), Some(compute_instance)) = (number(gi), number(ci)) {
+            return Some(MigId::Path {
+                gpu_uuid: gpu_uuid.to_string(),
+                gpu_instance,
+                compute_instance,
+            });
+        }
+    }
+    Some(MigId::Uuid(id.to_string()))
+}
+
+/// A MIG device resolved to its parent GPU and instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDevice {
+    /// As the request named it.
+    pub id: String,
+    pub parent: Gpu,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+}
+
+/// What NVML reports about MIG devices, for error messages.
+fn describe_migs(inventory: &[GpuInfo]) -> String {
+    let list: Vec<String> = inventory
+        .iter()
+        .flat_map(|g| {
+            g.migs
+                .iter()
+                .map(move |m| format!("{}:{} ({})", g.index, m.index, m.uuid))
+        })
+        .collect();
+    if list.is_empty() {
+        "NVML reports no MIG devices (is MIG enabled and are GPU instances created?)".into()
+    } else {
+        format!("NVML reports MIG devices {}", list.join(", "))
+    }
+}
+
+/// Splits a request into its GPU ids and its MIG ids.
+pub fn split_mig_ids(devices: &VisibleDevices) -> (VisibleDevices, Vec<(String, MigId)>) {
+    match devices {
+        VisibleDevices::List(ids) => {
+            let mut gpus = Vec::new();
+            let mut migs = Vec::new();
+            for id in ids {
+                match parse_mig_id(id) {
+                    Some(m) => migs.push((id.clone(), m)),
+                    None => gpus.push(id.clone()),
+                }
+            }
+            (VisibleDevices::List(gpus), migs)
+        }
+        other => (other.clone(), Vec::new()),
+    }
+}
+
+/// NVML's GPUs with their MIG devices: what [`select_migs`] maps `G:M` and `MIG-<uuid>` with.
+pub type NvmlInventory<'a> = dyn FnMut() -> Result<Vec<GpuInfo>, NvmlDiscoveryError> + 'a;
+
+/// Resolves MIG ids to parent GPUs (from `gpus`, the /proc list) and instance ids. Calls
+/// `nvml` at most once, and only when an id needs it (`G:M`, `MIG-<uuid>`).
+pub fn select_migs(
+    ids: &[(String, MigId)],
+    gpus: &[Gpu],
+    nvml: &mut NvmlInventory<'_>,
+) -> Result<Vec<MigDevice>, LegacyError> {
+    let mut inventory: Option<Vec<GpuInfo>> = None;
+    let mut out: Vec<MigDevice> = Vec::new();
+    for (id, mig) in ids {
+        let (parent_minor, gpu_instance, compute_instance) = match mig {
+            MigId::Path {
+                gpu_uuid,
+                gpu_instance,
+                compute_instance,
+            } => {
+                let parent = gpus
+                    .iter()
+                    .find(|g| g.uuid.eq_ignore_ascii_case(gpu_uuid))
+                    .ok_or_else(|| LegacyError::UnknownMig {
+                        id: id.clone(),
+                        available: format!("its GPU is not one of this host's {}", describe(gpus)),
+                    })?;
+                (parent.minor, *gpu_instance, *compute_instance)
+            }
+            MigId::Index { .. } | MigId::Uuid(_) => {
+                if inventory.is_none() {
+                    inventory = Some(nvml().map_err(|source| LegacyError::Nvml {
+                        id: id.clone(),
+                        source,
+                    })?);
+                }
+                let inv = inventory.as_deref().unwrap_or_default();
+                let unknown = || LegacyError::UnknownMig {
+                    id: id.clone(),
+                    available: describe_migs(inv),
+                };
+                let (gpu, m) = match mig {
+                    MigId::Index { gpu, mig } => {
+                        let g = inv.iter().find(|g| g.index == *gpu).ok_or_else(unknown)?;
+                        let m = g
+                            .migs
+                            .iter()
+                            .find(|m| m.index == *mig)
+                            .ok_or_else(unknown)?;
+                        (g, m)
+                    }
+                    _ => inv
+                        .iter()
+                        .find_map(|g| {
+                            g.migs
+                                .iter()
+                                .find(|m| m.uuid.eq_ignore_ascii_case(id))
+                                .map(|m| (g, m))
+                        })
+                        .ok_or_else(unknown)?,
+                };
+                (gpu.minor, m.gpu_instance, m.compute_instance)
+            }
+        };
+        let parent = gpus
+            .iter()
+            .find(|g| g.minor == parent_minor)
+            .ok_or_else(|| LegacyError::UnknownMig {
+                id: id.clone(),
+                available: format!(
+                    "its GPU /dev/nvidia{parent_minor} is not one of this host's {}",
+                    describe(gpus)
+                ),
+            })?;
+        if !out.iter().any(|d| {
+            d.parent.minor == parent.minor
+                && (d.gpu_instance, d.compute_instance) == (gpu_instance, compute_instance)
+        }) {
+            out.push(MigDevice {
+                id: id.clone(),
+                parent: parent.clone(),
+                gpu_instance,
+                compute_instance,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The `mig-minors` names of a MIG device's two capabilities (GPU instance, compute instance).
+pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
+    let (gpu, gi, ci) = (mig.parent.minor, mig.gpu_instance, mig.compute_instance);
+    [
+        format!("gpu{gpu}/gi{gi}/access"),
+        format!("gpu{gpu}/gi{gi}/ci{ci}/access"),
+    ]
+}
+
+/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` from `mig-minors`.
+fn cap_node(
+    host: &Host,
+    caps_major: u32,
+    minors: &[(String, u32)],
+    cap: &str,
+    id: &str,
+) -> Result<DeviceNode, LegacyError> {
+    let minor = minors
+        .iter()
+        .find(|(c, _)| c == cap)
+        .map(|(_, m)| *m)
+        .ok_or_else(|| LegacyError::MigCapability {
+            id: id.to_string(),
+            capability: cap.to_string(),
+            file: host.roots().proc_root.join("driver/nvidia-caps/mig-minors"),
+        })?;
+    Ok(node(
+        host,
+        &format!("nvidia-caps/nvidia-cap{minor}"),
+        caps_major,
+        minor,
+    ))
+}
+
+/// The edits for a legacy request, with the config's defaults for everything but the hook.
 pub fn resolve(
     host: &Host,
     request: &Request,
     hook_path: &Path,
+) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
+    resolve_with(host, request, &Settings::new(&Config::default(), hook_path))
+}
+
+/// The edits for a legacy request.
+pub fn resolve_with(
+    host: &Host,
+    request: &Request,
+    settings: &Settings,
+) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
+    resolve_with_nvml(host, request, settings, &mut || {
+        nvml::library_path(host)
+            .and_then(nvml::discover)
+            .map(|n| n.gpus)
+    })
+}
+
+/// [`resolve_with`], with the NVML inventory from `nvml` (called only for MIG ids).
+pub fn resolve_with_nvml(
+    host: &Host,
+    request: &Request,
+    settings: &Settings,
+    nvml: &mut NvmlInventory<'_>,
 ) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
     let majors = host.device_majors()?;
     let driver_version = host.driver_version()?;
@@ -232,11 +544,78 @@ pub fn resolve(
                 .to_string(),
         });
     }
-    let gpus = select_gpus(&request.devices, &all_gpus)?;
+    let (gpu_ids, mig_ids) = split_mig_ids(&request.devices);
+    let mut gpus = select_gpus(&gpu_ids, &all_gpus)?;
+    let migs = select_migs(&mig_ids, &all_gpus, nvml)?;
+    for m in &migs {
+        if !gpus.iter().any(|g| g.minor == m.parent.minor) {
+            gpus.push(m.parent.clone());
+        }
+    }
     let mut edits = ContainerEdits {
         device_nodes: device_nodes(host, &majors, &gpus),
         ..Default::default()
     };
+    let devices_path = || host.roots().proc_root.join("devices");
+
+    // MIG: the capability nodes of each device; config and monitor for privileged containers.
+    let wants_mig_caps = [&request.mig_config, &request.mig_monitor]
+        .iter()
+        .any(|v| matches!(v, VisibleDevices::All | VisibleDevices::List(_)));
+    if !migs.is_empty() || wants_mig_caps {
+        let caps_major = majors.nvidia_caps.ok_or_else(|| LegacyError::NoMajor {
+            what: "MIG".into(),
+            name: "nvidia-caps",
+            path: devices_path(),
+        })?;
+        let minors = host.mig_minors()?;
+        for m in &migs {
+            for cap in mig_capabilities(m) {
+                edits
+                    .device_nodes
+                    .push(cap_node(host, caps_major, &minors, &cap, &m.id)?);
+            }
+        }
+        for (var, value, capability) in [
+            (MIG_CONFIG_DEVICES, &request.mig_config, "config"),
+            (MIG_MONITOR_DEVICES, &request.mig_monitor, "monitor"),
+        ] {
+            if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
+                continue;
+            }
+            if !request.privileged {
+                return Err(LegacyError::MigUnprivileged { var, capability });
+            }
+            // The capability is global; listed GPUs only have to exist (libnvidia-container
+            // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
+            select_gpus(value, &all_gpus)?;
+            let n = cap_node(host, caps_major, &minors, capability, var)?;
+            if !edits.device_nodes.iter().any(|d| d.path == n.path) {
+                edits.device_nodes.push(n);
+            }
+        }
+    }
+
+    // IMEX channels: the node must exist (NVIDIA's JIT-CDI checks the same path).
+    if !request.imex_channels.is_empty() {
+        let major = majors
+            .nvidia_caps_imex_channels
+            .ok_or_else(|| LegacyError::NoMajor {
+                what: format!("IMEX channels {:?}", request.imex_channels),
+                name: "nvidia-caps-imex-channels",
+                path: devices_path(),
+            })?;
+        for &channel in &request.imex_channels {
+            let name = format!("nvidia-caps-imex-channels/channel{channel}");
+            if host.device_node(&name).is_none() {
+                return Err(LegacyError::UnknownImexChannel {
+                    channel,
+                    path: host.roots().dev_root.join("dev").join(&name),
+                });
+            }
+            edits.device_nodes.push(node(host, &name, major, channel));
+        }
+    }
 
     let cache = host.ld_cache()?;
     let libs = host.driver_libraries(
@@ -245,19 +624,32 @@ pub fn resolve(
         &driver_version,
     );
     let bins = host.binaries(&binaries_for(&request.capabilities));
-    let mount = |host_path: &Path, container_path: &str| Mount {
+    let mount = |host_path: &Path, container_path: &str, options: &[&str]| Mount {
         host_path: host_path.to_string_lossy().into_owned(),
         container_path: container_path.to_string(),
         kind: Some("bind".into()),
-        options: MOUNT_OPTIONS.iter().map(|s| s.to_string()).collect(),
+        options: options.iter().map(|s| s.to_string()).collect(),
     };
     for l in &libs {
-        edits
-            .mounts
-            .push(mount(&l.file.host_path, &l.file.container_path));
+        edits.mounts.push(mount(
+            &l.file.host_path,
+            &l.file.container_path,
+            MOUNT_OPTIONS,
+        ));
     }
     for b in &bins {
-        edits.mounts.push(mount(&b.host_path, &b.container_path));
+        edits
+            .mounts
+            .push(mount(&b.host_path, &b.container_path, MOUNT_OPTIONS));
+    }
+
+    // MPS: a host daemon's clients find it through its pipe directory, at the same path
+    // (libnvidia-container mounts `/tmp/nvidia-mps` for compute containers the same way).
+    let mps = &settings.mps_pipe_directory;
+    if request.capabilities.compute && mps.is_absolute() && mps.is_dir() {
+        let dir = mps.to_string_lossy().into_owned();
+        edits.mounts.push(mount(mps, &dir, MPS_MOUNT_OPTIONS));
+        edits.env.push(format!("{MPS_PIPE_ENV}={dir}"));
     }
 
     // SONAME links (`libcuda.so.1 -> libcuda.so.580.65.06`) and the development link
@@ -283,7 +675,7 @@ pub fn resolve(
     }
     let hook = |args: Vec<String>| Hook {
         hook_name: "createContainer".into(),
-        path: hook_path.to_string_lossy().into_owned(),
+        path: settings.hook_path.to_string_lossy().into_owned(),
         args,
         env: Some(vec![HOOK_ENV.to_string()]),
         timeout: None,
@@ -363,5 +755,129 @@ mod tests {
         assert!(
             binaries_for(&Capabilities::parse(Some("utility")).unwrap()).contains(&"nvidia-smi")
         );
+    }
+
+    #[test]
+    fn mig_id_forms() {
+        assert_eq!(parse_mig_id("2:1"), Some(MigId::Index { gpu: 2, mig: 1 }));
+        assert_eq!(
+            parse_mig_id("MIG-8e2c0d44-0000-4000-8000-000000000001"),
+            Some(MigId::Uuid(
+                "MIG-8e2c0d44-0000-4000-8000-000000000001".into()
+            ))
+        );
+        assert_eq!(
+            parse_mig_id("MIG-GPU-aaaa/3/0"),
+            Some(MigId::Path {
+                gpu_uuid: "GPU-aaaa".into(),
+                gpu_instance: 3,
+                compute_instance: 0
+            })
+        );
+        for gpu_id in ["0", "GPU-aaaa", "0000:1b:00.0", "1b:00.0"] {
+            assert_eq!(parse_mig_id(gpu_id), None, "{gpu_id}");
+        }
+        // `G:M` shaped but not numbers: not a GPU id either; unknown when looked up.
+        assert_eq!(parse_mig_id("a:b"), None);
+    }
+
+    fn inventory() -> Vec<GpuInfo> {
+        use crate::cdi::nvml::MigInfo;
+        let mig = |index, gi, ci| MigInfo {
+            index,
+            uuid: format!("MIG-{index}{gi}{ci}"),
+            gpu_instance: gi,
+            compute_instance: ci,
+            name: "1g.10gb".into(),
+        };
+        vec![
+            GpuInfo {
+                index: 0,
+                minor: 1,
+                uuid: "GPU-aaaa".into(),
+                name: "H100".into(),
+                bus_id: "0000:1b:00.0".into(),
+                mig_enabled: true,
+                migs: vec![mig(0, 1, 0), mig(1, 2, 0)],
+            },
+            GpuInfo {
+                index: 1,
+                minor: 0,
+                uuid: "GPU-bbbb".into(),
+                name: "H100".into(),
+                bus_id: "0000:3b:00.0".into(),
+                mig_enabled: false,
+                migs: Vec::new(),
+            },
+        ]
+    }
+
+    #[test]
+    fn nvml_only_for_mig_ids_that_need_it() {
+        let calls = std::cell::Cell::new(0);
+        let mut loader = || {
+            calls.set(calls.get() + 1);
+            Ok(inventory())
+        };
+        // GPU ids and the explicit MIG-GPU form: no NVML.
+        let d = VisibleDevices::List(vec!["0".into(), "MIG-GPU-bbbb/4/1".into()]);
+        let (gpu_ids, migs) = split_mig_ids(&d);
+        assert_eq!(gpu_ids, VisibleDevices::List(vec!["0".into()]));
+        let got = select_migs(&migs, &gpus(), &mut loader).unwrap();
+        assert_eq!(
+            (
+                got[0].parent.minor,
+                got[0].gpu_instance,
+                got[0].compute_instance
+            ),
+            (0, 4, 1)
+        );
+        let (_, none) = split_mig_ids(&VisibleDevices::All);
+        assert!(select_migs(&none, &gpus(), &mut loader).unwrap().is_empty());
+        assert_eq!(calls.get(), 0);
+
+        // Index and UUID: one NVML load for both, de-duplicated by instance.
+        let d = VisibleDevices::List(vec!["0:1".into(), "MIG-120".into(), "mig-010".into()]);
+        let (_, migs) = split_mig_ids(&d);
+        let got = select_migs(&migs, &gpus(), &mut loader).unwrap();
+        let ids: Vec<(u32, u32, u32)> = got
+            .iter()
+            .map(|m| (m.parent.minor, m.gpu_instance, m.compute_instance))
+            .collect();
+        assert_eq!(ids, [(1, 2, 0), (1, 1, 0)]);
+        assert_eq!(calls.get(), 1);
+        assert_eq!(
+            mig_capabilities(&got[0]),
+            [
+                "gpu1/gi2/access".to_string(),
+                "gpu1/gi2/ci0/access".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_mig_devices_say_what_exists() {
+        let mut loader = || Ok(inventory());
+        for id in ["0:7", "1:0", "5:0", "MIG-nope"] {
+            let (_, migs) = split_mig_ids(&VisibleDevices::List(vec![id.into()]));
+            let err = select_migs(&migs, &gpus(), &mut loader)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("{id:?}")) && err.contains("0:1 (MIG-120)"),
+                "{err}"
+            );
+        }
+        let (_, migs) = split_mig_ids(&VisibleDevices::List(vec!["MIG-GPU-cccc/1/0".into()]));
+        let err = select_migs(&migs, &gpus(), &mut loader)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPU-aaaa"), "{err}");
+        let mut broken = || Err(NvmlDiscoveryError::NotInCache(PathBuf::from("/drv")));
+        let (_, migs) = split_mig_ids(&VisibleDevices::List(vec!["0:0".into()]));
+        let err = select_migs(&migs, &gpus(), &mut broken)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"0:0\"") && err.contains("/drv"), "{err}");
     }
 }

@@ -7,6 +7,19 @@
 //!   GPUs to such images; an image alone should not be able to claim every GPU).
 //! - Repeated ids are de-duplicated (a time-sliced GPU may be listed several times by the
 //!   device plugin; NVIDIA's code turns duplicates into empty slots).
+//!
+//! The forms NVIDIA's Kubernetes components hand down (the Kubernetes request-forms issue):
+//! - Device plugin, `envvar` strategy: `NVIDIA_VISIBLE_DEVICES=GPU-<uuid>,...` (privilege rule
+//!   below); `volume-mounts` strategy: one `/dev/null` mount per device at
+//!   `/var/run/nvidia-container-devices/<id>` plus `NVIDIA_VISIBLE_DEVICES` set to that
+//!   directory (read only with `accept-volume-mounts`; `create` removes the mounts it read);
+//!   CDI annotations `cdi.k8s.io/nvidia-device-plugin_<id>` (read like any other).
+//! - DRA driver: CDI annotations naming devices of its own transient specs. Specs NVIDIA writes
+//!   set `NVIDIA_VISIBLE_DEVICES=void`, so `void` next to CDI annotations means the engine
+//!   (containerd with CDI on, CRI-O, podman) has already applied them: nothing is done twice.
+//! - MIG ids (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`) in the list, resolved by
+//!   `legacy`; `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`; `NVIDIA_IMEX_CHANNELS`
+//!   or `imex/<id>` mounts.
 
 use std::collections::BTreeSet;
 
@@ -20,15 +33,28 @@ use crate::config::{Config, Mode};
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const DRIVER_CAPABILITIES: &str = "NVIDIA_DRIVER_CAPABILITIES";
 pub const DISABLE_REQUIRE: &str = "NVIDIA_DISABLE_REQUIRE";
+pub const MIG_CONFIG_DEVICES: &str = "NVIDIA_MIG_CONFIG_DEVICES";
+pub const MIG_MONITOR_DEVICES: &str = "NVIDIA_MIG_MONITOR_DEVICES";
+pub const IMEX_CHANNELS: &str = "NVIDIA_IMEX_CHANNELS";
 const REQUIRE_PREFIX: &str = "NVIDIA_REQUIRE_";
+
+/// Where NVIDIA's device plugin (`volume-mounts` strategy) mounts `/dev/null` once per device,
+/// and the value it gives `NVIDIA_VISIBLE_DEVICES` alongside (k8s-device-plugin
+/// `internal/plugin/server.go`, `deviceListAsVolumeMountsContainerPathRoot`).
+pub const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+/// The source of those mounts (`deviceListAsVolumeMountsHostPath`).
+const DEVICE_MOUNT_SOURCE: &str = "/dev/null";
+/// The largest IMEX channel number: channel minors are 20 bits (NVIDIA's JIT-CDI check,
+/// nvidia-toolkit-behaviour.md §3.3).
+pub const MAX_IMEX_CHANNEL: u32 = (1 << 20) - 1;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RequestError {
-    #[error("process.env entry {0:?} has no '=' (expected KEY=VALUE)")]
+    #[error("process.env entry {0:?} has no '=': every entry must be KEY=VALUE, fix the container's environment")]
     EnvWithoutEquals(String),
-    #[error("unknown NVIDIA_DRIVER_CAPABILITIES value {value:?} (known: compute, compat32, graphics, utility, video, display, ngx, all)")]
+    #[error("unknown NVIDIA_DRIVER_CAPABILITIES value {value:?}: use a comma list of compute, compat32, graphics, utility, video, display, ngx, or all")]
     UnknownCapability { value: String },
-    #[error("invalid requirement {expr:?} in {var}: {why}")]
+    #[error("invalid requirement {expr:?} in {var}: {why}; write it as <property><op><version> terms, e.g. \"cuda>=12.4 brand=tesla,driver>=535\" (space = or, comma = and)")]
     BadRequirement {
         var: String,
         expr: String,
@@ -43,14 +69,19 @@ pub enum RequestError {
         qualified: Vec<String>,
         unqualified: Vec<String>,
     },
-    #[error("invalid CDI device request: {0}")]
+    #[error("invalid CDI device request: {0}; a CDI device is named vendor.com/class=name (`nvshim cdi list` shows those available)")]
     BadCdiName(#[from] QualifiedNameError),
+    #[error("{VISIBLE_DEVICES}={value:?} is how NVIDIA's device plugin (volume-mounts strategy) says the devices are mounts under {DEVICE_MOUNT_ROOT}, but {why}; set accept-volume-mounts = true in the nvshim config, or switch the device plugin to the envvar or CDI strategy")]
+    VolumeMountSignal { value: String, why: &'static str },
+    #[error("{from} asks for IMEX channel {id:?}, which is not a channel number (0 to {MAX_IMEX_CHANNEL}); use a comma list such as 0,3")]
+    BadImexChannel { from: String, id: String },
 }
 
 /// The GPUs requested by `NVIDIA_VISIBLE_DEVICES`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum VisibleDevices {
     /// Unset, empty or `void`: not a GPU container.
+    #[default]
     NotRequested,
     /// `none`: the driver (control nodes, libraries) without any GPU node.
     NoGpus,
@@ -297,7 +328,7 @@ pub enum Source {
 }
 
 /// Everything a container asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Request {
     pub devices: VisibleDevices,
     pub sources: Vec<Source>,
@@ -311,6 +342,19 @@ pub struct Request {
     /// Devices named in `cdi-annotation-prefixes` annotations, in key order, de-duplicated
     /// (not read in `legacy` mode, where NVIDIA ignores them too).
     pub annotation_devices: Vec<AnnotatedDevice>,
+    /// `NVIDIA_VISIBLE_DEVICES=void` next to CDI annotations: the engine has applied the CDI
+    /// devices itself (the specs NVIDIA's tools write all set `void`), so nothing is done.
+    pub cdi_already_applied: bool,
+    /// Destinations of the device plugin's `/dev/null` mounts read as requests (with
+    /// `accept-volume-mounts`); `create` removes them from the spec.
+    pub device_mounts: Vec<String>,
+    /// IMEX channels (`NVIDIA_IMEX_CHANNELS`, or `imex/<id>` mounts, which win), in order,
+    /// de-duplicated. Served on the legacy route only.
+    pub imex_channels: Vec<u32>,
+    /// `NVIDIA_MIG_CONFIG_DEVICES`: the MIG config capability (privileged containers only).
+    pub mig_config: VisibleDevices,
+    /// `NVIDIA_MIG_MONITOR_DEVICES`: the MIG monitor capability (privileged containers only).
+    pub mig_monitor: VisibleDevices,
 }
 
 impl Request {
@@ -354,25 +398,172 @@ fn parse_bool(v: &str) -> bool {
     matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True")
 }
 
+/// Lexically cleans an absolute path as Go's `filepath.Clean` does for the mount paths NVIDIA
+/// compares (`..` cannot climb above `/`).
+fn clean_path(p: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// What the device plugin's `/dev/null` mounts ask for.
+#[derive(Debug, Default)]
+struct MountRequests {
+    /// GPU ids and qualified CDI names, in mount order, de-duplicated.
+    devices: Vec<String>,
+    imex: Vec<String>,
+    /// Every destination read (to remove from the spec).
+    destinations: Vec<String>,
+}
+
+/// Reads `/var/run/nvidia-container-devices/<id>` mounts whose source is `/dev/null`
+/// (NVIDIA `internal/config/image/cuda_image.go` `DevicesFromMounts`): `<id>` is a GPU id,
+/// `cdi/<vendor>/<class>/<name>` or `cdi/<vendor>/<class>=<name>` a CDI device, `imex/<n>` an
+/// IMEX channel. Unlike NVIDIA's prefix test, the root must be followed by `/`.
+fn mount_requests(spec: &Value) -> MountRequests {
+    let mut out = MountRequests::default();
+    let Some(mounts) = spec.get("mounts").and_then(Value::as_array) else {
+        return out;
+    };
+    let prefix = format!("{DEVICE_MOUNT_ROOT}/");
+    for m in mounts {
+        let (Some(source), Some(destination)) = (
+            m.get("source").and_then(Value::as_str),
+            m.get("destination").and_then(Value::as_str),
+        ) else {
+            continue;
+        };
+        if clean_path(source) != DEVICE_MOUNT_SOURCE {
+            continue;
+        }
+        let cleaned = clean_path(destination);
+        let Some(id) = cleaned.strip_prefix(&prefix) else {
+            continue;
+        };
+        if !out.destinations.iter().any(|d| d == destination) {
+            out.destinations.push(destination.to_string());
+        }
+        let (list, item) = if let Some(channel) = id.strip_prefix("imex/") {
+            (&mut out.imex, channel.to_string())
+        } else if let Some(cdi) = id.strip_prefix("cdi/") {
+            // `nvidia.com/gpu/0` → `nvidia.com/gpu=0`; `nvidia.com/gpu=0` stays.
+            let name = match cdi.split_once('=') {
+                Some(_) => cdi.to_string(),
+                None => match cdi.rsplit_once('/') {
+                    Some((kind, name)) => format!("{kind}={name}"),
+                    None => cdi.to_string(),
+                },
+            };
+            (&mut out.devices, name)
+        } else {
+            (&mut out.devices, id.to_string())
+        };
+        if !list.contains(&item) {
+            list.push(item);
+        }
+    }
+    out
+}
+
+/// Parses IMEX channel ids: numbers up to [`MAX_IMEX_CHANNEL`]; `all`, `none` and `void` ask
+/// for none. NVIDIA ignores `all` too: an IMEX channel is an isolation boundary between
+/// ComputeDomains, so "every channel" is never granted by a variable (and toolkit 1.17.0,
+/// which failed on it instead, broke images that set it; field-lessons.md §2.10).
+fn parse_imex_channels(from: &str, items: &[&str]) -> Result<Vec<u32>, RequestError> {
+    let mut out = Vec::new();
+    for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
+        if ["all", "none", "void"]
+            .iter()
+            .any(|w| item.eq_ignore_ascii_case(w))
+        {
+            if item.eq_ignore_ascii_case("all") {
+                tracing::warn!("{from}: IMEX channel value \"all\" is ignored; name the channels");
+            }
+            continue;
+        }
+        let id = item
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n <= MAX_IMEX_CHANNEL && item.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| RequestError::BadImexChannel {
+                from: from.to_string(),
+                id: item.to_string(),
+            })?;
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(out)
+}
+
+/// True when a `NVIDIA_VISIBLE_DEVICES` value lists `void`.
+fn lists_void(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.split(',').any(|i| i.trim() == "void"))
+}
+
 /// Reads the request from a spec.
+///
+/// Precedence (NVIDIA `internal/config/image/cuda_image.go` `VisibleDevices`): device-plugin
+/// mounts (with `accept-volume-mounts`), then `NVIDIA_VISIBLE_DEVICES`; annotations are read
+/// beside them and win in [`route`]. Mounts and annotations come from the kubelet, not from
+/// the image, so no privilege rule applies to them; environment requests (devices and IMEX
+/// channels) from unprivileged containers are honoured only with `accept-envvar-unprivileged`.
 pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError> {
     let env = env_map(spec)?;
     let privileged = is_privileged(spec);
-    let mut devices = parse_visible_devices(lookup(&env, VISIBLE_DEVICES));
     let mut sources = Vec::new();
     let mut ignored_unprivileged_env = false;
     let docker_gpus = crate::edits::has_legacy_hook(spec);
     if docker_gpus {
         sources.push(Source::DockerGpusHook);
     }
-    if devices != VisibleDevices::NotRequested {
-        // `docker run --gpus` is the operator's own request through dockerd's API, not an env
-        // var an image could carry, so it is honoured for unprivileged containers too.
-        if privileged || config.accept_envvar_unprivileged || docker_gpus {
-            sources.push(Source::Env(VISIBLE_DEVICES));
-        } else {
-            devices = VisibleDevices::NotRequested;
-            ignored_unprivileged_env = true;
+    // `docker run --gpus` is the operator's own request through dockerd's API, not an env var
+    // an image could carry, so it is honoured for unprivileged containers too.
+    let env_accepted = privileged || config.accept_envvar_unprivileged || docker_gpus;
+    let mounts = if config.accept_volume_mounts {
+        mount_requests(spec)
+    } else {
+        MountRequests::default()
+    };
+    for d in &mounts.destinations {
+        sources.push(Source::Mount(d.clone()));
+    }
+    let visible = lookup(&env, VISIBLE_DEVICES);
+    let mut devices;
+    if !mounts.devices.is_empty() {
+        devices = parse_visible_devices(Some(&mounts.devices.join(",")));
+    } else {
+        devices = parse_visible_devices(visible);
+        if devices != VisibleDevices::NotRequested {
+            if env_accepted {
+                sources.push(Source::Env(VISIBLE_DEVICES));
+            } else {
+                devices = VisibleDevices::NotRequested;
+                ignored_unprivileged_env = true;
+            }
+        }
+        if let VisibleDevices::List(ids) = &devices {
+            if ids
+                .iter()
+                .any(|i| clean_path(i).starts_with(DEVICE_MOUNT_ROOT))
+            {
+                return Err(RequestError::VolumeMountSignal {
+                    value: visible.unwrap_or_default().to_string(),
+                    why: if config.accept_volume_mounts {
+                        "the container has no such mounts"
+                    } else {
+                        "accept-volume-mounts is false"
+                    },
+                });
+            }
         }
     }
     let mut annotation_devices: Vec<AnnotatedDevice> = Vec::new();
@@ -389,19 +580,51 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
             }
         }
     }
+    let cdi_already_applied = !annotation_devices.is_empty() && lists_void(visible);
     let wants = devices != VisibleDevices::NotRequested;
-    // Capabilities and requirements only matter for GPU containers; an unknown capability in a
-    // non-GPU container must not fail it.
+    // Capabilities, requirements, IMEX and MIG capabilities only matter for GPU containers; an
+    // unknown value in a non-GPU container must not fail it.
     let capabilities = if wants {
         Capabilities::parse(lookup(&env, DRIVER_CAPABILITIES))?
     } else {
         Capabilities::default()
     };
     let mut requirements = Vec::new();
+    let mut imex_channels = Vec::new();
+    let (mut mig_config, mut mig_monitor) = Default::default();
     if wants {
         for (k, v) in &env {
             if k.starts_with(REQUIRE_PREFIX) && !k.starts_with("NVIDIA_REQUIRE_JETPACK") {
                 requirements.push(parse_requirement(k, v)?);
+            }
+        }
+        if !mounts.imex.is_empty() {
+            let items: Vec<&str> = mounts.imex.iter().map(String::as_str).collect();
+            imex_channels =
+                parse_imex_channels(&format!("mount {DEVICE_MOUNT_ROOT}/imex"), &items)?;
+        } else if let Some(v) = lookup(&env, IMEX_CHANNELS) {
+            let items: Vec<&str> = v.split(',').collect();
+            let channels = parse_imex_channels(IMEX_CHANNELS, &items)?;
+            if !channels.is_empty() && env_accepted {
+                sources.push(Source::Env(IMEX_CHANNELS));
+                imex_channels = channels;
+            } else if !channels.is_empty() {
+                tracing::warn!(
+                    "ignoring {IMEX_CHANNELS} from an unprivileged container (accept-envvar-unprivileged = false)"
+                );
+                ignored_unprivileged_env = true;
+            }
+        }
+        // The privilege rule for these two is applied where they are served (`legacy`):
+        // NVIDIA reads them in its legacy mode only.
+        mig_config = parse_visible_devices(lookup(&env, MIG_CONFIG_DEVICES));
+        mig_monitor = parse_visible_devices(lookup(&env, MIG_MONITOR_DEVICES));
+        for (var, value) in [
+            (MIG_CONFIG_DEVICES, &mig_config),
+            (MIG_MONITOR_DEVICES, &mig_monitor),
+        ] {
+            if !matches!(value, VisibleDevices::NotRequested | VisibleDevices::NoGpus) {
+                sources.push(Source::Env(var));
             }
         }
     }
@@ -414,7 +637,28 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
         privileged,
         ignored_unprivileged_env,
         annotation_devices,
+        cdi_already_applied,
+        device_mounts: mounts.destinations,
+        imex_channels,
+        mig_config,
+        mig_monitor,
     })
+}
+
+/// Removes the device plugin's `/dev/null` mounts that [`from_spec`] read as requests (their
+/// destinations are in `destinations`): they carry no data, only the request.
+pub fn remove_device_mounts(spec: &mut Value, destinations: &[String]) {
+    if destinations.is_empty() {
+        return;
+    }
+    if let Some(mounts) = spec.get_mut("mounts").and_then(Value::as_array_mut) {
+        mounts.retain(|m| {
+            let source = m.get("source").and_then(Value::as_str).map(clean_path);
+            let destination = m.get("destination").and_then(Value::as_str);
+            !(source.as_deref() == Some(DEVICE_MOUNT_SOURCE)
+                && destination.is_some_and(|d| destinations.iter().any(|x| x == d)))
+        });
+    }
 }
 
 /// How a request is served.
@@ -437,7 +681,19 @@ pub enum Route {
 ///
 /// Annotations take precedence over the environment, as in NVIDIA's `VisibleDevices`. A name
 /// shaped `vendor/class=name` that breaks the name grammar is an error, not a legacy id.
+///
+/// Annotations next to `NVIDIA_VISIBLE_DEVICES=void` are nothing to do: every spec NVIDIA's
+/// tools write (the DRA driver's, `nvidia-ctk cdi generate`'s, nvshim's) sets `void`, so the
+/// engine has already applied the devices (containerd with CDI on, CRI-O, podman) and a second
+/// pass would at best repeat it (the DRA driver sets `void` for exactly this reason:
+/// k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/cdi.go`).
 pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> {
+    if request.cdi_already_applied && config.mode != Mode::Legacy {
+        tracing::info!(
+            "{VISIBLE_DEVICES}=void next to CDI annotations: the engine has applied the CDI devices; nothing to do"
+        );
+        return Ok(Route::Nothing);
+    }
     let qualify = |id: &str| {
         if cdi_name::looks_qualified(id) {
             id.to_string()
@@ -509,6 +765,13 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
             out.push(n);
         }
     }
+    if !request.imex_channels.is_empty() {
+        // CDI requests name IMEX channels as CDI devices (the ComputeDomain driver's specs, or
+        // `nvshim cdi generate --mode imex`); the variable is a legacy-route request.
+        tracing::warn!(
+            "{IMEX_CHANNELS} / imex mounts are not served for CDI requests; ask for the CDI devices nvidia.com/imex-channel=<N> instead"
+        );
+    }
     Ok(Route::Cdi(out))
 }
 
@@ -530,14 +793,14 @@ pub struct GpuFacts {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RequirementError {
-    #[error("unsatisfied condition: {var}={expr:?} (host: driver {driver}, CUDA {cuda}); set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
+    #[error("unsatisfied condition: {var}={expr:?} (host: driver {driver}, CUDA {cuda}); use an image built for this driver, upgrade the driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
     Unmet {
         var: String,
         expr: String,
         driver: String,
         cuda: String,
     },
-    #[error("cannot check {var}={expr:?}: the GPU's {what} is unknown without NVML (is libnvidia-ml.so.1 under the driver root?)")]
+    #[error("cannot check {var}={expr:?}: the GPU's {what} is unknown to nvshim-runtime, which reads /proc and not NVML; require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
     Unknown {
         var: String,
         expr: String,
@@ -865,5 +1128,193 @@ mod tests {
             route_of(env("nvidia.com/gpu=0"), Mode::Legacy),
             Ok(Route::Legacy)
         );
+    }
+
+    fn with_mounts(mounts: Value, env: &[&str]) -> Value {
+        json!({"process": {"env": env, "capabilities": {"bounding": []}}, "mounts": mounts})
+    }
+
+    fn dev_null(dest: &str) -> Value {
+        json!({"destination": dest, "type": "bind", "source": "/dev/null", "options": ["rbind", "rprivate", "rw"]})
+    }
+
+    #[test]
+    fn device_plugin_volume_mounts() {
+        let spec = with_mounts(
+            json!([
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                dev_null("/var/run/nvidia-container-devices/GPU-aaaa"),
+                dev_null("/var/run/nvidia-container-devices/GPU-aaaa"),
+                dev_null("/var/run//nvidia-container-devices/GPU-bbbb/"),
+                dev_null("/var/run/nvidia-container-devices/imex/3"),
+                dev_null("/var/run/nvidia-container-devicesX/GPU-cccc"),
+                {"destination": "/var/run/nvidia-container-devices/GPU-dddd", "source": "/tmp/x"},
+            ]),
+            &[
+                "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices",
+                "NVIDIA_IMEX_CHANNELS=5",
+            ],
+        );
+        // Off by default: the mounts are not requests, and the env value that points at them is
+        // an error that says what to change.
+        let err = from_spec(&spec, &Config::default()).unwrap_err();
+        assert!(
+            matches!(err, RequestError::VolumeMountSignal { .. })
+                && err.to_string().contains("accept-volume-mounts = true"),
+            "{err}"
+        );
+        let cfg = Config {
+            accept_volume_mounts: true,
+            accept_envvar_unprivileged: false,
+            ..Config::default()
+        };
+        let r = from_spec(&spec, &cfg).unwrap();
+        assert_eq!(
+            r.devices,
+            VisibleDevices::List(vec!["GPU-aaaa".into(), "GPU-bbbb".into()])
+        );
+        // Mounts need no privilege, and their IMEX channels win over the env's.
+        assert_eq!(r.imex_channels, vec![3]);
+        assert_eq!(r.device_mounts.len(), 3);
+        assert!(r.sources.contains(&Source::Mount(
+            "/var/run/nvidia-container-devices/GPU-aaaa".into()
+        )));
+        assert!(!r.sources.contains(&Source::Env(VISIBLE_DEVICES)));
+        assert_eq!(route(&r, &cfg), Ok(Route::Legacy));
+
+        let mut edited = spec.clone();
+        remove_device_mounts(&mut edited, &r.device_mounts);
+        let left: Vec<&str> = edited["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            left,
+            [
+                "/proc",
+                "/var/run/nvidia-container-devicesX/GPU-cccc",
+                "/var/run/nvidia-container-devices/GPU-dddd"
+            ]
+        );
+
+        // Accepted, but no mounts: the env signal has nothing to point at.
+        let spec = with_mounts(
+            json!([]),
+            &["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"],
+        );
+        let cfg = Config {
+            accept_volume_mounts: true,
+            ..Config::default()
+        };
+        let err = from_spec(&spec, &cfg).unwrap_err().to_string();
+        assert!(err.contains("no such mounts"), "{err}");
+    }
+
+    #[test]
+    fn volume_mount_cdi_names() {
+        let spec = with_mounts(
+            json!([
+                dev_null("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/0"),
+                dev_null("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=GPU-aaaa"),
+            ]),
+            &[],
+        );
+        let cfg = Config {
+            accept_volume_mounts: true,
+            ..Config::default()
+        };
+        assert_eq!(
+            route(&from_spec(&spec, &cfg).unwrap(), &cfg),
+            cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-aaaa"])
+        );
+    }
+
+    #[test]
+    fn void_next_to_annotations_means_already_applied() {
+        // The DRA driver's devices, already applied by the engine (its spec set `void`).
+        let spec = json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+            "annotations": {"cdi.k8s.io/gpu.nvidia.com_claim": "k8s.gpu.nvidia.com/device=gpu-0"}
+        });
+        let r = from_spec(&spec, &Config::default()).unwrap();
+        assert!(r.cdi_already_applied);
+        assert_eq!(route(&r, &Config::default()), Ok(Route::Nothing));
+        // Without `void`, the annotations are served.
+        let spec = json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
+            "annotations": {"cdi.k8s.io/gpu.nvidia.com_claim": "k8s.gpu.nvidia.com/device=gpu-0"}
+        });
+        assert_eq!(
+            route_of(spec, Mode::Auto),
+            cdi(&["k8s.gpu.nvidia.com/device=gpu-0"])
+        );
+    }
+
+    #[test]
+    fn time_sliced_uuids_are_deduplicated() {
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-aaaa,GPU-aaaa,GPU-bbbb,GPU-aaaa"]}});
+        let r = from_spec(&spec, &Config::default()).unwrap();
+        assert_eq!(
+            r.devices,
+            VisibleDevices::List(vec!["GPU-aaaa".into(), "GPU-bbbb".into()])
+        );
+    }
+
+    #[test]
+    fn imex_channels_from_env() {
+        let env = |v: &str, privileged: bool| {
+            let caps: Vec<&str> = if privileged {
+                vec!["CAP_SYS_ADMIN"]
+            } else {
+                vec![]
+            };
+            json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", format!("NVIDIA_IMEX_CHANNELS={v}")], "capabilities": {"bounding": caps}}})
+        };
+        let cfg = Config::default();
+        assert_eq!(
+            from_spec(&env("0,3, 3", false), &cfg)
+                .unwrap()
+                .imex_channels,
+            vec![0, 3]
+        );
+        // `all` is never granted by a variable, and is not an error either.
+        assert!(from_spec(&env("all", false), &cfg)
+            .unwrap()
+            .imex_channels
+            .is_empty());
+        let err = from_spec(&env("0,x", false), &cfg).unwrap_err().to_string();
+        assert!(
+            err.contains("\"x\"") && err.contains(IMEX_CHANNELS),
+            "{err}"
+        );
+        assert!(from_spec(&env("1048576", false), &cfg).is_err());
+        // The privilege rule of NVIDIA_VISIBLE_DEVICES applies.
+        let strict = Config {
+            accept_envvar_unprivileged: false,
+            ..Config::default()
+        };
+        let r = from_spec(&env("2", false), &strict).unwrap();
+        assert!(r.imex_channels.is_empty() && r.ignored_unprivileged_env);
+        assert_eq!(
+            from_spec(&env("2", true), &strict).unwrap().imex_channels,
+            vec![2]
+        );
+        // Not a GPU container: a bad value does not fail it.
+        let spec = json!({"process": {"env": ["NVIDIA_IMEX_CHANNELS=x"]}});
+        assert!(from_spec(&spec, &cfg).is_ok());
+    }
+
+    #[test]
+    fn mig_capability_variables() {
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0:1", "NVIDIA_MIG_CONFIG_DEVICES=all", "NVIDIA_MIG_MONITOR_DEVICES=none"]}});
+        let r = from_spec(&spec, &Config::default()).unwrap();
+        assert_eq!(r.mig_config, VisibleDevices::All);
+        assert_eq!(r.mig_monitor, VisibleDevices::NoGpus);
+        assert!(r.sources.contains(&Source::Env(MIG_CONFIG_DEVICES)));
+        assert!(!r.sources.contains(&Source::Env(MIG_MONITOR_DEVICES)));
+        // MIG ids are GPU ids to the router.
+        assert_eq!(route(&r, &Config::default()), Ok(Route::Legacy));
     }
 }

@@ -1,24 +1,72 @@
 //! `nvshim-runtime`: an OCI runtime shim. Called exactly as runc is; edits the bundle on
 //! `create` and `run`, then execs the low-level runtime with the same argv.
+//!
+//! `no_main`, as `nvshim-hook` (hooks/src/main.rs): the C `main` below skips Rust's runtime
+//! set-up, for two reasons.
+//! - Fidelity: that set-up sets SIGPIPE to "ignore", and an ignored signal stays ignored across
+//!   `execve` (signal(7)), so runc started through the shim ran with SIGPIPE ignored while runc
+//!   started directly did not. Skipping it hands runc exactly the signal dispositions the engine
+//!   gave the shim.
+//! - Cost: it also installs the stack-overflow handler (a sigaltstack and its mapping) and has
+//!   glibc parse `/proc/self/maps` for the main thread's stack bounds: about 100,000
+//!   instructions and a dozen system calls on every call, pass-through ones included
+//!   (docs/benchmarks.md).
+//!
+//! `std::env::args_os` still works (std records argv from `.init_array` on glibc). What the
+//! runtime did that still matters is done here: fds 0-2 are made to exist, so no file the shim
+//! opens (config.json's temporary file) can land on them and receive an error message.
+
+#![no_main]
 
 use std::ffi::OsString;
-use std::process::ExitCode;
+use std::os::raw::{c_char, c_int};
 
 use nvshim::config::{Config, CONFIG_ENV};
 use nvshim::{create, logging, runtime};
 
-fn main() -> ExitCode {
+/// Opens `/dev/null` on whichever of fds 0, 1 and 2 is closed, as Rust's runtime does before
+/// `main` (and so as the shim always did: runc sees the same fds as before).
+fn ensure_std_fds() {
+    for fd in 0..3 {
+        // SAFETY: F_GETFD only queries the descriptor.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+            // SAFETY: a constant C string; the lowest free fd is the one that was closed.
+            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+    ensure_std_fds();
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     // A command line nvshim cannot scan is runc's to reject, unless nvshim had to edit.
     let inv = runtime::parse_args(&args).unwrap_or_default();
     let err = run(&args, &inv);
-    let msg = format!("nvshim: {err:#}");
+    let msg = format!("nvshim: {}", error_text(&err));
     tracing::error!("{msg}");
     if let Some(log) = &inv.log {
         logging::write_runc_error(log, inv.json_log(), &msg);
     }
     eprintln!("{msg}");
-    ExitCode::FAILURE
+    1
+}
+
+/// The error and its causes, each cause only where its text is not already in the message:
+/// nvshim's errors name their source in their own text (rust-style-youki.md §2 "Errors": the
+/// path and the cause in `Display`) and also return it from `source()`, so anyhow's `{:#}`
+/// printed every cause twice (docs/reliability.md showed "...: No space left on device
+/// (os error 28) ...: No space left on device (os error 28)").
+fn error_text(err: &anyhow::Error) -> String {
+    let mut text = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 /// Only returns on error: success is an exec.

@@ -137,6 +137,42 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     Ok(changes)
 }
 
+/// `options.BinaryName` of the runtime, from the main file and then each import in
+/// containerd's order (a later file's CRI section replaces an earlier one's).
+pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> {
+    let path = &opts.config;
+    let text = read_optional(path)?;
+    let doc = tomldoc::parse(path, text.as_deref())?;
+    let cri = cri_plugin(version(path, &doc)?.unwrap_or(2));
+    let mut files = vec![path.clone()];
+    files.extend(expand_imports(path, &imports(path, &doc)?)?);
+    let mut binary = None;
+    for file in &files {
+        let imported;
+        let doc = if file == path {
+            &doc
+        } else {
+            let Some(text) = read_optional(file)? else {
+                continue;
+            };
+            imported = tomldoc::parse(file, Some(&text))?;
+            &imported
+        };
+        let keys = ["plugins", cri, "containerd", "runtimes", &opts.runtime_name];
+        if get(file, doc.as_item(), &["plugins", cri])?.is_some() {
+            binary = get(file, doc.as_item(), &keys)?.map(|rt| {
+                rt.get("options")
+                    .and_then(Item::as_table_like)
+                    .and_then(|o| o.get("BinaryName"))
+                    .and_then(Item::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            });
+        }
+    }
+    Ok(super::Registration { files, binary })
+}
+
 pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     let path = &opts.config;
     let mut changes = Vec::new();

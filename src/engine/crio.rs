@@ -104,6 +104,33 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     })
 }
 
+/// `runtime_path` of the runtime from `crio.conf` and every drop-in, later files winning key by
+/// key as CRI-O merges them.
+pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> {
+    let drop_in = drop_in_path(opts);
+    let mut files = config_files(&opts.config, &drop_in)?;
+    if drop_in.is_file() {
+        files.push(drop_in);
+        files.sort_by(|a, b| (a != &opts.config).cmp(&(b != &opts.config)).then(a.cmp(b)));
+    }
+    let mut binary: Option<String> = None;
+    for file in &files {
+        let Some(text) = read_optional(file)? else {
+            continue;
+        };
+        let doc = tomldoc::parse(file, Some(&text))?;
+        let keys = ["crio", "runtime", "runtimes", &opts.runtime_name];
+        if let Some(rt) = get(file, doc.as_item(), &keys)? {
+            if let Some(p) = rt.get("runtime_path").and_then(Item::as_str) {
+                binary = Some(p.to_string());
+            } else if binary.is_none() {
+                binary = Some(String::new());
+            }
+        }
+    }
+    Ok(super::Registration { files, binary })
+}
+
 fn drop_in_path(opts: &Options) -> PathBuf {
     opts.drop_in.clone().unwrap_or_else(|| {
         super::Engine::Crio

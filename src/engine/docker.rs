@@ -78,6 +78,25 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     Ok(finish(path, before, &original, &doc))
 }
 
+/// `runtimes.<name>.path` from daemon.json.
+pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> {
+    let path = &opts.config;
+    let doc = parse(path, read_optional(path)?.as_deref())?;
+    let binary = doc
+        .get("runtimes")
+        .and_then(|r| r.get(&opts.runtime_name))
+        .map(|r| {
+            r.get("path")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        });
+    Ok(super::Registration {
+        files: vec![path.clone()],
+        binary,
+    })
+}
+
 /// An empty or missing file is `{}` (dockerd runs without one).
 fn parse(path: &Path, text: Option<&str>) -> Result<Map<String, Value>, EngineError> {
     let text = text.unwrap_or("");

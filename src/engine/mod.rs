@@ -227,6 +227,26 @@ pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
     Ok(Plan { changes })
 }
 
+/// How an engine's config files register a runtime, read the way the engine reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The config files read, in the engine's order (main file, then imports or drop-ins).
+    pub files: Vec<PathBuf>,
+    /// The runtime's binary: `None` when no file defines the runtime, `Some("")` when one
+    /// defines it without a binary (the engine then runs its default, plain runc).
+    pub binary: Option<String>,
+}
+
+/// Reads, without changing anything, what `opts.engine`'s config says about the runtime
+/// `opts.runtime_name` (`nvshim doctor` uses it; the writers above use the same parsers).
+pub fn registration(opts: &Options) -> Result<Registration, EngineError> {
+    match opts.engine {
+        Engine::Docker => docker::registration(opts),
+        Engine::Containerd => containerd::registration(opts),
+        Engine::Crio => crio::registration(opts),
+    }
+}
+
 /// A change if `after` differs from `before`.
 fn change(path: &Path, before: Option<String>, after: Option<String>) -> Option<FileChange> {
     (before != after).then(|| FileChange {
@@ -291,6 +311,61 @@ mod tests {
             Options::new(Engine::Docker, DEFAULT_RUNTIME_PATH.into()).drop_in,
             None
         );
+    }
+
+    #[test]
+    fn registrations_are_read_as_each_engine_merges_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = |engine, config: PathBuf| {
+            let mut o = Options::new(engine, DEFAULT_RUNTIME_PATH.into());
+            o.drop_in = engine.default_drop_in(&config);
+            o.config = config;
+            o
+        };
+        let d = dir.path().join("daemon.json");
+        std::fs::write(
+            &d,
+            r#"{"runtimes": {"nvidia": {"path": "/x/nvshim-runtime"}}}"#,
+        )
+        .unwrap();
+        let r = registration(&opts(Engine::Docker, d)).unwrap();
+        assert_eq!(r.binary.as_deref(), Some("/x/nvshim-runtime"));
+
+        let c = dir.path().join("config.toml");
+        let conf_d = dir.path().join("conf.d");
+        std::fs::write(
+            &c,
+            format!(
+                "version = 2\nimports = [\"{}/*.toml\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n",
+                conf_d.display()
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            registration(&opts(Engine::Containerd, c.clone()))
+                .unwrap()
+                .binary,
+            None
+        );
+        std::fs::create_dir(&conf_d).unwrap();
+        std::fs::write(
+            conf_d.join("99.toml"),
+            "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\nBinaryName = \"/y/nvshim-runtime\"\n",
+        )
+        .unwrap();
+        let r = registration(&opts(Engine::Containerd, c)).unwrap();
+        assert_eq!(r.binary.as_deref(), Some("/y/nvshim-runtime"));
+        assert_eq!(r.files.len(), 2);
+
+        let crio = dir.path().join("crio.conf");
+        std::fs::create_dir(dir.path().join("crio.conf.d")).unwrap();
+        std::fs::write(
+            dir.path().join("crio.conf.d/99-nvshim.toml"),
+            "[crio.runtime.runtimes.nvidia]\nruntime_path = \"/z/nvshim-runtime\"\n",
+        )
+        .unwrap();
+        let r = registration(&opts(Engine::Crio, crio)).unwrap();
+        assert_eq!(r.binary.as_deref(), Some("/z/nvshim-runtime"));
     }
 
     #[test]

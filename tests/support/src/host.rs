@@ -14,6 +14,12 @@
 //! etc/ld.so.conf, etc/ld.so.cache                            built by `/sbin/ldconfig -r <root>`
 //! usr/bin/nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-{control,server}
 //! ```
+//!
+//! [`FakeHost::build_split`] lays the same files out as NVIDIA's GPU Operator does: the driver
+//! (libraries, binaries, firmware, `etc/ld.so.cache`) under one root, as the driver container's
+//! `/run/nvidia/driver`, and `dev/` and `proc/` under another, the host's. Optional extras:
+//! MIG capabilities ([`FakeHost::add_mig_caps`]: `proc/driver/nvidia-caps/mig-minors` and
+//! `dev/nvidia-caps/nvidia-cap<N>`) and IMEX channels ([`FakeHost::add_imex_channels`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -36,6 +42,24 @@ pub const NVIDIA_MAJOR: u32 = 195;
 pub const NVIDIACTL_MINOR: u32 = 255;
 /// Minor of `/dev/nvidia-modeset`.
 pub const MODESET_MINOR: u32 = 254;
+/// `mig-minors` minor of the MIG `config` capability.
+pub const MIG_CONFIG_MINOR: u32 = 1;
+/// `mig-minors` minor of the MIG `monitor` capability.
+pub const MIG_MONITOR_MINOR: u32 = 2;
+/// GPU instances per GPU and compute instances per GPU instance in the driver's `mig-minors`
+/// table (`gi0`..`gi14`, `ci0`..`ci7`).
+const MIG_GPU_INSTANCES: u32 = 15;
+const MIG_COMPUTE_INSTANCES: u32 = 8;
+
+/// The `nvidia-cap<N>` minor the driver gives a MIG capability: `config` 1, `monitor` 2, then
+/// per GPU minor a block of 15 GPU instances, each its `access` followed by 8 compute
+/// instances (`gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`), as the driver's
+/// `/proc/driver/nvidia-caps/mig-minors` lists them. `ci = None` is the GPU instance's own
+/// capability.
+pub fn mig_cap_minor(gpu_minor: u32, gi: u32, ci: Option<u32>) -> u32 {
+    let per_gi = 1 + MIG_COMPUTE_INSTANCES;
+    3 + gpu_minor * MIG_GPU_INSTANCES * per_gi + gi * per_gi + ci.map_or(0, |c| 1 + c)
+}
 
 /// One simulated GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,7 +309,12 @@ const FIRMWARE: &[&str] = &["gsp_ga10x.bin", "gsp_tu10x.bin"];
 /// temp dir in tests).
 #[derive(Debug, Clone)]
 pub struct FakeHost {
+    /// Driver files (the driver root).
     root: PathBuf,
+    /// Holds `dev/` (the dev root): `root` unless built split.
+    dev_root: PathBuf,
+    /// The proc root: `<root>/proc` unless built split.
+    proc_root: PathBuf,
     spec: FakeHostSpec,
 }
 
@@ -303,10 +332,14 @@ fn write_executable(path: &Path, contents: &str) -> Result<()> {
 }
 
 fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
+    make_char_node_mode(path, major, minor, 0o666)
+}
+
+fn make_char_node_mode(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {
     mknod(
         path,
         SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
+        Mode::from_bits_truncate(mode),
         makedev(u64::from(major), u64::from(minor)),
     )
     .with_context(|| {
@@ -315,9 +348,9 @@ fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
             path.display()
         )
     })?;
-    // mknod's mode is filtered by the umask; the driver's nodes are 0666.
-    fs::set_permissions(path, fs::Permissions::from_mode(0o666))
-        .with_context(|| format!("chmod 0666 {}", path.display()))
+    // mknod's mode is filtered by the umask; the driver's nodes are 0666 (capabilities 0444).
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {mode:o} {}", path.display()))
 }
 
 fn toml_string(s: &str) -> String {
@@ -364,6 +397,8 @@ impl FakeHost {
             root.display()
         );
         let host = FakeHost {
+            dev_root: root.clone(),
+            proc_root: root.join("proc"),
             root,
             spec: spec.clone(),
         };
@@ -375,14 +410,131 @@ impl FakeHost {
         Ok(host)
     }
 
-    /// The host root: use it as both `driver-root` and `dev-root`.
+    /// Builds a host split as NVIDIA's GPU Operator runs the driver: libraries, binaries,
+    /// firmware and `etc/ld.so.cache` under `driver_root` (its `/run/nvidia/driver`), device
+    /// nodes in `<dev_root>/dev` and the proc files in `<dev_root>/proc` (the host's). Both
+    /// directories must not exist or be empty, and must differ.
+    pub fn build_split(
+        driver_root: &Path,
+        dev_root: &Path,
+        spec: &FakeHostSpec,
+    ) -> Result<FakeHost> {
+        spec.validate()?;
+        let mut roots = Vec::new();
+        for dir in [driver_root, dev_root] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("resolving {}", dir.display()))?;
+            let mut entries =
+                fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+            ensure!(
+                entries.next().is_none(),
+                "fake host root {} is not empty",
+                dir.display()
+            );
+            roots.push(dir);
+        }
+        ensure!(
+            roots[0] != roots[1],
+            "driver root and dev root are both {}",
+            roots[0].display()
+        );
+        let host = FakeHost {
+            proc_root: roots[1].join("proc"),
+            dev_root: roots[1].clone(),
+            root: roots[0].clone(),
+            spec: spec.clone(),
+        };
+        host.write_proc()?;
+        host.make_dev_nodes()?;
+        host.install_libraries()?;
+        host.install_binaries()?;
+        host.build_ld_cache()?;
+        Ok(host)
+    }
+
+    /// The host root, where the driver's files are: use it as `driver-root` (and, unless built
+    /// with [`FakeHost::build_split`], as `dev-root`).
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// `<root>/proc`: use it as `proc-root`.
+    /// The directory holding `dev/`: use it as `dev-root` (the root, unless built split).
+    pub fn dev_root(&self) -> &Path {
+        &self.dev_root
+    }
+
+    /// `<root>/proc` (split: `<dev root>/proc`): use it as `proc-root`.
     pub fn proc_root(&self) -> PathBuf {
-        self.root.join("proc")
+        self.proc_root.clone()
+    }
+
+    /// Makes MIG capabilities: writes `proc/driver/nvidia-caps/mig-minors` with the driver's
+    /// whole table for this host's GPU minors (see [`mig_cap_minor`]), and the
+    /// `dev/nvidia-caps/nvidia-cap<N>` nodes (mode 0444, major `caps_major`) of `config`,
+    /// `monitor` and, per `(gpu minor, gpu instance, compute instance)` in `instances`, the GPU
+    /// instance's and compute instance's `access` (the nodes `nvidia-smi` creates for the
+    /// instances that exist). Returns the node minors made.
+    pub fn add_mig_caps(&self, instances: &[(u32, u32, u32)]) -> Result<Vec<u32>> {
+        let mut table = format!("config {MIG_CONFIG_MINOR}\nmonitor {MIG_MONITOR_MINOR}\n");
+        let mut minors: Vec<u32> = self.spec.gpus.iter().map(|g| g.minor).collect();
+        minors.sort_unstable();
+        for g in minors {
+            for gi in 0..MIG_GPU_INSTANCES {
+                let _ = writeln!(table, "gpu{g}/gi{gi}/access {}", mig_cap_minor(g, gi, None));
+                for ci in 0..MIG_COMPUTE_INSTANCES {
+                    let _ = writeln!(
+                        table,
+                        "gpu{g}/gi{gi}/ci{ci}/access {}",
+                        mig_cap_minor(g, gi, Some(ci))
+                    );
+                }
+            }
+        }
+        write(
+            &self.proc_root.join("driver/nvidia-caps/mig-minors"),
+            &table,
+        )?;
+        let mut made = vec![MIG_CONFIG_MINOR, MIG_MONITOR_MINOR];
+        for &(g, gi, ci) in instances {
+            ensure!(
+                self.spec.gpus.iter().any(|x| x.minor == g),
+                "no GPU with minor {g} for MIG instance gi{gi}/ci{ci}"
+            );
+            ensure!(
+                gi < MIG_GPU_INSTANCES && ci < MIG_COMPUTE_INSTANCES,
+                "MIG instance gi{gi}/ci{ci} is out of the driver's range"
+            );
+            for m in [mig_cap_minor(g, gi, None), mig_cap_minor(g, gi, Some(ci))] {
+                if !made.contains(&m) {
+                    made.push(m);
+                }
+            }
+        }
+        let dir = self.dev_root.join("dev/nvidia-caps");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for m in &made {
+            let node = dir.join(format!("nvidia-cap{m}"));
+            if !node.exists() {
+                make_char_node_mode(&node, self.spec.caps_major, *m, 0o444)?;
+            }
+        }
+        Ok(made)
+    }
+
+    /// Makes `dev/nvidia-caps-imex-channels/channel<N>` (major `caps_imex_major`, minor `N`,
+    /// mode 0666) for each id.
+    pub fn add_imex_channels(&self, ids: &[u32]) -> Result<()> {
+        let dir = self.dev_root.join("dev/nvidia-caps-imex-channels");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for id in ids {
+            let node = dir.join(format!("channel{id}"));
+            if !node.exists() {
+                make_char_node(&node, self.spec.caps_imex_major, *id)?;
+            }
+        }
+        Ok(())
     }
 
     /// The GPUs as specified (for [`FakeHostSpec::with_gpus`]: by minor).
@@ -450,7 +602,7 @@ impl FakeHost {
         let defaults: [(&str, String); 7] = [
             ("low-level-runtimes", "[\"runc\"]".to_string()),
             ("driver-root", toml_string(&root)),
-            ("dev-root", toml_string(&root)),
+            ("dev-root", toml_string(&self.dev_root.to_string_lossy())),
             (
                 "proc-root",
                 toml_string(&self.proc_root().to_string_lossy()),
@@ -620,7 +772,7 @@ impl FakeHost {
     }
 
     fn make_dev_nodes(&self) -> Result<()> {
-        let dev = self.root.join("dev");
+        let dev = self.dev_root.join("dev");
         fs::create_dir_all(&dev).with_context(|| format!("creating {}", dev.display()))?;
         for gpu in &self.spec.gpus {
             make_char_node(

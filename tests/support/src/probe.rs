@@ -9,7 +9,9 @@
 //! Lines printed (fields separated by single spaces):
 //!
 //! ```text
-//! DEV <path> <c|d|f|...> <major hex> <minor hex> <open result>   each /dev/nvidia* entry
+//! DEV <path> <c|d|f|...> <major hex> <minor hex> <open result>   each /dev/nvidia* entry, and
+//!                                                                those in /dev/nvidia-caps and
+//!                                                                /dev/nvidia-caps-imex-channels
 //! CGROUP <type> <major>:<minor> <access>                         /sys/fs/cgroup/devices/devices.list
 //! MKNOD <major>:<minor> <open result>                            a node made with mknod, then opened
 //! MOUNT <destination> <fstype> <options>                         /proc/mounts
@@ -44,7 +46,7 @@ classify() {
 }
 tryopen() { if out=$(dd if="$1" of=/dev/null bs=1 count=0 2>&1); then echo OK; else classify "$out"; fi; }
 trywrite() { if out=$( (: >> "$1") 2>&1); then echo OK; else classify "$out"; fi; }
-for f in /dev/nvidia*; do
+for f in /dev/nvidia* /dev/nvidia-caps/* /dev/nvidia-caps-imex-channels/*; do
     [ -e "$f" ] || continue
     if [ -c "$f" ]; then
         echo "DEV $f c $(stat -c '%t %T' "$f") $(tryopen "$f")"

@@ -1,0 +1,1161 @@
+//! End-to-end tests of the request forms NVIDIA's Kubernetes components hand down (the
+//! Kubernetes request-forms issue), each through `nvshim-runtime` in front of real runc on a
+//! simulated host and checked from inside the container by the probe:
+//!
+//! - the device plugin's three strategies: `NVIDIA_VISIBLE_DEVICES` with UUIDs (time-sliced
+//!   replicas repeat one), `/dev/null` volume mounts under `/var/run/nvidia-container-devices`,
+//!   and `cdi.k8s.io/nvidia-device-plugin_<id>` annotations;
+//! - the DRA driver's transient specs (a base spec of kind `k8s.gpu.nvidia.com/device` and a
+//!   claim spec of kind `k8s.gpu.nvidia.com/claim` with MPS edits), also through podman, and a
+//!   second `create` of an already applied bundle changing nothing;
+//! - a spec naming NVIDIA's `nvidia-cdi-hook`, run with only nvshim installed;
+//! - MIG devices by index and UUID (fake NVML topology, `mig-minors`), and the MIG config and
+//!   monitor capabilities;
+//! - IMEX channels by environment variable and through `nvshim cdi generate --mode imex`;
+//! - the GPU Operator's layout (driver root and dev root apart), and the MPS pipe directory.
+//!
+//! The fake host (`FakeHostSpec::with_gpus(2)`) puts minor 0 at bus 0000:3b:00.0 and minor 1 at
+//! 0000:1b:00.0, so index 0 (bus order) is `/dev/nvidia1` and index 1 is `/dev/nvidia0`. The
+//! specs the tests write are shaped like the real producers' (k8s-dra-driver-gpu
+//! `cmd/gpu-kubelet-plugin/cdi.go` and `sharing.go`, nvidia-ctk's generator), with host paths
+//! into the fake host. Everything runs as root; each test has its own temp dirs, runc `--root`
+//! and container ids.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nvshim::cdi::spec;
+use nvshim_fake_nvml::{Gpu as NvmlGpu, MigDevice, Topology, TOPOLOGY_ENV};
+use nvshim_testsupport::host::{mig_cap_minor, MIG_CONFIG_MINOR, MIG_MONITOR_MINOR, NVIDIA_MAJOR};
+use nvshim_testsupport::podman::{Podman, SystemSpec};
+use nvshim_testsupport::probe::assert_no_problems;
+use nvshim_testsupport::{
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
+};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
+const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+/// The options nvidia-ctk and the DRA driver give driver file mounts.
+const DRIVER_MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
+
+/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim`.
+fn hook_path() -> PathBuf {
+    let hook = Path::new(NVSHIM).with_file_name("nvshim-hook");
+    assert!(
+        hook.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test --test e2e_k8s` \
+         (cargo test only builds the root package's binaries)",
+        hook.display()
+    );
+    hook
+}
+
+/// The fake NVML cdylib: built as a dev-dependency into `deps/`, or by `cargo build
+/// --workspace` next to the binaries.
+fn fake_nvml() -> PathBuf {
+    let dir = Path::new(NVSHIM).parent().unwrap();
+    for p in [
+        dir.join("libnvshim_fake_nvml.so"),
+        dir.join("deps/libnvshim_fake_nvml.so"),
+    ] {
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!(
+        "libnvshim_fake_nvml.so not found next to {NVSHIM}: run `cargo build --workspace` first"
+    );
+}
+
+/// One test's world: a fake host, a CDI spec dir, an nvshim config pointing at both.
+struct World {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+    /// The only CDI spec dir (the `/var/run/cdi` role).
+    cdi_dir: PathBuf,
+}
+
+fn temp() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("nvshim-e2e-k8s-")
+        .tempdir()
+        .unwrap()
+}
+
+impl World {
+    fn new(gpus: usize) -> World {
+        let tmp = temp();
+        let host =
+            FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
+        World::around(tmp, host)
+    }
+
+    /// The GPU Operator's layout: the driver in `<tmp>/run/nvidia/driver`, `dev/` and `proc/`
+    /// in `<tmp>/host`.
+    fn split(gpus: usize) -> World {
+        let tmp = temp();
+        let host = FakeHost::build_split(
+            &tmp.path().join("run/nvidia/driver"),
+            &tmp.path().join("host"),
+            &FakeHostSpec::with_gpus(gpus),
+        )
+        .unwrap();
+        World::around(tmp, host)
+    }
+
+    fn around(tmp: TempDir, host: FakeHost) -> World {
+        let w = World {
+            config: tmp.path().join("nvshim/config.toml"),
+            cdi_dir: tmp.path().join("run-cdi"),
+            tmp,
+            host,
+        };
+        fs::create_dir_all(&w.cdi_dir).unwrap();
+        w.configure("");
+        w
+    }
+
+    /// (Re)writes the nvshim config: the host's roots, the built hook, the spec dir, `extra`.
+    fn configure(&self, extra: &str) {
+        self.host
+            .write_config(
+                &self.config,
+                &format!(
+                    "hook-path = {:?}\ncdi-spec-dirs = [{:?}]\n{extra}",
+                    hook_path().display().to_string(),
+                    self.cdi_dir.display().to_string()
+                ),
+            )
+            .unwrap();
+    }
+
+    fn gpu(&self, index: usize) -> &FakeGpu {
+        self.host.gpu_at_index(index).unwrap()
+    }
+
+    /// A busybox bundle running the probe (mknod checks for every GPU minor plus `extra`).
+    fn bundle(&self, name: &str, extra_mknod: &[(u32, u32)]) -> Bundle {
+        let mut probe = ProbeSpec::for_host(&self.host);
+        probe.mknod.extend_from_slice(extra_mknod);
+        let args = probe.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Bundle::new(&self.tmp.path().join(name), &args).unwrap()
+    }
+
+    fn env_bundle(&self, name: &str, env: &[(&str, &str)]) -> Bundle {
+        let b = self.bundle(name, &[]);
+        for (k, v) in env {
+            b.set_env(k, v).unwrap();
+        }
+        b
+    }
+
+    fn annotated_bundle(&self, name: &str, annotations: Value) -> Bundle {
+        let b = self.bundle(name, &[]);
+        b.edit(move |c| {
+            c["annotations"] = annotations;
+            Ok(())
+        })
+        .unwrap();
+        b
+    }
+
+    fn shim(&self) -> Runtime {
+        Runtime::new(
+            SHIM,
+            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
+        )
+        .unwrap()
+        .env("NVSHIM_CONFIG", &self.config)
+    }
+
+    fn shim_log(&self) -> String {
+        fs::read_to_string(self.config.with_file_name("nvshim.log"))
+            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
+    }
+
+    /// Runs the bundle to completion through `rt` and parses the probe.
+    fn run_with(&self, rt: &Runtime, bundle: &Bundle) -> ProbeReport {
+        let out = rt.run(bundle, &unique_id("k8s-e2e")).unwrap();
+        let report = ProbeReport::parse(&out.stdout);
+        if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
+            eprintln!("{out}");
+        }
+        assert!(
+            out.success() && report.complete,
+            "the container did not run to completion\n{out}\n--- nvshim.log ---\n{}",
+            self.shim_log()
+        );
+        report
+    }
+
+    fn run(&self, bundle: &Bundle) -> ProbeReport {
+        self.run_with(&self.shim(), bundle)
+    }
+
+    /// `create` must fail before touching anything: non-zero exit, stderr containing each of
+    /// `needles`, config.json byte-identical, no container left.
+    #[track_caller]
+    fn assert_rejected(&self, rt: &Runtime, bundle: &Bundle, needles: &[&str]) -> RunOutput {
+        let before = bundle.config_bytes().unwrap();
+        let id = unique_id("k8s-e2e-reject");
+        let out = rt.create(bundle, &id).unwrap();
+        let (_, stderr) = rt.container_output(&id).unwrap();
+        assert!(
+            !out.success(),
+            "create should have failed\n{out}\n--- nvshim.log ---\n{}",
+            self.shim_log()
+        );
+        for n in needles {
+            assert!(stderr.contains(n), "stderr should mention {n:?}: {stderr}");
+        }
+        assert_eq!(
+            bundle.config_bytes().unwrap(),
+            before,
+            "config.json changed although create failed"
+        );
+        assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
+        out
+    }
+
+    /// `<tmp>/bin/nvidia-cdi-hook`, a symlink to the built `nvshim-hook`: what the packages
+    /// install as `/usr/bin/nvidia-cdi-hook`.
+    fn nvidia_cdi_hook(&self) -> PathBuf {
+        let dir = self.tmp.path().join("bin");
+        let link = dir.join("nvidia-cdi-hook");
+        if !link.exists() {
+            fs::create_dir_all(&dir).unwrap();
+            symlink(hook_path(), &link).unwrap();
+        }
+        link
+    }
+
+    /// `nvshim ARGS` with this world's config.
+    fn nvshim(&self, args: &[&str]) -> std::process::Output {
+        Command::new(NVSHIM)
+            .args(args)
+            .env("NVSHIM_CONFIG", &self.config)
+            .output()
+            .unwrap()
+    }
+}
+
+fn sorted(mut p: Vec<String>) -> Vec<String> {
+    p.sort();
+    p.dedup();
+    p
+}
+
+/// Exactly `selected` GPUs, the control nodes, libcuda mounted read-only and in the ld cache.
+fn gpu_container_problems(r: &ProbeReport, host: &FakeHost, selected: &[&FakeGpu]) -> Vec<String> {
+    let mut p = r.gpu_problems(host, selected);
+    p.extend(r.control_device_problems(host));
+    p.extend(r.library_mounted_problems(host, "libcuda"));
+    p.extend(r.ldcache_problems("libcuda.so.1"));
+    sorted(p)
+}
+
+fn env_problems(r: &ProbeReport, key: &str, want: Option<&str>) -> Vec<String> {
+    if r.env.get(key).map(String::as_str) == want {
+        Vec::new()
+    } else {
+        vec![format!(
+            "{key} is {:?} in the container, expected {want:?}",
+            r.env.get(key)
+        )]
+    }
+}
+
+fn privileged(b: &Bundle) {
+    b.edit(|c| {
+        let caps = c
+            .pointer_mut("/process/capabilities/bounding")
+            .and_then(Value::as_array_mut)
+            .unwrap();
+        caps.push(json!("CAP_SYS_ADMIN"));
+        Ok(())
+    })
+    .unwrap();
+}
+
+// ---- the device plugin -------------------------------------------------------------------------
+
+#[test]
+fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
+    let w = World::new(2);
+    let gpu = w.gpu(1);
+    // A time-sliced GPU shared twice by one container: the plugin strips the replica suffixes
+    // (`GPU-x::0`, `GPU-x::1`) and lists the UUID twice.
+    let list = format!("{0},{0}", gpu.uuid);
+    let b = w.env_bundle("b1", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    p.extend(r.smi_problems(&[gpu]));
+    assert_no_problems("envvar strategy, time-sliced UUID twice", &p, &r);
+
+    // A node that trusts only the kubelet: the variable from an unprivileged container is
+    // ignored (config), from a privileged one honoured.
+    w.configure("accept-envvar-unprivileged = false\n");
+    let b = w.env_bundle("b2", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    let before = b.config_bytes().unwrap();
+    let r = w.run(&b);
+    assert_no_problems(
+        "unprivileged with accept-envvar-unprivileged = false",
+        &r.no_nvidia_problems(&w.host),
+        &r,
+    );
+    assert_eq!(b.config_bytes().unwrap(), before, "config.json changed");
+    let b = w.env_bundle("b3", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    privileged(&b);
+    let r = w.run(&b);
+    assert_no_problems(
+        "privileged with accept-envvar-unprivileged = false",
+        &gpu_container_problems(&r, &w.host, &[gpu]),
+        &r,
+    );
+}
+
+/// A `/dev/null` mount as the kubelet writes the device plugin's `Mount` into the OCI spec.
+fn device_mount(id: &str) -> Value {
+    json!({
+        "destination": format!("{DEVICE_MOUNT_ROOT}/{id}"),
+        "type": "bind",
+        "source": "/dev/null",
+        "options": ["rbind", "rprivate", "rw"]
+    })
+}
+
+fn volume_mount_bundle(w: &World, name: &str, ids: &[&str]) -> Bundle {
+    // The plugin's env value for this strategy (it replaces a CUDA image's `all`).
+    let b = w.env_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", DEVICE_MOUNT_ROOT)]);
+    let mounts: Vec<Value> = ids.iter().map(|id| device_mount(id)).collect();
+    b.edit(move |c| {
+        c["mounts"].as_array_mut().unwrap().extend(mounts);
+        Ok(())
+    })
+    .unwrap();
+    b
+}
+
+#[test]
+fn device_plugin_volume_mount_strategy() {
+    let w = World::new(2);
+    // The hardened node setup NVIDIA documents for this strategy.
+    w.configure("accept-volume-mounts = true\naccept-envvar-unprivileged = false\n");
+    let gpu = w.gpu(0);
+    let b = volume_mount_bundle(&w, "b1", &[&gpu.uuid]);
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    if let Some(m) = r
+        .mounts
+        .iter()
+        .find(|m| m.destination.starts_with(DEVICE_MOUNT_ROOT))
+    {
+        p.push(format!(
+            "the request mount {} reached the container",
+            m.destination
+        ));
+    }
+    let left: Vec<Value> = b.config().unwrap()["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["destination"]
+                .as_str()
+                .is_some_and(|d| d.starts_with(DEVICE_MOUNT_ROOT))
+        })
+        .cloned()
+        .collect();
+    if !left.is_empty() {
+        p.push(format!("config.json still has the request mounts {left:?}"));
+    }
+    assert_no_problems("volume-mounts strategy", &p, &r);
+
+    // Off (the default): the plugin's env value is not a GPU id, and the error says what to set.
+    w.configure("");
+    let b = volume_mount_bundle(&w, "b2", &[&gpu.uuid]);
+    w.assert_rejected(
+        &w.shim(),
+        &b,
+        &[DEVICE_MOUNT_ROOT, "accept-volume-mounts = true"],
+    );
+}
+
+#[test]
+fn device_plugin_cdi_annotation_strategy() {
+    let w = World::new(2);
+    // The plugin's own spec: kind k8s.device-plugin.nvidia.com/gpu, devices named by UUID.
+    let out = w.nvshim(&[
+        "cdi",
+        "generate",
+        "--vendor",
+        "k8s.device-plugin.nvidia.com",
+        "--class",
+        "gpu",
+        "--device-name-strategy",
+        "uuid",
+        "--output",
+        w.cdi_dir
+            .join("k8s.device-plugin.nvidia.com-gpu.yaml")
+            .to_str()
+            .unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Annotations come from the kubelet: they need no privilege, and win over the image's
+    // `NVIDIA_VISIBLE_DEVICES=all`.
+    w.configure("accept-envvar-unprivileged = false\n");
+    let gpu = w.gpu(1);
+    let b = w.annotated_bundle(
+        "b1",
+        json!({
+            // cdi.AnnotationKey("nvidia-device-plugin", <response UUID>)
+            "cdi.k8s.io/nvidia-device-plugin_4d7e9b0a-39c1-4bd0-9f3e-0c2b8f1e6a55":
+                format!("k8s.device-plugin.nvidia.com/gpu={}", gpu.uuid)
+        }),
+    );
+    b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    p.extend(env_problems(&r, "NVIDIA_VISIBLE_DEVICES", Some("void")));
+    assert_no_problems("CDI annotation strategy", &p, &r);
+}
+
+// ---- specs shaped like NVIDIA's producers -----------------------------------------------------
+
+/// A device node edit for `/dev/<name>` on the fake host.
+fn node(host: &FakeHost, name: &str) -> Value {
+    json!({
+        "path": format!("/dev/{name}"),
+        "hostPath": host.dev_root().join("dev").join(name).to_string_lossy(),
+    })
+}
+
+fn hook(path: &Path, args: &[&str]) -> Value {
+    let mut argv = vec!["nvidia-cdi-hook".to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    json!({
+        "hookName": "createContainer",
+        "path": path.to_string_lossy(),
+        "args": argv,
+        "env": ["NVIDIA_CTK_DEBUG=false"],
+    })
+}
+
+/// The global edits NVIDIA's generator (`nvcdi`, NVML mode) writes, as the DRA driver's base
+/// spec and `nvidia-ctk cdi generate` carry them: `NVIDIA_VISIBLE_DEVICES=void`, the control
+/// nodes, the driver's libraries and binaries read-only, and the `nvidia-cdi-hook` hooks in
+/// their generated order (create-symlinks, enable-cuda-compat, update-ldcache,
+/// disable-device-node-modification; nvidia-toolkit-behaviour.md §1.5).
+fn nvidia_common_edits(host: &FakeHost, hook_path: &Path) -> Value {
+    let v = host.driver_version();
+    let mut mounts = Vec::new();
+    let mut links = Vec::new();
+    for lib in host.libraries() {
+        let path = lib.container_path(v);
+        mounts.push(json!({
+            "hostPath": host.host_path(&path).to_string_lossy(),
+            "containerPath": path,
+            "options": DRIVER_MOUNT_OPTIONS,
+        }));
+        let soname = lib.soname(v);
+        if soname != lib.file_name(v) {
+            links.push(format!("{}::/{}/{soname}", lib.file_name(v), lib.dir()));
+        }
+    }
+    links.push(format!("libcuda.so.1::{LIB_DIR}/libcuda.so"));
+    for bin in [
+        "nvidia-smi",
+        "nvidia-cuda-mps-control",
+        "nvidia-cuda-mps-server",
+    ] {
+        let path = format!("/usr/bin/{bin}");
+        mounts.push(json!({
+            "hostPath": host.host_path(&path).to_string_lossy(),
+            "containerPath": path,
+            "options": DRIVER_MOUNT_OPTIONS,
+        }));
+    }
+    let mut symlink_args = vec!["create-symlinks"];
+    for l in &links {
+        symlink_args.extend(["--link", l.as_str()]);
+    }
+    let compat = format!("--host-driver-version={v}");
+    json!({
+        "env": [format!("NVIDIA_CTK_LIBCUDA_DIR={LIB_DIR}"), "NVIDIA_VISIBLE_DEVICES=void"],
+        "deviceNodes": [
+            node(host, "nvidia-modeset"),
+            node(host, "nvidia-uvm-tools"),
+            node(host, "nvidia-uvm"),
+            node(host, "nvidiactl"),
+        ],
+        "hooks": [
+            hook(hook_path, &symlink_args),
+            hook(hook_path, &["enable-cuda-compat", &compat]),
+            hook(hook_path, &["update-ldcache", "--folder", LIB_DIR, "--folder", &format!("{LIB_DIR}/vdpau")]),
+            hook(hook_path, &["disable-device-node-modification"]),
+        ],
+        "mounts": mounts,
+    })
+}
+
+/// The host-side directories of one MPS control daemon (the DRA driver's
+/// `/var/lib/kubelet/plugins/gpu.nvidia.com/mps/<claim>-<hash>/{pipe,shm}`).
+struct MpsDirs {
+    pipe: PathBuf,
+    shm: PathBuf,
+}
+
+impl MpsDirs {
+    fn new(w: &World, claim_uid: &str) -> MpsDirs {
+        let root = w
+            .tmp
+            .path()
+            .join("kubelet/plugins/gpu.nvidia.com/mps")
+            .join(format!("{claim_uid}-3f2a1"));
+        let dirs = MpsDirs {
+            pipe: root.join("pipe"),
+            shm: root.join("shm"),
+        };
+        fs::create_dir_all(&dirs.pipe).unwrap();
+        fs::create_dir_all(&dirs.shm).unwrap();
+        dirs
+    }
+}
+
+/// The DRA driver's two transient specs for a claim on the GPU at bus index 1 with MPS
+/// sharing: file name and YAML text of the base spec (kind `k8s.gpu.nvidia.com/device`, one
+/// device per GPU, `gpu-<index>`) and of the claim spec (kind `k8s.gpu.nvidia.com/claim`,
+/// device `<claimUID>-gpu-1` carrying `MpsControlDaemon.GetCDIContainerEdits`).
+fn dra_specs(w: &World, claim_uid: &str, mps: &MpsDirs) -> [(String, String); 2] {
+    let devices: Vec<Value> = w
+        .host
+        .gpus_by_bus()
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({
+                "name": format!("gpu-{i}"),
+                "containerEdits": {"deviceNodes": [node(&w.host, &format!("nvidia{}", g.minor))]}
+            })
+        })
+        .collect();
+    let base = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/device",
+        "devices": devices,
+        "containerEdits": nvidia_common_edits(&w.host, &w.nvidia_cdi_hook()),
+    });
+    let claim = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [{
+            "name": format!("{claim_uid}-gpu-1"),
+            "containerEdits": {
+                "env": ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"],
+                "mounts": [
+                    {"containerPath": "/dev/shm", "hostPath": mps.shm.to_string_lossy(),
+                     "options": ["rw", "nosuid", "nodev", "bind"]},
+                    {"containerPath": "/tmp/nvidia-mps", "hostPath": mps.pipe.to_string_lossy(),
+                     "options": ["rw", "nosuid", "nodev", "bind"]},
+                ],
+            },
+        }],
+    });
+    // cdiapi.GenerateTransientSpecName(vendor, class, id) + ".yaml", as the driver's
+    // `cache.WriteSpec` names them.
+    [
+        (
+            "k8s.gpu.nvidia.com-device_base.yaml".to_string(),
+            serde_yaml::to_string(&base).unwrap(),
+        ),
+        (
+            format!("k8s.gpu.nvidia.com-claim_{claim_uid}.yaml"),
+            serde_yaml::to_string(&claim).unwrap(),
+        ),
+    ]
+}
+
+fn write_specs(dir: &Path, specs: &[(String, String)]) {
+    for (name, text) in specs {
+        let path = dir.join(name);
+        fs::write(&path, text).unwrap();
+        // What `nvshim cdi validate` says is what a consumer will say.
+        spec::read_file(&path).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    }
+}
+
+/// The claim's devices as the kubelet annotates a container with them
+/// (`cdi.k8s.io/<driver>_<claimUID>`).
+fn claim_annotations(claim_uid: &str, devices: &[String]) -> Value {
+    json!({ format!("cdi.k8s.io/gpu.nvidia.com_{claim_uid}"): devices.join(",") })
+}
+
+fn mps_problems(r: &ProbeReport, pipe: &str) -> Vec<String> {
+    let mut p = env_problems(r, "CUDA_MPS_PIPE_DIRECTORY", Some(pipe));
+    match r.mount(pipe) {
+        None => p.push(format!("the MPS pipe directory {pipe} is not mounted")),
+        Some(m) if m.is_readonly() => p.push(format!("{pipe} is mounted read-only")),
+        Some(_) => {}
+    }
+    p
+}
+
+#[test]
+fn dra_base_and_claim_specs_through_runc() {
+    let w = World::new(2);
+    let claim_uid = "b0d6a7a2-6f0e-4a43-9c52-2f1d0e6f3c11";
+    let mps = MpsDirs::new(&w, claim_uid);
+    write_specs(&w.cdi_dir, &dra_specs(&w, claim_uid, &mps));
+    let gpu = w.gpu(1);
+    let devices = vec![
+        "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
+        format!("k8s.gpu.nvidia.com/claim={claim_uid}-gpu-1"),
+    ];
+
+    // The MPS-shared claim: the union of the base device and the claim device.
+    let b = w.annotated_bundle("mps", claim_annotations(claim_uid, &devices));
+    b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    p.extend(mps_problems(&r, "/tmp/nvidia-mps"));
+    p.extend(env_problems(&r, "NVIDIA_VISIBLE_DEVICES", Some("void")));
+    if r.mount("/dev/shm").is_none() {
+        p.push("the MPS daemon's shm directory is not mounted at /dev/shm".into());
+    }
+    if r.links
+        .get(&format!("{LIB_DIR}/libcuda.so"))
+        .map(String::as_str)
+        != Some("libcuda.so.1")
+    {
+        p.push("nvidia-cdi-hook create-symlinks made no libcuda.so -> libcuda.so.1".into());
+    }
+    assert_no_problems("DRA base + MPS claim", &p, &r);
+
+    // The engine has applied the specs itself (containerd 2.x, CRI-O) and kept the annotations:
+    // a second create sees `NVIDIA_VISIBLE_DEVICES=void` and leaves config.json as it is.
+    let applied = b.config_bytes().unwrap();
+    let rt = w.shim();
+    let id = unique_id("k8s-e2e-applied");
+    let out = rt.create(&b, &id).unwrap();
+    assert!(out.success(), "{out}\n--- nvshim.log ---\n{}", w.shim_log());
+    assert_eq!(
+        String::from_utf8_lossy(&b.config_bytes().unwrap()),
+        String::from_utf8_lossy(&applied),
+        "create changed a bundle whose CDI devices were already applied"
+    );
+    rt.force_delete(&id);
+
+    // A time-sliced claim on the same GPU: the driver writes no claim device for it, so the
+    // container gets the base device alone, and no MPS.
+    let b = w.annotated_bundle("ts", claim_annotations(claim_uid, &devices[..1]));
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    if r.mount("/tmp/nvidia-mps").is_some() {
+        p.push("a time-sliced claim got the MPS pipe directory".into());
+    }
+    assert_no_problems("DRA base device, time-sliced", &p, &r);
+}
+
+/// What a container sees of the NVIDIA device: nodes with numbers, NVIDIA cgroup rules, the
+/// NVIDIA and CUDA env, the NVIDIA mounts, and the ld cache entries for NVIDIA libraries.
+fn nvidia_view(r: &ProbeReport, host: &FakeHost) -> Value {
+    let majors = [NVIDIA_MAJOR, host.spec().uvm_major, host.spec().caps_major];
+    let devices: Vec<String> = r
+        .devices
+        .values()
+        .map(|d| format!("{} {} {}:{}", d.path, d.kind, d.major, d.minor))
+        .collect();
+    let mut cgroup: Vec<String> = r
+        .cgroup
+        .iter()
+        .flatten()
+        .filter(|c| c.major.is_some_and(|m| majors.contains(&m)))
+        .map(|c| {
+            let n = |v: Option<u32>| v.map_or("*".to_string(), |v| v.to_string());
+            format!("{} {}:{} {}", c.kind, n(c.major), n(c.minor), c.access)
+        })
+        .collect();
+    cgroup.sort();
+    let mut mounts: Vec<String> = r
+        .nvidia_mounts()
+        .iter()
+        .map(|m| format!("{} ro={}", m.destination, m.is_readonly()))
+        .collect();
+    mounts.sort();
+    let ld: Vec<String> = r
+        .ldcache
+        .iter()
+        .filter(|(k, _)| k.contains("nvidia") || k.contains("cuda"))
+        .map(|(k, v)| format!("{k} => {v}"))
+        .collect();
+    json!({"devices": devices, "cgroup": cgroup, "env": r.env, "mounts": mounts, "ldcache": ld})
+}
+
+#[test]
+fn dra_specs_through_podman_match_nvshim() {
+    let w = World::new(2);
+    let podman = Podman::new(&w.tmp.path().join("podman")).unwrap();
+    // Unique per run, so a claim spec left by a killed run cannot collide.
+    let claim_uid = format!("6c1f2b4e-0d3a-4e5f-8a9b-{:012x}", std::process::id());
+    let mps = MpsDirs::new(&w, &claim_uid);
+    let specs = dra_specs(&w, &claim_uid, &mps);
+    write_specs(&w.cdi_dir, &specs);
+    // podman 4.3 reads /etc/cdi and /var/run/cdi only; the files go where the driver puts them.
+    let _system: Vec<SystemSpec> = specs
+        .iter()
+        .map(|(name, text)| SystemSpec::write(Path::new("/var/run/cdi"), name, text).unwrap())
+        .collect();
+    let image = format!("localhost/nvshim-e2e-k8s:{}", std::process::id());
+    podman.import_busybox(&image).unwrap();
+    let devices = vec![
+        "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
+        format!("k8s.gpu.nvidia.com/claim={claim_uid}-gpu-1"),
+    ];
+    let script = ProbeSpec::for_host(&w.host).script();
+    let device_refs: Vec<&str> = devices.iter().map(String::as_str).collect();
+    let out = podman
+        .run(&image, &device_refs, &["sh", "-c", &script])
+        .unwrap();
+    let podman_report = ProbeReport::parse(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success() && podman_report.complete,
+        "podman run {devices:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mut p = gpu_container_problems(&podman_report, &w.host, &[w.gpu(1)]);
+    p.extend(mps_problems(&podman_report, "/tmp/nvidia-mps"));
+    assert_no_problems("podman --device (DRA specs)", &p, &podman_report);
+
+    let b = w.annotated_bundle("b1", claim_annotations(&claim_uid, &devices));
+    let shim_report = w.run(&b);
+    let (podman_view, shim_view) = (
+        nvidia_view(&podman_report, &w.host),
+        nvidia_view(&shim_report, &w.host),
+    );
+    assert_eq!(
+        podman_view,
+        shim_view,
+        "podman and nvshim-runtime disagree on the DRA devices\npodman: {}\nnvshim: {}",
+        serde_json::to_string_pretty(&podman_view).unwrap(),
+        serde_json::to_string_pretty(&shim_view).unwrap()
+    );
+    assert!(
+        podman_view["mounts"].as_array().unwrap().len() > 10,
+        "{podman_view}"
+    );
+}
+
+#[test]
+fn spec_naming_nvidia_cdi_hook_runs_with_only_nvshim() {
+    let w = World::new(2);
+    // What the packages install: /usr/bin/nvidia-cdi-hook -> nvshim-hook. No NVIDIA binary is
+    // involved: the spec's hooks name this link and nothing else.
+    let hook = w.nvidia_cdi_hook();
+    assert_eq!(fs::read_link(&hook).unwrap(), hook_path());
+    // `nvidia-ctk cdi generate`'s shape: kind nvidia.com/gpu, devices by index.
+    let devices: Vec<Value> = w
+        .host
+        .gpus_by_bus()
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({
+                "name": i.to_string(),
+                "containerEdits": {"deviceNodes": [node(&w.host, &format!("nvidia{}", g.minor))]}
+            })
+        })
+        .collect();
+    let spec = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": devices,
+        "containerEdits": nvidia_common_edits(&w.host, &hook),
+    });
+    write_specs(
+        &w.cdi_dir,
+        &[("nvidia.yaml".into(), serde_yaml::to_string(&spec).unwrap())],
+    );
+    for h in spec["containerEdits"]["hooks"].as_array().unwrap() {
+        assert_eq!(h["path"], json!(hook.to_string_lossy()), "{h}");
+    }
+    let b = w.annotated_bundle("b1", json!({"cdi.k8s.io/nvshim-e2e": "nvidia.com/gpu=0"}));
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
+    // update-ldcache --folder, create-symlinks --link, with NVIDIA's meaning.
+    p.extend(r.ldcache_problems("libnvidia-ml.so.1"));
+    p.extend(r.ldcache_problems("libvdpau_nvidia.so.1"));
+    if r.links
+        .get(&format!("{LIB_DIR}/libcuda.so"))
+        .map(String::as_str)
+        != Some("libcuda.so.1")
+    {
+        p.push("create-symlinks made no libcuda.so -> libcuda.so.1".into());
+    }
+    p.extend(r.smi_problems(&[w.gpu(0)]));
+    assert_no_problems("spec naming nvidia-cdi-hook", &sorted(p), &r);
+}
+
+// ---- MIG ---------------------------------------------------------------------------------------
+
+/// The fake host's GPUs as NVML reports them (NVML index = bus order), MIG enabled on index 0
+/// with two devices: `0:0` = GPU instance 1 / compute instance 0, `0:1` = GI 2 / CI 0.
+fn mig_topology(host: &FakeHost) -> Topology {
+    let gpus = host
+        .gpus_by_bus()
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| NvmlGpu {
+            name: g.model.clone(),
+            uuid: g.uuid.clone(),
+            minor: g.minor,
+            bus_id: g.bus_id.clone(),
+            memory_total: 80 << 30,
+            mig_enabled: Some(i == 0),
+            mig_devices: if i == 0 {
+                (0..2u32)
+                    .map(|m| MigDevice {
+                        uuid: format!("MIG-{:08x}-5a5a-4000-8000-{:012x}", g.minor, m),
+                        gpu_instance_id: m + 1,
+                        compute_instance_id: 0,
+                        profile: "3g.40gb".into(),
+                        slice_count: 3,
+                        memory_total: 40 << 30,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        })
+        .collect();
+    Topology {
+        driver_version: host.driver_version().to_string(),
+        cuda_driver_version: 13000,
+        gpus,
+    }
+}
+
+/// A host with the MIG topology: the fake NVML in place of libnvidia-ml, its topology file,
+/// and the capabilities of both MIG devices. Returns the topology file.
+fn mig_world() -> (World, Topology, PathBuf) {
+    let w = World::new(2);
+    let topology = mig_topology(&w.host);
+    let lib = w.host.host_path(&w.host.container_lib_path("libnvidia-ml"));
+    fs::copy(fake_nvml(), &lib).unwrap();
+    let file = w.tmp.path().join("topology.json");
+    fs::write(&file, serde_json::to_string_pretty(&topology).unwrap()).unwrap();
+    let parent = &topology.gpus[0];
+    let instances: Vec<(u32, u32, u32)> = parent
+        .mig_devices
+        .iter()
+        .map(|m| (parent.minor, m.gpu_instance_id, m.compute_instance_id))
+        .collect();
+    w.host.add_mig_caps(&instances).unwrap();
+    (w, topology, file)
+}
+
+/// The `/dev/nvidia-caps/*` nodes seen, as (minor, major).
+fn caps_nodes(r: &ProbeReport) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = r
+        .devices
+        .values()
+        .filter(|d| d.path.starts_with("/dev/nvidia-caps/") && d.kind == "c")
+        .map(|d| (d.minor, d.major))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Exactly the capability nodes `want` (minors), allowed in the cgroup; every other capability
+/// in `denied` refused when mknod'ed.
+fn caps_problems(r: &ProbeReport, host: &FakeHost, want: &[u32], denied: &[u32]) -> Vec<String> {
+    let major = host.spec().caps_major;
+    let mut p = Vec::new();
+    let mut expected: Vec<(u32, u32)> = want.iter().map(|m| (*m, major)).collect();
+    expected.sort_unstable();
+    let seen = caps_nodes(r);
+    if seen != expected {
+        p.push(format!(
+            "capability nodes (minor, major): expected {expected:?}, found {seen:?}"
+        ));
+    }
+    for m in want {
+        if !r.cgroup_allows('c', major, *m, "r") {
+            p.push(format!("devices.list does not allow c {major}:{m}"));
+        }
+    }
+    for m in denied {
+        match r.mknod.get(&(major, *m)).map(String::as_str) {
+            Some("EPERM") => {}
+            other => p.push(format!(
+                "a mknod'ed node for capability c {major}:{m} gave {other:?}, expected EPERM"
+            )),
+        }
+    }
+    p
+}
+
+#[test]
+fn mig_devices_by_index_and_uuid() {
+    let (w, topology, topo_file) = mig_world();
+    let parent_gpu = w.gpu(0);
+    let minor = topology.gpus[0].minor;
+    assert_eq!(minor, parent_gpu.minor);
+    let caps_major = w.host.spec().caps_major;
+    let instance = |gi: u32| {
+        [
+            mig_cap_minor(minor, gi, None),
+            mig_cap_minor(minor, gi, Some(0)),
+        ]
+    };
+    let all_caps: Vec<u32> = [
+        vec![MIG_CONFIG_MINOR, MIG_MONITOR_MINOR],
+        instance(1).to_vec(),
+        instance(2).to_vec(),
+    ]
+    .concat();
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
+    for (id, gi) in [
+        ("0:1".to_string(), 2),
+        (topology.gpus[0].mig_devices[0].uuid.clone(), 1),
+    ] {
+        let want = instance(gi);
+        let denied: Vec<u32> = all_caps
+            .iter()
+            .copied()
+            .filter(|m| !want.contains(m))
+            .collect();
+        let mknod: Vec<(u32, u32)> = denied.iter().map(|m| (caps_major, *m)).collect();
+        let b = w.bundle(&format!("b-{gi}"), &mknod);
+        b.set_env("NVIDIA_VISIBLE_DEVICES", &id).unwrap();
+        let r = w.run_with(&shim, &b);
+        let mut p = gpu_container_problems(&r, &w.host, &[parent_gpu]);
+        p.extend(caps_problems(&r, &w.host, &want, &denied));
+        assert_no_problems(&format!("MIG device {id}"), &p, &r);
+    }
+
+    // NVML is loaded for MIG ids only: without its topology the fake NVML cannot initialise,
+    // which a MIG id reports and a whole-GPU request never notices.
+    let b = w.env_bundle("no-nvml-gpu", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let r = w.run(&b);
+    assert_no_problems(
+        "whole GPU on a MIG host, NVML unusable",
+        &gpu_container_problems(&r, &w.host, &[w.gpu(1)]),
+        &r,
+    );
+    let b = w.env_bundle("no-nvml-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:1")]);
+    w.assert_rejected(&w.shim(), &b, &["\"0:1\"", "NVML"]);
+    let b = w.env_bundle("unknown-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:5")]);
+    w.assert_rejected(&shim, &b, &["\"0:5\"", "0:1 (MIG-"]);
+}
+
+#[test]
+fn mig_config_and_monitor_are_for_privileged_containers() {
+    let (w, _topology, _file) = mig_world();
+    let caps_major = w.host.spec().caps_major;
+    // No MIG id: NVML is not needed (the shim runs without the topology).
+    let b = w.bundle("priv", &[]);
+    for (k, v) in [
+        ("NVIDIA_VISIBLE_DEVICES", "1"),
+        ("NVIDIA_MIG_CONFIG_DEVICES", "all"),
+        ("NVIDIA_MIG_MONITOR_DEVICES", "all"),
+    ] {
+        b.set_env(k, v).unwrap();
+    }
+    privileged(&b);
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(1)]);
+    p.extend(caps_problems(
+        &r,
+        &w.host,
+        &[MIG_CONFIG_MINOR, MIG_MONITOR_MINOR],
+        &[],
+    ));
+    assert_no_problems("MIG config and monitor, privileged", &p, &r);
+
+    let b = w.bundle("unpriv", &[(caps_major, MIG_MONITOR_MINOR)]);
+    b.set_env("NVIDIA_VISIBLE_DEVICES", "1").unwrap();
+    b.set_env("NVIDIA_MIG_MONITOR_DEVICES", "all").unwrap();
+    w.assert_rejected(&w.shim(), &b, &["NVIDIA_MIG_MONITOR_DEVICES", "privileged"]);
+}
+
+// ---- IMEX --------------------------------------------------------------------------------------
+
+fn imex_nodes(r: &ProbeReport) -> Vec<(String, u32, u32)> {
+    r.devices
+        .values()
+        .filter(|d| d.path.starts_with("/dev/nvidia-caps-imex-channels/") && d.kind == "c")
+        .map(|d| (d.path.clone(), d.major, d.minor))
+        .collect()
+}
+
+#[test]
+fn imex_channels_by_env_and_by_cdi() {
+    let w = World::new(2);
+    w.host.add_imex_channels(&[0, 3, 5]).unwrap();
+    let major = w.host.spec().caps_imex_major;
+    let channel = |n: u32| {
+        (
+            format!("/dev/nvidia-caps-imex-channels/channel{n}"),
+            major,
+            n,
+        )
+    };
+
+    let b = w.bundle("env", &[(major, 5)]);
+    b.set_env("NVIDIA_VISIBLE_DEVICES", "0").unwrap();
+    b.set_env("NVIDIA_IMEX_CHANNELS", "0,3").unwrap();
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
+    let seen = imex_nodes(&r);
+    if seen != vec![channel(0), channel(3)] {
+        p.push(format!(
+            "IMEX channel nodes: expected channel0 and channel3, found {seen:?}"
+        ));
+    }
+    for n in [0, 3] {
+        if !r.cgroup_allows('c', major, n, "rw") {
+            p.push(format!("devices.list does not allow channel {n}"));
+        }
+    }
+    if r.mknod.get(&(major, 5)).map(String::as_str) != Some("EPERM") {
+        p.push(format!(
+            "channel 5 was not denied: {:?}",
+            r.mknod.get(&(major, 5))
+        ));
+    }
+    assert_no_problems("NVIDIA_IMEX_CHANNELS=0,3", &p, &r);
+
+    let b = w.env_bundle(
+        "missing",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_IMEX_CHANNELS", "7"),
+        ],
+    );
+    w.assert_rejected(&w.shim(), &b, &["IMEX channel 7", "channel7"]);
+
+    // `nvshim cdi generate --mode imex`: kind nvidia.com/imex-channel, a device per channel.
+    let path = w.cdi_dir.join("nvidia-imex.yaml");
+    let out = w.nvshim(&[
+        "cdi",
+        "generate",
+        "--mode",
+        "imex",
+        "--output",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec = spec::read_file(&path).unwrap();
+    assert_eq!(spec.kind, "nvidia.com/imex-channel");
+    let names: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["0", "3", "5", "all"]);
+    let b = w.annotated_bundle(
+        "cdi",
+        json!({"cdi.k8s.io/compute-domain": "nvidia.com/imex-channel=3"}),
+    );
+    let r = w.run(&b);
+    let seen = imex_nodes(&r);
+    assert_eq!(seen, vec![channel(3)], "{}", r.raw);
+}
+
+// ---- GPU Operator layout and MPS ----------------------------------------------------------------
+
+#[test]
+fn split_driver_root_and_dev_root() {
+    let w = World::split(2);
+    let (driver, dev) = (w.host.root(), w.host.dev_root());
+    assert_ne!(driver, dev);
+    assert!(!driver.join("dev").exists() && !dev.join("usr").exists());
+    let gpu = w.gpu(1);
+    let b = w.env_bundle("b1", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    p.extend(r.library_mounted_problems(&w.host, "libnvidia-ml"));
+    p.extend(r.smi_problems(&[gpu]));
+    // The driver's files are mounted from the driver root, at their paths relative to it.
+    let config = b.config().unwrap();
+    let libcuda = w.host.container_lib_path("libcuda");
+    let source = config["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == json!(libcuda))
+        .and_then(|m| m["source"].as_str())
+        .map(PathBuf::from);
+    if source.as_deref() != Some(w.host.host_path(&libcuda).as_path()) {
+        p.push(format!(
+            "{libcuda} is mounted from {source:?}, expected {}",
+            w.host.host_path(&libcuda).display()
+        ));
+    }
+    assert_no_problems("driver root apart from dev root", &p, &r);
+}
+
+#[test]
+fn mps_pipe_directory_reaches_compute_containers() {
+    let w = World::new(2);
+    let pipe = w.tmp.path().join("mps/pipe");
+    w.configure(&format!(
+        "mps-pipe-directory = {:?}\n",
+        pipe.display().to_string()
+    ));
+    let pipe_str = pipe.to_string_lossy().into_owned();
+
+    // No daemon (no directory): nothing.
+    let b = w.env_bundle("none", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let r = w.run(&b);
+    let mut p = env_problems(&r, "CUDA_MPS_PIPE_DIRECTORY", None);
+    if r.mount(&pipe_str).is_some() {
+        p.push("mounted a pipe directory that does not exist".into());
+    }
+    assert_no_problems("no MPS daemon", &p, &r);
+
+    fs::create_dir_all(&pipe).unwrap();
+    let b = w.env_bundle("compute", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let r = w.run(&b);
+    let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
+    p.extend(mps_problems(&r, &pipe_str));
+    if let Some(m) = r.mount(&pipe_str) {
+        for o in ["nosuid", "nodev", "noexec"] {
+            if !m.options.iter().any(|x| x == o) {
+                p.push(format!(
+                    "{pipe_str} is mounted without {o}: {:?}",
+                    m.options
+                ));
+            }
+        }
+    }
+    assert_no_problems("MPS daemon, compute container", &p, &r);
+
+    let b = w.env_bundle(
+        "utility",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_DRIVER_CAPABILITIES", "utility"),
+        ],
+    );
+    let r = w.run(&b);
+    let mut p = env_problems(&r, "CUDA_MPS_PIPE_DIRECTORY", None);
+    if r.mount(&pipe_str).is_some() {
+        p.push("a utility-only container got the MPS pipe directory".into());
+    }
+    assert_no_problems("MPS daemon, utility container", &p, &r);
+}

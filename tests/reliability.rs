@@ -1,0 +1,867 @@
+//! Reliability: load and faults, through the built `nvshim-runtime` over real runc on a
+//! simulated GPU host (the benchmarks-and-hardening issue, "Reliability" 2–4).
+//!
+//! - Load: 50 containers created and started concurrently through the shim on one 8-GPU host,
+//!   each asking for a different GPU subset (by index, UUID or bus id); each must see exactly its
+//!   own GPUs (checked from inside by the probe), and every bundle must be intact.
+//! - Faults: each must end in a clear error on stderr and as a JSON line in runc's `--log`, an
+//!   untouched config.json (byte for byte, no temporary file left) and no container
+//!   (`runc --root R list` empty).
+//! - The update-ldcache hook killed at random points: the container's ld.so.cache is the old
+//!   one or the new one, never a torn one.
+//!
+//! Each test records what it tried and what happened (see [`record`]); `docs/reliability.md`
+//! is rebuilt from those records after every test, so the table there is produced by the tests.
+//! Temp paths are written as `<tmp>` and no timings are recorded, so a run that behaves the same
+//! leaves the file unchanged.
+//!
+//! Needs root (mknod, mount, runc) and `cargo build --workspace` first (the hook binary).
+
+use std::fs::{self, File};
+use std::io::Write as _;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nvshim_hook::ldcache::LdCache;
+use nvshim_testsupport::{
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
+    LIB_DIR,
+};
+use serde_json::Value;
+use tempfile::TempDir;
+
+const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+
+/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim-runtime`.
+fn hook_path() -> PathBuf {
+    let hook = Path::new(SHIM).with_file_name("nvshim-hook");
+    assert!(
+        hook.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test --test reliability`",
+        hook.display()
+    );
+    hook
+}
+
+// ---- the table in docs/reliability.md -------------------------------------------------------
+
+/// One row of docs/reliability.md.
+struct Row<'a> {
+    /// Sort key and file name (`F03-...`).
+    id: &'a str,
+    tried: &'a str,
+    how: &'a str,
+    happened: &'a str,
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// Stores `row` under target/tmp and rewrites docs/reliability.md from every stored row, under a
+/// lock (tests run in parallel). A row is only stored once its test's assertions held.
+fn record(row: Row, tmp: &Path) {
+    let scrub = |s: &str| {
+        let t = tmp.to_string_lossy();
+        s.replace(t.as_ref(), "<tmp>")
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability-rows");
+    fs::create_dir_all(&dir).unwrap();
+    let lock = File::create(dir.join(".lock")).unwrap();
+    let _guard = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let line = format!(
+        "| {} | {} | {} | {} |\n",
+        cell(row.id),
+        cell(&scrub(row.tried)),
+        cell(&scrub(row.how)),
+        cell(&scrub(row.happened))
+    );
+    fs::write(dir.join(format!("{}.row", row.id)), line).unwrap();
+    let mut rows: Vec<(String, String)> = fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".row"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                fs::read_to_string(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    rows.sort();
+    let mut doc = String::from(DOC_HEAD);
+    for (_, line) in rows {
+        doc.push_str(&line);
+    }
+    doc.push_str(DOC_TAIL);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reliability.md");
+    let tmp_path = path.with_extension("md.tmp");
+    fs::write(&tmp_path, doc).unwrap();
+    fs::rename(&tmp_path, &path).unwrap();
+}
+
+const DOC_HEAD: &str = "\
+# Reliability: what was tried and what happened
+
+Produced by `cargo test --test reliability` (tests/reliability.rs): every test rewrites this
+file from the rows of the tests that passed, so do not edit it by hand. Each fault is made for
+real on a simulated GPU host (`tests/support`) with the built `nvshim-runtime` in front of real
+runc, with runc's `--log <file> --log-format json`. For every fault the test asserts: a non-zero
+exit, the error text on stderr, the same text as a `{\"level\":\"error\",\"msg\":...}` line in the
+`--log` file, config.json byte-identical with no temporary file left beside it, and no container
+(`runc --root R list` empty). `<tmp>` is the test's temporary directory.
+
+| # | what was tried | how | what happened |
+|---|---|---|---|
+";
+
+const DOC_TAIL: &str = "
+The fuzzing half of the hardening work (targets, corpus, how long CI runs them, what was found)
+is in `docs/benchmarks.md` § Fuzzing and `scripts/fuzz.sh`.
+";
+
+// ---- a world: fake host, config, bundles -----------------------------------------------------
+
+struct World {
+    tmp: TempDir,
+    host: FakeHost,
+    config: PathBuf,
+}
+
+impl World {
+    fn new(gpus: usize, extra_toml: &str) -> World {
+        let tmp = tempfile::Builder::new()
+            .prefix("nvshim-rel-")
+            .tempdir()
+            .unwrap();
+        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
+        let config = tmp.path().join("nvshim/config.toml");
+        let w = World { tmp, host, config };
+        w.configure(extra_toml);
+        w
+    }
+
+    fn configure(&self, extra_toml: &str) {
+        let extra = format!("hook-path = \"{}\"\n{extra_toml}", hook_path().display());
+        self.host.write_config(&self.config, &extra).unwrap();
+    }
+
+    fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    fn bundle(&self, name: &str, visible: Option<&str>) -> Bundle {
+        let spec = ProbeSpec::for_host(&self.host);
+        let args = spec.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let b = Bundle::new(&self.path().join(name), &args).unwrap();
+        if let Some(v) = visible {
+            b.set_env("NVIDIA_VISIBLE_DEVICES", v).unwrap();
+        }
+        b
+    }
+
+    /// The shim with its own runc state dir and a JSON `--log`.
+    fn shim(&self, log: &Path) -> Runtime {
+        self.shim_at(SHIM, log)
+    }
+
+    fn shim_at(&self, program: impl Into<PathBuf>, log: &Path) -> Runtime {
+        Runtime::new(
+            program,
+            &self.path().join(format!("state-{}", unique_id("s"))),
+        )
+        .unwrap()
+        .env("NVSHIM_CONFIG", &self.config)
+        .json_log(log)
+    }
+
+    fn shim_log(&self) -> String {
+        fs::read_to_string(self.config.with_file_name("nvshim.log")).unwrap_or_default()
+    }
+}
+
+/// Temporary files the shim's atomic save could leave in `dir`.
+fn leftovers(dir: &Path) -> Vec<String> {
+    fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(".config.json.nvshim-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `create` must fail cleanly: non-zero exit, each of `needles` on stderr and in one JSON error
+/// line of `log`, config.json byte-identical, no temporary file, no container. Returns the
+/// error message.
+#[track_caller]
+fn assert_clean_failure(w: &World, rt: &Runtime, bundle_dir: &Path, log: &Path, needles: &[&str]) -> String {
+    let config_path = bundle_dir.join("config.json");
+    let before = fs::read(&config_path).unwrap();
+    let id = unique_id("nvshim-rel");
+    let out = run_create(rt, bundle_dir, &id);
+    let shim_log = w.shim_log();
+    assert!(
+        !out.success(),
+        "create should have failed\n{out}\n--- nvshim.log ---\n{shim_log}"
+    );
+    let stderr = out.stderr.trim().to_string();
+    for n in needles {
+        assert!(
+            stderr.contains(n),
+            "stderr should mention {n:?}\n{out}\n--- nvshim.log ---\n{shim_log}"
+        );
+    }
+    let text = fs::read_to_string(log).unwrap_or_else(|e| panic!("no --log file {}: {e}", log.display()));
+    let msgs: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["level"] == "error" && v["time"].is_string())
+        .filter_map(|v| v["msg"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        msgs.iter().any(|m| needles.iter().all(|n| m.contains(n))),
+        "no JSON error line with {needles:?} in {}:\n{text}",
+        log.display()
+    );
+    assert_eq!(
+        fs::read(&config_path).unwrap(),
+        before,
+        "config.json changed although create failed"
+    );
+    assert_eq!(leftovers(bundle_dir), Vec::<String>::new(), "temporary files left in the bundle");
+    assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
+    assert!(rt.list().unwrap().is_empty(), "runc state dir is not empty");
+    stderr
+}
+
+/// `create --bundle DIR ID` for a bundle directory that is not a testsupport [`Bundle`]; the
+/// runtime's stderr is captured (with create, stdio is the container's, so it goes to files).
+fn run_create(rt: &Runtime, dir: &Path, id: &str) -> RunOutput {
+    rt.command(&["create", "--bundle", &dir.to_string_lossy(), id])
+        .unwrap()
+}
+
+/// A bundle directory holding only config.json, its root the absolute path of `bundle`'s rootfs
+/// (for bundles on special filesystems).
+fn bare_bundle_at(bundle: &Bundle, dir: &Path) {
+    let mut config = bundle.config().unwrap();
+    config["root"]["path"] = Value::from(bundle.rootfs().path().to_string_lossy().into_owned());
+    let mut text = serde_json::to_vec_pretty(&config).unwrap();
+    text.push(b'\n');
+    fs::write(dir.join("config.json"), text).unwrap();
+}
+
+/// Unmounts on drop.
+struct MountGuard(PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = umount2(&self.0, MntFlags::MNT_DETACH);
+    }
+}
+
+// ---- load ------------------------------------------------------------------------------------
+
+/// The 50 subsets: masks `37k mod 255 + 1` over the 8 GPUs in bus order, all distinct (37 is
+/// prime to 255) and non-empty.
+fn subsets(gpus: &[&FakeGpu]) -> Vec<Vec<usize>> {
+    (0..50)
+        .map(|k| {
+            let mask = (k * 37) % 255 + 1;
+            (0..gpus.len()).filter(|i| mask & (1 << i) != 0).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
+    let w = World::new(8, "log-level = \"info\"\n");
+    let by_bus: Vec<&FakeGpu> = w.host.gpus_by_bus();
+    let sets = subsets(&by_bus);
+    // Requests in the three spellings, one in three each.
+    let requests: Vec<String> = sets
+        .iter()
+        .enumerate()
+        .map(|(k, set)| {
+            let ids: Vec<String> = set
+                .iter()
+                .map(|&i| match k % 3 {
+                    0 => i.to_string(),
+                    1 => by_bus[i].uuid.clone(),
+                    _ => by_bus[i].bus_id.clone(),
+                })
+                .collect();
+            ids.join(",")
+        })
+        .collect();
+    let bundles: Vec<Bundle> = requests
+        .iter()
+        .enumerate()
+        .map(|(k, r)| w.bundle(&format!("b{k:02}"), Some(r)))
+        .collect();
+    // One runc state dir for all, as an engine has.
+    let state = w.path().join("state-load");
+    let log = w.path().join("runc-log.json");
+    let barrier = Barrier::new(bundles.len());
+    let started = Instant::now();
+    let outcomes: Vec<(RunOutput, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = bundles
+            .iter()
+            .enumerate()
+            .map(|(k, b)| {
+                let (state, log, barrier, config) = (&state, &log, &barrier, &w.config);
+                s.spawn(move || {
+                    let rt = Runtime::new(SHIM, state)
+                        .unwrap()
+                        .env("NVSHIM_CONFIG", config)
+                        .json_log(log)
+                        .timeout(Duration::from_secs(240));
+                    let id = unique_id(&format!("load{k:02}"));
+                    barrier.wait();
+                    (rt.create_start(b, &id).unwrap(), id)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let elapsed = started.elapsed();
+    let mut problems = Vec::new();
+    for (k, ((out, id), bundle)) in outcomes.iter().zip(&bundles).enumerate() {
+        let selected: Vec<&FakeGpu> = sets[k].iter().map(|&i| by_bus[i]).collect();
+        let report = ProbeReport::parse(&out.stdout);
+        if !out.success() || !report.complete {
+            problems.push(format!("container {k} ({id}) did not run:\n{out}"));
+            continue;
+        }
+        for p in report.gpu_problems(&w.host, &selected) {
+            problems.push(format!("container {k} ({}): {p}", requests[k]));
+        }
+        // The bundle: valid JSON, exactly its GPUs' nodes, its request intact, nothing left over.
+        let config: Value = serde_json::from_slice(&bundle.config_bytes().unwrap())
+            .unwrap_or_else(|e| panic!("bundle {k}: config.json is not JSON any more: {e}"));
+        let mut nodes: Vec<String> = config["linux"]["devices"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d["path"].as_str())
+                    .filter(|p| p.strip_prefix("/dev/nvidia").is_some_and(|n| n.parse::<u32>().is_ok()))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        nodes.sort();
+        let mut want: Vec<String> = selected.iter().map(|g| format!("/dev/nvidia{}", g.minor)).collect();
+        want.sort();
+        if nodes != want {
+            problems.push(format!("bundle {k}: GPU nodes in config.json {nodes:?}, expected {want:?}"));
+        }
+        let env = bundle.env().unwrap();
+        if !env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", requests[k])) {
+            problems.push(format!("bundle {k}: its NVIDIA_VISIBLE_DEVICES changed: {env:?}"));
+        }
+        let left = leftovers(bundle.dir());
+        if !left.is_empty() {
+            problems.push(format!("bundle {k}: temporary files left: {left:?}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problem(s) in 50 concurrent containers (after {elapsed:?}):\n{}\n--- nvshim.log ---\n{}",
+        problems.len(),
+        problems.join("\n"),
+        w.shim_log()
+    );
+    let runc = Runtime::new("runc", &state).unwrap();
+    assert!(runc.list().unwrap().is_empty(), "containers left in {}", state.display());
+    let distinct: std::collections::BTreeSet<&Vec<usize>> = sets.iter().collect();
+    assert_eq!(distinct.len(), 50);
+    record(
+        Row {
+            id: "L01-load",
+            tried: "50 GPU containers created and started at once through nvshim-runtime on one 8-GPU host, one runc state dir",
+            how: "50 threads released by a barrier, each `create` + `start` of a busybox bundle asking for a different non-empty GPU subset (by index, UUID or bus id, one in three each); the in-container probe lists /dev/nvidia*, the devices cgroup and mknod results",
+            happened: "all 50 ran to completion; each saw exactly its own GPUs (nodes, cgroup rules, mknod EPERM for the others); every config.json is valid JSON with exactly its GPUs' nodes and its request unchanged; no temporary file, no container left",
+        },
+        w.path(),
+    );
+}
+
+// ---- faults ----------------------------------------------------------------------------------
+
+#[test]
+fn no_low_level_runtime() {
+    let w = World::new(2, "low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]\n");
+    let b = w.bundle("bundle", Some("0"));
+    let log = w.path().join("runc-log.json");
+    let msg = assert_clean_failure(
+        &w,
+        &w.shim(&log),
+        b.dir(),
+        &log,
+        &["no low-level runtime found", "/nonexistent/runc"],
+    );
+    record(
+        Row {
+            id: "F01-no-runtime",
+            tried: "no low-level runtime found",
+            how: "`low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]`, GPU request 0",
+            happened: &msg,
+        },
+        w.path(),
+    );
+}
+
+#[test]
+fn bundle_on_a_full_filesystem() {
+    let w = World::new(2, "");
+    let b = w.bundle("bundle", Some("0"));
+    let dir = w.path().join("full");
+    fs::create_dir(&dir).unwrap();
+    mount(
+        Some("tmpfs"),
+        &dir,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("size=64k,mode=0755"),
+    )
+    .expect("mounting a tmpfs (the test needs root)");
+    let _guard = MountGuard(dir.clone());
+    bare_bundle_at(&b, &dir);
+    // Fill what is left.
+    let mut filler = File::create(dir.join("filler")).unwrap();
+    let page = [0u8; 4096];
+    while filler.write_all(&page).is_ok() {}
+    drop(filler);
+    let log = w.path().join("runc-log.json");
+    let msg = assert_clean_failure(
+        &w,
+        &w.shim(&log),
+        &dir,
+        &log,
+        &["cannot write", "config.json", "No space left on device"],
+    );
+    record(
+        Row {
+            id: "F02-full-fs",
+            tried: "the bundle directory on a full filesystem, so the rewrite of config.json fails",
+            how: "bundle dir on a 64 KiB tmpfs filled with a filler file; GPU request 0",
+            happened: &msg,
+        },
+        w.path(),
+    );
+}
+
+#[test]
+fn config_json_not_writable() {
+    let w = World::new(2, "");
+    let log = w.path().join("runc-log.json");
+
+    // (a) The bundle directory mounted read-only: the temporary file cannot be created.
+    let b = w.bundle("bundle-ro", Some("0"));
+    mount(
+        Some(b.dir()),
+        b.dir(),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .expect("bind-mounting the bundle (the test needs root)");
+    let guard = MountGuard(b.dir().to_path_buf());
+    mount(
+        None::<&str>,
+        b.dir(),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .unwrap();
+    let msg_ro = assert_clean_failure(
+        &w,
+        &w.shim(&log),
+        b.dir(),
+        &log,
+        &["cannot write", "config.json", "Read-only file system"],
+    );
+    drop(guard);
+    record(
+        Row {
+            id: "F03a-readonly-bundle",
+            tried: "config.json not writable: the bundle directory read-only",
+            how: "bundle dir bind-mounted read-only over itself; GPU request 0",
+            happened: &msg_ro,
+        },
+        w.path(),
+    );
+
+    // (b) config.json immutable (root ignores mode bits, not the immutable flag): the rename
+    // over it fails.
+    let b = w.bundle("bundle-immutable", Some("0"));
+    let chattr = Command::new("chattr")
+        .arg("+i")
+        .arg(b.config_path())
+        .stderr(Stdio::piped())
+        .output();
+    match chattr {
+        Ok(o) if o.status.success() => {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                assert_clean_failure(
+                    &w,
+                    &w.shim(&log),
+                    b.dir(),
+                    &log,
+                    &["cannot write", "config.json", "Operation not permitted"],
+                )
+            }));
+            let _ = Command::new("chattr").arg("-i").arg(b.config_path()).status();
+            let msg = result.unwrap_or_else(|p| std::panic::resume_unwind(p));
+            record(
+                Row {
+                    id: "F03b-immutable-config",
+                    tried: "config.json not writable: the file immutable",
+                    how: "`chattr +i config.json` (root ignores mode bits); GPU request 0",
+                    happened: &msg,
+                },
+                w.path(),
+            );
+        }
+        other => eprintln!(
+            "skipping the immutable config.json case: chattr +i failed here ({other:?}); the \
+             filesystem of {} may not support the flag",
+            w.path().display()
+        ),
+    }
+}
+
+/// A copy of the fake host's proc root, broken by `breakage`, used as `proc-root`.
+fn broken_proc(w: &World, name: &str, breakage: impl FnOnce(&Path)) -> PathBuf {
+    let proc = w.path().join(format!("proc-{name}"));
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(w.host.proc_root())
+        .arg(&proc)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    breakage(&proc);
+    proc
+}
+
+#[test]
+fn proc_files_missing_or_malformed() {
+    let w = World::new(2, "");
+    let log = w.path().join("runc-log.json");
+    let info_files = |proc: &Path| -> Vec<PathBuf> {
+        fs::read_dir(proc.join("driver/nvidia/gpus"))
+            .unwrap()
+            .map(|e| e.unwrap().path().join("information"))
+            .collect()
+    };
+    type Breakage = Box<dyn FnOnce(&Path)>;
+    let cases: Vec<(&str, &str, &str, Breakage, Vec<&str>)> = vec![
+        (
+            "F04a-proc-devices-missing",
+            "/proc/devices missing",
+            "`proc-root` without `devices`",
+            Box::new(|p: &Path| fs::remove_file(p.join("devices")).unwrap()),
+            vec!["devices"],
+        ),
+        (
+            "F04b-proc-devices-no-nvidia",
+            "/proc/devices without the nvidia majors (driver unloaded)",
+            "`devices` with only the kernel's own majors",
+            Box::new(|p: &Path| {
+                fs::write(p.join("devices"), "Character devices:\n  1 mem\n  5 /dev/tty\n\nBlock devices:\n  8 sd\n").unwrap()
+            }),
+            vec!["devices"],
+        ),
+        (
+            "F04c-proc-version-missing",
+            "driver/nvidia/version missing",
+            "`proc-root` without `driver/nvidia/version`, with a driver requirement to check",
+            Box::new(|p: &Path| fs::remove_file(p.join("driver/nvidia/version")).unwrap()),
+            vec!["version"],
+        ),
+        (
+            "F04d-information-malformed",
+            "a GPU's information file malformed",
+            "`Bus Location: zz:not-a-bus` in every `driver/nvidia/gpus/*/information`",
+            Box::new(move |p: &Path| {
+                for f in info_files(p) {
+                    let text = fs::read_to_string(&f).unwrap();
+                    let bad: String = text
+                        .lines()
+                        .map(|l| {
+                            if l.starts_with("Bus Location") {
+                                "Bus Location:    zz:not-a-bus\n".to_string()
+                            } else {
+                                format!("{l}\n")
+                            }
+                        })
+                        .collect();
+                    fs::write(&f, bad).unwrap();
+                }
+            }),
+            vec!["information", "Bus Location"],
+        ),
+        (
+            "F04e-information-empty",
+            "a GPU's information file empty (a driver mid-teardown)",
+            "every `driver/nvidia/gpus/*/information` truncated to 0 bytes",
+            Box::new(move |p: &Path| {
+                for f in info_files(p) {
+                    fs::write(&f, "").unwrap();
+                }
+            }),
+            vec!["information"],
+        ),
+        (
+            "F04f-gpus-dir-missing",
+            "driver/nvidia/gpus missing (no GPU visible to the driver)",
+            "`proc-root` without `driver/nvidia/gpus`; GPU request 0",
+            Box::new(|p: &Path| fs::remove_dir_all(p.join("driver/nvidia/gpus")).unwrap()),
+            vec!["0"],
+        ),
+    ];
+    for (id, tried, how, breakage, needles) in cases {
+        let proc = broken_proc(&w, id, breakage);
+        let config = w.path().join(format!("config-{id}.toml"));
+        let extra = format!(
+            "hook-path = \"{}\"\nproc-root = \"{}\"\n",
+            hook_path().display(),
+            proc.display()
+        );
+        w.host.write_config(&config, &extra).unwrap();
+        let b = w.bundle(&format!("bundle-{id}"), Some("0"));
+        if id == "F04c-proc-version-missing" {
+            b.set_env("NVIDIA_REQUIRE_DRIVER", "driver>=500").unwrap();
+        }
+        let rt = Runtime::new(SHIM, &w.path().join(format!("state-{}", unique_id("p"))))
+            .unwrap()
+            .env("NVSHIM_CONFIG", &config)
+            .json_log(&log);
+        let msg = assert_clean_failure(&w, &rt, b.dir(), &log, &needles);
+        record(
+            Row {
+                id,
+                tried,
+                how,
+                happened: &msg,
+            },
+            w.path(),
+        );
+    }
+}
+
+#[test]
+fn cdi_spec_directory_that_cannot_be_read() {
+    let w = World::new(2, "");
+    let log = w.path().join("runc-log.json");
+
+    // (a) The spec directory is a file.
+    let not_dir = w.path().join("cdi-file");
+    fs::write(&not_dir, "not a directory\n").unwrap();
+    w.configure(&format!(
+        "mode = \"cdi\"\ncdi-spec-dirs = [\"{}\"]\n",
+        not_dir.display()
+    ));
+    let b = w.bundle("bundle-notdir", Some("0"));
+    let msg = assert_clean_failure(
+        &w,
+        &w.shim(&log),
+        b.dir(),
+        &log,
+        &["nvidia.com/gpu=0", "Not a directory"],
+    );
+    record(
+        Row {
+            id: "F05a-spec-dir-not-a-dir",
+            tried: "a CDI spec directory that cannot be read: a file where the directory should be",
+            how: "`mode = \"cdi\"`, `cdi-spec-dirs` naming a regular file; request `nvidia.com/gpu=0`",
+            happened: &msg,
+        },
+        w.path(),
+    );
+
+    // (b) A directory the shim may not read: mode 000, and the shim run without
+    // CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (root reads any mode otherwise).
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if !setpriv.exists() {
+        eprintln!("skipping the permission case: no /usr/bin/setpriv (util-linux)");
+        return;
+    }
+    let locked = w.path().join("cdi-locked");
+    fs::create_dir(&locked).unwrap();
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/cdi_spec/seed-generated-8gpu.json"),
+        locked.join("nvidia.json"),
+    )
+    .unwrap();
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o000)).unwrap();
+    w.configure(&format!(
+        "mode = \"cdi\"\ncdi-spec-dirs = [\"{}\"]\n",
+        locked.display()
+    ));
+    let wrapper = w.path().join("shim-without-dac");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec {} --bounding-set -dac_override,-dac_read_search -- {SHIM} \"$@\"\n",
+            setpriv.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    let b = w.bundle("bundle-locked", Some("0"));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_clean_failure(
+            &w,
+            &w.shim_at(&wrapper, &log),
+            b.dir(),
+            &log,
+            &["nvidia.com/gpu=0", "Permission denied"],
+        )
+    }));
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o755)).unwrap();
+    let msg = result.unwrap_or_else(|p| std::panic::resume_unwind(p));
+    record(
+        Row {
+            id: "F05b-spec-dir-permission",
+            tried: "a CDI spec directory that cannot be read: no permission",
+            how: "spec dir mode 000 holding a valid spec; the shim run by `setpriv --bounding-set -dac_override,-dac_read_search`; request `nvidia.com/gpu=0`",
+            happened: &msg,
+        },
+        w.path(),
+    );
+}
+
+// ---- the hook killed half way ----------------------------------------------------------------
+
+/// Copies the fake host's libraries whose stem is in `stems` (all when empty) into `rootfs`
+/// at the same path, with their SONAME links.
+fn copy_driver_libs(host: &FakeHost, rootfs: &Path, stems: &[&str]) {
+    let v = host.driver_version().to_string();
+    for lib in host.libraries() {
+        if !stems.is_empty() && !stems.contains(&lib.stem) {
+            continue;
+        }
+        let rel = lib.container_path(&v);
+        let rel = rel.trim_start_matches('/');
+        let dst = rootfs.join(rel);
+        fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        fs::copy(host.root().join(rel), &dst).unwrap();
+        let soname = lib.soname(&v);
+        let link = dst.with_file_name(&soname);
+        if soname != lib.file_name(&v) && !link.exists() {
+            symlink(lib.file_name(&v), &link).unwrap();
+        }
+    }
+}
+
+#[test]
+fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
+    let w = World::new(1, "");
+    let b = w.bundle("bundle", None);
+    let rootfs = b.rootfs().path().to_path_buf();
+    // The image: three driver libraries already there, and their cache (what ldconfig made
+    // when the image was built).
+    copy_driver_libs(&w.host, &rootfs, &["libnvidia-ml", "libnvidia-cfg", "libcuda"]);
+    let status = Command::new("/sbin/ldconfig").arg("-r").arg(&rootfs).status().unwrap();
+    assert!(status.success(), "ldconfig -r failed");
+    let cache = rootfs.join("etc/ld.so.cache");
+    let old = fs::read(&cache).unwrap();
+    // The rest of the driver, as the bind mounts place it.
+    copy_driver_libs(&w.host, &rootfs, &[]);
+    let state = w.path().join("state.json");
+    fs::write(
+        &state,
+        format!(
+            r#"{{"ociVersion":"1.0.2","id":"kill","status":"creating","pid":1,"bundle":"{}","annotations":{{}}}}"#,
+            b.dir().display()
+        ),
+    )
+    .unwrap();
+    let hook = hook_path();
+    let folder = format!("/{LIB_DIR}");
+    let run_hook = || {
+        Command::new(&hook)
+            .args(["update-ldcache", "--folder", &folder])
+            .stdin(File::open(&state).unwrap())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // The new cache: a run to completion from the old one (the first run also writes the
+    // ld.so.conf files, which later runs find in place).
+    let mut durations = Vec::new();
+    for _ in 0..3 {
+        fs::write(&cache, &old).unwrap();
+        let t = Instant::now();
+        assert!(run_hook().wait().unwrap().success(), "the hook failed");
+        durations.push(t.elapsed());
+    }
+    let new = fs::read(&cache).unwrap();
+    assert_ne!(new, old, "the hook did not change the cache");
+    let parsed = LdCache::parse(&new).unwrap();
+    assert!(parsed.lookup("libcuda.so.1").is_some());
+    durations.sort();
+    let typical = durations[1];
+
+    // Kill it at spread-out points: delays from 0 to 1.25 typical runs, in 200 steps (process
+    // start-up takes part of a run, so most kills land while it works).
+    let runs = 200u32;
+    let (mut saw_old, mut saw_new) = (0, 0);
+    let mut torn = Vec::new();
+    for i in 0..runs {
+        fs::write(&cache, &old).unwrap();
+        let delay = typical * 5 * i / (4 * runs);
+        let mut child = run_hook();
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        let now = fs::read(&cache).unwrap();
+        if now == old {
+            saw_old += 1;
+        } else if now == new {
+            saw_new += 1;
+        } else {
+            torn.push(format!(
+                "kill after {delay:?}: {} bytes, parses: {}",
+                now.len(),
+                LdCache::parse(&now).is_ok()
+            ));
+        }
+    }
+    let etc_left: Vec<String> = fs::read_dir(rootfs.join("etc"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".nvshim-"))
+        .collect();
+    assert!(torn.is_empty(), "torn ld.so.cache after a kill:\n{}", torn.join("\n"));
+    assert!(saw_old + saw_new == runs);
+    // The outcome counts depend on timing, so the table gives the property, not the counts.
+    eprintln!(
+        "hook killed {runs} times (typical run {typical:?}): old cache {saw_old}, new cache {saw_new}, \
+         temporary files left in /etc: {}",
+        etc_left.len()
+    );
+    record(
+        Row {
+            id: "H01-hook-killed",
+            tried: "`nvshim-hook update-ldcache` killed half way (SIGKILL)",
+            how: "200 runs on a busybox rootfs with an image ld.so.cache and 22 injected driver libraries, each killed after a delay spread evenly from 0 to 1.25 times a typical run",
+            happened: "after every kill the container's /etc/ld.so.cache was byte-identical to the old cache or to the complete new one, never torn (the hook writes a temporary file and renames it); a run killed between the two can leave its temporary `.ld.so.cache.nvshim-<pid>` in the container's /etc, which only that pid's next run removes",
+        },
+        w.path(),
+    );
+}

@@ -1,0 +1,162 @@
+//! podman as an independent CDI consumer: its own storage, run and temp dirs under one
+//! directory, runc as its runtime, a busybox image imported from a [`Rootfs`], and cleanup of
+//! everything it left (containers, then mounts under its dirs) when dropped.
+//!
+//! podman 4.3 reads CDI specs from `/etc/cdi` and `/var/run/cdi` only, so a test puts its specs
+//! there with a [`SystemSpec`] guard. On the CI machines podman needs
+//! `--ulimit nofile=1024:1024 --ulimit nproc=1024:1024` (the default rlimits are refused) and
+//! runc (crun refuses these machines' hybrid cgroups): see `shared/reference/test-environment.md`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{bail, Context, Result};
+
+use crate::rootfs::Rootfs;
+
+/// A podman with its state under `dir`.
+#[derive(Debug)]
+pub struct Podman {
+    dir: PathBuf,
+}
+
+impl Podman {
+    /// Fails when podman is not installed, saying how to install it.
+    pub fn new(dir: &Path) -> Result<Podman> {
+        let out = Command::new("podman")
+            .arg("--version")
+            .output()
+            .context("podman is not installed (apt-get install podman): this test needs it")?;
+        if !out.status.success() {
+            bail!(
+                "podman --version failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Podman {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// `podman` with this instance's global flags.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--runroot")
+            .arg(self.dir.join("run"))
+            .arg("--tmpdir")
+            .arg(self.dir.join("tmp"))
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--runtime",
+                "runc",
+            ]);
+        c
+    }
+
+    /// Imports a busybox rootfs (made under this podman's dir) as image `name`.
+    pub fn import_busybox(&self, name: &str) -> Result<()> {
+        let rootfs = Rootfs::busybox(&self.dir.join("image-rootfs"))?;
+        let tar = self.dir.join("image.tar");
+        let status = Command::new("tar")
+            .arg("-C")
+            .arg(rootfs.path())
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .context("running tar")?;
+        if !status.success() {
+            bail!("tar of {} failed: {status}", rootfs.path().display());
+        }
+        let out = self
+            .cmd()
+            .arg("import")
+            .arg(&tar)
+            .arg(name)
+            .output()
+            .context("running podman import")?;
+        if !out.status.success() {
+            bail!(
+                "podman import {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// `podman run --rm --network none` with the rlimits these machines need, `CAP_MKNOD` (the
+    /// probe mknods nodes to test the device cgroup), `--device` per CDI name, and `args` as the
+    /// command.
+    pub fn run(&self, image: &str, devices: &[&str], args: &[&str]) -> Result<Output> {
+        let mut c = self.cmd();
+        c.args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-add",
+            "MKNOD",
+        ]);
+        for d in devices {
+            c.args(["--device", d]);
+        }
+        c.arg(image).args(args);
+        c.output().context("running podman run")
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.cmd().args(["rm", "-af"]).output();
+        // Anything podman left mounted under its dirs goes with it.
+        if let Ok(mounts) = fs::read_to_string("/proc/self/mounts") {
+            let prefix = self.dir.to_string_lossy().into_owned();
+            let mut targets: Vec<&str> = mounts
+                .lines()
+                .filter_map(|l| l.split(' ').nth(1))
+                .filter(|t| t.starts_with(&prefix))
+                .collect();
+            targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+            for t in targets {
+                let _ = nix::mount::umount2(t, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+/// A spec file written into a system CDI directory (`/var/run/cdi`), removed when dropped.
+#[derive(Debug)]
+pub struct SystemSpec(PathBuf);
+
+impl SystemSpec {
+    /// Writes `text` to `dir/name` (creating `dir`).
+    pub fn write(dir: &Path, name: &str, text: &str) -> Result<SystemSpec> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(name);
+        fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(SystemSpec(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SystemSpec {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
