@@ -28,7 +28,9 @@ use thiserror::Error;
 use crate::cdi::nvml::{self, GpuInfo, NvmlDiscoveryError};
 use crate::config::Config;
 use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
-use crate::host::{normalize_bus_id, DeviceMajors, Gpu, Host, HostError};
+use crate::host::{
+    normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError,
+};
 use crate::request::{
     Capabilities, Request, VisibleDevices, MIG_CONFIG_DEVICES, MIG_MONITOR_DEVICES,
 };
@@ -498,6 +500,94 @@ fn cap_node(
     ))
 }
 
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+/// `create-symlinks` links (`target::link`) for the mounted libraries: SONAME links
+/// (`libcuda.so.1 -> libcuda.so.580.65.06`, which ldconfig would make), the `<name>.so`
+/// development links the host has, `libcuda.so` (applications dlopen it) and
+/// `libnvidia-opticalflow.so` always, and `libGLX_indirect.so.0` (NVIDIA's `pkg/nvcdi`,
+/// `internal/discover/symlinks.go`).
+fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> Vec<String> {
+    let root = &host.roots().driver_root;
+    let mut links: Vec<(String, String)> = Vec::new();
+    let mut add = |target: String, link: String| {
+        if !links.iter().any(|(_, l)| *l == link) {
+            links.push((target, link));
+        }
+    };
+    let suffix = format!(".so.{driver_version}");
+    for l in libs {
+        let (dir, file) = split(&l.file.container_path);
+        if l.soname != file {
+            add(file.to_string(), format!("{dir}/{}", l.soname));
+        }
+        let stem = file.strip_suffix(&suffix).unwrap_or(file);
+        let dev_link = format!("{dir}/{stem}.so");
+        if l.soname == "libcuda.so.1"
+            || stem == "libnvidia-opticalflow"
+            || std::fs::symlink_metadata(under_root(root, &dev_link))
+                .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            add(l.soname.clone(), dev_link);
+        }
+        if stem == "libGLX_nvidia" {
+            add(file.to_string(), format!("{dir}/libGLX_indirect.so.0"));
+        }
+    }
+    links
+        .into_iter()
+        .map(|(t, l)| format!("{t}::{l}"))
+        .collect()
+}
+
+/// The two `createContainer` hooks that make mounted driver libraries resolvable, in this
+/// order: `create-symlinks` (the links above), then `update-ldcache` for their folders. Both run
+/// `hook_path` with an explicit minimal environment, never the container's (CVE-2025-23266).
+/// Legacy requests and `nvshim cdi generate` both use them.
+pub fn library_hooks(
+    host: &Host,
+    libs: &[DriverLibrary],
+    driver_version: &str,
+    hook_path: &Path,
+) -> Vec<Hook> {
+    let hook = |args: Vec<String>| Hook {
+        hook_name: "createContainer".into(),
+        path: hook_path.to_string_lossy().into_owned(),
+        args,
+        env: Some(vec![HOOK_ENV.to_string()]),
+        timeout: None,
+    };
+    let mut hooks = Vec::new();
+    let links = library_links(host, libs, driver_version);
+    if !links.is_empty() {
+        let mut args = vec!["nvshim-hook".to_string(), "create-symlinks".to_string()];
+        for l in links {
+            args.push("--link".into());
+            args.push(l);
+        }
+        hooks.push(hook(args));
+    }
+    let mut folders: Vec<&str> = Vec::new();
+    for l in libs {
+        let (dir, _) = split(&l.file.container_path);
+        let dir = if dir.is_empty() { "/" } else { dir };
+        if !folders.contains(&dir) {
+            folders.push(dir);
+        }
+    }
+    if !folders.is_empty() {
+        let mut args = vec!["nvshim-hook".to_string(), "update-ldcache".to_string()];
+        for f in folders {
+            args.push("--folder".into());
+            args.push(f.into());
+        }
+        hooks.push(hook(args));
+    }
+    hooks
+}
+
 /// The edits for a legacy request, with the config's defaults for everything but the hook.
 pub fn resolve(
     host: &Host,
@@ -652,50 +742,12 @@ pub fn resolve_with_nvml(
         edits.env.push(format!("{MPS_PIPE_ENV}={dir}"));
     }
 
-    // SONAME links (`libcuda.so.1 -> libcuda.so.580.65.06`) and the development link
-    // `libcuda.so -> libcuda.so.1` that applications dlopen; then the cache update.
-    let mut links = Vec::new();
-    let mut folders: Vec<String> = Vec::new();
-    for l in &libs {
-        let (dir, file) = l
-            .file
-            .container_path
-            .rsplit_once('/')
-            .unwrap_or(("", l.file.container_path.as_str()));
-        if l.soname != file {
-            links.push(format!("{file}::{dir}/{}", l.soname));
-        }
-        if l.soname == "libcuda.so.1" {
-            links.push(format!("libcuda.so.1::{dir}/libcuda.so"));
-        }
-        let dir = if dir.is_empty() { "/" } else { dir };
-        if !folders.iter().any(|f| f == dir) {
-            folders.push(dir.to_string());
-        }
-    }
-    let hook = |args: Vec<String>| Hook {
-        hook_name: "createContainer".into(),
-        path: settings.hook_path.to_string_lossy().into_owned(),
-        args,
-        env: Some(vec![HOOK_ENV.to_string()]),
-        timeout: None,
-    };
-    if !links.is_empty() {
-        let mut args = vec!["nvshim-hook".to_string(), "create-symlinks".to_string()];
-        for l in links {
-            args.push("--link".into());
-            args.push(l);
-        }
-        edits.hooks.push(hook(args));
-    }
-    if !folders.is_empty() {
-        let mut args = vec!["nvshim-hook".to_string(), "update-ldcache".to_string()];
-        for f in folders {
-            args.push("--folder".into());
-            args.push(f);
-        }
-        edits.hooks.push(hook(args));
-    }
+    edits.hooks.extend(library_hooks(
+        host,
+        &libs,
+        &driver_version,
+        &settings.hook_path,
+    ));
     Ok((gpus, edits))
 }
 

@@ -23,9 +23,9 @@ use thiserror::Error;
 
 use super::nvml::{self, GpuInfo, MigInfo};
 use super::spec::{self, Device, Spec, SpecError};
-use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
-use crate::host::{DriverLibrary, Host, HostError, HostFile};
-use crate::legacy::{HOOK_ENV, MOUNT_OPTIONS};
+use crate::edits::{ContainerEdits, DeviceNode, Mount};
+use crate::host::{Host, HostError, HostFile};
+use crate::legacy::{self, MOUNT_OPTIONS};
 
 /// Mount options of IPC sockets: writable, no exec (NVIDIA `internal/discover/ipc.go`).
 pub const IPC_MOUNT_OPTIONS: &[&str] = &["nosuid", "nodev", "rbind", "rprivate", "noexec"];
@@ -254,48 +254,6 @@ fn mount(f: &HostFile, options: &[&str]) -> Mount {
     }
 }
 
-fn split(path: &str) -> (&str, &str) {
-    path.rsplit_once('/').unwrap_or(("", path))
-}
-
-/// `create-symlinks` links (`target::link`) for the mounted libraries: SONAME links, the
-/// `<name>.so` development links the host has, `libcuda.so` always, and NVIDIA's fixed extras
-/// (`pkg/nvcdi`, `internal/discover/symlinks.go`).
-fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> Vec<String> {
-    let root = &host.roots().driver_root;
-    let mut links: Vec<(String, String)> = Vec::new();
-    let mut add = |target: String, link: String| {
-        if !links.iter().any(|(_, l)| *l == link) {
-            links.push((target, link));
-        }
-    };
-    let suffix = format!(".so.{driver_version}");
-    for l in libs {
-        let (dir, file) = split(&l.file.container_path);
-        if l.soname != file {
-            add(file.to_string(), format!("{dir}/{}", l.soname));
-        }
-        let stem = file.strip_suffix(&suffix).unwrap_or(file);
-        let dev_link = format!("{dir}/{stem}.so");
-        // `libcuda.so` and `libnvidia-opticalflow.so` always; other `<name>.so` only where the
-        // host has that link.
-        if l.soname == "libcuda.so.1"
-            || stem == "libnvidia-opticalflow"
-            || std::fs::symlink_metadata(crate::host::under_root(root, &dev_link))
-                .is_ok_and(|m| m.file_type().is_symlink())
-        {
-            add(l.soname.clone(), dev_link);
-        }
-        if stem == "libGLX_nvidia" {
-            add(file.to_string(), format!("{dir}/libGLX_indirect.so.0"));
-        }
-    }
-    links
-        .into_iter()
-        .map(|(t, l)| format!("{t}::{l}"))
-        .collect()
-}
-
 /// The edits every device shares.
 fn global_edits(
     host: &Host,
@@ -329,38 +287,12 @@ fn global_edits(
     for f in host.ipc_paths() {
         edits.mounts.push(mount(&f, IPC_MOUNT_OPTIONS));
     }
-    let hook = |args: Vec<String>| Hook {
-        hook_name: "createContainer".into(),
-        path: hook_path.to_string_lossy().into_owned(),
-        args,
-        env: Some(vec![HOOK_ENV.to_string()]),
-        timeout: None,
-    };
-    let links = library_links(host, &libs, driver_version);
-    if !links.is_empty() {
-        let mut args = vec!["nvshim-hook".to_string(), "create-symlinks".to_string()];
-        for l in links {
-            args.push("--link".into());
-            args.push(l);
-        }
-        edits.hooks.push(hook(args));
-    }
-    let mut folders: Vec<&str> = Vec::new();
-    for l in &libs {
-        let (dir, _) = split(&l.file.container_path);
-        let dir = if dir.is_empty() { "/" } else { dir };
-        if !folders.contains(&dir) {
-            folders.push(dir);
-        }
-    }
-    if !folders.is_empty() {
-        let mut args = vec!["nvshim-hook".to_string(), "update-ldcache".to_string()];
-        for f in folders {
-            args.push("--folder".into());
-            args.push(f.into());
-        }
-        edits.hooks.push(hook(args));
-    }
+    edits.hooks.extend(legacy::library_hooks(
+        host,
+        &libs,
+        driver_version,
+        hook_path,
+    ));
     Ok(edits)
 }
 
