@@ -13,9 +13,10 @@ use std::process::{Command, Output};
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use nvshim::cdi::spec::{self, Spec};
 use nvshim_fake_nvml::{Gpu as NvmlGpu, MigDevice, Topology, TOPOLOGY_ENV};
+use nvshim_testsupport::podman::{Podman, SystemSpec};
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, Rootfs, Runtime,
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, Runtime,
 };
 use serde_json::json;
 use tempfile::TempDir;
@@ -649,64 +650,6 @@ fn list_and_validate() {
 
 // ---- podman: an independent consumer of the same spec ------------------------------------------
 
-/// A spec file in `/var/run/cdi` (podman 4.3 reads no other directory), removed on drop. Its
-/// class is unique to this process so it cannot collide with any other spec there.
-struct SystemSpec(PathBuf);
-
-impl Drop for SystemSpec {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
-}
-
-/// podman with its own storage, run and temp dirs under `dir`, runc as its runtime (crun
-/// refuses this machine's hybrid cgroups) and the rlimits these machines need.
-struct Podman {
-    dir: PathBuf,
-}
-
-impl Podman {
-    fn cmd(&self) -> Command {
-        let mut c = Command::new("podman");
-        c.arg("--root")
-            .arg(self.dir.join("root"))
-            .arg("--runroot")
-            .arg(self.dir.join("run"))
-            .arg("--tmpdir")
-            .arg(self.dir.join("tmp"))
-            .args([
-                "--storage-driver",
-                "vfs",
-                "--cgroup-manager",
-                "cgroupfs",
-                "--events-backend",
-                "file",
-                "--runtime",
-                "runc",
-            ]);
-        c
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = self.cmd().args(["rm", "-af"]).output();
-        // Anything podman left mounted under its dirs goes with it.
-        if let Ok(mounts) = fs::read_to_string("/proc/self/mounts") {
-            let prefix = self.dir.to_string_lossy().into_owned();
-            let mut targets: Vec<&str> = mounts
-                .lines()
-                .filter_map(|l| l.split(' ').nth(1))
-                .filter(|t| t.starts_with(&prefix))
-                .collect();
-            targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
-            for t in targets {
-                let _ = nix::mount::umount2(t, nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
-    }
-}
-
 /// What a container sees of the NVIDIA device: nodes with numbers, NVIDIA cgroup rules, the
 /// NVIDIA env, the driver mounts, and the ld cache entries for NVIDIA libraries.
 fn nvidia_view(r: &ProbeReport, host: &FakeHost) -> serde_json::Value {
@@ -744,72 +687,28 @@ fn nvidia_view(r: &ProbeReport, host: &FakeHost) -> serde_json::Value {
 
 #[test]
 fn podman_sees_what_nvshim_runtime_gives() {
-    if Command::new("podman").arg("--version").output().is_err() {
-        panic!("podman is not installed (apt-get install podman): this test needs it");
-    }
     let w = World::new(2);
     let class = format!("gpu-e2e{}", std::process::id());
     let kind = format!("nvidia.com/{class}");
     let (spec, _) = w.generate(&["--class", &class], &[]);
     assert_eq!(spec.kind, kind);
-    fs::create_dir_all("/var/run/cdi").unwrap();
-    let system = SystemSpec(PathBuf::from(format!(
-        "/var/run/cdi/nvshim-e2e-{class}.yaml"
-    )));
-    fs::copy(w.run_cdi.join("nvidia.yaml"), &system.0).unwrap();
+    // podman 4.3 reads CDI specs from /etc/cdi and /var/run/cdi only; the class is unique to
+    // this process so the file cannot collide with any other spec there.
+    let system_spec = SystemSpec::write(
+        Path::new("/var/run/cdi"),
+        &format!("nvshim-e2e-{class}.yaml"),
+        &fs::read_to_string(w.run_cdi.join("nvidia.yaml")).unwrap(),
+    )
+    .unwrap();
 
     // podman, from an image of the same busybox rootfs the bundles use.
-    let podman = Podman {
-        dir: w.tmp.path().join("podman"),
-    };
-    let rootfs = Rootfs::busybox(&w.tmp.path().join("image-rootfs")).unwrap();
-    let tar = w.tmp.path().join("image.tar");
-    let status = Command::new("tar")
-        .arg("-C")
-        .arg(rootfs.path())
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let podman = Podman::new(&w.tmp.path().join("podman")).unwrap();
     let image = format!("localhost/nvshim-e2e-cdi:{}", std::process::id());
-    let out = podman
-        .cmd()
-        .arg("import")
-        .arg(&tar)
-        .arg(&image)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "podman import: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podman.import_busybox(&image).unwrap();
     let device = format!("{kind}=1");
     let script = ProbeSpec::for_host(&w.host).script();
     let out = podman
-        .cmd()
-        .args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            // The bundles add CAP_MKNOD too: the probe mknods GPU nodes to test the cgroup.
-            "--cap-add",
-            "MKNOD",
-            "--device",
-            &device,
-            &image,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .output()
+        .run(&image, &[&device], &["sh", "-c", &script])
         .unwrap();
     let podman_report = ProbeReport::parse(&String::from_utf8_lossy(&out.stdout));
     assert!(
@@ -850,5 +749,5 @@ fn podman_sees_what_nvshim_runtime_gives() {
         podman_view["devices"].as_array().unwrap().len() >= 5,
         "{podman_view}"
     );
-    drop(system);
+    drop(system_spec);
 }
