@@ -357,8 +357,11 @@ fn describe_request(out: &mut Explanation, spec: &Value, request: &Request) {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string(),
-                honoured: true,
-                note: None,
+                honoured: !request.cdi_already_applied,
+                note: request.cdi_already_applied.then(|| {
+                    "already applied by the engine: NVIDIA_VISIBLE_DEVICES=void next to CDI annotations means containerd, CRI-O or podman injected these devices; nvshim changes nothing"
+                        .into()
+                }),
             },
             Source::Mount(destination) => RequestItem {
                 source: "mount",
@@ -401,6 +404,8 @@ fn describe_route(config: &Config, request: &Request, route: &Route) -> RouteIte
             "none",
             if request.ignored_unprivileged_env {
                 "not a GPU container: its NVIDIA_VISIBLE_DEVICES is ignored (unprivileged)".into()
+            } else if request.cdi_already_applied {
+                "nothing to do: the engine has already applied the annotated CDI devices (NVIDIA_VISIBLE_DEVICES=void)".into()
             } else {
                 "not a GPU container: NVIDIA_VISIBLE_DEVICES is unset, empty or void and no CDI device is annotated; config.json is left byte-identical".to_string()
             },

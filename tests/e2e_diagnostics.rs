@@ -714,6 +714,32 @@ fn explain_cdi_request_groups_by_device_and_spec() {
     assert_eq!(groups[1]["cgroupRules"][0]["minor"], 1);
 }
 
+/// containerd 2.x, CRI-O and podman apply CDI devices themselves; the spec's
+/// `NVIDIA_VISIBLE_DEVICES=void` then reaches nvshim next to the annotation, and nothing is done.
+#[test]
+fn explain_says_when_the_engine_applied_cdi_already() {
+    let w = World::new();
+    w.generate();
+    let b = w.bundle("applied", &[("NVIDIA_VISIBLE_DEVICES", "void")]);
+    b.edit(|c| {
+        c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"});
+        Ok(())
+    })
+    .unwrap();
+    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{e:#}");
+    assert_eq!(e["route"]["mode"], "none", "{e:#}");
+    assert_eq!(e["requests"][0]["source"], "annotation");
+    assert_eq!(e["requests"][0]["honoured"], false, "{e:#}");
+    assert!(
+        e["requests"][0]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("already applied by the engine")),
+        "{e:#}"
+    );
+    assert_eq!(e["changesBundle"], false, "{e:#}");
+}
+
 #[test]
 fn explain_shows_the_docker_gpus_hook_removed() {
     let w = World::new();
