@@ -130,15 +130,39 @@ fn check_requirements(host: &Host, request: &Request, gpus: &[Gpu]) -> Result<()
         return Ok(());
     }
     let driver_version = host.driver_version()?;
-    let facts = HostFacts {
+    let mut facts = HostFacts {
         cuda_version: cuda_version_for_driver(&driver_version).map(String::from),
         driver_version,
-        // Architecture and brand are only known through NVML, which stays off this path; a
-        // requirement on them reports that plainly (RequirementError::Unknown).
         gpus: gpus.iter().map(|_| GpuFacts::default()).collect(),
     };
     for r in &request.requirements {
-        r.check(&facts)?;
+        match r.check(&facts) {
+            Ok(()) => {}
+            // An `arch` or `brand` term had to be decided: the one case that loads NVML on
+            // this path, once, for the GPUs the container gets.
+            Err(RequirementError::Unknown { .. })
+                if facts.gpus.iter().all(|g| g.arch.is_none()) =>
+            {
+                let per_gpu = cdi::nvml::library_path(host)
+                    .and_then(cdi::nvml::requirement_facts)
+                    .map_err(|e| RequirementError::NvmlUnavailable {
+                        var: r.var.clone(),
+                        expr: r.expr.clone(),
+                        reason: e.to_string(),
+                    })?;
+                for (slot, gpu) in facts.gpus.iter_mut().zip(gpus) {
+                    if let Some(f) = per_gpu
+                        .iter()
+                        .find(|f| f.uuid.eq_ignore_ascii_case(&gpu.uuid))
+                    {
+                        slot.arch = Some(f.arch.clone());
+                        slot.brand = Some(f.brand.clone());
+                    }
+                }
+                r.check(&facts)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(())
 }

@@ -800,11 +800,17 @@ pub enum RequirementError {
         driver: String,
         cuda: String,
     },
-    #[error("cannot check {var}={expr:?}: the GPU's {what} is unknown to nvshim-runtime, which reads /proc and not NVML; require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
+    #[error("cannot check {var}={expr:?}: the GPU's {what} is not known; require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
     Unknown {
         var: String,
         expr: String,
         what: &'static str,
+    },
+    #[error("cannot check {var}={expr:?}: arch and brand come from NVML, which did not load ({reason}); require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
+    NvmlUnavailable {
+        var: String,
+        expr: String,
+        reason: String,
     },
 }
 

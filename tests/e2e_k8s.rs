@@ -1159,3 +1159,65 @@ fn mps_pipe_directory_reaches_compute_containers() {
     }
     assert_no_problems("MPS daemon, utility container", &p, &r);
 }
+
+// ---- requirements on arch and brand ------------------------------------------------------------
+
+/// `NVIDIA_REQUIRE_*` terms on `arch` and `brand` are the one thing a plain GPU request needs
+/// NVML for, and nvshim loads it only when such a term must be decided: here `cuda>=99.0`
+/// fails on the host's driver, so the alternative `brand=tesla,arch>=9.0` is checked through
+/// (fake) NVML.
+#[test]
+fn arch_and_brand_requirements_are_checked_through_nvml() {
+    let w = World::new(2);
+    let mut topology = mig_topology(&w.host);
+    for g in &mut topology.gpus {
+        g.mig_enabled = None;
+        g.mig_devices.clear();
+        g.compute_capability = Some("9.0".into());
+        g.brand = Some("tesla".into());
+    }
+    let lib = w.host.host_path(&w.host.container_lib_path("libnvidia-ml"));
+    fs::copy(fake_nvml(), &lib).unwrap();
+    let topo_file = w.tmp.path().join("topology.json");
+    fs::write(&topo_file, serde_json::to_string(&topology).unwrap()).unwrap();
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
+
+    let met = "cuda>=99.0 brand=tesla,arch>=9.0";
+    let b = w.env_bundle(
+        "met",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_CUDA", met),
+        ],
+    );
+    let r = w.run_with(&shim, &b);
+    assert_no_problems(
+        "arch and brand met",
+        &gpu_container_problems(&r, &w.host, &[w.gpu(1)]),
+        &r,
+    );
+
+    let unmet = "cuda>=99.0 brand=geforce,arch>=9.0 brand=tesla,arch>=10.0";
+    let b = w.env_bundle(
+        "unmet",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_CUDA", unmet),
+        ],
+    );
+    w.assert_rejected(&shim, &b, &["unsatisfied condition", "NVIDIA_REQUIRE_CUDA"]);
+
+    // NVML that cannot initialise (no topology): the error says so, and how to proceed.
+    let b = w.env_bundle(
+        "no-nvml",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
+        ],
+    );
+    w.assert_rejected(
+        &w.shim(),
+        &b,
+        &["arch>=8.0", "NVML", "NVIDIA_DISABLE_REQUIRE"],
+    );
+}

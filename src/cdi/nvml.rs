@@ -188,6 +188,69 @@ pub fn discover_with_progress(
     })
 }
 
+/// What `NVIDIA_REQUIRE_*` `arch` and `brand` terms compare against, per GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuRequirementFacts {
+    pub uuid: String,
+    /// Compute capability, `9.0`.
+    pub arch: String,
+    /// libnvidia-container's brand name (`tesla`, `geforcertx`, ...).
+    pub brand: String,
+}
+
+/// libnvidia-container's names for NVML brands (`src/nvc_info.c`), the words images use in
+/// `NVIDIA_REQUIRE_CUDA` (`brand=tesla,driver>=470,driver<471 brand=nvidiartx,...`).
+pub fn brand_name(brand: &nvml_wrapper::enum_wrappers::device::Brand) -> &'static str {
+    use nvml_wrapper::enum_wrappers::device::Brand::*;
+    match brand {
+        Unknown => "unknown",
+        Quadro => "quadro",
+        Tesla => "tesla",
+        NVS => "nvs",
+        GRID => "grid",
+        GeForce => "geforce",
+        Titan => "titan",
+        VApps => "nvidiavapps",
+        VPC => "nvidiavpc",
+        VCS => "nvidiavcs",
+        VWS => "nvidiavws",
+        CloudGaming | VGaming => "nvidiacloudgaming",
+        QuadroRTX => "quadrortx",
+        NvidiaRTX => "nvidiartx",
+        Nvidia => "nvidia",
+        GeForceRTX => "geforcertx",
+        TitanRTX => "titanrtx",
+    }
+}
+
+/// Compute capability and brand of every GPU, for `arch` and `brand` requirements: the one
+/// thing on the `create` path that needs NVML, loaded only when such a term must be decided.
+pub fn requirement_facts(lib: PathBuf) -> Result<Vec<GpuRequirementFacts>, NvmlDiscoveryError> {
+    let err = |what: String| {
+        let lib = lib.clone();
+        move |source| NvmlDiscoveryError::Nvml { lib, what, source }
+    };
+    let nvml = Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .map_err(err("loading and initialising".into()))?;
+    let count = nvml.device_count().map_err(err("device count".into()))?;
+    let mut out = Vec::new();
+    for index in 0..count {
+        let what = |w: &str| format!("GPU {index}: {w}");
+        let dev = nvml.device_by_index(index).map_err(err(what("handle")))?;
+        let cc = dev
+            .cuda_compute_capability()
+            .map_err(err(what("compute capability")))?;
+        out.push(GpuRequirementFacts {
+            uuid: dev.uuid().map_err(err(what("UUID")))?,
+            arch: format!("{}.{}", cc.major, cc.minor),
+            brand: brand_name(&dev.brand().map_err(err(what("brand")))?).to_string(),
+        });
+    }
+    Ok(out)
+}
+
 /// One GPU's persistence mode as NVML reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Persistence {

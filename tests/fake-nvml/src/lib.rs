@@ -76,6 +76,13 @@ pub struct Gpu {
     /// `nvmlDeviceGetPersistenceMode`; `None` answers `NVML_ERROR_NOT_SUPPORTED`.
     #[serde(default)]
     pub persistence_mode: Option<bool>,
+    /// `nvmlDeviceGetCudaComputeCapability`, `"9.0"`; `None` answers `NVML_ERROR_NOT_SUPPORTED`.
+    #[serde(default)]
+    pub compute_capability: Option<String>,
+    /// `nvmlDeviceGetBrand`, by libnvidia-container's name (`tesla`, `geforcertx`, ...);
+    /// `None` is `NVML_BRAND_UNKNOWN`.
+    #[serde(default)]
+    pub brand: Option<String>,
 }
 
 /// One MIG device (a compute instance inside a GPU instance).
@@ -419,6 +426,76 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
             unsafe { put(mode, state) }
         }
         _ => NOT_SUPPORTED,
+    })
+}
+
+/// `nvmlDeviceGetCudaComputeCapability`: physical GPUs only.
+///
+/// # Safety
+/// `major` and `minor` must be valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig| {
+        let cc = g.compute_capability.as_deref().and_then(|c| {
+            let (a, b) = c.split_once('.')?;
+            Some((a.parse::<c_int>().ok()?, b.parse::<c_int>().ok()?))
+        });
+        match (mig, cc) {
+            (None, Some((a, b))) => {
+                // SAFETY: forwarded caller contract.
+                let r = unsafe { put(major, a) };
+                if r != SUCCESS {
+                    return r;
+                }
+                // SAFETY: forwarded caller contract.
+                unsafe { put(minor, b) }
+            }
+            _ => NOT_SUPPORTED,
+        }
+    })
+}
+
+/// NVML's `nvmlBrandType_t` values, by libnvidia-container's brand names (`src/nvc_info.c`).
+const BRANDS: &[(&str, c_uint)] = &[
+    ("unknown", 0),
+    ("quadro", 1),
+    ("tesla", 2),
+    ("nvs", 3),
+    ("grid", 4),
+    ("geforce", 5),
+    ("titan", 6),
+    ("nvidiavapps", 7),
+    ("nvidiavpc", 8),
+    ("nvidiavcs", 9),
+    ("nvidiavws", 10),
+    ("nvidiacloudgaming", 11),
+    ("quadrortx", 12),
+    ("nvidiartx", 13),
+    ("nvidia", 14),
+    ("geforcertx", 15),
+    ("titanrtx", 16),
+];
+
+/// `nvmlDeviceGetBrand`.
+///
+/// # Safety
+/// `brand` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(
+    device: nvmlDevice_t,
+    brand: *mut nvml_wrapper_sys::bindings::nvmlBrandType_t,
+) -> nvmlReturn_t {
+    with_device(device, |g, _| {
+        let value = BRANDS
+            .iter()
+            .find(|(n, _)| Some(*n) == g.brand.as_deref())
+            .map_or(0, |(_, v)| *v);
+        // SAFETY: forwarded caller contract.
+        unsafe { put(brand, value) }
     })
 }
 
