@@ -789,6 +789,8 @@ mod tests {
                     memory_total: 10 << 30,
                 }],
                 persistence_mode: Some(true),
+                compute_capability: Some("9.0".into()),
+                brand: Some("tesla".into()),
             }],
         };
         let text = serde_json::to_string(&t).unwrap();
