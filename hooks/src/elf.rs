@@ -8,6 +8,10 @@
 //! and a name that is not NUL-terminated within 4 KiB or within the file makes the file skipped.
 //! The OS ABI note and the x86 ISA-level property are not read: glibc 2.36's ldconfig no longer
 //! stores the former and only stores the latter for `glibc-hwcaps` subdirectories (left at 0).
+//!
+//! [`note`] reads one note from a named `SHT_NOTE` section, for `enable-cuda-compat`'s
+//! `.note.cuda.fwd_compatibility` (a port of NVIDIA's `GetCUDACompatElfHeader`,
+//! `cmd/nvidia-cdi-hook/cudacompat/cuda-elf-header.go`), with every read bounded as above.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -46,6 +50,13 @@ const MAX_NAME: usize = 4096;
 const MAX_PHNUM: usize = 4096;
 /// Most bytes of dynamic section scanned for `DT_NULL`.
 const MAX_DYNAMIC: u64 = 1 << 20;
+/// Most section headers read.
+const MAX_SHNUM: u64 = 4096;
+/// Largest note section read (NVIDIA's is a few hundred bytes).
+pub const MAX_NOTE: u64 = 64 << 10;
+const SHT_NOTE: u32 = 7;
+/// `SHN_XINDEX`: the section-name table index is in section 0's `sh_link`.
+const SHN_XINDEX: u16 = 0xffff;
 
 /// The machine whose ldconfig rules apply. Only these two have a native cache writer; other
 /// hosts use the ldconfig fallback (`fallback.rs`).
@@ -395,6 +406,147 @@ fn read_dynamic(r: &Reader, class: Class, offset: u64, size: u64) -> Option<Vec<
         }
         want = (want * 4).min(limit);
     }
+}
+
+/// One section header: (sh_name, sh_type, sh_offset, sh_size, sh_link, sh_addralign).
+type Shdr = (u32, u32, u64, u64, u32, u64);
+
+impl Class {
+    fn shentsize(self) -> usize {
+        if self.is64 {
+            64
+        } else {
+            40
+        }
+    }
+    fn shdr(self, b: &[u8]) -> Shdr {
+        if self.is64 {
+            (
+                u32_at(b, 0),
+                u32_at(b, 4),
+                u64_at(b, 24),
+                u64_at(b, 32),
+                u32_at(b, 40),
+                u64_at(b, 48),
+            )
+        } else {
+            (
+                u32_at(b, 0),
+                u32_at(b, 4),
+                u64::from(u32_at(b, 16)),
+                u64::from(u32_at(b, 20)),
+                u32_at(b, 24),
+                u64::from(u32_at(b, 32)),
+            )
+        }
+    }
+}
+
+/// Go's `alignUp` in NVIDIA's parser: `(size + to - 1) &^ (to - 1)`, in wrapping arithmetic
+/// (the section's `sh_addralign` is the note alignment there, not the gABI's 4).
+fn align_up(size: u64, to: u64) -> u64 {
+    size.wrapping_add(to).wrapping_sub(1) & !to.wrapping_sub(1)
+}
+
+/// NVIDIA's `trim`: `data[from:from+len]` with both bounds clamped to the data (the fix for an
+/// Orin library whose padding ran past the section, `232dda7`), NULs trimmed at both ends.
+fn trim_nul(data: &[u8], from: u64, len: u64) -> &[u8] {
+    let n = data.len() as u64;
+    let start = from.min(n) as usize;
+    let end = (from.saturating_add(len).min(n) as usize).max(start);
+    let s = &data[start..end];
+    let first = s.iter().position(|&b| b != 0).unwrap_or(s.len());
+    let last = s.iter().rposition(|&b| b != 0).map_or(first, |i| i + 1);
+    &s[first..last]
+}
+
+/// The descriptor of the first note in section `section` when that note's owner is `owner`,
+/// found as NVIDIA's `GetCUDACompatElfHeader` finds it: the first `SHT_NOTE` section with that
+/// name, its `Elf32_Nhdr` (the 12-byte header of both classes), the name padded to the section's
+/// `sh_addralign`, name and descriptor each trimmed of NULs. `None` for anything else: not a
+/// little-endian ELF file, no such section, an empty name or descriptor, another owner, headers
+/// pointing outside the file. `size` is the file's `fstat` size; at most the first 4 KiB,
+/// [`MAX_SHNUM`] section headers, the section names compared and [`MAX_NOTE`] bytes of note are
+/// read.
+pub fn note(file: &File, size: u64, section: &str, owner: &str) -> Option<Vec<u8>> {
+    if size < 52 {
+        return None;
+    }
+    let mut reader = Reader {
+        file,
+        size,
+        head: Vec::new(),
+    };
+    reader.head = reader.bytes(0, size.min(4096) as usize)?;
+    let h = &reader.head;
+    if &h[..4] != b"\x7fELF" || h[5] != 1 {
+        return None;
+    }
+    let class = match h[4] {
+        1 => Class { is64: false },
+        2 if size >= 64 => Class { is64: true },
+        _ => return None,
+    };
+    let (shoff, shentsize, shnum, shstrndx) = if class.is64 {
+        (u64_at(h, 40), u16_at(h, 58), u16_at(h, 60), u16_at(h, 62))
+    } else {
+        (
+            u64::from(u32_at(h, 32)),
+            u16_at(h, 46),
+            u16_at(h, 48),
+            u16_at(h, 50),
+        )
+    };
+    let entsize = class.shentsize();
+    if shoff == 0 || usize::from(shentsize) != entsize {
+        return None;
+    }
+    let first = class.shdr(&reader.bytes(shoff, entsize)?);
+    // SHN_LORESERVE sections or more: the count is section 0's sh_size (gABI).
+    let count = if shnum == 0 {
+        first.3
+    } else {
+        u64::from(shnum)
+    };
+    if count == 0 || count > MAX_SHNUM {
+        return None;
+    }
+    let table = reader.bytes(shoff, count as usize * entsize)?;
+    let header = |i: u64| {
+        let at = i as usize * entsize;
+        class.shdr(&table[at..at + entsize])
+    };
+    let strndx = if shstrndx == SHN_XINDEX {
+        u64::from(first.4)
+    } else {
+        u64::from(shstrndx)
+    };
+    if strndx >= count {
+        return None;
+    }
+    let (_, _, str_off, str_size, _, _) = header(strndx);
+    let (_, _, off, len, _, align) = (0..count).map(header).find(|s| {
+        s.1 == SHT_NOTE
+            && u64::from(s.0) < str_size
+            && reader
+                .cstr(str_off.saturating_add(u64::from(s.0)))
+                .as_deref()
+                == Some(section)
+    })?;
+    if !(12..=MAX_NOTE).contains(&len) {
+        return None;
+    }
+    let data = reader.bytes(off, len as usize)?;
+    let namesz = u64::from(u32_at(&data, 0));
+    let descsz = u64::from(u32_at(&data, 4));
+    if namesz == 0 || descsz == 0 {
+        return None;
+    }
+    let name_len = align_up(namesz, align);
+    if trim_nul(&data, 12, name_len) != owner.as_bytes() {
+        return None;
+    }
+    Some(trim_nul(&data, 12u64.saturating_add(name_len), descsz).to_vec())
 }
 
 #[cfg(test)]

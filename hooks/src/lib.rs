@@ -5,13 +5,19 @@
 //! no environment variable and runs no binary from the container. `update-ldcache` writes the
 //! dynamic linker's cache natively ([`ldconfig`], [`ldcache`], [`elf`]) and falls back to the
 //! host's ldconfig, isolated, only on machines the native writer does not know ([`fallback`]).
+//! NVIDIA's other hooks, under its `nvidia-cdi-hook` name: [`enable_cuda_compat`],
+//! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`].
 
+pub mod chmod;
 pub mod cli;
 pub mod create_symlinks;
+pub mod disable_device_node_modification;
 pub mod elf;
+pub mod enable_cuda_compat;
 pub mod fallback;
 pub mod ldcache;
 pub mod ldconfig;
 pub mod root;
 pub mod state;
+pub mod update_application_profile;
 pub mod update_ldcache;

@@ -19,8 +19,8 @@
 //! and the walk does not notice a directory being renamed out of the root under it (openat2
 //! answers EAGAIN); while the hook runs, the container's only process is its blocked init.
 //!
-//! Written here rather than taken from the `pathrs` crate: the hooks need six operations, and a
-//! short-lived hook should not pay for libpathrs' procfs handles at start-up.
+//! Written here rather than taken from the `pathrs` crate: the hooks need a handful of
+//! operations, and a short-lived hook should not pay for libpathrs' procfs handles at start-up.
 //!
 //! Writes never open an existing file. A new file or symlink is made under a temporary name with
 //! `O_CREAT|O_EXCL|O_NOFOLLOW` (or `symlinkat`) in a directory fd and renamed over the final
@@ -522,6 +522,67 @@ impl Root {
     }
 }
 
+impl Root {
+    /// The canonical path of `path` below the root: every symlink resolved inside the root (an
+    /// absolute target restarts at the root, `..` stops there), `.` and `..` removed, as
+    /// `filepath-securejoin` resolves NVIDIA's CUDA compat directory before naming it in an
+    /// `ld.so.conf.d` file. The walk is the user-space resolver's (module documentation); the
+    /// answer is checked by opening it with the current resolver and comparing the inode with
+    /// what `path` itself resolves to (EAGAIN if they differ).
+    pub fn real_path(&self, path: &str) -> io::Result<String> {
+        let mut pending: Vec<Vec<u8>> = components(path.as_bytes())
+            .rev()
+            .map(<[u8]>::to_vec)
+            .collect();
+        // (name, fd) of each directory entered below the root.
+        let mut stack: Vec<(Vec<u8>, OwnedFd)> = Vec::new();
+        let mut links = 0u32;
+        while let Some(name) = pending.pop() {
+            if name == b"." {
+                continue;
+            }
+            if name == b".." {
+                stack.pop();
+                continue;
+            }
+            let dir = stack.last().map_or(self.fd.as_fd(), |(_, d)| d.as_fd());
+            let fd = openat(dir, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)?;
+            let st = fstat(fd.as_fd())?;
+            if is_symlink(&st) {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = readlinkat(fd.as_fd(), b"")?;
+                if target.first() == Some(&b'/') {
+                    stack.clear();
+                }
+                pending.extend(components(&target).rev().map(<[u8]>::to_vec));
+                continue;
+            }
+            if !pending.is_empty() && !is_dir(&st) {
+                return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+            }
+            stack.push((name, fd));
+        }
+        let mut out = Vec::new();
+        for (name, _) in &stack {
+            out.push(b'/');
+            out.extend_from_slice(name);
+        }
+        if out.is_empty() {
+            out.push(b'/');
+        }
+        let out = String::from_utf8(out).map_err(|_| io::Error::from_raw_os_error(libc::EILSEQ))?;
+        let want = fstat(self.open_at(path, libc::O_PATH, 0, false)?.as_fd())?;
+        let got = fstat(self.open_at(&out, libc::O_PATH, 0, false)?.as_fd())?;
+        if (want.st_dev, want.st_ino) != (got.st_dev, got.st_ino) {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        Ok(out)
+    }
+}
+
 /// Opens the last component for real once the walk has checked it is not a symlink, and
 /// checks that it is still the same inode.
 fn reopen(
@@ -634,6 +695,38 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
 /// A name for a temporary file next to `name`, unique to this process.
 fn temp_name(name: &str) -> String {
     format!(".{name}.nvshim-{}", std::process::id())
+}
+
+/// Removes the entry `dir/name` (never a directory; a symlink itself, not its target). A
+/// missing entry is not an error.
+pub fn remove_file(dir: BorrowedFd, name: &str) -> io::Result<()> {
+    let c = cstring(name.as_bytes())?;
+    // SAFETY: valid C string and a live fd.
+    match check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) }) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// `statfs` magic of procfs (`linux/magic.h`).
+const PROC_SUPER_MAGIC: u64 = 0x9fa0;
+
+/// `/proc/self/fd/N` for `fd`: the name through which a path-only system call (`mount`,
+/// `chmod`) reaches exactly the inode, and the mount, that `fd` holds, as runc's
+/// `utils.WithProcfd` does. The hook's `/proc` is the host's (a createContainer hook runs before
+/// pivot_root), which the image cannot replace; it is still checked to be procfs, so that a
+/// missing or mounted-over `/proc` is an error rather than a path resolved somewhere else.
+pub fn proc_fd_path(fd: BorrowedFd) -> io::Result<CString> {
+    let mut sfs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: a constant C string and writable memory of the right size.
+    check(unsafe { libc::statfs(c"/proc/self/fd".as_ptr(), sfs.as_mut_ptr()) })?;
+    // SAFETY: statfs succeeded, so `sfs` is initialised.
+    let sfs = unsafe { sfs.assume_init() };
+    // `f_type` is signed or unsigned, 32 or 64 bits, depending on the architecture.
+    if sfs.f_type as u64 & 0xffff_ffff != PROC_SUPER_MAGIC {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    cstring(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())
 }
 
 fn unlink(dir: BorrowedFd, name: &str) {
@@ -857,6 +950,27 @@ mod tests {
             .file_name()
             .to_string_lossy()
             .contains("nvshim")));
+    }
+
+    #[test]
+    fn real_path_resolves_symlinks_inside_the_root() {
+        let host = tempfile::tempdir().unwrap();
+        let rootdir = host.path().join("root");
+        std::fs::create_dir_all(rootdir.join("usr/local/cuda-13.0/compat")).unwrap();
+        symlink("cuda-13.0", rootdir.join("usr/local/cuda")).unwrap();
+        symlink("/usr/local/cuda/../cuda", rootdir.join("abs")).unwrap();
+        symlink(host.path(), rootdir.join("out")).unwrap();
+        let root = Root::open(&rootdir).unwrap();
+        both(&root, |root| {
+            let real = |p: &str| root.real_path(p).map_err(|e| e.raw_os_error());
+            let want = Ok("/usr/local/cuda-13.0/compat".to_string());
+            assert_eq!(real("/usr/local/cuda/compat"), want);
+            assert_eq!(real("usr/local/cuda/./compat/"), want);
+            assert_eq!(real("/../abs/compat"), want);
+            assert_eq!(real("/"), Ok("/".to_string()));
+            // A host path re-read inside the root is not there.
+            assert_eq!(real("/out/root"), Err(Some(libc::ENOENT)));
+        });
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //! - with an existing cache, every entry is kept except those of the scanned folders, which are
 //!   rescanned (so a stale entry of a scanned folder whose file is gone disappears, as ldconfig
 //!   would do). The rest of the image's libraries keep resolving exactly as before: the hook
-//!   never re-indexes the whole image (nvidia-container-toolkit#123, field-lessons.md §2.4);
+//!   never re-indexes the whole image (nvidia-container-toolkit#123, field-lessons.md §2.4).
+//!   The directories named by `/etc/ld.so.conf.d/00-compat-*.conf` (what `enable-cuda-compat`
+//!   writes just before this hook, nvshim's or NVIDIA's) are rescanned too: NVIDIA's hook
+//!   relies on a full ldconfig run to index them;
 //! - with no cache, or one that cannot be parsed, every configured directory is scanned: the
 //!   result is what `ldconfig -r ROOT` writes.
 //!
@@ -359,8 +362,10 @@ fn glibc(
         Some(old) => {
             let mut scan = Scan::default();
             let mut scanned: BTreeSet<usize> = BTreeSet::new();
-            for (_, dev, ino) in &present {
-                if let Some(i) = config.find(*dev, *ino) {
+            let compat = compat_dirs(root);
+            let ids = present.iter().map(|(_, dev, ino)| (*dev, *ino));
+            for (dev, ino) in ids.chain(compat) {
+                if let Some(i) = config.find(dev, ino) {
                     if scanned.insert(i) {
                         scanner.search_dir(&mut config, i, false, &mut scan);
                     }
@@ -408,6 +413,31 @@ fn glibc(
         report.written.push(LD_SO_CACHE.into());
     }
     Ok(())
+}
+
+/// The directories (by identity) that `/etc/ld.so.conf.d/00-compat-*.conf` files name: CUDA
+/// compat directories added by `enable-cuda-compat`. Files that cannot be read, and lines that
+/// name no directory, are left out (the configuration reader reports them).
+fn compat_dirs(root: &Root) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for file in ldconfig::glob(root, "/etc/ld.so.conf.d/00-compat-*.conf") {
+        let Ok(Some(data)) = root.read_regular(&file, 1 << 20) else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&data).lines() {
+            let line = line.split('#').next().unwrap_or_default().trim();
+            let path = line.split('=').next().unwrap_or_default().trim_end();
+            if !path.starts_with('/') {
+                continue;
+            }
+            if let Ok(Some(st)) = root.stat(path) {
+                if root::is_dir(&st) {
+                    out.push((st.st_dev, st.st_ino));
+                }
+            }
+        }
+    }
+    out
 }
 
 impl Scan {

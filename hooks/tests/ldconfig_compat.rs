@@ -207,6 +207,53 @@ fn debian_image_with_cache_keeps_every_entry() {
 }
 
 #[test]
+fn cuda_compat_dir_is_indexed_first_with_an_existing_cache() {
+    // enable-cuda-compat ran before update-ldcache: its 00-compat file names a directory the
+    // image's cache does not cover. ldconfig (NVIDIA's update-ldcache) indexes every configured
+    // directory; ours rescans that one too, with the same result.
+    use nvshim_hook::enable_cuda_compat::{self as compat, Options as CompatOptions};
+    for resolver in [Resolver::Openat2, Resolver::Walk] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        ldconfig_r(&image);
+        inject_driver(&t, LIBDIR, true);
+        t.link("/usr/local/cuda", "cuda-13.0");
+        fs::create_dir_all(t.path("/usr/local/cuda-13.0/compat")).unwrap();
+        fs::copy(
+            common::compat_lib(
+                "NVIDIA Corporation",
+                &common::compat_json("13.0", &[570, 575, 580]),
+                common::NoteBuild::Asm,
+            ),
+            t.path("/usr/local/cuda-13.0/compat/libcuda.so.580.95.05"),
+        )
+        .unwrap();
+        let r = compat::run(
+            &Root::open(&image).unwrap(),
+            &CompatOptions {
+                host_driver_version: Some("580.65.06".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.compat_dir.as_deref(), Some("/usr/local/cuda-13.0/compat"));
+        let ours = compare(work.path(), &image, &options(&[LIBDIR], false), resolver);
+        let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+        assert_eq!(
+            cache.lookup("libcuda.so.1"),
+            Some("/usr/local/cuda-13.0/compat/libcuda.so.1")
+        );
+        // ldconfig made the SONAME link in the compat directory, and so did we.
+        assert_eq!(
+            fs::read_link(ours.join("usr/local/cuda-13.0/compat/libcuda.so.1")).unwrap(),
+            Path::new("libcuda.so.580.95.05")
+        );
+    }
+}
+
+#[test]
 fn driver_folder_outside_configuration_gets_own_conf() {
     // NVIDIA's CDI specs put libraries at the host's path, e.g. /usr/lib64 from a RHEL host.
     let work = tempfile::tempdir().unwrap();

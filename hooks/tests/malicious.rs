@@ -1,9 +1,12 @@
-//! Hostile images against the built binary: each fixture is tried with every hook, under both
-//! names (`nvshim-hook` and NVIDIA's `nvidia-cdi-hook`), with the OCI state on stdin and a bundle
-//! whose config.json points at the fixture's rootfs. Every run must finish quickly, leave every
-//! watched host path as it was (a temp "host" directory the fixtures' symlinks point into, plus
-//! the real `/etc/ld.so.cache`, `/etc/ld.so.conf` and `/etc/ld.so.conf.d`), and never run the
-//! `LD_PRELOAD` library (which would create a marker file).
+//! Hostile images against the built binary: each fixture is tried with every hook, under each
+//! name that runs it (`nvshim-hook` and NVIDIA's `nvidia-cdi-hook` for ours, `nvidia-cdi-hook`
+//! for NVIDIA's other hooks), with the OCI state on stdin and a bundle whose config.json points
+//! at the fixture's rootfs. Every run must finish quickly, leave every watched host path as it
+//! was (a temp "host" directory the fixtures' symlinks point into, with the modes of its
+//! directories, plus the real `/etc/ld.so.cache`, `/etc/ld.so.conf` and `/etc/ld.so.conf.d`),
+//! leave no mount in the test's namespace, and never run the `LD_PRELOAD` library (which would
+//! create a marker file). `disable-device-node-modification` mounts, so it runs in a private
+//! mount namespace of its own, as runc runs it in the container's.
 //!
 //! The binary under test is the static build, as shipped. The dynamically linked build that cargo
 //! makes serves as the positive control of the `LD_PRELOAD` fixture: it does load the library,
@@ -15,11 +18,18 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{bundle, fingerprint, mkfifo, preload_library, run_hook, static_hook, Run, Tree};
+use common::{
+    bundle, compat_json, compat_lib, fingerprint, mkfifo, preload_library, run_hook, run_hook_with,
+    static_hook, NoteBuild, Run, Tree,
+};
 
 const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 const TIMEOUT: Duration = Duration::from_secs(20);
+const NVIDIA: &str = "NVIDIA Corporation";
+const COMPAT_DIR: &str = "/usr/local/cuda/compat";
+const PARAMS: &str = "/proc/driver/nvidia/params";
+const PROFILE: &str = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf";
 
 /// A host directory that fixtures point at, a marker path, and what must not change.
 struct Host {
@@ -38,7 +48,17 @@ impl Host {
             .file("/etc/ld.so.cache", "the host's cache\n")
             .file("/etc/ld.so.conf.d/host.conf", "/host/lib\n")
             .file("/lib/libhost.so.1", "not a library\n")
+            .file("/etc/nvidia/host-profile.conf", "{}\n")
+            .file("/proc/driver/nvidia/params", "ModifyDeviceFiles: 1\n")
+            .file("/params", "ModifyDeviceFiles: 1\n")
             .dir("/empty");
+        // A compat library that a compat directory symlinked to the host would lead to.
+        t.dir("/compat");
+        fs::copy(
+            compat_lib(NVIDIA, &compat_json("13.0", &[580]), NoteBuild::Asm),
+            t.path("/compat/libcuda.so.590.44.01"),
+        )
+        .unwrap();
         let marker = path.join("owned");
         let preload = preload_library(&path, &marker);
         Host {
@@ -60,12 +80,22 @@ impl Host {
     }
 }
 
-/// A minimal image with the driver library in place, then the fixture's damage.
+/// A minimal image with the driver library in place, a CUDA compat library, a GPU node, the
+/// driver's params where the container's procfs would show them, then the fixture's damage.
 fn image(root: &Path, host: &Host, fixture: &str) {
     let t = Tree::new(root);
     t.dir("/etc")
         .file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
-        .lib(&format!("{LIBDIR}/libcuda.so.580.65.06"), "libcuda.so.1");
+        .lib(&format!("{LIBDIR}/libcuda.so.580.65.06"), "libcuda.so.1")
+        .file(PARAMS, "ModifyDeviceFiles: 1\n")
+        .dir("/dev/dri")
+        .dir(COMPAT_DIR);
+    fs::copy(
+        compat_lib(NVIDIA, &compat_json("13.0", &[580]), NoteBuild::Asm),
+        t.path(&format!("{COMPAT_DIR}/libcuda.so.580.95.05")),
+    )
+    .unwrap();
+    common::mknod_chr(&t.path("/dev/nvidia0"), 195, 0);
     let h = host.dir.display().to_string();
     let up = "../../../../../../../../../../..";
     match fixture {
@@ -133,6 +163,71 @@ fn image(root: &Path, host: &Host, fixture: &str) {
         "soname-with-slash" => {
             t.lib(&format!("{LIBDIR}/libevil.so.1"), &format!("{up}{h}/pwned"));
         }
+        "etc-nvidia-symlink-to-host" => {
+            t.link("/etc/nvidia", &format!("{h}/etc/nvidia"));
+        }
+        "etc-nvidia-dotdot-to-host" => {
+            t.link("/etc/nvidia", &format!("{up}{h}/etc/nvidia"));
+        }
+        "profile-symlink-to-host" => {
+            t.link(PROFILE, &format!("{up}{h}/etc/nvidia/host-profile.conf"));
+        }
+        "fifo-profile" => {
+            t.dir("/etc/nvidia/nvidia-application-profiles-rc.d");
+            mkfifo(&t.path(PROFILE));
+        }
+        "compat-symlink-to-host" => {
+            fs::remove_dir_all(t.path(COMPAT_DIR)).unwrap();
+            t.link(COMPAT_DIR, &format!("{h}/compat"));
+        }
+        "compat-dotdot-to-host" => {
+            fs::remove_dir_all(t.path(COMPAT_DIR)).unwrap();
+            t.link(COMPAT_DIR, &format!("{up}{h}/compat"));
+        }
+        "compat-conf-symlink-to-host" => {
+            t.link(
+                "/etc/ld.so.conf.d/00-compat-nvshim.conf",
+                &format!("{h}/etc/ld.so.conf.d/host.conf"),
+            );
+        }
+        "fifo-compat-conf" => {
+            t.dir("/etc/ld.so.conf.d");
+            mkfifo(&t.path("/etc/ld.so.conf.d/00-compat-nvshim.conf"));
+        }
+        "huge-libcuda" => {
+            let lib = t.path(&format!("{COMPAT_DIR}/libcuda.so.580.95.05"));
+            let f = fs::OpenOptions::new().write(true).open(lib).unwrap();
+            f.set_len(2 << 30).unwrap();
+        }
+        "fifo-libcuda" => {
+            let lib = t.path(&format!("{COMPAT_DIR}/libcuda.so.580.95.05"));
+            fs::remove_file(&lib).unwrap();
+            mkfifo(&lib);
+        }
+        "params-symlink-to-host" => {
+            fs::remove_file(t.path(PARAMS)).unwrap();
+            t.link(PARAMS, &format!("{h}/proc/driver/nvidia/params"));
+        }
+        "params-dotdot-to-host" => {
+            fs::remove_file(t.path(PARAMS)).unwrap();
+            t.link(PARAMS, &format!("{up}{h}/etc/passwd"));
+        }
+        "proc-symlink-to-host" => {
+            fs::remove_dir_all(t.path("/proc")).unwrap();
+            t.link("/proc", &format!("{h}/proc"));
+        }
+        "fifo-params" => {
+            fs::remove_file(t.path(PARAMS)).unwrap();
+            mkfifo(&t.path(PARAMS));
+        }
+        "dev-dri-symlink-to-host" => {
+            fs::remove_dir_all(t.path("/dev/dri")).unwrap();
+            t.link("/dev/dri", &format!("{h}/empty"));
+        }
+        "dev-symlink-to-host" => {
+            fs::remove_dir_all(t.path("/dev")).unwrap();
+            t.link("/dev", &format!("{up}{h}/etc"));
+        }
         other => panic!("unknown fixture {other}"),
     }
 }
@@ -156,28 +251,124 @@ const FIXTURES: &[&str] = &[
     "dir-at-cache",
     "include-loop",
     "soname-with-slash",
+    "etc-nvidia-symlink-to-host",
+    "etc-nvidia-dotdot-to-host",
+    "profile-symlink-to-host",
+    "fifo-profile",
+    "compat-symlink-to-host",
+    "compat-dotdot-to-host",
+    "compat-conf-symlink-to-host",
+    "fifo-compat-conf",
+    "huge-libcuda",
+    "fifo-libcuda",
+    "params-symlink-to-host",
+    "params-dotdot-to-host",
+    "proc-symlink-to-host",
+    "fifo-params",
+    "dev-dri-symlink-to-host",
+    "dev-symlink-to-host",
 ];
 
-/// The hooks as the runtime writes them, plus links aimed at the host.
-fn hooks(host: &Host) -> Vec<Vec<String>> {
+/// One hook command line, the names it runs under, and whether it mounts.
+struct Hook {
+    args: Vec<String>,
+    names: &'static [&'static str],
+    mounts: bool,
+}
+
+/// The hooks as the runtime and NVIDIA's specs write them, plus paths aimed at the host.
+fn hooks(host: &Host) -> Vec<Hook> {
     let h = host.dir.display().to_string();
     let up = "../../../../../../../../../..";
+    let ours: &[&str] = &["nvshim-hook", "nvidia-cdi-hook"];
+    let nvidia: &[&str] = &["nvidia-cdi-hook"];
+    let hook = |args: Vec<String>, names, mounts| Hook {
+        args,
+        names,
+        mounts,
+    };
     vec![
-        vec![
-            "create-symlinks".into(),
-            "--link".into(),
-            "libcuda.so.580.65.06::/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
-            "--link".into(),
-            "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".into(),
-            "--link".into(),
-            format!("{h}/etc/passwd::/{up}{h}/etc/pwned-link"),
-            "--link".into(),
-            format!("{up}{h}/etc/passwd::/usr/lib/../../../../{up}{h}/empty/x"),
-            "--link".into(),
-            format!("x::{h}/etc/ld.so.cache"),
-        ],
-        vec!["update-ldcache".into(), "--folder".into(), LIBDIR.into()],
+        hook(
+            vec![
+                "create-symlinks".into(),
+                "--link".into(),
+                "libcuda.so.580.65.06::/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                "--link".into(),
+                "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".into(),
+                "--link".into(),
+                format!("{h}/etc/passwd::/{up}{h}/etc/pwned-link"),
+                "--link".into(),
+                format!("{up}{h}/etc/passwd::/usr/lib/../../../../{up}{h}/empty/x"),
+                "--link".into(),
+                format!("x::{h}/etc/ld.so.cache"),
+            ],
+            ours,
+            false,
+        ),
+        hook(
+            vec!["update-ldcache".into(), "--folder".into(), LIBDIR.into()],
+            ours,
+            false,
+        ),
+        hook(
+            vec![
+                "enable-cuda-compat".into(),
+                "--host-driver-version=580.65.06".into(),
+            ],
+            nvidia,
+            false,
+        ),
+        hook(
+            vec![
+                "enable-cuda-compat".into(),
+                "--host-driver-version=580.65.06".into(),
+                format!("--cuda-compat-container-root={up}{h}/compat"),
+            ],
+            nvidia,
+            false,
+        ),
+        hook(
+            vec![
+                "disable-device-node-modification".into(),
+                format!("--host-params={h}/params"),
+            ],
+            nvidia,
+            true,
+        ),
+        hook(vec!["update-application-profile".into()], nvidia, false),
+        hook(
+            vec![
+                "chmod".into(),
+                "--mode=777".into(),
+                "--path=/dev/dri".into(),
+                "--path=/etc/passwd".into(),
+                format!("--path={h}/etc/passwd"),
+                format!("--path={up}{h}/empty"),
+            ],
+            nvidia,
+            false,
+        ),
     ]
+}
+
+/// The modes of everything under `dir` (the fingerprint has file modes, not directories').
+fn modes(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = fs::symlink_metadata(&p).unwrap();
+        out.push((p.clone(), meta.permissions().mode()));
+        if meta.is_dir() {
+            todo.extend(fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn mountinfo() -> String {
+    fs::read_to_string("/proc/self/mountinfo").unwrap()
 }
 
 fn run_fixture(
@@ -188,13 +379,34 @@ fn run_fixture(
     host: &Host,
     env: &[(&str, &str)],
 ) -> Run {
+    run_fixture_with(bin, argv0, fixture, hook, host, env, false)
+}
+
+fn run_fixture_with(
+    bin: &Path,
+    argv0: &str,
+    fixture: &str,
+    hook: &[String],
+    host: &Host,
+    env: &[(&str, &str)],
+    private_mount_ns: bool,
+) -> Run {
     let work = tempfile::tempdir().unwrap();
     let rootfs = work.path().join("rootfs");
     image(&rootfs, host, fixture);
     let state = bundle(&work.path().join("bundle"), &rootfs);
     let args: Vec<&str> = hook.iter().map(String::as_str).collect();
     // runc runs createContainer hooks with cwd = the rootfs.
-    run_hook(bin, argv0, &args, &state, env, &rootfs, TIMEOUT)
+    run_hook_with(
+        bin,
+        argv0,
+        &args,
+        &state,
+        env,
+        &rootfs,
+        TIMEOUT,
+        private_mount_ns,
+    )
 }
 
 #[test]
@@ -208,12 +420,15 @@ fn hostile_images_change_nothing_on_the_host() {
         ("LD_LIBRARY_PATH", "/proc/self/cwd/lib"),
     ];
     let before = fingerprint(&host.watched());
+    let modes_before = modes(&host.dir);
+    let mounts_before = mountinfo();
     let mut failures = Vec::new();
     for fixture in FIXTURES {
         for hook in hooks(&host) {
-            for argv0 in ["nvshim-hook", "nvidia-cdi-hook"] {
-                let run = run_fixture(&bin, argv0, fixture, &hook, &host, &env);
-                let what = format!("{fixture} / {argv0} {}", hook[0]);
+            for &argv0 in hook.names {
+                let run =
+                    run_fixture_with(&bin, argv0, fixture, &hook.args, &host, &env, hook.mounts);
+                let what = format!("{fixture} / {argv0} {}", hook.args[0]);
                 if run.code.is_none() {
                     failures.push(format!("{what}: still running after {TIMEOUT:?}"));
                 }
@@ -233,6 +448,11 @@ fn hostile_images_change_nothing_on_the_host() {
                         .collect();
                     panic!("{what}: host changed: {changed:?}");
                 }
+                assert!(
+                    modes(&host.dir) == modes_before,
+                    "{what}: a host mode changed"
+                );
+                assert!(mountinfo() == mounts_before, "{what}: a mount appeared");
             }
         }
     }
@@ -245,7 +465,7 @@ fn hostile_images_change_nothing_on_the_host() {
 fn hostile_cache_files_are_errors_naming_the_path() {
     let host = Host::new();
     let bin = static_hook();
-    let update = hooks(&host).remove(1);
+    let update = hooks(&host).remove(1).args;
     for (fixture, want) in [
         ("sparse-2g-cache", "ld.so.cache: 2147483648 bytes"),
         ("fifo-cache", "ld.so.cache: not a regular file"),
@@ -316,7 +536,7 @@ fn ld_preload_reaches_only_a_dynamic_build() {
     let host = Host::new();
     let env_preload = host.preload.display().to_string();
     let env = [("LD_PRELOAD", env_preload.as_str())];
-    let update = hooks(&host).remove(1);
+    let update = hooks(&host).remove(1).args;
     // Positive control: the loader of a dynamically linked binary runs the library.
     let run = run_fixture(
         &common::dynamic_hook(),
@@ -334,8 +554,16 @@ fn ld_preload_reaches_only_a_dynamic_build() {
     fs::remove_file(&host.marker).unwrap();
     // The shipped, static binary has no loader: nothing runs.
     for hook in hooks(&host) {
-        let run = run_fixture(&static_hook(), "nvshim-hook", "plain", &hook, &host, &env);
-        assert_eq!(run.code, Some(0), "{run:?}");
+        let run = run_fixture_with(
+            &static_hook(),
+            hook.names[hook.names.len() - 1],
+            "plain",
+            &hook.args,
+            &host,
+            &env,
+            hook.mounts,
+        );
+        assert_eq!(run.code, Some(0), "{:?}: {run:?}", hook.args);
     }
     assert!(
         !host.marker.exists(),
@@ -364,17 +592,15 @@ fn legacy_hook_name_fails_with_directions() {
 }
 
 #[test]
-fn nvidia_only_hooks_warn_and_succeed() {
-    for args in [
-        vec!["enable-cuda-compat", "--host-driver-version=580.65.06"],
-        vec!["disable-device-node-modification"],
-        vec!["update-application-profile"],
-        vec!["chmod", "--mode", "755", "--path", "/dev/dri"],
-        vec!["a-hook-from-the-future"],
+fn nvidia_hooks_run_under_nvidias_names_only() {
+    // An unknown hook warns and succeeds under NVIDIA's names, as NVIDIA's does.
+    for (argv0, args) in [
+        ("nvidia-cdi-hook", vec!["a-hook-from-the-future", "--x"]),
+        ("nvidia-ctk", vec!["hook", "a-hook-from-the-future"]),
     ] {
         let run = run_hook(
             &static_hook(),
-            "nvidia-cdi-hook",
+            argv0,
             &args,
             "{}",
             &[],
@@ -384,6 +610,7 @@ fn nvidia_only_hooks_warn_and_succeed() {
         assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
         assert!(run.stderr.contains("warning"), "{args:?}: {run:?}");
     }
+    // NVIDIA's other hooks are not nvshim-hook subcommands.
     let run = run_hook(
         &static_hook(),
         "nvshim-hook",
@@ -394,6 +621,105 @@ fn nvidia_only_hooks_warn_and_succeed() {
         TIMEOUT,
     );
     assert_eq!(run.code, Some(2));
+    // nvidia-ctk answers only to `hook`.
+    let run = run_hook(
+        &static_hook(),
+        "nvidia-ctk",
+        &["cdi", "generate"],
+        "{}",
+        &[],
+        Path::new("/"),
+        TIMEOUT,
+    );
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("nvidia-ctk hook"), "{run:?}");
+}
+
+/// The new hooks on the plain image, through the binary: what each writes.
+#[test]
+fn nvidia_hooks_do_their_work_on_a_plain_image() {
+    let host = Host::new();
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    image(&rootfs, &host, "plain");
+    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let run = |argv0: &str, args: &[&str]| {
+        run_hook(&static_hook(), argv0, args, &state, &[], &rootfs, TIMEOUT)
+    };
+    let r = run(
+        "nvidia-cdi-hook",
+        &["enable-cuda-compat", "--host-driver-version", "580.65.06"],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(
+        fs::read_to_string(rootfs.join("etc/ld.so.conf.d/00-compat-nvshim.conf"))
+            .unwrap()
+            .ends_with("\n/usr/local/cuda/compat\n")
+    );
+    // The old command line of nvidia-ctk-generated specs.
+    let r = run("nvidia-ctk", &["hook", "update-application-profile"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(fs::read_to_string(rootfs.join(&PROFILE[1..]))
+        .unwrap()
+        .contains(r#""EGLVisibleDGPUDevices",0x1]"#));
+    let r = run(
+        "nvidia-cdi-hook",
+        &["chmod", "--mode", "751", "--path", "/dev/dri"],
+    );
+    assert_eq!(r.code, Some(0), "{r:?}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        fs::metadata(rootfs.join("dev/dri"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o751
+    );
+}
+
+/// Fixtures whose outcome is fixed for NVIDIA's hooks: a params file that is not one is an
+/// error naming it; a huge or FIFO compat library is never read.
+#[test]
+fn hostile_params_and_compat_files_are_refused() {
+    let host = Host::new();
+    let bin = static_hook();
+    let hooks = hooks(&host);
+    let disable = &hooks[4].args;
+    for fixture in [
+        "fifo-params",
+        "params-symlink-to-host",
+        "params-dotdot-to-host",
+    ] {
+        let run = run_fixture_with(&bin, "nvidia-cdi-hook", fixture, disable, &host, &[], true);
+        assert_eq!(run.code, Some(1), "{fixture}: {run:?}");
+        assert!(
+            run.stderr
+                .contains("proc/driver/nvidia/params: not a regular file"),
+            "{fixture}: {run:?}"
+        );
+    }
+    let run = run_fixture_with(
+        &bin,
+        "nvidia-cdi-hook",
+        "proc-symlink-to-host",
+        disable,
+        &host,
+        &[],
+        true,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stderr.contains("not masked"), "{run:?}");
+    let compat = &hooks[2].args;
+    for fixture in ["huge-libcuda", "fifo-libcuda"] {
+        let run = run_fixture(&bin, "nvidia-cdi-hook", fixture, compat, &host, &[]);
+        assert_eq!(run.code, Some(0), "{fixture}: {run:?}");
+        assert!(
+            run.elapsed < Duration::from_secs(5),
+            "{fixture}: took {:?}",
+            run.elapsed
+        );
+    }
 }
 
 #[test]
@@ -401,7 +727,7 @@ fn symlink_outside_root_via_host_link_is_inside() {
     // `libdir-symlink-to-host`: the library directory is an image symlink climbing to a host
     // path; inside the root that path does not exist, so the links cannot be made there.
     let host = Host::new();
-    let create = hooks(&host).remove(0);
+    let create = hooks(&host).remove(0).args;
     let run = run_fixture(
         &static_hook(),
         "nvshim-hook",

@@ -245,6 +245,20 @@ pub fn mkfifo(path: &Path) {
     assert!(status.success());
 }
 
+/// `mknod PATH c MAJOR MINOR`, mode 0666.
+pub fn mknod_chr(path: &Path, major: u32, minor: u32) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    let ret = unsafe {
+        libc::mknod(
+            c.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(ret, 0, "mknod {}", path.display());
+}
+
 /// The hook binary as cargo built it for these tests (dynamically linked).
 pub fn dynamic_hook() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_nvshim-hook"))
@@ -309,11 +323,29 @@ pub fn run_hook(
     cwd: &Path,
     timeout: std::time::Duration,
 ) -> Run {
+    run_hook_with(bin, argv0, args, state, env, cwd, timeout, false)
+}
+
+/// [`run_hook`], optionally in a new private mount namespace (`unshare(CLONE_NEWNS)` and `/`
+/// made `rprivate` in the child before exec), where a hook that mounts
+/// (`disable-device-node-modification`) cannot leave a mount in the test's namespace.
+#[allow(clippy::too_many_arguments)]
+pub fn run_hook_with(
+    bin: &Path,
+    argv0: &str,
+    args: &[&str],
+    state: &str,
+    env: &[(&str, &str)],
+    cwd: &Path,
+    timeout: std::time::Duration,
+    private_mount_ns: bool,
+) -> Run {
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     let start = std::time::Instant::now();
-    let mut child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .arg0(argv0)
         .args(args)
         .env_clear()
@@ -321,9 +353,28 @@ pub fn run_hook(
         .current_dir(cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("hook starts");
+        .stderr(Stdio::piped());
+    if private_mount_ns {
+        // SAFETY: the closure runs in the forked child before exec and makes only two system
+        // calls (async-signal-safe), allocating nothing.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::unshare(libc::CLONE_NEWNS) != 0
+                    || libc::mount(
+                        std::ptr::null(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = command.spawn().expect("hook starts");
     let mut stdin = child.stdin.take().unwrap();
     let state = state.to_string();
     let writer = std::thread::spawn(move || {
@@ -374,4 +425,111 @@ pub fn preload_library(dir: &Path, marker: &Path) -> PathBuf {
         .unwrap();
     assert!(status.success());
     out
+}
+
+/// How a test CUDA compat library carries its `.note.cuda.fwd_compatibility`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoteBuild {
+    /// An assembler `.section ...,"a",@note` (4-byte aligned) linked in by gcc.
+    Asm,
+    /// Added to the linked stub by `objcopy --add-section`, then given this alignment.
+    Objcopy(u32),
+    /// No note at all.
+    None,
+}
+
+/// The note NVIDIA's compat libraries carry: `Elf32_Nhdr`, owner, JSON descriptor, each padded
+/// to 4 bytes.
+pub fn note_bytes(owner: &str, desc: &[u8]) -> Vec<u8> {
+    let mut name = owner.as_bytes().to_vec();
+    name.push(0);
+    let mut out = Vec::new();
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for part in [&name[..], desc] {
+        out.extend_from_slice(part);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+    }
+    out
+}
+
+/// A shared object with SONAME `libcuda.so.1` and a CUDA forward-compatibility note holding
+/// `json` (owner `owner`), built with gcc (and objcopy) once per content and reused.
+pub fn compat_lib(owner: &str, json: &str, how: NoteBuild) -> PathBuf {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap();
+    let key = format!("{owner}\0{json}\0{how:?}");
+    let hash = key.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    let out = stub_dir().join(format!("compat-{hash:016x}.so"));
+    if out.exists() {
+        return out;
+    }
+    let tmp = stub_dir().join(format!("compat-{hash:016x}.{}", std::process::id()));
+    fs::create_dir_all(&tmp).unwrap();
+    let note = note_bytes(owner, json.as_bytes());
+    let mut sources = vec![stub_dir().join("stub.c")];
+    if how == NoteBuild::Asm {
+        let bytes: Vec<String> = note.iter().map(|b| format!("0x{b:02x}")).collect();
+        let asm = tmp.join("note.s");
+        fs::write(
+            &asm,
+            format!(
+                ".section .note.cuda.fwd_compatibility,\"a\",@note\n.balign 4\n.byte {}\n\
+                 .section .note.GNU-stack,\"\",@progbits\n",
+                bytes.join(",")
+            ),
+        )
+        .unwrap();
+        sources.push(asm);
+    }
+    let linked = tmp.join("linked.so");
+    let status = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(&linked)
+        .args(&sources)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed");
+    if let NoteBuild::Objcopy(align) = how {
+        let bin = tmp.join("note.bin");
+        fs::write(&bin, &note).unwrap();
+        let added = tmp.join("added.so");
+        let section = ".note.cuda.fwd_compatibility";
+        let status = Command::new("objcopy")
+            .arg("--add-section")
+            .arg(format!("{section}={}", bin.display()))
+            .arg("--set-section-flags")
+            .arg(format!("{section}=readonly,contents"))
+            .arg(&linked)
+            .arg(&added)
+            .status()
+            .expect("objcopy runs");
+        assert!(status.success());
+        // A second pass: objcopy applies no alignment to a section it adds in the same run.
+        let status = Command::new("objcopy")
+            .arg("--set-section-alignment")
+            .arg(format!("{section}={align}"))
+            .arg(&added)
+            .arg(&linked)
+            .status()
+            .expect("objcopy runs");
+        assert!(status.success());
+    }
+    fs::rename(&linked, &out).unwrap();
+    let _ = fs::remove_dir_all(&tmp);
+    out
+}
+
+/// NVIDIA's note for a CUDA 13.0 compat library supporting these driver branches.
+pub fn compat_json(cuda: &str, drivers: &[u32]) -> String {
+    let d: Vec<String> = drivers.iter().map(u32::to_string).collect();
+    format!(
+        r#"{{"Format":1,"CUDA Version":"{cuda}","Driver":[{}],"Device":[1,2,7,8,9,10,11,12,13,14]}}"#,
+        d.join(",")
+    )
 }
