@@ -325,9 +325,7 @@ fn apply_cdi(
 pub fn create(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, CreateError> {
     let plan = plan(config, dir, hook_path)?;
     if plan.changes_bundle() {
-        let mut bundle = plan.bundle.clone();
-        bundle.spec = plan.edited.clone();
-        bundle.save()?;
+        plan.bundle.save_spec(&plan.edited)?;
         tracing::info!(
             bundle = %dir.display(),
             gpus = ?plan.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),

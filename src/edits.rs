@@ -326,13 +326,15 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     if !edits.env.is_empty() {
         let process = object_at(root, "process", "process")?;
         let env = array_at(process, "env", "process.env")?;
+        // The key is what precedes '=', or the whole entry when it has none, on both sides:
+        // keyed any other way, an entry without '=' is appended again on every apply
+        // (fuzz/corpus/bundle_edits/seed-regression-env-without-equals).
+        let env_key = |e: &str| e.split_once('=').map_or(e, |(k, _)| k).to_string();
         for entry in &edits.env {
-            let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
-            let existing = env.iter_mut().find(|v| {
-                v.as_str()
-                    .and_then(|s| s.split_once('='))
-                    .is_some_and(|(k, _)| k == key)
-            });
+            let key = env_key(entry);
+            let existing = env
+                .iter_mut()
+                .find(|v| v.as_str().is_some_and(|s| env_key(s) == key));
             match existing {
                 Some(slot) => *slot = Value::String(entry.clone()),
                 None => env.push(Value::String(entry.clone())),
@@ -559,6 +561,20 @@ mod tests {
         apply(&mut spec, &edits).unwrap();
         assert_eq!(spec, once);
         assert_eq!(once["process"]["user"]["additionalGids"], json!([44]));
+    }
+
+    #[test]
+    fn env_entry_without_equals_is_applied_once() {
+        // Regression: fuzz/corpus/bundle_edits/seed-regression-env-without-equals.
+        let mut spec = json!({"process": {"env": []}});
+        let edits = ContainerEdits {
+            env: vec!["NVIDIA_VIS".into()],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let once = spec.clone();
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(spec, once);
     }
 
     #[test]

@@ -140,7 +140,8 @@ impl World {
             .prefix("nvshim-rel-")
             .tempdir()
             .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
+        let host =
+            FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
         let config = tmp.path().join("nvshim/config.toml");
         let w = World { tmp, host, config };
         w.configure(extra_toml);
@@ -203,7 +204,13 @@ fn leftovers(dir: &Path) -> Vec<String> {
 /// line of `log`, config.json byte-identical, no temporary file, no container. Returns the
 /// error message.
 #[track_caller]
-fn assert_clean_failure(w: &World, rt: &Runtime, bundle_dir: &Path, log: &Path, needles: &[&str]) -> String {
+fn assert_clean_failure(
+    w: &World,
+    rt: &Runtime,
+    bundle_dir: &Path,
+    log: &Path,
+    needles: &[&str],
+) -> String {
     let config_path = bundle_dir.join("config.json");
     let before = fs::read(&config_path).unwrap();
     let id = unique_id("nvshim-rel");
@@ -220,7 +227,8 @@ fn assert_clean_failure(w: &World, rt: &Runtime, bundle_dir: &Path, log: &Path, 
             "stderr should mention {n:?}\n{out}\n--- nvshim.log ---\n{shim_log}"
         );
     }
-    let text = fs::read_to_string(log).unwrap_or_else(|e| panic!("no --log file {}: {e}", log.display()));
+    let text =
+        fs::read_to_string(log).unwrap_or_else(|e| panic!("no --log file {}: {e}", log.display()));
     let msgs: Vec<String> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -237,7 +245,11 @@ fn assert_clean_failure(w: &World, rt: &Runtime, bundle_dir: &Path, log: &Path, 
         before,
         "config.json changed although create failed"
     );
-    assert_eq!(leftovers(bundle_dir), Vec::<String>::new(), "temporary files left in the bundle");
+    assert_eq!(
+        leftovers(bundle_dir),
+        Vec::<String>::new(),
+        "temporary files left in the bundle"
+    );
     assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
     assert!(rt.list().unwrap().is_empty(), "runc state dir is not empty");
     stderr
@@ -353,20 +365,30 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
             .map(|a| {
                 a.iter()
                     .filter_map(|d| d["path"].as_str())
-                    .filter(|p| p.strip_prefix("/dev/nvidia").is_some_and(|n| n.parse::<u32>().is_ok()))
+                    .filter(|p| {
+                        p.strip_prefix("/dev/nvidia")
+                            .is_some_and(|n| n.parse::<u32>().is_ok())
+                    })
                     .map(str::to_string)
                     .collect()
             })
             .unwrap_or_default();
         nodes.sort();
-        let mut want: Vec<String> = selected.iter().map(|g| format!("/dev/nvidia{}", g.minor)).collect();
+        let mut want: Vec<String> = selected
+            .iter()
+            .map(|g| format!("/dev/nvidia{}", g.minor))
+            .collect();
         want.sort();
         if nodes != want {
-            problems.push(format!("bundle {k}: GPU nodes in config.json {nodes:?}, expected {want:?}"));
+            problems.push(format!(
+                "bundle {k}: GPU nodes in config.json {nodes:?}, expected {want:?}"
+            ));
         }
         let env = bundle.env().unwrap();
         if !env.contains(&format!("NVIDIA_VISIBLE_DEVICES={}", requests[k])) {
-            problems.push(format!("bundle {k}: its NVIDIA_VISIBLE_DEVICES changed: {env:?}"));
+            problems.push(format!(
+                "bundle {k}: its NVIDIA_VISIBLE_DEVICES changed: {env:?}"
+            ));
         }
         let left = leftovers(bundle.dir());
         if !left.is_empty() {
@@ -381,7 +403,11 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
         w.shim_log()
     );
     let runc = Runtime::new("runc", &state).unwrap();
-    assert!(runc.list().unwrap().is_empty(), "containers left in {}", state.display());
+    assert!(
+        runc.list().unwrap().is_empty(),
+        "containers left in {}",
+        state.display()
+    );
     let distinct: std::collections::BTreeSet<&Vec<usize>> = sets.iter().collect();
     assert_eq!(distinct.len(), 50);
     record(
@@ -399,7 +425,10 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
 
 #[test]
 fn no_low_level_runtime() {
-    let w = World::new(2, "low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]\n");
+    let w = World::new(
+        2,
+        "low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]\n",
+    );
     let b = w.bundle("bundle", Some("0"));
     let log = w.path().join("runc-log.json");
     let msg = assert_clean_failure(
@@ -413,7 +442,8 @@ fn no_low_level_runtime() {
         Row {
             id: "F01-no-runtime",
             tried: "no low-level runtime found",
-            how: "`low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]`, GPU request 0",
+            how:
+                "`low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]`, GPU request 0",
             happened: &msg,
         },
         w.path(),
@@ -521,7 +551,10 @@ fn config_json_not_writable() {
                     &["cannot write", "config.json", "Operation not permitted"],
                 )
             }));
-            let _ = Command::new("chattr").arg("-i").arg(b.config_path()).status();
+            let _ = Command::new("chattr")
+                .arg("-i")
+                .arg(b.config_path())
+                .status();
             let msg = result.unwrap_or_else(|p| std::panic::resume_unwind(p));
             record(
                 Row {
@@ -579,7 +612,11 @@ fn proc_files_missing_or_malformed() {
             "/proc/devices without the nvidia majors (driver unloaded)",
             "`devices` with only the kernel's own majors",
             Box::new(|p: &Path| {
-                fs::write(p.join("devices"), "Character devices:\n  1 mem\n  5 /dev/tty\n\nBlock devices:\n  8 sd\n").unwrap()
+                fs::write(
+                    p.join("devices"),
+                    "Character devices:\n  1 mem\n  5 /dev/tty\n\nBlock devices:\n  8 sd\n",
+                )
+                .unwrap()
             }),
             vec!["devices"],
         ),
@@ -773,8 +810,16 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
     let rootfs = b.rootfs().path().to_path_buf();
     // The image: three driver libraries already there, and their cache (what ldconfig made
     // when the image was built).
-    copy_driver_libs(&w.host, &rootfs, &["libnvidia-ml", "libnvidia-cfg", "libcuda"]);
-    let status = Command::new("/sbin/ldconfig").arg("-r").arg(&rootfs).status().unwrap();
+    copy_driver_libs(
+        &w.host,
+        &rootfs,
+        &["libnvidia-ml", "libnvidia-cfg", "libcuda"],
+    );
+    let status = Command::new("/sbin/ldconfig")
+        .arg("-r")
+        .arg(&rootfs)
+        .status()
+        .unwrap();
     assert!(status.success(), "ldconfig -r failed");
     let cache = rootfs.join("etc/ld.so.cache");
     let old = fs::read(&cache).unwrap();
@@ -847,7 +892,11 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".nvshim-"))
         .collect();
-    assert!(torn.is_empty(), "torn ld.so.cache after a kill:\n{}", torn.join("\n"));
+    assert!(
+        torn.is_empty(),
+        "torn ld.so.cache after a kill:\n{}",
+        torn.join("\n")
+    );
     assert!(saw_old + saw_new == runs);
     // The outcome counts depend on timing, so the table gives the property, not the counts.
     eprintln!(
@@ -859,8 +908,72 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
         Row {
             id: "H01-hook-killed",
             tried: "`nvshim-hook update-ldcache` killed half way (SIGKILL)",
-            how: "200 runs on a busybox rootfs with an image ld.so.cache and 22 injected driver libraries, each killed after a delay spread evenly from 0 to 1.25 times a typical run",
+            how: "200 runs on a busybox rootfs whose image ld.so.cache indexes 3 of the fake driver's 22 libraries, the other 19 added as the bind mounts place them, each killed after a delay spread evenly from 0 to 1.25 times a typical run",
             happened: "after every kill the container's /etc/ld.so.cache was byte-identical to the old cache or to the complete new one, never torn (the hook writes a temporary file and renames it); a run killed between the two can leave its temporary `.ld.so.cache.nvshim-<pid>` in the container's /etc, which only that pid's next run removes",
+        },
+        w.path(),
+    );
+}
+
+// ---- pass-through fidelity ---------------------------------------------------------------------
+
+/// The signal dispositions runc gets through the shim are the ones the engine gave the shim.
+/// Rust's runtime sets SIGPIPE to "ignore" before `main`, and an ignored signal stays ignored
+/// across `execve`: before nvshim-runtime skipped that set-up (`no_main`), runc started through
+/// it ran with SIGPIPE ignored while runc started directly did not.
+#[test]
+fn signal_dispositions_pass_through_to_the_low_level_runtime() {
+    let w = World::new(1, "");
+    let report = w.path().join("sigign");
+    let fake_runc = w.path().join("fake-runc");
+    fs::write(
+        &fake_runc,
+        format!(
+            "#!/bin/sh\ngrep '^SigIgn:' /proc/self/status > {}\n",
+            report.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&fake_runc, fs::Permissions::from_mode(0o755)).unwrap();
+    w.configure(&format!(
+        "low-level-runtimes = [\"{}\"]\n",
+        fake_runc.display()
+    ));
+    // SIGPIPE is signal 13: bit 12 of the SigIgn mask.
+    let sigpipe_ignored = |ignore_in_parent: bool| -> bool {
+        let mut cmd = Command::new(SHIM);
+        cmd.args(["state", "x"]).env("NVSHIM_CONFIG", &w.config);
+        if ignore_in_parent {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: signal(2) is async-signal-safe; it runs in the child between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    nix::libc::signal(nix::libc::SIGPIPE, nix::libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let status = cmd.status().unwrap();
+        assert!(status.success(), "the shim failed: {status}");
+        let line = fs::read_to_string(&report).unwrap();
+        let mask =
+            u64::from_str_radix(line.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap();
+        mask & (1 << 12) != 0
+    };
+    assert!(
+        !sigpipe_ignored(false),
+        "the low-level runtime got SIGPIPE ignored although the shim's caller did not ignore it"
+    );
+    assert!(
+        sigpipe_ignored(true),
+        "the low-level runtime did not inherit the caller's ignored SIGPIPE"
+    );
+    record(
+        Row {
+            id: "P01-signal-dispositions",
+            tried: "signal dispositions through the shim (a pass-through must change nothing runc sees)",
+            how: "a fake low-level runtime records SigIgn from /proc/self/status; the shim started with SIGPIPE default, then with SIGPIPE ignored",
+            happened: "the runtime saw SIGPIPE exactly as the shim's caller set it, both ways (before `no_main`, Rust's runtime made it ignored in runc for every call)",
         },
         w.path(),
     );

@@ -3,8 +3,11 @@
 //! Why not hyperfine alone: hyperfine runs all of one command's runs, then all of the next
 //! one's, so on a shared 2-core machine a burst of load from elsewhere lands on one command and
 //! not on its baseline. This harness interleaves: every round runs each command once, in an
-//! order rotated each round, so a command and its baseline see the same conditions. Medians and
-//! the interquartile range are reported, not means, for the same reason.
+//! order shuffled each round (a fixed-seed generator, so runs are repeatable), so a command and
+//! its baseline see the same conditions. Shuffled, not rotated: a rotation keeps every command
+//! right after the same neighbour, and a container start measured just after another
+//! container's teardown was seen to differ by several ms from one measured after a cheap
+//! command. Medians and the interquartile range are reported, not means, for the same reason.
 //!
 //! Each command is a list of steps (argv vectors, no shell) run one after the other and timed
 //! together, from just before the first spawn to the end of the last wait; `prepare` steps run
@@ -126,7 +129,11 @@ fn command(argv: &[String], env: &BTreeMap<String, String>) -> Result<Command> {
     Ok(c)
 }
 
-fn run_checked(argv: &[String], env: &BTreeMap<String, String>, stdin: Option<&PathBuf>) -> Result<()> {
+fn run_checked(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    stdin: Option<&PathBuf>,
+) -> Result<()> {
     let mut c = command(argv, env)?;
     c.stdin(match stdin {
         Some(p) => Stdio::from(File::open(p).with_context(|| format!("opening {}", p.display()))?),
@@ -149,7 +156,9 @@ fn time_once(cmd: &CommandSpec) -> Result<f64> {
     for step in &cmd.steps {
         let mut c = command(step, &cmd.env)?;
         c.stdin(match &cmd.stdin {
-            Some(p) => Stdio::from(File::open(p).with_context(|| format!("opening {}", p.display()))?),
+            Some(p) => {
+                Stdio::from(File::open(p).with_context(|| format!("opening {}", p.display()))?)
+            }
             None => Stdio::null(),
         });
         prepared.push((step, c));
@@ -186,8 +195,8 @@ fn rss_once(cmd: &CommandSpec, scratch: &std::path::Path) -> Result<u64> {
         ];
         argv.extend(step.iter().cloned());
         run_checked(&argv, &cmd.env, cmd.stdin.as_ref())?;
-        let text = std::fs::read_to_string(&out)
-            .with_context(|| format!("reading {}", out.display()))?;
+        let text =
+            std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
         let kib: u64 = text
             .lines()
             .last()
@@ -198,6 +207,22 @@ fn rss_once(cmd: &CommandSpec, scratch: &std::path::Path) -> Result<u64> {
         peak = peak.max(kib);
     }
     Ok(peak)
+}
+
+/// xorshift64: enough to shuffle a few dozen commands without a dependency.
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Fisher–Yates.
+fn shuffle(v: &mut [usize], state: &mut u64) {
+    for i in (1..v.len()).rev() {
+        let j = (next(state) % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
 }
 
 fn fmt_ms(v: f64) -> String {
@@ -238,10 +263,11 @@ fn real_main() -> Result<bool> {
 
     let n = spec.commands.len();
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(spec.runs); n];
+    let mut rng: u64 = 0x6e76_7368_696d_6265;
     for round in 0..spec.warmup + spec.runs {
-        // Rotate the order so no command always follows the same one.
-        for k in 0..n {
-            let i = (round + k) % n;
+        let mut order: Vec<usize> = (0..n).collect();
+        shuffle(&mut order, &mut rng);
+        for i in order {
             let ms = time_once(&spec.commands[i])?;
             if round >= spec.warmup {
                 samples[i].push(ms);

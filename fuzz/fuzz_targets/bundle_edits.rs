@@ -1,0 +1,59 @@
+//! config.json editing: `Bundle` (load and render), `request::from_spec` and `request::route`
+//! over the loaded document, and `edits::apply` of container edits into it.
+//!
+//! Input: config.json bytes, a 0xFF byte, then `containerEdits` JSON (CDI's shape). A bundle
+//! is written by whoever starts the container; edits come from CDI spec files.
+//!
+//! Properties: no panic; applying the same edits twice changes nothing (a retried `create`
+//! must not stack devices or mounts, docs/design.md §5); the edited document renders and
+//! reads back equal (the atomic save writes exactly what was computed).
+#![no_main]
+
+use std::path::Path;
+
+use libfuzzer_sys::fuzz_target;
+use nvshim::bundle::Bundle;
+use nvshim::config::{Config, Mode};
+use nvshim::edits::{self, ContainerEdits};
+use nvshim::request;
+
+fuzz_target!(|data: &[u8]| {
+    let (config, edits) = match data.iter().position(|&b| b == 0xff) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &b""[..]),
+    };
+    let Ok(mut bundle) = Bundle::from_bytes(Path::new("/nonexistent-bundle"), config.to_vec())
+    else {
+        return;
+    };
+    for mode in [Mode::Auto, Mode::Legacy, Mode::Cdi] {
+        let cfg = Config {
+            mode,
+            ..Config::default()
+        };
+        if let Ok(req) = request::from_spec(&bundle.spec, &cfg) {
+            let _ = request::route(&req, &cfg);
+        }
+    }
+    let Ok(edits) = serde_json::from_slice::<ContainerEdits>(edits) else {
+        return;
+    };
+    let mut once = bundle.spec.clone();
+    if edits::apply(&mut once, &edits).is_err() {
+        return;
+    }
+    let mut twice = once.clone();
+    edits::apply(&mut twice, &edits).expect("edits that applied once apply again");
+    assert_eq!(
+        twice, once,
+        "applying the same edits twice changed the document"
+    );
+    bundle.spec = once;
+    let rendered = bundle.render();
+    let back: serde_json::Value =
+        serde_json::from_slice(&rendered).expect("rendered config.json parses");
+    assert_eq!(
+        back, bundle.spec,
+        "rendered config.json reads back different"
+    );
+});

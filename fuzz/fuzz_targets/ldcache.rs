@@ -1,0 +1,27 @@
+//! `nvshim_hook::ldcache`: the ld.so.cache reader (the host's cache on every create, and the
+//! container's in the update-ldcache hook) and the writer it feeds.
+//!
+//! Properties: parsing never panics, whatever the bytes; and a cache that parses, written back
+//! with `serialize` and parsed again, has the same entries (what the hook relies on when it
+//! rewrites a container's cache that it read).
+#![no_main]
+
+use std::collections::BTreeSet;
+
+use libfuzzer_sys::fuzz_target;
+use nvshim_hook::ldcache::{self, LdCache};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(cache) = LdCache::parse(data) else {
+        return;
+    };
+    let _ = cache.lookup("libcuda.so.1");
+    let entries = cache.cache_entries();
+    let written = ldcache::serialize(&entries, &BTreeSet::new(), "nvshim-fuzz");
+    let again = LdCache::parse(&written).expect("a cache nvshim wrote must parse");
+    assert_eq!(
+        again.cache_entries(),
+        entries,
+        "entries changed in a write and read back"
+    );
+});

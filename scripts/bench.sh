@@ -1,0 +1,298 @@
+#!/usr/bin/env bash
+# nvshim's benchmarks (docs/benchmarks.md says what each figure means and what they showed).
+#
+# Builds the release binaries as they ship (scripts/build-release.sh: nvshim-hook static-pie,
+# nvshim-runtime and nvshim dynamic, since both may dlopen libnvidia-ml, which a static glibc
+# program cannot do safely), plus a static-pie nvshim-runtime as a reference row, a simulated 8-GPU host, bundles on a tmpfs (engines keep
+# bundles under /run), and the floor: a static C program that only execs /bin/true
+# (scripts/bench/floor.c). Then times, side by side in one run, interleaved round by round
+# in a shuffled order (nvshim-bench, tests/support/src/bin/bench.rs), medians and interquartile
+# ranges:
+#   1. nvshim-runtime create (low-level runtime /bin/true), legacy and CDI GPU requests and a
+#      non-GPU container, against the floor and /bin/true;
+#   2. pass-through calls (state, delete) the same way;
+#   3. create + start + delete of a busybox GPU container through nvshim-runtime over runc,
+#      against runc alone on the already-edited config.json;
+#   4. nvshim-hook update-ldcache on a rootfs with the driver's libraries, against /bin/true
+#      (and ldconfig -r, roughly what NVIDIA's hook runs);
+#   5. nvshim cdi generate (fake NVML, 8 GPUs) and nvshim cdi list;
+#   6. peak memory (GNU time %M) of each.
+# and prints one table: each figure, its baseline, the difference, the ratio, the goal.
+#
+# Usage: sudo scripts/bench.sh [--runs N] [--quick] [--keep] [--out DIR]
+#   --runs N   timed rounds (default 60; at least 30 for the published figures)
+#   --quick    10 rounds, 2 memory runs: a smoke test of the script (CI can run it)
+#   --keep     keep the work dir (fake host, bundles, specs) and print where it is
+#   --out DIR  where the results go (default target/bench): table.md, results.json, env.txt
+# Exit status: 0 when every goal holds, 3 when the table says some goal does not, 1 on error.
+# Needs: root (mknod, mount, runc), gcc, GNU time (/usr/bin/time), runc, ldconfig;
+# musl-gcc (musl-tools) is used for a second, leaner floor when present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$PWD"
+
+runs=60 warmup=5 mem_runs=5 keep= out="$repo/target/bench" cmdline="scripts/bench.sh $*"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --runs) runs="$2"; shift 2 ;;
+        --quick) runs=10 warmup=2 mem_runs=2; shift ;;
+        --keep) keep=1; shift ;;
+        --out) out="$2"; shift 2 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        *) echo "bench: unknown argument $1" >&2; exit 1 ;;
+    esac
+done
+[ "$(id -u)" = 0 ] || { echo "bench: needs root (mknod, mount, runc): sudo $0" >&2; exit 1; }
+for tool in gcc runc /usr/bin/time /sbin/ldconfig; do
+    command -v "$tool" >/dev/null || { echo "bench: $tool is required (scripts/install-deps.sh)" >&2; exit 1; }
+done
+mkdir -p "$out"
+
+work="$(mktemp -d /tmp/nvshim-bench.XXXXXX)"
+cleanup() {
+    # Containers a failed round may have left (the full create+start+delete figures).
+    for state in "$work"/run/s* "$work"/run/state*; do
+        [ -d "$state" ] || continue
+        for id in $(runc --root "$state" list -q 2>/dev/null); do
+            runc --root "$state" delete --force "$id" >/dev/null 2>&1 || true
+        done
+    done
+    if [ -n "$keep" ]; then
+        echo "bench: work dir kept: $work (bundles on a tmpfs there: umount $work/run when done)" >&2
+    else
+        umount "$work/run" 2>/dev/null || true
+        rm -rf "$work"
+    fi
+}
+trap cleanup EXIT
+bin="$work/bin"
+mkdir -p "$bin"
+
+say() { echo "== $*" >&2; }
+
+# ---- build --------------------------------------------------------------------------------
+# `cargo rustc ... -- -C target-feature=+crt-static` passes the flag to the final binary's
+# rustc only: static linking without `--target`, which a crt-static RUSTFLAGS would need (it
+# would also apply to proc-macros, which cannot be static). The library and dependencies are
+# the same build as `cargo build --release`. The binaries are copied out at once, since the
+# next build of the same binary with other flags relinks it in place.
+say "building release binaries (LTO; minutes on 2 cores)"
+scripts/build-release.sh --quiet
+cp target/release/nvshim target/release/nvshim-runtime target/release/nvshim-hook "$bin/"
+# Reference only: nvshim-runtime static-pie. Not shipped: a MIG id or an arch/brand requirement
+# makes the shim dlopen libnvidia-ml, which loads the host's libc.so.6 beside a static libc.
+cargo rustc --release --quiet -p nvshim --bin nvshim-runtime -- -C target-feature=+crt-static
+cp target/release/nvshim-runtime "$bin/nvshim-runtime-static"
+# Put the shipped (dynamic) build back in target/release.
+cargo build --release --quiet -p nvshim --bin nvshim-runtime
+cargo build --release --quiet -p nvshim-testsupport --bins -p nvshim-fake-nvml
+cp target/release/nvshim-fake-host target/release/nvshim-bench target/release/libnvshim_fake_nvml.so "$bin/"
+for b in nvshim-hook nvshim-runtime-static; do
+    file "$bin/$b" | grep -q 'static' || { echo "bench: $bin/$b is not static" >&2; exit 1; }
+done
+
+# The floor: what any shim costs at least (one more exec). Built as the issue describes it, a
+# static C program; with glibc (gcc -static) and, when musl-gcc is there, with musl.
+gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor" scripts/bench/floor.c
+if command -v musl-gcc >/dev/null; then
+    musl-gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor-musl" scripts/bench/floor.c
+fi
+
+# ---- the simulated host, configs, CDI spec ------------------------------------------------
+say "fake 8-GPU host, configs, CDI spec"
+host="$work/host"
+"$bin/nvshim-fake-host" "$host" --gpus 8 >/dev/null
+mkdir -p "$work/cdi" "$work/run"
+# Bundles on a tmpfs, as containerd, Docker and CRI-O keep them (/run/...): the file system
+# under the bundle is part of what create costs, and /run is tmpfs on their hosts.
+mount -t tmpfs -o size=256m,mode=0755 tmpfs "$work/run"
+
+config() { # FILE RUNTIME
+    cat > "$1" <<EOF
+# The shipped defaults (packaging/config.toml: no log file), pointed at the fake host.
+low-level-runtimes = ["$2"]
+driver-root = "$host"
+dev-root = "$host"
+proc-root = "$host/proc"
+hook-path = "$bin/nvshim-hook"
+cdi-spec-dirs = ["$work/cdi"]
+EOF
+}
+config "$work/true.toml" /bin/true
+config "$work/runc.toml" runc
+
+# Fake NVML for `cdi generate`: the cdylib in place of the host's libnvidia-ml, answering from
+# a topology written from the fake host's /proc (GPU directories sort in bus order = NVML's).
+lib="$host/usr/lib/x86_64-linux-gnu"
+cp "$bin/libnvshim_fake_nvml.so" "$(readlink -f "$lib/libnvidia-ml.so.1")"
+topo="$work/topology.json"
+{
+    printf '{"driverVersion":"%s","cudaDriverVersion":13000,"gpus":[' \
+        "$(sed -n 's/.*Kernel Module *\([0-9.]*\).*/\1/p' "$host/proc/driver/nvidia/version")"
+    sep=
+    for info in "$host"/proc/driver/nvidia/gpus/*/information; do
+        field() { sed -n "s/^$1: *//p" "$info"; }
+        printf '%s{"name":"%s","uuid":"%s","minor":%s,"busId":"%s","memoryTotal":85899345920}' \
+            "$sep" "$(field Model)" "$(field 'GPU UUID')" "$(field 'Device Minor')" "$(field 'Bus Location')"
+        sep=,
+    done
+    printf ']}\n'
+} > "$topo"
+export NVSHIM_FAKE_NVML_TOPOLOGY="$topo"
+NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim" cdi generate --output "$work/cdi/nvidia.yaml" 2> "$work/generate.err"
+if grep -q 'NVML not used' "$work/generate.err"; then
+    echo "bench: cdi generate did not use the fake NVML:" >&2; cat "$work/generate.err" >&2; exit 1
+fi
+
+# ---- bundles --------------------------------------------------------------------------------
+say "bundles"
+bundle() { # NAME VISIBLE-DEVICES-or-empty CMD...
+    local name="$1" visible="$2"; shift 2
+    local env=()
+    [ -z "$visible" ] || env=(--env "NVIDIA_VISIBLE_DEVICES=$visible")
+    "$bin/nvshim-fake-host" --bundle "$work/run/$name" "${env[@]}" -- "$@" >/dev/null
+    cp "$work/run/$name/config.json" "$work/run/$name.orig.json"
+}
+bundle legacy "0,3" /bin/true
+bundle cdi "nvidia.com/gpu=0,nvidia.com/gpu=3" /bin/true
+bundle plain "" /bin/true
+bundle full "0,3" true
+# The same GPU bundle on disk (podman keeps bundles under /var/lib/containers).
+mkdir -p "$work/disk"
+cp -a "$work/run/legacy" "$work/disk/legacy"
+cp "$work/run/legacy.orig.json" "$work/disk/legacy.orig.json"
+# runc alone gets the config.json nvshim writes: edit a copy once through the shim.
+cp -a "$work/run/full" "$work/run/full-edited"
+NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/full-edited" x
+grep -q '/dev/nvidia' "$work/run/full-edited/config.json" || { echo "bench: the shim did not edit the bundle" >&2; exit 1; }
+# A second copy for a control: runc alone against runc alone shows this figure's noise.
+cp -a "$work/run/full-edited" "$work/run/full-edited2"
+for b in legacy cdi; do
+    NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/$b" x
+    cmp -s "$work/run/$b/config.json" "$work/run/$b.orig.json" && { echo "bench: $b was not edited" >&2; exit 1; }
+    cp "$work/run/$b.orig.json" "$work/run/$b/config.json"
+done
+NVSHIM_CONFIG="$work/runc.toml" "$bin/nvshim-runtime" --root "$work/run/state-check" run --bundle "$work/run/full" check >/dev/null
+cp "$work/run/full.orig.json" "$work/run/full/config.json"
+
+# update-ldcache: an image rootfs with its own libraries and ld.so.cache, then the driver's
+# libraries (and SONAME links) where the bind mounts put them, as on a container's first start.
+rootfs="$work/run/hook/rootfs"
+mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu" "$rootfs/etc"
+cp -a "$work/run/plain/rootfs/." "$rootfs/"
+echo 'int nvshim_stub(void) { return 0; }' > "$work/stub.c"
+for so in libc.so.6 libm.so.6 libz.so.1 libstdc++.so.6 libgcc_s.so.1 libssl.so.3 libcrypto.so.3 \
+          libffi.so.8 libexpat.so.1 libbz2.so.1.0 liblzma.so.5 libzstd.so.1; do
+    gcc -shared -fPIC -Wl,-soname,"$so" -o "$rootfs/usr/lib/x86_64-linux-gnu/$so.0.0" "$work/stub.c"
+    ln -s "$so.0.0" "$rootfs/usr/lib/x86_64-linux-gnu/$so"
+done
+/sbin/ldconfig -r "$rootfs"
+cp "$rootfs/etc/ld.so.cache" "$work/run/hook/image-ld.so.cache"
+cp -a "$lib/." "$rootfs/usr/lib/x86_64-linux-gnu/"
+printf '{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"args":["sh"],"cwd":"/"}}\n' \
+    > "$work/run/hook/config.json"
+printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":"%s","annotations":{}}' \
+    "$work/run/hook" > "$work/run/hook/state.json"
+cp -a "$rootfs" "$work/run/hook/rootfs-ldconfig"
+"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu < "$work/run/hook/state.json"
+/sbin/ldconfig -r "$rootfs" -p | grep -q 'libcuda.so.1 ' || { echo "bench: the hook did not index libcuda" >&2; exit 1; }
+
+# ---- the spec for the harness -----------------------------------------------------------------
+say "timing: $runs rounds (+$warmup warm-up), interleaved and shuffled; memory: $mem_runs runs each"
+R="$work/run"
+st="$R/state"
+spec="$work/spec.json"
+musl_cmd= musl_row=
+if [ -x "$bin/floor-musl" ]; then
+    musl_cmd=$(printf ',{"name":"floor-musl","steps":[["%s","--root","%s","create","--bundle","%s/legacy","c1"]],"prepare":[["cp","%s/legacy.orig.json","%s/legacy/config.json"]]}' "$bin/floor-musl" "$st" "$R" "$R" "$R")
+    musl_row=',{"figure":"the floor, musl static build (reference)","cmd":"floor-musl","baseline":"true"}'
+fi
+create_cmd() { # NAME BINARY BUNDLE-DIR CONFIG
+    printf '{"name":"%s","steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{"NVSHIM_CONFIG":"%s"}}' \
+        "$1" "$2" "$st" "$3" "$3" "$3" "$4"
+}
+cat > "$spec" <<EOF
+{"runs": $runs, "warmup": $warmup, "mem_runs": $mem_runs,
+ "commands": [
+  {"name":"true","steps":[["/bin/true","--root","$st","create","--bundle","$R/legacy","c1"]],"prepare":[["cp","$R/legacy.orig.json","$R/legacy/config.json"]]},
+  {"name":"floor","steps":[["$bin/floor","--root","$st","create","--bundle","$R/legacy","c1"]],"prepare":[["cp","$R/legacy.orig.json","$R/legacy/config.json"]]}
+  $musl_cmd,
+  $(create_cmd create-legacy "$bin/nvshim-runtime" "$R/legacy" "$work/true.toml"),
+  $(create_cmd create-cdi "$bin/nvshim-runtime" "$R/cdi" "$work/true.toml"),
+  $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
+  $(create_cmd create-legacy-static "$bin/nvshim-runtime-static" "$R/legacy" "$work/true.toml"),
+  $(create_cmd create-legacy-disk "$bin/nvshim-runtime" "$work/disk/legacy" "$work/true.toml"),
+  {"name":"floor-disk","steps":[["$bin/floor","--root","$st","create","--bundle","$work/disk/legacy","c1"]],"prepare":[["cp","$work/disk/legacy.orig.json","$work/disk/legacy/config.json"]]},
+  {"name":"state","steps":[["$bin/nvshim-runtime","--root","$st","state","c1"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}},
+  {"name":"floor-state","steps":[["$bin/floor","--root","$st","state","c1"]]},
+  {"name":"delete","steps":[["$bin/nvshim-runtime","--root","$st","delete","--force","c1"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}},
+  {"name":"floor-delete","steps":[["$bin/floor","--root","$st","delete","--force","c1"]]},
+  {"name":"full-shim","no_mem":true,
+   "steps":[["$bin/nvshim-runtime","--root","$R/s1","create","--bundle","$R/full","f1"],["$bin/nvshim-runtime","--root","$R/s1","start","f1"],["$bin/nvshim-runtime","--root","$R/s1","delete","--force","f1"]],
+   "prepare":[["cp","$R/full.orig.json","$R/full/config.json"]],"env":{"NVSHIM_CONFIG":"$work/runc.toml"}},
+  {"name":"full-runc","no_mem":true,
+   "steps":[["runc","--root","$R/s2","create","--bundle","$R/full-edited","f2"],["runc","--root","$R/s2","start","f2"],["runc","--root","$R/s2","delete","--force","f2"]]},
+  {"name":"full-runc-control","no_mem":true,
+   "steps":[["runc","--root","$R/s3","create","--bundle","$R/full-edited2","f3"],["runc","--root","$R/s3","start","f3"],["runc","--root","$R/s3","delete","--force","f3"]]},
+  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
+   "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
+  {"name":"true-stdin","steps":[["/bin/true","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json"},
+  {"name":"ldconfig","steps":[["/sbin/ldconfig","-r","$R/hook/rootfs-ldconfig"]],
+   "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs-ldconfig/etc/ld.so.cache"]]},
+  {"name":"cdi-generate","steps":[["$bin/nvshim","cdi","generate","--output","$work/generated.yaml"]],"env":{"NVSHIM_CONFIG":"$work/true.toml","NVSHIM_FAKE_NVML_TOPOLOGY":"$topo"}},
+  {"name":"cdi-list","steps":[["$bin/nvshim","cdi","list"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}}
+ ],
+ "rows": [
+  {"figure":"1. create, legacy request (2 of 8 GPUs)","cmd":"create-legacy","baseline":"floor","goal_ms":0.25},
+  {"figure":"1. create, CDI request (2 of 8 GPUs)","cmd":"create-cdi","baseline":"floor","goal_ms":0.25},
+  {"figure":"1. create, no GPU request","cmd":"create-plain","baseline":"floor","goal_ms":0.25},
+  {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
+  {"figure":"1. create, legacy, static-pie build (reference, not shipped)","cmd":"create-legacy-static","baseline":"floor"},
+  {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},
+  {"figure":"the floor itself (glibc static; the issue's 0.33 ms)","cmd":"floor","baseline":"true"}
+  $musl_row,
+  {"figure":"2. state (pass-through)","cmd":"state","baseline":"floor-state","goal_ms":0.1},
+  {"figure":"2. delete (pass-through)","cmd":"delete","baseline":"floor-delete","goal_ms":0.1},
+  {"figure":"3. create+start+delete, busybox GPU container, over runc","cmd":"full-shim","baseline":"full-runc"},
+  {"figure":"3. control: runc alone against runc alone (this figure's noise)","cmd":"full-runc-control","baseline":"full-runc"},
+  {"figure":"4. nvshim-hook update-ldcache (first start)","cmd":"hook","baseline":"true-stdin","goal_ms":1.0},
+  {"figure":"4. ldconfig -r ROOT (reference: what NVIDIA's hook runs)","cmd":"ldconfig","baseline":"true-stdin"},
+  {"figure":"5. nvshim cdi generate, 8 GPUs, fake NVML","cmd":"cdi-generate","baseline":"true"},
+  {"figure":"5. nvshim cdi list","cmd":"cdi-list","baseline":"true"},
+  {"figure":"6. peak RSS: create, legacy","cmd":"create-legacy","metric":"rss","baseline":"true","goal_kib":3072},
+  {"figure":"6. peak RSS: create, CDI","cmd":"create-cdi","metric":"rss","baseline":"true","goal_kib":3072},
+  {"figure":"6. peak RSS: state","cmd":"state","metric":"rss","baseline":"true","goal_kib":3072},
+  {"figure":"6. peak RSS: create, legacy, static-pie build (reference)","cmd":"create-legacy-static","metric":"rss","baseline":"true"},
+  {"figure":"6. peak RSS: the floor","cmd":"floor","metric":"rss","baseline":"true"},
+  {"figure":"6. peak RSS: update-ldcache","cmd":"hook","metric":"rss","baseline":"true-stdin"},
+  {"figure":"6. peak RSS: ldconfig -r","cmd":"ldconfig","metric":"rss","baseline":"true-stdin"},
+  {"figure":"6. peak RSS: cdi generate","cmd":"cdi-generate","metric":"rss","baseline":"true"},
+  {"figure":"6. peak RSS: cdi list","cmd":"cdi-list","metric":"rss","baseline":"true"}
+ ]}
+EOF
+# The `create c1` calls leave no state (the runtime is /bin/true); `state`/`delete` go to
+# /bin/true as well, so no container is needed for them.
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "command: $cmdline  (runs=$runs warmup=$warmup mem_runs=$mem_runs)"
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "kernel: $(uname -r)"
+    echo "cpu: $(nproc) x $(sed -n 's/^model name\t: //p' /proc/cpuinfo | head -1)"
+    echo "memory: $(free -h | awk '/^Mem:/ {print $2}')"
+    echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "runc: $(runc --version | head -1)"
+    echo "rustc: $(rustc --version)"
+    echo "binaries: nvshim-runtime $(stat -c %s "$bin/nvshim-runtime") B dynamic, nvshim-hook $(stat -c %s "$bin/nvshim-hook") B static-pie, nvshim $(stat -c %s "$bin/nvshim") B dynamic, floor $(stat -c %s "$bin/floor") B"
+} > "$out/env.txt"
+set +e
+"$bin/nvshim-bench" "$spec" --out "$out/results.json" > "$out/table.md"
+rc=$?
+set -e
+[ $rc -le 3 ] && [ -s "$out/table.md" ] || { echo "bench: the harness failed ($rc)" >&2; exit 1; }
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/env.txt"
+cat "$out/env.txt"
+echo
+cat "$out/table.md"
+echo
+echo "bench: results in $out (table.md, results.json with every sample, env.txt)" >&2
+exit $rc
