@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs, from Debian's packages, what nvshim's demo and tests run: the low-level runtimes,
 # busybox for container root filesystems, gcc for the simulated driver's ELF stub libraries,
-# the engines the end-to-end tests start, and protoc (the CRI client in the engine tests).
+# the engines the end-to-end tests start, protoc (the CRI client in the engine tests), g++
+# (libFuzzer, for scripts/fuzz.sh), GNU time and musl-tools (scripts/bench.sh: peak memory,
+# the musl floor).
 # Only what is missing is installed.
 set -euo pipefail
-need=(runc crun busybox-static gcc podman containerd docker.io hyperfine protobuf-compiler)
+need=(runc crun busybox-static gcc g++ podman containerd docker.io hyperfine protobuf-compiler time musl-tools)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
