@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace "$@"
 cargo rustc --release -p nvshim-hook --bin nvshim-hook "$@" -- -C target-feature=+crt-static
-if ldd target/release/nvshim-hook >/dev/null 2>&1; then
+if ! file target/release/nvshim-hook | grep -q 'static-pie linked'; then
   echo "build-release: target/release/nvshim-hook is not static" >&2
   exit 1
 fi

@@ -6,7 +6,7 @@
 # the musl floor).
 # Only what is missing is installed.
 set -euo pipefail
-need=(runc crun busybox-static gcc g++ podman containerd docker.io hyperfine protobuf-compiler time musl-tools)
+need=(runc crun busybox-static gcc g++ podman containerd docker.io hyperfine protobuf-compiler time musl-tools file)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
