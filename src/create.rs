@@ -7,7 +7,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::bundle::{Bundle, BundleError};
-use crate::cdi;
+use crate::cdi::{self, nvml::NvmlAccess};
 use crate::config::Config;
 use crate::edits::{self, ContainerEdits, EditError};
 use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, HostRoots};
@@ -112,20 +112,58 @@ pub fn host_from(config: &Config) -> Host {
     })
 }
 
+/// The host binaries `create` writes into the spec or runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tools {
+    /// The `nvshim-hook` written into hooks.
+    pub hook: PathBuf,
+    /// How the NVML inventory is obtained, the rare times a request needs it.
+    pub nvml: NvmlAccess,
+}
+
+impl Tools {
+    /// For `nvshim-runtime` (statically linked): NVML through the `nvshim` installed next to
+    /// it, else `/usr/bin/nvshim`.
+    pub fn for_runtime(config: &Config, self_exe: Option<&Path>) -> Tools {
+        Tools {
+            hook: hook_path(config, self_exe),
+            nvml: NvmlAccess::Helper(sibling(self_exe, "nvshim")),
+        }
+    }
+
+    /// For `nvshim` itself (`explain`): NVML in process.
+    pub fn in_process(config: &Config, self_exe: Option<&Path>) -> Tools {
+        Tools {
+            hook: hook_path(config, self_exe),
+            nvml: NvmlAccess::InProcess,
+        }
+    }
+}
+
+/// `name` installed next to the running binary, else in `/usr/bin`.
+fn sibling(self_exe: Option<&Path>, name: &str) -> PathBuf {
+    self_exe
+        .and_then(Path::parent)
+        .map(|d| d.join(name))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| Path::new("/usr/bin").join(name))
+}
+
 /// The `nvshim-hook` written into hooks: the configured path, else the one installed next to
 /// the running binary, else `/usr/bin/nvshim-hook`.
 pub fn hook_path(config: &Config, self_exe: Option<&Path>) -> PathBuf {
-    if let Some(p) = &config.hook_path {
-        return p.clone();
+    match &config.hook_path {
+        Some(p) => p.clone(),
+        None => sibling(self_exe, "nvshim-hook"),
     }
-    self_exe
-        .and_then(Path::parent)
-        .map(|d| d.join("nvshim-hook"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/nvshim-hook"))
 }
 
-fn check_requirements(host: &Host, request: &Request, gpus: &[Gpu]) -> Result<(), CreateError> {
+fn check_requirements(
+    host: &Host,
+    request: &Request,
+    gpus: &[Gpu],
+    nvml: &NvmlAccess,
+) -> Result<(), CreateError> {
     if request.disable_require || request.requirements.is_empty() {
         return Ok(());
     }
@@ -143,20 +181,21 @@ fn check_requirements(host: &Host, request: &Request, gpus: &[Gpu]) -> Result<()
             Err(RequirementError::Unknown { .. })
                 if facts.gpus.iter().all(|g| g.arch.is_none()) =>
             {
-                let per_gpu = cdi::nvml::library_path(host)
-                    .and_then(cdi::nvml::requirement_facts)
-                    .map_err(|e| RequirementError::NvmlUnavailable {
+                let inventory = cdi::nvml::inventory(host, nvml).map_err(|e| {
+                    RequirementError::NvmlUnavailable {
                         var: r.var.clone(),
                         expr: r.expr.clone(),
                         reason: e.to_string(),
-                    })?;
+                    }
+                })?;
                 for (slot, gpu) in facts.gpus.iter_mut().zip(gpus) {
-                    if let Some(f) = per_gpu
+                    if let Some(f) = inventory
+                        .gpus
                         .iter()
                         .find(|f| f.uuid.eq_ignore_ascii_case(&gpu.uuid))
                     {
-                        slot.arch = Some(f.arch.clone());
-                        slot.brand = Some(f.brand.clone());
+                        slot.arch = f.arch.clone();
+                        slot.brand = f.brand.clone();
                     }
                 }
                 r.check(&facts)?;
@@ -168,8 +207,8 @@ fn check_requirements(host: &Host, request: &Request, gpus: &[Gpu]) -> Result<()
 }
 
 /// Computes what `create` would do to the bundle at `dir`.
-pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, CreateError> {
-    plan_bundle(config, Bundle::load(dir)?, hook_path, &mut Trace::default())
+pub fn plan(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, CreateError> {
+    plan_bundle(config, Bundle::load(dir)?, tools, &mut Trace::default())
 }
 
 /// Computes what `create` would do to `bundle`, recording in `trace` what it found on the way
@@ -177,7 +216,7 @@ pub fn plan(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, Creat
 pub fn plan_bundle(
     config: &Config,
     bundle: Bundle,
-    hook_path: &Path,
+    tools: &Tools,
     trace: &mut Trace,
 ) -> Result<Plan, CreateError> {
     let config_path = bundle.config_path().to_path_buf();
@@ -226,10 +265,10 @@ pub fn plan_bundle(
         Route::Cdi(names) => apply_cdi(config, &mut plan, names, trace)?,
         Route::Legacy => {
             let host = host_from(config);
-            let settings = legacy::Settings::new(config, hook_path);
+            let settings = legacy::Settings::new(config, tools);
             let (gpus, edits) = legacy::resolve_with(&host, &plan.request, &settings)?;
             trace.gpus = gpus.clone();
-            check_requirements(&host, &plan.request, &gpus)?;
+            check_requirements(&host, &plan.request, &gpus, &tools.nvml)?;
             edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit {
                 path: config_path,
                 source,
@@ -322,8 +361,8 @@ fn apply_cdi(
 }
 
 /// Plans and, when anything changes, writes config.json atomically.
-pub fn create(config: &Config, dir: &Path, hook_path: &Path) -> Result<Plan, CreateError> {
-    let plan = plan(config, dir, hook_path)?;
+pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, CreateError> {
+    let plan = plan(config, dir, tools)?;
     if plan.changes_bundle() {
         plan.bundle.save_spec(&plan.edited)?;
         tracing::info!(

@@ -270,7 +270,11 @@ pub fn explain(
     };
     let original = bundle.spec.clone();
     let mut trace = Trace::default();
-    let result = create::plan_bundle(config, bundle, hook_path, &mut trace);
+    let tools = create::Tools {
+        hook: hook_path.to_path_buf(),
+        nvml: crate::cdi::nvml::NvmlAccess::InProcess,
+    };
+    let result = create::plan_bundle(config, bundle, &tools, &mut trace);
     if let Some(request) = &trace.request {
         describe_request(&mut out, &original, request);
         if let Some(route) = &trace.route {

@@ -138,13 +138,16 @@ pub struct Settings {
     pub hook_path: PathBuf,
     /// The host MPS daemon's pipe directory (`mps-pipe-directory`).
     pub mps_pipe_directory: PathBuf,
+    /// How the NVML inventory is obtained (MIG ids only).
+    pub nvml: nvml::NvmlAccess,
 }
 
 impl Settings {
-    pub fn new(config: &Config, hook_path: &Path) -> Settings {
+    pub fn new(config: &Config, tools: &crate::create::Tools) -> Settings {
         Settings {
-            hook_path: hook_path.to_path_buf(),
+            hook_path: tools.hook.clone(),
             mps_pipe_directory: config.mps_pipe_directory.clone(),
+            nvml: tools.nvml.clone(),
         }
     }
 }
@@ -594,7 +597,11 @@ pub fn resolve(
     request: &Request,
     hook_path: &Path,
 ) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
-    resolve_with(host, request, &Settings::new(&Config::default(), hook_path))
+    let tools = crate::create::Tools {
+        hook: hook_path.to_path_buf(),
+        nvml: nvml::NvmlAccess::InProcess,
+    };
+    resolve_with(host, request, &Settings::new(&Config::default(), &tools))
 }
 
 /// The edits for a legacy request.
@@ -604,9 +611,7 @@ pub fn resolve_with(
     settings: &Settings,
 ) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
     resolve_with_nvml(host, request, settings, &mut || {
-        nvml::library_path(host)
-            .and_then(nvml::discover)
-            .map(|n| n.gpus)
+        nvml::inventory(host, &settings.nvml).map(|n| n.gpus)
     })
 }
 
@@ -851,6 +856,8 @@ mod tests {
                 bus_id: "0000:1b:00.0".into(),
                 mig_enabled: true,
                 migs: vec![mig(0, 1, 0), mig(1, 2, 0)],
+                arch: Some("9.0".into()),
+                brand: Some("tesla".into()),
             },
             GpuInfo {
                 index: 1,
@@ -860,6 +867,8 @@ mod tests {
                 bus_id: "0000:3b:00.0".into(),
                 mig_enabled: false,
                 migs: Vec::new(),
+                arch: Some("9.0".into()),
+                brand: Some("tesla".into()),
             },
         ]
     }

@@ -98,8 +98,8 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
         println!("low-level runtime: {}", runc.display());
     }
     if inv.edits_bundle() {
-        let hook = create::hook_path(&config, self_exe.as_deref());
-        match create::create(&config, &inv.bundle_dir(), &hook) {
+        let tools = create::Tools::for_runtime(&config, self_exe.as_deref());
+        match create::create(&config, &inv.bundle_dir(), &tools) {
             // The plan holds the parsed and the edited config.json; freeing them node by node
             // just before `execv` replaces the whole address space was about 10% of a create's
             // instructions (callgrind, docs/benchmarks.md).

@@ -49,6 +49,14 @@ enum Command {
     /// Write the man pages into a directory (for packaging).
     #[command(hide = true)]
     GenerateMan { out_dir: PathBuf },
+    /// Print the NVML inventory as JSON (what the statically linked nvshim-runtime asks for
+    /// the rare times it needs NVML: MIG ids, arch/brand requirements).
+    #[command(hide = true, name = "nvml-query")]
+    NvmlQuery {
+        /// The libnvidia-ml.so.1 to load.
+        #[arg(long)]
+        lib: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -84,7 +92,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Explain(args) => return Ok(diagnostics::explain_command(&args, &config, &path)),
         Command::Doctor(_) => {}
         // Handled by run_without_config.
-        Command::Runtime(_) | Command::Completions { .. } | Command::GenerateMan { .. } => {}
+        Command::Runtime(_)
+        | Command::Completions { .. }
+        | Command::GenerateMan { .. }
+        | Command::NvmlQuery { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -162,6 +173,12 @@ fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
             Some(Ok(ExitCode::SUCCESS))
         }
         Command::GenerateMan { out_dir } => Some(generate_man(out_dir).map(|()| ExitCode::SUCCESS)),
+        Command::NvmlQuery { lib } => Some(
+            nvshim::cdi::nvml::discover(lib.clone())
+                .map_err(anyhow::Error::from)
+                .and_then(|inventory| Ok(serde_json::to_writer(std::io::stdout(), &inventory)?))
+                .map(|()| ExitCode::SUCCESS),
+        ),
         _ => None,
     }
 }

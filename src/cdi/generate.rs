@@ -181,6 +181,8 @@ pub fn discover_with_progress(
             bus_id: g.bus_id,
             mig_enabled: false,
             migs: Vec::new(),
+            arch: None,
+            brand: None,
         })
         .collect();
     Ok(Discovery {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use nvml_wrapper::error::{nvml_try, NvmlError};
 use nvml_wrapper::{Device, Nvml};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::host::{normalize_bus_id, under_root, Host};
@@ -26,6 +27,8 @@ pub enum NvmlDiscoveryError {
         context: &'static str,
         source: crate::host::HostError,
     },
+    #[error("NVML through {}: {message}", helper.display())]
+    Helper { helper: PathBuf, message: String },
     #[error("NVML ({}): {what}: {source}", lib.display())]
     Nvml {
         lib: PathBuf,
@@ -35,7 +38,7 @@ pub enum NvmlDiscoveryError {
 }
 
 /// One MIG device.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigInfo {
     /// Its handle index on the parent (`<gpu>:<index>` names it).
     pub index: u32,
@@ -48,7 +51,7 @@ pub struct MigInfo {
 }
 
 /// One physical GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {
     /// NVML index (PCI bus order).
     pub index: u32,
@@ -60,10 +63,14 @@ pub struct GpuInfo {
     pub bus_id: String,
     pub mig_enabled: bool,
     pub migs: Vec<MigInfo>,
+    /// Compute capability (`9.0`), for `NVIDIA_REQUIRE_*` `arch` terms; `None` if not reported.
+    pub arch: Option<String>,
+    /// libnvidia-container's brand name (`tesla`, ...), for `brand` terms.
+    pub brand: Option<String>,
 }
 
 /// What NVML reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmlHost {
     pub lib: PathBuf,
     pub driver_version: String,
@@ -171,6 +178,12 @@ pub fn discover_with_progress(
                 });
             }
         }
+        // Both answer NotSupported on some GPUs and drivers; a requirement on them then says so.
+        let arch = dev
+            .cuda_compute_capability()
+            .ok()
+            .map(|cc| format!("{}.{}", cc.major, cc.minor));
+        let brand = dev.brand().ok().map(|b| brand_name(&b).to_string());
         gpus.push(GpuInfo {
             index,
             minor,
@@ -179,6 +192,8 @@ pub fn discover_with_progress(
             bus_id,
             mig_enabled,
             migs,
+            arch,
+            brand,
         });
     }
     Ok(NvmlHost {
@@ -186,16 +201,6 @@ pub fn discover_with_progress(
         driver_version,
         gpus,
     })
-}
-
-/// What `NVIDIA_REQUIRE_*` `arch` and `brand` terms compare against, per GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuRequirementFacts {
-    pub uuid: String,
-    /// Compute capability, `9.0`.
-    pub arch: String,
-    /// libnvidia-container's brand name (`tesla`, `geforcertx`, ...).
-    pub brand: String,
 }
 
 /// libnvidia-container's names for NVML brands (`src/nvc_info.c`), the words images use in
@@ -223,32 +228,48 @@ pub fn brand_name(brand: &nvml_wrapper::enum_wrappers::device::Brand) -> &'stati
     }
 }
 
-/// Compute capability and brand of every GPU, for `arch` and `brand` requirements: the one
-/// thing on the `create` path that needs NVML, loaded only when such a term must be decided.
-pub fn requirement_facts(lib: PathBuf) -> Result<Vec<GpuRequirementFacts>, NvmlDiscoveryError> {
-    let err = |what: String| {
-        let lib = lib.clone();
-        move |source| NvmlDiscoveryError::Nvml { lib, what, source }
+/// How a process gets the NVML inventory.
+///
+/// `nvshim-runtime` ships statically linked (a create costs about 0.35 ms less, a
+/// pass-through call about 0.3 ms less: docs/benchmarks.md), and a static glibc program cannot
+/// `dlopen` libnvidia-ml safely: the library pulls the host's `libc.so.6` in beside the static
+/// one. So the shim asks the dynamically linked `nvshim` instead, the rare times it needs NVML
+/// (a MIG id, an `arch` or `brand` requirement). The helper is a host binary next to the shim;
+/// it inherits the shim's environment, which comes from the engine, never from the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvmlAccess {
+    /// Load libnvidia-ml in this process (`nvshim` itself).
+    InProcess,
+    /// Run `<path> nvml-query --lib <libnvidia-ml>` and read its JSON.
+    Helper(PathBuf),
+}
+
+/// The hidden `nvshim` subcommand [`NvmlAccess::Helper`] runs.
+pub const HELPER_SUBCOMMAND: &str = "nvml-query";
+
+/// The NVML inventory of the host, through `access`.
+pub fn inventory(host: &Host, access: &NvmlAccess) -> Result<NvmlHost, NvmlDiscoveryError> {
+    let lib = library_path(host)?;
+    let helper = match access {
+        NvmlAccess::InProcess => return discover(lib),
+        NvmlAccess::Helper(helper) => helper,
     };
-    let nvml = Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .map_err(err("loading and initialising".into()))?;
-    let count = nvml.device_count().map_err(err("device count".into()))?;
-    let mut out = Vec::new();
-    for index in 0..count {
-        let what = |w: &str| format!("GPU {index}: {w}");
-        let dev = nvml.device_by_index(index).map_err(err(what("handle")))?;
-        let cc = dev
-            .cuda_compute_capability()
-            .map_err(err(what("compute capability")))?;
-        out.push(GpuRequirementFacts {
-            uuid: dev.uuid().map_err(err(what("UUID")))?,
-            arch: format!("{}.{}", cc.major, cc.minor),
-            brand: brand_name(&dev.brand().map_err(err(what("brand")))?).to_string(),
-        });
+    let fail = |message: String| NvmlDiscoveryError::Helper {
+        helper: helper.clone(),
+        message,
+    };
+    let out = std::process::Command::new(helper)
+        .arg(HELPER_SUBCOMMAND)
+        .arg("--lib")
+        .arg(&lib)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| fail(e.to_string()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(fail(format!("{}: {}", out.status, stderr.trim())));
     }
-    Ok(out)
+    serde_json::from_slice(&out.stdout).map_err(|e| fail(format!("unreadable answer: {e}")))
 }
 
 /// One GPU's persistence mode as NVML reports it.
