@@ -909,7 +909,7 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
             id: "H01-hook-killed",
             tried: "`nvshim-hook update-ldcache` killed half way (SIGKILL)",
             how: "200 runs on a busybox rootfs whose image ld.so.cache indexes 3 of the fake driver's 22 libraries, the other 19 added as the bind mounts place them, each killed after a delay spread evenly from 0 to 1.25 times a typical run",
-            happened: "after every kill the container's /etc/ld.so.cache was byte-identical to the old cache or to the complete new one, never torn (the hook writes a temporary file and renames it); a run killed between the two can leave its temporary `.ld.so.cache.nvshim-<pid>` in the container's /etc, which only that pid's next run removes",
+            happened: "after every kill the container's /etc/ld.so.cache was byte-identical to the old cache or to the complete new one, never torn (the hook writes the new cache nameless with O_TMPFILE, links it under a temporary name and renames it over the old one); only a run killed in the instant between that link and the rename leaves its `.ld.so.cache.nvshim-<pid>` in the container's /etc (1 in 200 kills here; 17 in 200 when the temporary file was named from the start)",
         },
         w.path(),
     );
