@@ -1,7 +1,8 @@
 //! The hooks in real containers: runc runs them as createContainer hooks (in the container's
 //! mount namespace, before pivot_root, cwd = rootfs) on a busybox rootfs into which a stub
 //! `libcuda.so.580.65.06` is bind-mounted read-only, and the container's `ldconfig -p` (the
-//! host's static ldconfig copied in) must list it. Kept small: the full end-to-end harness
+//! host's static ldconfig copied in) must list it; and a musl rootfs whose loader must find it through
+//! /etc/ld-musl-x86_64.path. Kept small: the full end-to-end harness
 //! lives in the workspace's tests.
 
 mod common;
@@ -65,8 +66,26 @@ fn driver_hooks(env: bool) -> Vec<Value> {
     ]
 }
 
-/// Writes `runc spec`'s config.json, adapted, and runs the container; returns its stdout.
+/// Writes `runc spec`'s config.json, adapted, and runs `ldconfig -p` in the container with the
+/// glibc stub libcuda bind-mounted; returns its stdout.
 fn run_container(bundle: &Path, hooks: Vec<Value>, process_env: &[&str]) -> String {
+    run_container_with(
+        bundle,
+        hooks,
+        process_env,
+        &["/sbin/ldconfig", "-p"],
+        &stub("libcuda.so.1"),
+    )
+}
+
+/// As [`run_container`], with the container's `args` and the library mounted as libcuda.
+fn run_container_with(
+    bundle: &Path,
+    hooks: Vec<Value>,
+    process_env: &[&str],
+    args: &[&str],
+    lib: &Path,
+) -> String {
     let spec = Command::new("runc")
         .args(["spec", "--bundle"])
         .arg(bundle)
@@ -80,12 +99,11 @@ fn run_container(bundle: &Path, hooks: Vec<Value>, process_env: &[&str]) -> Stri
     let path = bundle.join("config.json");
     let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
     config["process"]["terminal"] = json!(false);
-    config["process"]["args"] = json!(["/sbin/ldconfig", "-p"]);
+    config["process"]["args"] = json!(args);
     let mut env: Vec<Value> = vec![json!(PATH)];
     env.extend(process_env.iter().map(|e| json!(e)));
     config["process"]["env"] = json!(env);
     config["root"]["path"] = json!("rootfs");
-    let lib = stub("libcuda.so.1");
     config["mounts"].as_array_mut().unwrap().push(json!({
         "destination": format!("{LIBDIR}/libcuda.so.580.65.06"),
         "type": "bind",
@@ -175,6 +193,81 @@ fn busybox_container_sees_libcuda() {
         PathBuf::from("libcuda.so.580.65.06")
     );
     assert!(rootfs.join("etc/ld.so.conf.d/00-nvshim.conf").is_file());
+}
+
+/// A musl image (Alpine's layout: `/lib/ld-musl-x86_64.so.1`, no ld.so.cache, no ldconfig): the
+/// hook appends the injected folder to `/etc/ld-musl-x86_64.path`, and a musl program linked
+/// against `libcuda.so.1` starts, which it cannot unless musl's loader finds the library there.
+#[test]
+fn musl_container_resolves_libcuda() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = work.path().join("bundle");
+    let rootfs = bundle.join("rootfs");
+    let t = Tree::new(&rootfs);
+    t.dir("/bin")
+        .dir("/lib")
+        .dir("/etc")
+        .dir("/proc")
+        .dir("/dev")
+        .dir("/sys")
+        .dir("/tmp");
+    // musl's libc.so is also its dynamic loader (Debian's musl package, as Alpine ships it).
+    fs::copy(
+        "/lib/x86_64-linux-musl/libc.so",
+        t.path("/lib/ld-musl-x86_64.so.1"),
+    )
+    .expect("musl is installed (apt-get install musl-tools)");
+
+    // A libcuda without libc (a glibc-built one would need libc.so.6, which musl lacks), and a
+    // musl program that needs it by SONAME.
+    let build = work.path().join("build");
+    fs::create_dir_all(&build).unwrap();
+    fs::write(
+        build.join("cuda.c"),
+        "int cuInit(unsigned flags) { return (int)flags; }\n",
+    )
+    .unwrap();
+    let lib = build.join("libcuda.so.580.65.06");
+    let status = Command::new("gcc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-nostdlib",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+        ])
+        .arg(&lib)
+        .arg(build.join("cuda.c"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "gcc (stub libcuda)");
+    std::os::unix::fs::symlink(&lib, build.join("libcuda.so")).unwrap();
+    fs::write(
+        build.join("probe.c"),
+        "#include <stdio.h>\nint cuInit(unsigned);\nint main(void) { printf(\"cuInit=%d\\n\", cuInit(0)); return 0; }\n",
+    )
+    .unwrap();
+    let status = Command::new("musl-gcc")
+        .arg("-o")
+        .arg(t.path("/bin/probe"))
+        .arg(build.join("probe.c"))
+        .arg(format!("-L{}", build.display()))
+        .arg("-lcuda")
+        .status()
+        .expect("musl-gcc runs (apt-get install musl-tools)");
+    assert!(status.success(), "musl-gcc (probe)");
+
+    let out = run_container_with(&bundle, driver_hooks(true), &[], &["/bin/probe"], &lib);
+    assert_eq!(out.trim(), "cuInit=0", "{out}");
+    let path = fs::read_to_string(rootfs.join("etc/ld-musl-x86_64.path")).unwrap();
+    assert!(
+        path.lines().any(|l| l.split(':').any(|d| d == LIBDIR)),
+        "{path}"
+    );
+    assert!(
+        !rootfs.join("etc/ld.so.cache").exists(),
+        "a musl image gets no glibc cache"
+    );
 }
 
 #[test]
