@@ -221,6 +221,12 @@ fn fill_device(d: &DeviceNode) -> Result<DeviceNode, EditError> {
     let host_path = d.host_path.clone().unwrap_or_else(|| d.path.clone());
     let kind = d.kind.clone().unwrap_or_default();
     let minimal = !kind.is_empty() && (d.major.unwrap_or(0) != 0 || kind == "p");
+    // A minimal node with its mode takes nothing from the host (the reference returns right
+    // after filling `fileMode`), so the stat is skipped: legacy nodes are fully described, and
+    // their container path is not where the host's node is when dev-root is not `/`.
+    if minimal && d.file_mode.is_some() {
+        return Ok(d);
+    }
     let meta = match std::fs::symlink_metadata(&host_path) {
         Ok(m) => m,
         Err(_) if minimal => return Ok(d),
@@ -532,6 +538,25 @@ mod tests {
             spec["linux"]["resources"]["devices"],
             json!([{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}])
         );
+    }
+
+    #[test]
+    fn fully_described_node_is_not_stated_on_the_host() {
+        let mut spec = json!({});
+        let edits = ContainerEdits {
+            device_nodes: vec![DeviceNode {
+                path: "/dev/nvidia7".into(),
+                host_path: Some("/nonexistent/dev/nvidia7".into()),
+                kind: Some("c".into()),
+                major: Some(195),
+                minor: Some(7),
+                file_mode: Some(0o666),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(spec["linux"]["devices"][0]["minor"], 7);
     }
 
     #[test]
