@@ -650,41 +650,6 @@ fn list_and_validate() {
 
 // ---- podman: an independent consumer of the same spec ------------------------------------------
 
-/// What a container sees of the NVIDIA device: nodes with numbers, NVIDIA cgroup rules, the
-/// NVIDIA env, the driver mounts, and the ld cache entries for NVIDIA libraries.
-fn nvidia_view(r: &ProbeReport, host: &FakeHost) -> serde_json::Value {
-    let majors = [195, host.spec().uvm_major, host.spec().caps_major];
-    let devices: Vec<String> = r
-        .devices
-        .values()
-        .map(|d| format!("{} {} {}:{}", d.path, d.kind, d.major, d.minor))
-        .collect();
-    let mut cgroup: Vec<String> = r
-        .cgroup
-        .iter()
-        .flatten()
-        .filter(|c| c.major.is_some_and(|m| majors.contains(&m)))
-        .map(|c| {
-            let n = |v: Option<u32>| v.map_or("*".to_string(), |v| v.to_string());
-            format!("{} {}:{} {}", c.kind, n(c.major), n(c.minor), c.access)
-        })
-        .collect();
-    cgroup.sort();
-    let mut mounts: Vec<String> = r
-        .nvidia_mounts()
-        .iter()
-        .map(|m| format!("{} ro={}", m.destination, m.is_readonly()))
-        .collect();
-    mounts.sort();
-    let ld: Vec<String> = r
-        .ldcache
-        .iter()
-        .filter(|(k, _)| k.contains("nvidia") || k.contains("cuda"))
-        .map(|(k, v)| format!("{k} => {v}"))
-        .collect();
-    json!({"devices": devices, "cgroup": cgroup, "env": r.env, "mounts": mounts, "ldcache": ld})
-}
-
 #[test]
 fn podman_sees_what_nvshim_runtime_gives() {
     let w = World::new(2);
@@ -727,8 +692,8 @@ fn podman_sees_what_nvshim_runtime_gives() {
     let bundle = w.annotated_bundle("b1", &device);
     let shim_report = w.run_shim(&bundle);
     let (podman_view, shim_view) = (
-        nvidia_view(&podman_report, &w.host),
-        nvidia_view(&shim_report, &w.host),
+        podman_report.nvidia_view(&w.host),
+        shim_report.nvidia_view(&w.host),
     );
     if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
         eprintln!("{}", serde_json::to_string_pretty(&podman_view).unwrap());

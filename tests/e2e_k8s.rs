@@ -28,7 +28,7 @@ use std::process::Command;
 
 use nvshim::cdi::spec;
 use nvshim_fake_nvml::{Gpu as NvmlGpu, MigDevice, Topology, TOPOLOGY_ENV};
-use nvshim_testsupport::host::{mig_cap_minor, MIG_CONFIG_MINOR, MIG_MONITOR_MINOR, NVIDIA_MAJOR};
+use nvshim_testsupport::host::{mig_cap_minor, MIG_CONFIG_MINOR, MIG_MONITOR_MINOR};
 use nvshim_testsupport::podman::{Podman, SystemSpec};
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
@@ -668,41 +668,6 @@ fn dra_base_and_claim_specs_through_runc() {
     assert_no_problems("DRA base device, time-sliced", &p, &r);
 }
 
-/// What a container sees of the NVIDIA device: nodes with numbers, NVIDIA cgroup rules, the
-/// NVIDIA and CUDA env, the NVIDIA mounts, and the ld cache entries for NVIDIA libraries.
-fn nvidia_view(r: &ProbeReport, host: &FakeHost) -> Value {
-    let majors = [NVIDIA_MAJOR, host.spec().uvm_major, host.spec().caps_major];
-    let devices: Vec<String> = r
-        .devices
-        .values()
-        .map(|d| format!("{} {} {}:{}", d.path, d.kind, d.major, d.minor))
-        .collect();
-    let mut cgroup: Vec<String> = r
-        .cgroup
-        .iter()
-        .flatten()
-        .filter(|c| c.major.is_some_and(|m| majors.contains(&m)))
-        .map(|c| {
-            let n = |v: Option<u32>| v.map_or("*".to_string(), |v| v.to_string());
-            format!("{} {}:{} {}", c.kind, n(c.major), n(c.minor), c.access)
-        })
-        .collect();
-    cgroup.sort();
-    let mut mounts: Vec<String> = r
-        .nvidia_mounts()
-        .iter()
-        .map(|m| format!("{} ro={}", m.destination, m.is_readonly()))
-        .collect();
-    mounts.sort();
-    let ld: Vec<String> = r
-        .ldcache
-        .iter()
-        .filter(|(k, _)| k.contains("nvidia") || k.contains("cuda"))
-        .map(|(k, v)| format!("{k} => {v}"))
-        .collect();
-    json!({"devices": devices, "cgroup": cgroup, "env": r.env, "mounts": mounts, "ldcache": ld})
-}
-
 #[test]
 fn dra_specs_through_podman_match_nvshim() {
     let w = World::new(2);
@@ -742,8 +707,8 @@ fn dra_specs_through_podman_match_nvshim() {
     let b = w.annotated_bundle("b1", claim_annotations(&claim_uid, &devices));
     let shim_report = w.run(&b);
     let (podman_view, shim_view) = (
-        nvidia_view(&podman_report, &w.host),
-        nvidia_view(&shim_report, &w.host),
+        podman_report.nvidia_view(&w.host),
+        shim_report.nvidia_view(&w.host),
     );
     assert_eq!(
         podman_view,

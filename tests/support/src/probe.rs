@@ -542,6 +542,43 @@ impl ProbeReport {
         p
     }
 
+    /// What the container sees of the NVIDIA devices, as one comparable value: nodes with
+    /// their numbers, the NVIDIA cgroup rules, the env, the NVIDIA mounts (ro or not), and the
+    /// ld cache entries of NVIDIA libraries. Two runtimes given the same device (podman and
+    /// nvshim-runtime on one CDI spec) must agree on it.
+    pub fn nvidia_view(&self, host: &FakeHost) -> serde_json::Value {
+        let majors = [NVIDIA_MAJOR, host.spec().uvm_major, host.spec().caps_major];
+        let devices: Vec<String> = self
+            .devices
+            .values()
+            .map(|d| format!("{} {} {}:{}", d.path, d.kind, d.major, d.minor))
+            .collect();
+        let mut cgroup: Vec<String> = self
+            .cgroup
+            .iter()
+            .flatten()
+            .filter(|c| c.major.is_some_and(|m| majors.contains(&m)))
+            .map(|c| {
+                let n = |v: Option<u32>| v.map_or("*".to_string(), |v| v.to_string());
+                format!("{} {}:{} {}", c.kind, n(c.major), n(c.minor), c.access)
+            })
+            .collect();
+        cgroup.sort();
+        let mut mounts: Vec<String> = self
+            .nvidia_mounts()
+            .iter()
+            .map(|m| format!("{} ro={}", m.destination, m.is_readonly()))
+            .collect();
+        mounts.sort();
+        let ld: Vec<String> = self
+            .ldcache
+            .iter()
+            .filter(|(k, _)| k.contains("nvidia") || k.contains("cuda"))
+            .map(|(k, v)| format!("{k} => {v}"))
+            .collect();
+        serde_json::json!({"devices": devices, "cgroup": cgroup, "env": self.env, "mounts": mounts, "ldcache": ld})
+    }
+
     /// Problems if anything NVIDIA is visible: `/dev/nvidia*`, a cgroup rule for major 195 or the
     /// uvm major, an NVIDIA mount, a driver library or binary, `libcuda` in the ld cache.
     pub fn no_nvidia_problems(&self, host: &FakeHost) -> Vec<String> {
