@@ -224,6 +224,29 @@ impl Host {
         })
     }
 
+    /// Minors of the GPUs with MIG instances, from `proc/driver/nvidia/capabilities/gpu<N>/mig/`:
+    /// the driver lists each created GPU instance there (`gi<G>/access`, NVIDIA's MIG user
+    /// guide, "Device Nodes and Capabilities"). Read without NVML, so `all` on a host without
+    /// MIG never loads it.
+    pub fn gpus_with_mig_instances(&self) -> Vec<u32> {
+        let dir = self.roots.proc_root.join("driver/nvidia/capabilities");
+        let mut out: Vec<u32> = fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let minor = e.file_name().to_str()?.strip_prefix("gpu")?.parse().ok()?;
+                let has_instance = fs::read_dir(e.path().join("mig"))
+                    .ok()?
+                    .flatten()
+                    .any(|gi| gi.file_name().to_string_lossy().starts_with("gi"));
+                has_instance.then_some(minor)
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The host's ld.so.cache under the driver root.
     pub fn ld_cache(&self) -> Result<LdCache, HostError> {
         let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");

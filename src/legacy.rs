@@ -469,6 +469,38 @@ pub fn select_migs(
     Ok(out)
 }
 
+/// `all` means every GPU and every MIG device, as NVIDIA's `all` does (nvcdi: non-MIG GPUs plus
+/// all MIG devices): a MIG-enabled GPU's node alone gives no access to its instances. NVML is
+/// asked only when the driver lists MIG instances under /proc ([`Host::gpus_with_mig_instances`]).
+fn all_migs(
+    host: &Host,
+    gpus: &[Gpu],
+    nvml: &mut NvmlInventory<'_>,
+) -> Result<Vec<MigDevice>, LegacyError> {
+    if host.gpus_with_mig_instances().is_empty() {
+        return Ok(Vec::new());
+    }
+    let inventory = nvml().map_err(|source| LegacyError::Nvml {
+        id: "all".into(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for g in inventory.iter().filter(|g| g.mig_enabled) {
+        let Some(parent) = gpus.iter().find(|p| p.minor == g.minor) else {
+            continue;
+        };
+        for m in &g.migs {
+            out.push(MigDevice {
+                id: m.uuid.clone(),
+                parent: parent.clone(),
+                gpu_instance: m.gpu_instance,
+                compute_instance: m.compute_instance,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// The `mig-minors` names of a MIG device's two capabilities (GPU instance, compute instance).
 pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
     let (gpu, gi, ci) = (mig.parent.minor, mig.gpu_instance, mig.compute_instance);
@@ -641,7 +673,10 @@ pub fn resolve_with_nvml(
     }
     let (gpu_ids, mig_ids) = split_mig_ids(&request.devices);
     let mut gpus = select_gpus(&gpu_ids, &all_gpus)?;
-    let migs = select_migs(&mig_ids, &all_gpus, nvml)?;
+    let mut migs = select_migs(&mig_ids, &all_gpus, nvml)?;
+    if request.devices == VisibleDevices::All {
+        migs.extend(all_migs(host, &all_gpus, nvml)?);
+    }
     for m in &migs {
         if !gpus.iter().any(|g| g.minor == m.parent.minor) {
             gpus.push(m.parent.clone());

@@ -927,6 +927,37 @@ fn mig_devices_by_index_and_uuid() {
     w.assert_rejected(&shim, &b, &["\"0:5\"", "0:1 (MIG-"]);
 }
 
+/// `all` on a MIG host: every GPU and every MIG device (the parent's caps of both instances),
+/// as NVIDIA's `all`; not the config and monitor caps. NVML is asked because the driver lists
+/// MIG instances under /proc; without it the request fails rather than start a container whose
+/// MIG GPU is unusable.
+#[test]
+fn all_on_a_mig_host_includes_every_mig_device() {
+    let (w, topology, topo_file) = mig_world();
+    let minor = topology.gpus[0].minor;
+    let caps_major = w.host.spec().caps_major;
+    let want: Vec<u32> = [1, 2]
+        .iter()
+        .flat_map(|&gi| {
+            [
+                mig_cap_minor(minor, gi, None),
+                mig_cap_minor(minor, gi, Some(0)),
+            ]
+        })
+        .collect();
+    let denied = [MIG_CONFIG_MINOR, MIG_MONITOR_MINOR];
+    let mknod: Vec<(u32, u32)> = denied.iter().map(|m| (caps_major, *m)).collect();
+    let b = w.bundle("all-mig", &mknod);
+    b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
+    let r = w.run_with(&w.shim().env(TOPOLOGY_ENV, &topo_file), &b);
+    let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0), w.gpu(1)]);
+    p.extend(caps_problems(&r, &w.host, &want, &denied));
+    assert_no_problems("all on a MIG host", &p, &r);
+
+    let b = w.env_bundle("all-mig-no-nvml", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    w.assert_rejected(&w.shim(), &b, &["\"all\"", "NVML"]);
+}
+
 #[test]
 fn mig_config_and_monitor_are_for_privileged_containers() {
     let (w, _topology, _file) = mig_world();

@@ -512,6 +512,24 @@ impl FakeHost {
                 }
             }
         }
+        // The driver lists each created instance under /proc (NVIDIA's MIG user guide, "Device
+        // Nodes and Capabilities"): `capabilities/gpu<N>/mig/gi<G>/access` and `.../ci<C>/access`.
+        for &(g, gi, ci) in instances {
+            let base = self
+                .proc_root
+                .join(format!("driver/nvidia/capabilities/gpu{g}/mig/gi{gi}"));
+            for (dir, minor) in [
+                (base.clone(), mig_cap_minor(g, gi, None)),
+                (base.join(format!("ci{ci}")), mig_cap_minor(g, gi, Some(ci))),
+            ] {
+                write(
+                    &dir.join("access"),
+                    &format!(
+                        "DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+                    ),
+                )?;
+            }
+        }
         let dir = self.dev_root.join("dev/nvidia-caps");
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         for m in &made {
