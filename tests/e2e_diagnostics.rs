@@ -20,29 +20,14 @@ use tempfile::TempDir;
 const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
 const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
 
-/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim`.
+/// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
-    let hook = Path::new(NVSHIM).with_file_name("nvshim-hook");
-    assert!(
-        hook.exists(),
-        "{} is missing: run `cargo build --workspace` first (cargo test only builds the root \
-         package's binaries)",
-        hook.display()
-    );
-    hook
+    nvshim_testsupport::built_hook(NVSHIM)
 }
 
-/// The fake NVML cdylib: built as a dev-dependency into `deps/`, or by `cargo build
-/// --workspace` next to the binaries.
+/// `the fake NVML cdylib` next to the built binaries.
 fn fake_nvml() -> PathBuf {
-    let dir = Path::new(NVSHIM).parent().unwrap();
-    [
-        dir.join("libnvshim_fake_nvml.so"),
-        dir.join("deps/libnvshim_fake_nvml.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| panic!("libnvshim_fake_nvml.so not found next to {NVSHIM}"))
+    nvshim_testsupport::built_fake_nvml(NVSHIM)
 }
 
 /// One test's world: a fake host, spec dirs, engine configs and an nvshim config, all in a

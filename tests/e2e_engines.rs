@@ -38,15 +38,9 @@ const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
 const IMAGE: &str = "nvshim.test/busybox:1";
 const PAUSE: &str = "nvshim.test/pause:1";
 
-/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim-runtime`.
+/// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
-    let hook = Path::new(SHIM).with_file_name("nvshim-hook");
-    assert!(
-        hook.exists(),
-        "{} is missing: run `cargo build --workspace` before `cargo test --test e2e_engines`",
-        hook.display()
-    );
-    hook
+    nvshim_testsupport::built_hook(SHIM)
 }
 
 /// One engine at a time (see the module comment). A test that panicked poisons nothing that

@@ -44,33 +44,14 @@ const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// The options nvidia-ctk and the DRA driver give driver file mounts.
 const DRIVER_MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
 
-/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim`.
+/// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
-    let hook = Path::new(NVSHIM).with_file_name("nvshim-hook");
-    assert!(
-        hook.exists(),
-        "{} is missing: run `cargo build --workspace` before `cargo test --test e2e_k8s` \
-         (cargo test only builds the root package's binaries)",
-        hook.display()
-    );
-    hook
+    nvshim_testsupport::built_hook(NVSHIM)
 }
 
-/// The fake NVML cdylib: built as a dev-dependency into `deps/`, or by `cargo build
-/// --workspace` next to the binaries.
+/// `the fake NVML cdylib` next to the built binaries.
 fn fake_nvml() -> PathBuf {
-    let dir = Path::new(NVSHIM).parent().unwrap();
-    for p in [
-        dir.join("libnvshim_fake_nvml.so"),
-        dir.join("deps/libnvshim_fake_nvml.so"),
-    ] {
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "libnvshim_fake_nvml.so not found next to {NVSHIM}: run `cargo build --workspace` first"
-    );
+    nvshim_testsupport::built_fake_nvml(NVSHIM)
 }
 
 /// One test's world: a fake host, a CDI spec dir, an nvshim config pointing at both.

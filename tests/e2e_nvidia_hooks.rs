@@ -31,16 +31,9 @@ const COMPAT_VERSION: &str = "580.95.05";
 /// The driver's library directory in the container (the fake host's `LIB_DIR`).
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
-/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim`.
+/// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
-    let hook = Path::new(NVSHIM).with_file_name("nvshim-hook");
-    assert!(
-        hook.exists(),
-        "{} is missing: run `cargo build --workspace` before `cargo test --test \
-         e2e_nvidia_hooks` (cargo test only builds the root package's binaries)",
-        hook.display()
-    );
-    hook
+    nvshim_testsupport::built_hook(NVSHIM)
 }
 
 struct World {

@@ -11,7 +11,7 @@
 
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
@@ -22,16 +22,9 @@ use tempfile::TempDir;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
 
-/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim-runtime`.
+/// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
-    let hook = Path::new(SHIM).with_file_name("nvshim-hook");
-    assert!(
-        hook.exists(),
-        "{} is missing: run `cargo build --workspace` before `cargo test --test e2e_runtime` \
-         (cargo test only builds the root package's binaries)",
-        hook.display()
-    );
-    hook
+    nvshim_testsupport::built_hook(SHIM)
 }
 
 /// One test's world: a fake two-GPU host, an nvshim config pointing at it, and a temp dir that

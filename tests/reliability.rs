@@ -36,15 +36,9 @@ use tempfile::TempDir;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
 
-/// `nvshim-hook`, which `cargo build --workspace` puts next to `nvshim-runtime`.
+/// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
-    let hook = Path::new(SHIM).with_file_name("nvshim-hook");
-    assert!(
-        hook.exists(),
-        "{} is missing: run `cargo build --workspace` before `cargo test --test reliability`",
-        hook.display()
-    );
-    hook
+    nvshim_testsupport::built_hook(SHIM)
 }
 
 // ---- the table in docs/reliability.md -------------------------------------------------------

@@ -29,7 +29,37 @@ pub use probe::{ProbeReport, ProbeSpec};
 pub use rootfs::Rootfs;
 pub use runner::{run, RunOutput, Runtime};
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// `nvshim-hook`, which `cargo build --workspace` puts next to the root package's binaries
+/// (`binary` is one of them, e.g. `env!("CARGO_BIN_EXE_nvshim")`). Panics, saying what to run,
+/// when it is missing: `cargo test` alone builds only the tested package's binaries.
+pub fn built_hook(binary: &str) -> PathBuf {
+    let hook = Path::new(binary).with_file_name("nvshim-hook");
+    assert!(
+        hook.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test` (cargo test only \
+         builds the root package's binaries)",
+        hook.display()
+    );
+    hook
+}
+
+/// The fake NVML cdylib (tests/fake-nvml): built as a dev-dependency into `deps/`, or by
+/// `cargo build --workspace` next to the binaries.
+pub fn built_fake_nvml(binary: &str) -> PathBuf {
+    let dir = Path::new(binary).parent().unwrap_or(Path::new("."));
+    [
+        dir.join("libnvshim_fake_nvml.so"),
+        dir.join("deps/libnvshim_fake_nvml.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| {
+        panic!("libnvshim_fake_nvml.so not found next to {binary}: run `cargo build --workspace` first")
+    })
+}
 
 /// A container id unique to this process and call, safe to use concurrently across tests and
 /// test processes: runc names the container's cgroup after its id when `cgroupsPath` is unset.
