@@ -46,10 +46,12 @@ pub struct Plan {
     pub gpus: Vec<Gpu>,
     /// The CDI devices injected (CDI requests), fully qualified.
     pub cdi_devices: Vec<String>,
-    /// All the edits, in the order they are applied: the concatenation of `groups`.
+    /// All the edits, in the order they are applied.
     pub edits: ContainerEdits,
-    /// The edits grouped by what caused them (what `nvshim explain` shows).
-    pub groups: Vec<EditGroup>,
+    /// CDI requests: the edits grouped by spec and device, as the registry resolved them (their
+    /// concatenation is `edits`). Empty for legacy requests, whose grouping [`Plan::groups`]
+    /// derives when asked: `create` never needs it.
+    pub cdi_groups: Vec<EditGroup>,
     /// Prestart hooks removed from config.json: NVIDIA's legacy hook that `docker run --gpus`
     /// adds, which would edit the container a second time behind runc's back.
     pub removed_hooks: Vec<Value>,
@@ -98,6 +100,14 @@ impl Trace {
 }
 
 impl Plan {
+    /// The edits grouped by what caused them (what `nvshim explain` shows).
+    pub fn groups(&self) -> Vec<EditGroup> {
+        match self.route {
+            Route::Legacy => group_legacy(&self.gpus, &self.edits),
+            _ => self.cdi_groups.clone(),
+        }
+    }
+
     pub fn changes_bundle(&self) -> bool {
         self.edited != self.bundle.spec
     }
@@ -255,7 +265,7 @@ pub fn plan_bundle(
         gpus: Vec::new(),
         cdi_devices: Vec::new(),
         edits: ContainerEdits::default(),
-        groups: Vec::new(),
+        cdi_groups: Vec::new(),
         removed_hooks: trace.removed_hooks.clone(),
         warnings: Vec::new(),
         edited,
@@ -273,7 +283,6 @@ pub fn plan_bundle(
                 path: config_path,
                 source,
             })?;
-            plan.groups = group_legacy(&gpus, &edits);
             plan.gpus = gpus;
             plan.edits = edits;
         }
@@ -341,7 +350,7 @@ fn apply_cdi(
     let mut edits = ContainerEdits::default();
     for (origin, group) in grouped {
         edits.append(&group);
-        plan.groups.push(EditGroup {
+        plan.cdi_groups.push(EditGroup {
             cause: match origin {
                 cdi::registry::EditsOrigin::Spec { path, kind } => Cause::CdiSpec { path, kind },
                 cdi::registry::EditsOrigin::Device { name, path } => {

@@ -287,8 +287,8 @@ pub fn explain(
         Ok(plan) => {
             out.gpus = plan.gpus.iter().map(GpuItem::from).collect();
             let base = skeleton(&original);
-            out.groups = plan
-                .groups
+            let groups = plan.groups();
+            out.groups = groups
                 .iter()
                 .map(|g| describe_group(g, &base, &original))
                 .collect();
@@ -296,7 +296,7 @@ pub fn explain(
             // spec files and nothing else of the host), but explain can afford the look.
             if matches!(plan.route, Route::Cdi(_)) {
                 let running = create::host_from(config).driver_version().ok();
-                for g in &plan.groups {
+                for g in &groups {
                     for s in cdi::registry::stale_library_mounts(&g.edits, running.as_deref()) {
                         let s = format!("stale CDI spec: {s}");
                         if !out.warnings.contains(&s) {

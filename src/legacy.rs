@@ -893,6 +893,7 @@ mod tests {
                 migs: vec![mig(0, 1, 0), mig(1, 2, 0)],
                 arch: Some("9.0".into()),
                 brand: Some("tesla".into()),
+                persistence_mode: Some(true),
             },
             GpuInfo {
                 index: 1,
@@ -904,6 +905,7 @@ mod tests {
                 migs: Vec::new(),
                 arch: Some("9.0".into()),
                 brand: Some("tesla".into()),
+                persistence_mode: Some(true),
             },
         ]
     }

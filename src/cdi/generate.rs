@@ -183,6 +183,7 @@ pub fn discover_with_progress(
             migs: Vec::new(),
             arch: None,
             brand: None,
+            persistence_mode: None,
         })
         .collect();
     Ok(Discovery {

@@ -67,6 +67,8 @@ pub struct GpuInfo {
     pub arch: Option<String>,
     /// libnvidia-container's brand name (`tesla`, ...), for `brand` terms.
     pub brand: Option<String>,
+    /// Persistence mode (`nvshim doctor`); `None` where NVML does not report it.
+    pub persistence_mode: Option<bool>,
 }
 
 /// What NVML reports.
@@ -184,6 +186,7 @@ pub fn discover_with_progress(
             .ok()
             .map(|cc| format!("{}.{}", cc.major, cc.minor));
         let brand = dev.brand().ok().map(|b| brand_name(&b).to_string());
+        let persistence_mode = dev.is_in_persistent_mode().ok();
         gpus.push(GpuInfo {
             index,
             minor,
@@ -194,6 +197,7 @@ pub fn discover_with_progress(
             migs,
             arch,
             brand,
+            persistence_mode,
         });
     }
     Ok(NvmlHost {
@@ -286,30 +290,13 @@ pub struct Persistence {
 /// when its last client exits and initialises it again on the next open: seconds per container
 /// start on large nodes, and RPC time-outs on 8- and 16-GPU ones (field-lessons.md §0, §1).
 pub fn persistence_modes(lib: PathBuf) -> Result<Vec<Persistence>, NvmlDiscoveryError> {
-    let err = |what: String| {
-        let lib = lib.clone();
-        move |source| NvmlDiscoveryError::Nvml { lib, what, source }
-    };
-    let nvml = Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .map_err(err("loading and initialising".into()))?;
-    let count = nvml.device_count().map_err(err("device count".into()))?;
-    let mut out = Vec::new();
-    for index in 0..count {
-        let what = |w: &str| format!("GPU {index}: {w}");
-        let dev = nvml.device_by_index(index).map_err(err(what("handle")))?;
-        let uuid = dev.uuid().map_err(err(what("UUID")))?;
-        let enabled = match dev.is_in_persistent_mode() {
-            Ok(on) => Some(on),
-            Err(NvmlError::NotSupported) => None,
-            Err(e) => return Err(err(what("persistence mode"))(e)),
-        };
-        out.push(Persistence {
-            index,
-            uuid,
-            enabled,
-        });
-    }
-    Ok(out)
+    Ok(discover(lib)?
+        .gpus
+        .into_iter()
+        .map(|g| Persistence {
+            index: g.index,
+            uuid: g.uuid,
+            enabled: g.persistence_mode,
+        })
+        .collect())
 }
