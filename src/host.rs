@@ -143,7 +143,7 @@ impl Host {
         &self.roots
     }
 
-    /// `proc/driver/nvidia/version`: `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06 ...`.
+    /// The driver version from `proc/driver/nvidia/version` (see [`parse_driver_banner`]).
     pub fn driver_version(&self) -> Result<String, HostError> {
         let path = self.roots.proc_root.join("driver/nvidia/version");
         let text = match fs::read_to_string(&path) {
@@ -154,16 +154,7 @@ impl Host {
             }
             Err(source) => return Err(HostError::Read { path, source }),
         };
-        let line = text.lines().find(|l| l.starts_with("NVRM version:"));
-        line.and_then(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            let at = words.iter().position(|w| *w == "Module")?;
-            words.get(at + 1).map(|v| v.to_string())
-        })
-        .ok_or_else(|| HostError::Parse {
-            path,
-            message: "no \"NVRM version: ... Kernel Module <version>\" line".into(),
-        })
+        parse_driver_banner(&text).map_err(|message| HostError::Parse { path, message })
     }
 
     /// The GPUs under `proc/driver/nvidia/gpus/*/information`, in PCI bus order.
@@ -530,6 +521,42 @@ impl Host {
     }
 }
 
+/// The driver version in the kernel module's banner, `proc/driver/nvidia/version`. Its forms:
+///
+/// - proprietary: `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Tue Jul  8 ...`
+/// - open (the default since 560, the only one on Blackwell):
+///   `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (...)  ...`
+/// - other architectures in place of `x86_64` (`aarch64` on Grace and Jetson, `ppc64le`), and
+///   builds without a date or with a localised one.
+///
+/// The version is the first word after `Module` that reads `N.N` or `N.N.N` (all digits). Anything
+/// else is an error naming the line: a version such as `for` would silently give containers an
+/// empty driver (no library matches `*.so.for`).
+pub fn parse_driver_banner(text: &str) -> Result<String, String> {
+    let Some(line) = text.lines().find(|l| l.starts_with("NVRM version:")) else {
+        return Err("no \"NVRM version:\" line".into());
+    };
+    let mut words = line.split_whitespace();
+    if !words.any(|w| w == "Module") {
+        return Err(format!("no \"Kernel Module\" in the line {line:?}"));
+    }
+    words
+        .find(|w| is_driver_version(w))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            format!("no driver version (N.N or N.N.N) after \"Module\" in the line {line:?}")
+        })
+}
+
+/// `N.N` or `N.N.N`, every part decimal digits: the shape of every NVIDIA driver version.
+fn is_driver_version(word: &str) -> bool {
+    let parts: Vec<&str> = word.split('.').collect();
+    (2..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The CUDA version a driver supports, from its branch (the major of the driver version),
 /// without loading libcuda: NVIDIA's CUDA toolkit release notes, "CUDA Toolkit and
 /// Corresponding Driver Versions" (the version nvidia-smi prints as "CUDA Version"). A branch
@@ -657,6 +684,51 @@ mod tests {
     use super::*;
 
     const DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia\n508 nvidia-uvm\n509 nvidia-caps\n510 nvidia-caps-imex-channels\n\nBlock devices:\n  8 sd\n195 nvidia-bogus-block\n";
+
+    /// Banners as real hosts print them (each line copied from a host's
+    /// `/proc/driver/nvidia/version`), with the version each must give.
+    #[test]
+    fn driver_banner_every_form() {
+        let cases = [
+            // Proprietary modules, current and old.
+            ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Tue Jul  8 14:11:38 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", "580.65.06"),
+            ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  384.98  Thu Oct 26 15:16:01 PDT 2017\nGCC version:  gcc version 7.2.0 (Ubuntu 7.2.0-8ubuntu3) \n", "384.98"),
+            ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.54.15  Tue Mar  5 22:15:33 UTC 2024\n", "550.54.15"),
+            // Open modules: the default since 560.
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 01:12:42 UTC 2025\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) \n", "580.95.05"),
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01  Release Build  (dvs-builder@U16-A24-9-2)  Thu Oct 10 12:15:00 UTC 2024\n", "565.57.01"),
+            // Distribution builds: no date, a trailing space, a localised date.
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  525.60.11  Release Build  (archlinux-builder@localhost)  \nGCC version:  gcc version 12.2.0 (GCC) \n", "525.60.11"),
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  555.58  Release Build  (portage@localhost)  \u{421}\u{431} 29 \u{438}\u{44e}\u{43d} 2024 14:36:22 MSK\n", "555.58"),
+            // Grace (aarch64) and Jetson.
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 01:12:42 UTC 2025\n", "580.95.05"),
+            ("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  35.3.1  Release Build  (buildbrain@mobile-u64-6289-d7000)  Sun Mar 19 08:09:33 PDT 2023\n", "35.3.1"),
+        ];
+        for (banner, want) in cases {
+            assert_eq!(parse_driver_banner(banner).as_deref(), Ok(want), "{banner}");
+        }
+    }
+
+    #[test]
+    fn driver_banner_without_version_is_an_error_naming_the_line() {
+        for banner in [
+            "",
+            "GCC version:  gcc version 12.2.0\n",
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  Release Build\n",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06beta  Tue Jul  8\n",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580  Tue Jul  8\n",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  1.2.3.4  x\n",
+            "NVRM version: something else 580.65.06\n",
+        ] {
+            let err = parse_driver_banner(banner).unwrap_err();
+            if banner.starts_with("NVRM") {
+                assert!(err.contains(banner.trim_end()), "{err}");
+            }
+        }
+        assert!(!is_driver_version("for"));
+        assert!(!is_driver_version("x86_64"));
+        assert!(is_driver_version("580.95.05"));
+    }
 
     #[test]
     fn devices_majors() {

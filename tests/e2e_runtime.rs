@@ -15,7 +15,8 @@ use std::path::PathBuf;
 
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, KernelModules, ProbeReport, ProbeSpec,
+    RunOutput, Runtime,
 };
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -336,6 +337,27 @@ fn pre_550_frontend_major_name_is_understood() {
     let bundle = w.gpu_bundle("bundle", "1");
     let r = w.probe(&w.shim(), &bundle, false);
     assert_gpu_container(&w, &r, &[w.gpu(1)], "195 nvidia-frontend in /proc/devices");
+}
+
+/// A CUDA image on either kernel-module flavour (each writes its own version banner): the
+/// container gets libcuda.so.1 through its ld.so.cache, and `NVIDIA_REQUIRE_CUDA` in the shape
+/// the nvidia/cuda 12.x images set it (`cuda>=X` or brand/driver ranges) is met by the 580
+/// driver's CUDA 13.0 without loading NVML.
+#[test]
+fn cuda_image_starts_on_open_and_proprietary_kernel_modules() {
+    let require =
+        "cuda>=12.8 brand=unknown,driver>=470,driver<471 brand=grid,driver>=470,driver<471 \
+                   brand=tesla,driver>=470,driver<471 brand=nvidia,driver>=535,driver<536 \
+                   brand=tesla,driver>=550,driver<551";
+    for modules in [KernelModules::Open, KernelModules::Proprietary] {
+        let mut spec = FakeHostSpec::with_gpus(2);
+        spec.kernel_modules = modules;
+        let w = World::with_spec(&spec).configured("");
+        let bundle = w.gpu_bundle("bundle", "1");
+        bundle.set_env("NVIDIA_REQUIRE_CUDA", require).unwrap();
+        let r = w.probe(&w.shim(), &bundle, false);
+        assert_gpu_container(&w, &r, &[w.gpu(1)], &format!("{modules:?} kernel modules"));
+    }
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! proc/devices                                   kernel format: "%3d %s" under "Character devices:"
-//! proc/driver/nvidia/version                     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  <v>  <date>"
+//! proc/driver/nvidia/version                     the open modules' banner (default) or the proprietary one
+//!                                                (see [`KernelModules`])
 //! proc/driver/nvidia/gpus/<bus id>/information   Model, IRQ, GPU UUID, ..., Bus Location, Device Minor
 //! dev/nvidia<minor> (195:minor), dev/nvidiactl (195:255), dev/nvidia-modeset (195:254),
 //! dev/nvidia-uvm (uvm:0), dev/nvidia-uvm-tools (uvm:1)        real nodes (mknod), mode 0666
@@ -91,6 +92,38 @@ pub struct FakeHostSpec {
     pub caps_imex_major: u32,
     /// Name of major 195 in `/proc/devices`: `nvidia`, or `nvidia-frontend` before driver 550.
     pub frontend_name: String,
+    /// Which kernel modules the driver loaded: they print different version banners.
+    pub kernel_modules: KernelModules,
+}
+
+/// The two flavours of NVIDIA's kernel modules. Each writes its own first line in
+/// `/proc/driver/nvidia/version`; the banners below are the 580 driver's, as real hosts print
+/// them (the open one from a 580.95.05 host, the proprietary one from a 580.65.06 host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelModules {
+    /// The open GPU kernel modules: the default since driver 560 and the only choice on
+    /// Blackwell. `NVIDIA UNIX Open Kernel Module for x86_64  <v>  Release Build  (...)  <date>`.
+    #[default]
+    Open,
+    /// The proprietary modules: `NVIDIA UNIX x86_64 Kernel Module  <v>  <date>`.
+    Proprietary,
+}
+
+impl KernelModules {
+    /// The whole `/proc/driver/nvidia/version` file for `version`.
+    pub fn banner(self, version: &str) -> String {
+        match self {
+            KernelModules::Open => format!(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  \
+                 (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 01:12:42 UTC 2025\n\
+                 GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) \n"
+            ),
+            KernelModules::Proprietary => format!(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Tue Jul  8 14:11:38 UTC 2025\n\
+                 GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
+            ),
+        }
+    }
 }
 
 const MODELS: [&str; 4] = [
@@ -152,6 +185,7 @@ impl FakeHostSpec {
             caps_major: 509,
             caps_imex_major: 510,
             frontend_name: "nvidia".to_string(),
+            kernel_modules: KernelModules::default(),
         }
     }
 
@@ -759,11 +793,7 @@ impl FakeHost {
         let nvidia = proc_dir.join("driver/nvidia");
         write(
             &nvidia.join("version"),
-            &format!(
-                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Sun Jul 27 07:09:24 UTC 2025\n\
-                 GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n",
-                spec.driver_version
-            ),
+            &spec.kernel_modules.banner(&spec.driver_version),
         )?;
         for (i, gpu) in spec.gpus.iter().enumerate() {
             let mut info = String::new();

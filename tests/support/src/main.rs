@@ -1,4 +1,5 @@
-//! `nvshim-fake-host DIR [--gpus N] [--driver-version V] [--frontend-name NAME] [--config FILE]`
+//! `nvshim-fake-host DIR [--gpus N] [--driver-version V] [--frontend-name NAME]
+//!                  [--kernel-modules open|proprietary] [--config FILE]`
 //!
 //! Builds a simulated GPU host in DIR (for the demo and the benchmarks) and prints its layout.
 //! With `--config FILE`, also writes an nvshim config.toml pointing at it. Needs root and gcc.
@@ -12,10 +13,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
+use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec, KernelModules};
 
 const USAGE: &str = "usage: nvshim-fake-host DIR [--gpus N] [--driver-version V] \
-                     [--frontend-name nvidia|nvidia-frontend] [--config FILE]\n       \
+                     [--frontend-name nvidia|nvidia-frontend] \
+                     [--kernel-modules open|proprietary] [--config FILE]\n       \
                      nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...";
 
 struct Args {
@@ -23,6 +25,7 @@ struct Args {
     gpus: usize,
     driver_version: Option<String>,
     frontend_name: Option<String>,
+    kernel_modules: KernelModules,
     config: Option<PathBuf>,
     bundle: bool,
     env: Vec<String>,
@@ -34,6 +37,7 @@ fn parse_args() -> Result<Option<Args>> {
     let mut gpus = 2;
     let mut driver_version = None;
     let mut frontend_name = None;
+    let mut kernel_modules = KernelModules::default();
     let mut config = None;
     let mut bundle = false;
     let mut env = Vec::new();
@@ -54,6 +58,13 @@ fn parse_args() -> Result<Option<Args>> {
             }
             "--driver-version" => driver_version = Some(value("--driver-version")?),
             "--frontend-name" => frontend_name = Some(value("--frontend-name")?),
+            "--kernel-modules" => {
+                kernel_modules = match value("--kernel-modules")?.as_str() {
+                    "open" => KernelModules::Open,
+                    "proprietary" => KernelModules::Proprietary,
+                    v => bail!("--kernel-modules {v:?}: open or proprietary\n{USAGE}"),
+                }
+            }
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--bundle" => {
                 bundle = true;
@@ -86,6 +97,7 @@ fn parse_args() -> Result<Option<Args>> {
         gpus,
         driver_version,
         frontend_name,
+        kernel_modules,
         config,
         bundle,
         env,
@@ -126,6 +138,7 @@ fn real_main() -> Result<()> {
     if let Some(n) = args.frontend_name {
         spec.frontend_name = n;
     }
+    spec.kernel_modules = args.kernel_modules;
     let host = FakeHost::build(&args.dir, &spec)?;
     print!("{}", host.describe());
     if let Some(config) = args.config {
