@@ -9,7 +9,9 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
-use nvshim_hook::ldcache::LdCache;
+use nvshim_hook::ldcache::{Entry as LdCacheEntry, LdCache};
+
+use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -84,6 +86,38 @@ pub struct HostDeviceNode {
 pub struct HostFile {
     pub host_path: PathBuf,
     pub container_path: String,
+}
+
+/// Which libraries of the host's ld.so.cache: the 64-bit ones, or the 32-bit x86 ones
+/// (`compat32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WordSize {
+    Bits64,
+    Bits32,
+}
+
+impl WordSize {
+    fn matches(self, e: &LdCacheEntry) -> bool {
+        match self {
+            WordSize::Bits64 => e.is_64bit(),
+            // ldconfig tags i386 libraries with the plain glibc type and no architecture bits.
+            WordSize::Bits32 => {
+                e.flags & nvshim_hook::ldcache::FLAG_REQUIRED_MASK == 0
+                    && e.flags & 0xff == nvshim_hook::ldcache::FLAG_ELF_LIBC6
+            }
+        }
+    }
+}
+
+/// The `<stem>.so.<n>` symlink beside `file` that points at it (a SONAME link ldconfig made).
+fn soname_link_beside(file: &Path, stem: &str, name: &str) -> Option<String> {
+    let dir = file.parent()?;
+    fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+        let link = e.file_name().to_string_lossy().into_owned();
+        let n = link.strip_prefix(stem)?.strip_prefix(".so.")?;
+        let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+        (digits && fs::read_link(e.path()).ok()? == Path::new(name)).then_some(link)
+    })
 }
 
 /// A driver library: the versioned file to mount, and the SONAME link the dynamic linker uses.
@@ -308,6 +342,204 @@ impl Host {
                 .then(|| current.to_string_lossy().into_owned());
         }
         None
+    }
+
+    /// The libraries of `rules` of one word size, through the host's ld.so.cache as
+    /// libnvidia-container finds them (src/nvc_info.c `find_library_paths`): each cache entry
+    /// named `<stem>.so.<n>` is followed (inside the driver root) to its file, which must be
+    /// `<stem>.so.<driver version>` ([`Naming::DriverVersion`]) or any `<stem>.so.*`
+    /// ([`Naming::OwnVersion`]). [`Naming::Subdir`] libraries, which the cache does not index,
+    /// are looked for in that subdirectory of the directories the others were found in (or of
+    /// `fallback_dirs`), with the `<stem>.so.<n>` link beside them as their SONAME. Missing
+    /// libraries are skipped: not every driver ships every one.
+    pub fn libraries<'a>(
+        &self,
+        cache: &LdCache,
+        rules: impl IntoIterator<Item = &'a Library>,
+        driver_version: &str,
+        word: WordSize,
+    ) -> Vec<DriverLibrary> {
+        let versioned = format!(".so.{driver_version}");
+        let mut found: Vec<DriverLibrary> = Vec::new();
+        let mut subdir_rules = Vec::new();
+        let entries: Vec<_> = cache.entries.iter().filter(|e| word.matches(e)).collect();
+        for rule in rules {
+            if let Naming::Subdir(d) = rule.naming {
+                subdir_rules.push((d, rule.stem));
+                continue;
+            }
+            let prefix = format!("{}.so.", rule.stem);
+            for e in entries.iter().filter(|e| e.name.starts_with(&prefix)) {
+                let Some(file) = self.resolve_in_driver_root(&e.path) else {
+                    continue;
+                };
+                let (_, name) = file.rsplit_once('/').unwrap_or(("", &file));
+                let ok = match rule.naming {
+                    Naming::DriverVersion => name == format!("{}{versioned}", rule.stem),
+                    _ => name.starts_with(&prefix),
+                };
+                if ok && !found.iter().any(|l| l.file.container_path == file) {
+                    found.push(DriverLibrary {
+                        file: HostFile {
+                            host_path: under_root(&self.roots.driver_root, &file),
+                            container_path: file,
+                        },
+                        soname: e.name.clone(),
+                    });
+                }
+            }
+        }
+        let mut dirs: Vec<String> = Vec::new();
+        for l in &found {
+            if let Some((dir, _)) = l.file.container_path.rsplit_once('/') {
+                if !dirs.iter().any(|d| d == dir) {
+                    dirs.push(dir.to_string());
+                }
+            }
+        }
+        for (subdir, stem) in subdir_rules {
+            for dir in &dirs {
+                let name = format!("{stem}{versioned}");
+                let container_path = format!("{dir}/{subdir}/{name}");
+                let host_path = under_root(&self.roots.driver_root, &container_path);
+                if !fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
+                    continue;
+                }
+                let soname = soname_link_beside(&host_path, stem, &name).unwrap_or(name);
+                found.push(DriverLibrary {
+                    file: HostFile {
+                        host_path,
+                        container_path,
+                    },
+                    soname,
+                });
+            }
+        }
+        found
+    }
+
+    /// The first existing host path of each data file (`{v}` replaced by the driver version),
+    /// with its container path.
+    pub fn data_files<'a>(
+        &self,
+        rules: impl IntoIterator<Item = &'a DataFile>,
+        driver_version: &str,
+    ) -> Vec<HostFile> {
+        let mut out = Vec::new();
+        for rule in rules {
+            let found = rule.host_paths.iter().find_map(|p| {
+                let p = p.replace("{v}", driver_version);
+                let host_path = under_root(&self.roots.driver_root, &p);
+                fs::metadata(&host_path)
+                    .is_ok_and(|m| m.is_file())
+                    .then_some((p, host_path))
+            });
+            if let Some((p, host_path)) = found {
+                let container_path = rule.container_path.map_or(p, str::to_string);
+                out.push(HostFile {
+                    host_path,
+                    container_path,
+                });
+            }
+        }
+        out
+    }
+
+    /// The X.Org modules ([`nvidia::XORG_MODULES`]), each from the first of
+    /// [`nvidia::XORG_MODULE_DIRS`] that holds it (`{lib}`: each of `lib_dirs`).
+    pub fn xorg_modules(&self, lib_dirs: &[String], driver_version: &str) -> Vec<HostFile> {
+        let mut dirs: Vec<String> = Vec::new();
+        for pattern in nvidia::XORG_MODULE_DIRS {
+            if pattern.contains("{lib}") {
+                for lib in lib_dirs {
+                    dirs.push(pattern.replace("{lib}", lib));
+                }
+            } else {
+                dirs.push(pattern.to_string());
+            }
+        }
+        let mut out = Vec::new();
+        for module in nvidia::XORG_MODULES {
+            let module = module.replace("{v}", driver_version);
+            let found = dirs.iter().find_map(|dir| {
+                let container_path = format!("{dir}/{module}");
+                let host_path = under_root(&self.roots.driver_root, &container_path);
+                fs::metadata(&host_path)
+                    .is_ok_and(|m| m.is_file())
+                    .then_some(HostFile {
+                        host_path,
+                        container_path,
+                    })
+            });
+            out.extend(found);
+        }
+        out
+    }
+
+    /// The host's sysfs: beside its procfs (`/sys` for `/proc`, `/host/sys` for `/host/proc`).
+    pub fn sys_root(&self) -> PathBuf {
+        self.roots
+            .proc_root
+            .parent()
+            .map_or_else(|| PathBuf::from("/sys"), |p| p.join("sys"))
+    }
+
+    /// The DRM nodes of the GPU at `bus_id` (`/dev/dri/card1`, `/dev/dri/renderD128`), from
+    /// `<sys-root>/bus/pci/devices/<bus>/drm/`, as the kernel ties them to the PCI device; only
+    /// those that exist under dev-root as character devices. Sorted by name.
+    pub fn drm_nodes(&self, bus_id: &str) -> Vec<HostDeviceNode> {
+        let dir = self
+            .sys_root()
+            .join("bus/pci/devices")
+            .join(bus_id)
+            .join("drm");
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| {
+                let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+                n.strip_prefix("card").is_some_and(digits)
+                    || n.strip_prefix("renderD").is_some_and(digits)
+            })
+            .collect();
+        names.sort();
+        names
+            .iter()
+            .filter_map(|n| self.device_node(&format!("dri/{n}")))
+            .filter(|n| n.kind == 'c')
+            .collect()
+    }
+
+    /// The `by-path` links of `<dev-root>/dev/dri/by-path` that point at one of `nodes`:
+    /// (`../card1`, `/dev/dri/by-path/pci-0000:1b:00.0-card`), as the `create-symlinks` hook
+    /// takes them.
+    pub fn drm_by_path_links(&self, nodes: &[HostDeviceNode]) -> Vec<(String, String)> {
+        let dir = self.roots.dev_root.join("dev/dri/by-path");
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let Ok(target) = fs::read_link(e.path()) else {
+                continue;
+            };
+            let target = target.to_string_lossy().into_owned();
+            let Some(node_name) = target.rsplit('/').next() else {
+                continue;
+            };
+            if nodes
+                .iter()
+                .any(|n| n.container_path == format!("/dev/dri/{node_name}"))
+            {
+                let link = format!("/dev/dri/by-path/{}", e.file_name().to_string_lossy());
+                out.push((target, link));
+            }
+        }
+        out.sort();
+        out
     }
 
     /// Finds driver binaries under the driver root's standard bin directories.

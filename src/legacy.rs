@@ -29,8 +29,10 @@ use crate::cdi::nvml::{self, GpuInfo, NvmlDiscoveryError};
 use crate::config::Config;
 use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
 use crate::host::{
-    normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError,
+    normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError, HostFile,
+    WordSize,
 };
+use crate::nvidia::{self, brings, DRM_BROUGHT_BY, IPC_MOUNT_OPTIONS};
 use crate::request::{
     Capabilities, Request, VisibleDevices, MIG_CONFIG_DEVICES, MIG_MONITOR_DEVICES,
 };
@@ -71,63 +73,8 @@ pub enum LegacyError {
     UnknownImexChannel { channel: u32, path: PathBuf },
 }
 
-/// Libraries per capability (libnvidia-container `src/nvc_info.c`).
-pub const UTILITY_LIBS: &[&str] = &["libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so"];
-pub const COMPUTE_LIBS: &[&str] = &[
-    "libcuda.so",
-    "libcudadebugger.so",
-    "libnvidia-opencl.so",
-    "libnvidia-gpucomp.so",
-    "libnvidia-ptxjitcompiler.so",
-    "libnvidia-fatbinaryloader.so",
-    "libnvidia-allocator.so",
-    "libnvidia-compiler.so",
-    "libnvidia-pkcs11.so",
-    "libnvidia-pkcs11-openssl3.so",
-    "libnvidia-nvvm.so",
-    "libnvidia-tileiras.so",
-];
-pub const VIDEO_LIBS: &[&str] = &[
-    "libvdpau_nvidia.so",
-    "libnvidia-encode.so",
-    "libnvidia-opticalflow.so",
-    "libnvcuvid.so",
-];
-pub const GRAPHICS_LIBS: &[&str] = &[
-    "libnvidia-eglcore.so",
-    "libnvidia-glcore.so",
-    "libnvidia-tls.so",
-    "libnvidia-glsi.so",
-    "libnvidia-fbc.so",
-    "libnvidia-ifr.so",
-    "libnvidia-rtcore.so",
-    "libnvoptix.so",
-    "libGLX_nvidia.so",
-    "libEGL_nvidia.so",
-    "libGLESv2_nvidia.so",
-    "libGLESv1_CM_nvidia.so",
-    "libnvidia-glvkspirv.so",
-    "libnvidia-cbl.so",
-];
-pub const NGX_LIBS: &[&str] = &["libnvidia-ngx.so"];
-pub const UTILITY_BINS: &[&str] = &[
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nv-fabricmanager",
-];
-pub const COMPUTE_BINS: &[&str] = &["nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
+pub use crate::nvidia::{HOOK_ENV, MOUNT_OPTIONS};
 
-/// Mount options for driver files: read-only, no setuid or device files, private propagation
-/// (NVIDIA v1.18 made every mount rprivate so nothing leaks back to the host).
-pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
-
-/// The environment every nvshim hook runs with: never the container's.
-pub const HOOK_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Options of the MPS pipe directory mount: writable (clients create their pipes there), no
-/// exec, devices or setuid, private (NVIDIA's IPC mounts, `internal/discover/ipc.go`).
-pub const MPS_MOUNT_OPTIONS: &[&str] = &["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"];
 /// The variable telling CUDA clients where the MPS daemon's pipes are.
 pub const MPS_PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
 
@@ -155,46 +102,6 @@ impl Settings {
 /// Well-known minors (nvidia-toolkit-behaviour.md §6).
 const NVIDIACTL_MINOR: u32 = 255;
 const MODESET_MINOR: u32 = 254;
-
-/// Library base names for a set of capabilities. `compat32` (32-bit libraries) is accepted but
-/// adds nothing: nvshim mounts 64-bit libraries only.
-pub fn libraries_for(caps: &Capabilities) -> Vec<&'static str> {
-    let mut out: Vec<&'static str> = Vec::new();
-    let mut add = |list: &[&'static str]| {
-        for l in list {
-            if !out.contains(l) {
-                out.push(l);
-            }
-        }
-    };
-    if caps.utility {
-        add(UTILITY_LIBS);
-    }
-    if caps.compute || caps.video {
-        add(COMPUTE_LIBS);
-    }
-    if caps.video {
-        add(VIDEO_LIBS);
-    }
-    if caps.graphics || caps.display {
-        add(GRAPHICS_LIBS);
-    }
-    if caps.ngx {
-        add(NGX_LIBS);
-    }
-    out
-}
-
-pub fn binaries_for(caps: &Capabilities) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if caps.utility {
-        out.extend_from_slice(UTILITY_BINS);
-    }
-    if caps.compute {
-        out.extend_from_slice(COMPUTE_BINS);
-    }
-    out
-}
 
 fn describe(gpus: &[Gpu]) -> String {
     if gpus.is_empty() {
@@ -577,52 +484,6 @@ fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> V
         .collect()
 }
 
-/// The two `createContainer` hooks that make mounted driver libraries resolvable, in this
-/// order: `create-symlinks` (the links above), then `update-ldcache` for their folders. Both run
-/// `hook_path` with an explicit minimal environment, never the container's (CVE-2025-23266).
-/// Legacy requests and `nvshim cdi generate` both use them.
-pub fn library_hooks(
-    host: &Host,
-    libs: &[DriverLibrary],
-    driver_version: &str,
-    hook_path: &Path,
-) -> Vec<Hook> {
-    let hook = |args: Vec<String>| Hook {
-        hook_name: "createContainer".into(),
-        path: hook_path.to_string_lossy().into_owned(),
-        args,
-        env: Some(vec![HOOK_ENV.to_string()]),
-        timeout: None,
-    };
-    let mut hooks = Vec::new();
-    let links = library_links(host, libs, driver_version);
-    if !links.is_empty() {
-        let mut args = vec!["nvshim-hook".to_string(), "create-symlinks".to_string()];
-        for l in links {
-            args.push("--link".into());
-            args.push(l);
-        }
-        hooks.push(hook(args));
-    }
-    let mut folders: Vec<&str> = Vec::new();
-    for l in libs {
-        let (dir, _) = split(&l.file.container_path);
-        let dir = if dir.is_empty() { "/" } else { dir };
-        if !folders.contains(&dir) {
-            folders.push(dir);
-        }
-    }
-    if !folders.is_empty() {
-        let mut args = vec!["nvshim-hook".to_string(), "update-ldcache".to_string()];
-        for f in folders {
-            args.push("--folder".into());
-            args.push(f.into());
-        }
-        hooks.push(hook(args));
-    }
-    hooks
-}
-
 /// The edits for a legacy request, with the config's defaults for everything but the hook.
 pub fn resolve(
     host: &Host,
@@ -747,30 +608,15 @@ pub fn resolve_with_nvml(
         }
     }
 
-    let cache = host.ld_cache()?;
-    let libs = host.driver_libraries(
-        &cache,
-        &libraries_for(&request.capabilities),
-        &driver_version,
-    );
-    let bins = host.binaries(&binaries_for(&request.capabilities));
-    let mount = |host_path: &Path, container_path: &str, options: &[&str]| Mount {
-        host_path: host_path.to_string_lossy().into_owned(),
-        container_path: container_path.to_string(),
-        kind: Some("bind".into()),
-        options: options.iter().map(|s| s.to_string()).collect(),
-    };
-    for l in &libs {
-        edits.mounts.push(mount(
-            &l.file.host_path,
-            &l.file.container_path,
-            MOUNT_OPTIONS,
-        ));
-    }
-    for b in &bins {
-        edits
-            .mounts
-            .push(mount(&b.host_path, &b.container_path, MOUNT_OPTIONS));
+    let files = driver_files(host, &request.capabilities, &driver_version, &gpus)?;
+    edits.mounts.extend(files.mounts);
+    for (node, gid) in files.drm_nodes {
+        if !edits.device_nodes.iter().any(|d| d.path == node.path) {
+            edits.device_nodes.push(node);
+        }
+        if let Some(g) = gid.filter(|g| !edits.additional_gids.contains(g)) {
+            edits.additional_gids.push(g);
+        }
     }
 
     // MPS: a host daemon's clients find it through its pipe directory, at the same path
@@ -778,17 +624,281 @@ pub fn resolve_with_nvml(
     let mps = &settings.mps_pipe_directory;
     if request.capabilities.compute && mps.is_absolute() && mps.is_dir() {
         let dir = mps.to_string_lossy().into_owned();
-        edits.mounts.push(mount(mps, &dir, MPS_MOUNT_OPTIONS));
+        edits.mounts.push(bind(mps, &dir, IPC_MOUNT_OPTIONS));
         edits.env.push(format!("{MPS_PIPE_ENV}={dir}"));
     }
 
-    edits.hooks.extend(library_hooks(
+    let plan = HookPlan {
+        libs: &files.libs,
+        links: files.links,
+        cuda_compat: request.capabilities.compute,
+        application_profile: brings(&request.capabilities, DRM_BROUGHT_BY),
+        host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
+    };
+    edits.hooks.extend(container_hooks(
         host,
-        &libs,
+        &plan,
         &driver_version,
         &settings.hook_path,
     ));
     Ok((gpus, edits))
+}
+
+fn bind(host_path: &Path, container_path: &str, options: &[&str]) -> Mount {
+    Mount {
+        host_path: host_path.to_string_lossy().into_owned(),
+        container_path: container_path.to_string(),
+        kind: Some("bind".into()),
+        options: options.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// What the driver gives a container for its capabilities ([`crate::nvidia`]'s tables).
+#[derive(Debug, Default)]
+pub struct DriverFiles {
+    /// Libraries (64-bit, and 32-bit with `compat32`), executables, data files, X.Org modules,
+    /// firmware and the daemons' sockets.
+    pub mounts: Vec<Mount>,
+    /// The mounted libraries, for the hooks.
+    pub libs: Vec<DriverLibrary>,
+    /// Links the `create-symlinks` hook makes besides the libraries' own: (target, link).
+    pub links: Vec<(String, String)>,
+    /// DRM nodes of the GPUs, with the group to add when the node is not world read-write.
+    pub drm_nodes: Vec<(DeviceNode, Option<u32>)>,
+}
+
+/// The driver's files `caps` brings, and the DRM nodes of `gpus` for graphics.
+pub fn driver_files(
+    host: &Host,
+    caps: &Capabilities,
+    driver_version: &str,
+    gpus: &[Gpu],
+) -> Result<DriverFiles, LegacyError> {
+    let cache = host.ld_cache()?;
+    let libs64 = host.libraries(
+        &cache,
+        nvidia::libraries_for(caps),
+        driver_version,
+        WordSize::Bits64,
+    );
+    // The 64-bit library directories (not their `vdpau/`): where the X.Org modules and GBM's
+    // backend link live.
+    let mut lib_dirs: Vec<String> = Vec::new();
+    for l in &libs64 {
+        let (dir, _) = split(&l.file.container_path);
+        let in_subdir = nvidia::LIBRARIES.iter().any(
+            |r| matches!(r.naming, nvidia::Naming::Subdir(d) if dir.ends_with(&format!("/{d}"))),
+        );
+        if !in_subdir && !lib_dirs.iter().any(|d| d == dir) {
+            lib_dirs.push(dir.to_string());
+        }
+    }
+    let mut out = DriverFiles {
+        libs: libs64,
+        ..Default::default()
+    };
+    out.libs.extend(host.libraries(
+        &cache,
+        nvidia::libraries_32bit_for(caps),
+        driver_version,
+        WordSize::Bits32,
+    ));
+    let mut files: Vec<HostFile> = out.libs.iter().map(|l| l.file.clone()).collect();
+    files.extend(host.binaries(&nvidia::executables_for(caps)));
+    files.extend(
+        host.data_files(
+            nvidia::DATA_FILES
+                .iter()
+                .filter(|f| brings(caps, f.brought_by)),
+            driver_version,
+        ),
+    );
+    if brings(caps, nvidia::XORG_BROUGHT_BY) {
+        let modules = host.xorg_modules(&lib_dirs, driver_version);
+        for m in &modules {
+            // X.Org loads `libglxserver_nvidia.so`; the driver installs that link beside it.
+            if let Some(dir) = m
+                .container_path
+                .strip_suffix(&format!("/libglxserver_nvidia.so.{driver_version}"))
+            {
+                out.links.push((
+                    format!("libglxserver_nvidia.so.{driver_version}"),
+                    format!("{dir}/libglxserver_nvidia.so"),
+                ));
+            }
+        }
+        files.extend(modules);
+    }
+    if brings(caps, DRM_BROUGHT_BY) {
+        // GBM finds the driver's backend as `gbm/nvidia-drm_gbm.so`, a link to the allocator.
+        for dir in &lib_dirs {
+            if out.libs.iter().any(|l| {
+                l.soname == "libnvidia-allocator.so.1"
+                    && split(&l.file.container_path).0 == dir.as_str()
+            }) {
+                out.links.push((
+                    "../libnvidia-allocator.so.1".into(),
+                    format!("{dir}/gbm/nvidia-drm_gbm.so"),
+                ));
+            }
+        }
+    }
+    if brings(caps, nvidia::FIRMWARE_BROUGHT_BY) {
+        files.extend(host.firmware_files(driver_version));
+    }
+    for f in &files {
+        out.mounts
+            .push(bind(&f.host_path, &f.container_path, MOUNT_OPTIONS));
+    }
+    if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
+        for f in host
+            .ipc_paths()
+            .into_iter()
+            .filter(|f| f.container_path.ends_with("/socket"))
+        {
+            out.mounts
+                .push(bind(&f.host_path, &f.container_path, IPC_MOUNT_OPTIONS));
+        }
+    }
+    if brings(caps, DRM_BROUGHT_BY) {
+        let mut nodes = Vec::new();
+        for g in gpus {
+            nodes.extend(host.drm_nodes(&g.bus_id));
+        }
+        for n in &nodes {
+            // As NVIDIA ≥ 1.19 writes them: the node's group, added to the container's groups
+            // when the node is not world read-write (render and video groups).
+            let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
+            out.drm_nodes.push((
+                DeviceNode {
+                    path: n.container_path.clone(),
+                    host_path: None,
+                    kind: Some("c".into()),
+                    major: Some(n.major.into()),
+                    minor: Some(n.minor.into()),
+                    file_mode: Some(n.file_mode),
+                    permissions: Some("rwm".into()),
+                    uid: Some(n.uid),
+                    gid: Some(n.gid),
+                },
+                gid,
+            ));
+        }
+        out.links.extend(host.drm_by_path_links(&nodes));
+    }
+    Ok(out)
+}
+
+/// What the hooks of a GPU container do.
+#[derive(Debug, Clone)]
+pub struct HookPlan<'a> {
+    /// The mounted libraries: their SONAME and development links, and their folders for the
+    /// ld.so.cache.
+    pub libs: &'a [DriverLibrary],
+    /// Further links: (target, link).
+    pub links: Vec<(String, String)>,
+    /// `enable-cuda-compat`: the image's CUDA forward-compatibility libraries, when newer than
+    /// the host driver.
+    pub cuda_compat: bool,
+    /// `update-application-profile`: EGL and Vulkan see only the container's GPUs.
+    pub application_profile: bool,
+    /// `disable-device-node-modification`, reading the host's params file here.
+    pub host_params: Option<PathBuf>,
+}
+
+/// The hooks NVIDIA adds, in its order: `create-symlinks`, `enable-cuda-compat`,
+/// `update-ldcache`, `disable-device-node-modification`, `update-application-profile`. Each runs
+/// `hook_path` with an explicit minimal environment, never the container's (CVE-2025-23266).
+/// Legacy requests and `nvshim cdi generate` both use them.
+pub fn container_hooks(
+    host: &Host,
+    plan: &HookPlan<'_>,
+    driver_version: &str,
+    hook_path: &Path,
+) -> Vec<Hook> {
+    let hook = |args: Vec<String>| Hook {
+        hook_name: "createContainer".into(),
+        path: hook_path.to_string_lossy().into_owned(),
+        args,
+        env: Some(vec![HOOK_ENV.to_string()]),
+        timeout: None,
+    };
+    let mut hooks = Vec::new();
+    let mut links = library_links(host, plan.libs, driver_version);
+    for (target, link) in &plan.links {
+        let l = format!("{target}::{link}");
+        if !links.contains(&l) {
+            links.push(l);
+        }
+    }
+    if !links.is_empty() {
+        let mut args = vec!["nvshim-hook".to_string(), "create-symlinks".to_string()];
+        for l in links {
+            args.push("--link".into());
+            args.push(l);
+        }
+        hooks.push(hook(args));
+    }
+    if plan.cuda_compat && !plan.libs.is_empty() {
+        hooks.push(hook(vec![
+            "nvshim-hook".into(),
+            "enable-cuda-compat".into(),
+            "--host-driver-version".into(),
+            driver_version.into(),
+        ]));
+    }
+    let mut folders: Vec<&str> = Vec::new();
+    for l in plan.libs {
+        let (dir, _) = split(&l.file.container_path);
+        let dir = if dir.is_empty() { "/" } else { dir };
+        if !folders.contains(&dir) {
+            folders.push(dir);
+        }
+    }
+    if !folders.is_empty() {
+        let mut args = vec!["nvshim-hook".to_string(), "update-ldcache".to_string()];
+        for f in folders {
+            args.push("--folder".into());
+            args.push(f.into());
+        }
+        hooks.push(hook(args));
+    }
+    if let Some(params) = &plan.host_params {
+        let mut args = vec![
+            "nvshim-hook".to_string(),
+            "disable-device-node-modification".to_string(),
+        ];
+        // The hook reads /proc/driver/nvidia/params unless told otherwise (a proc-root other
+        // than the host's /proc).
+        if params != Path::new("/proc/driver/nvidia/params") {
+            args.push(format!("--host-params={}", params.display()));
+        }
+        hooks.push(hook(args));
+    }
+    if plan.application_profile {
+        hooks.push(hook(vec![
+            "nvshim-hook".into(),
+            "update-application-profile".into(),
+        ]));
+    }
+    hooks
+}
+
+/// The library hooks alone (`create-symlinks`, `update-ldcache`), for `libs`.
+pub fn library_hooks(
+    host: &Host,
+    libs: &[DriverLibrary],
+    driver_version: &str,
+    hook_path: &Path,
+) -> Vec<Hook> {
+    let plan = HookPlan {
+        libs,
+        links: Vec::new(),
+        cuda_compat: false,
+        application_profile: false,
+        host_params: None,
+    };
+    container_hooks(host, &plan, driver_version, hook_path)
 }
 
 #[cfg(test)]
@@ -835,18 +945,6 @@ mod tests {
         assert!(err.contains("\"GPU-nope\""), "{err}");
         assert!(err.contains("0 (GPU-aaaa, 0000:1b:00.0)"), "{err}");
         assert!(pick(&["2"]).is_err());
-    }
-
-    #[test]
-    fn capability_lists() {
-        let utility = libraries_for(&Capabilities::parse(Some("utility")).unwrap());
-        assert!(utility.contains(&"libnvidia-ml.so"));
-        assert!(!utility.contains(&"libcuda.so"));
-        let video = libraries_for(&Capabilities::parse(Some("video")).unwrap());
-        assert!(video.contains(&"libcuda.so") && video.contains(&"libnvcuvid.so"));
-        assert!(
-            binaries_for(&Capabilities::parse(Some("utility")).unwrap()).contains(&"nvidia-smi")
-        );
     }
 
     #[test]

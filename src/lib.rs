@@ -17,6 +17,7 @@ pub mod explain;
 pub mod host;
 pub mod legacy;
 pub mod logging;
+pub mod nvidia;
 pub mod request;
 pub mod runtime;
 pub mod system;

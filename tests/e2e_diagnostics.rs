@@ -604,7 +604,24 @@ fn explain_legacy_request_matches_what_create_does() {
             .any(|m| m["destination"] == libcuda.as_str()),
         "{e:#}"
     );
-    assert_eq!(groups[1]["hooks"].as_array().unwrap().len(), 2);
+    // NVIDIA's hooks in NVIDIA's order (compute brings enable-cuda-compat; no graphics, so no
+    // application profile).
+    let hooks: Vec<&str> = groups[1]["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["hook"]["args"][1].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        hooks,
+        [
+            "create-symlinks",
+            "enable-cuda-compat",
+            "update-ldcache",
+            "disable-device-node-modification"
+        ],
+        "{e:#}"
+    );
     assert_eq!(e["changesBundle"], true);
     let diff = e["diff"].as_str().unwrap();
     assert!(

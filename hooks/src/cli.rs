@@ -49,13 +49,18 @@ subcommands:
   create-symlinks --link TARGET::LINK ...   make LINK (in the container) a symlink to TARGET
   update-ldcache --folder DIR ...           make the libraries in DIR resolvable by the
                                             container's dynamic linker
+  enable-cuda-compat --host-driver-version V
+                                            use the image's CUDA forward-compatibility
+                                            libraries when they are newer than the driver
+  disable-device-node-modification          show the container ModifyDeviceFiles: 0
+  update-application-profile                limit EGL and Vulkan to the container's GPUs
 flags:
   --container-spec FILE   read the OCI state from FILE instead of stdin
   --ldconfig-path PATH    host ldconfig, used only where the cache cannot be written natively
   --help, --version
 
-Started as nvidia-cdi-hook (or as `nvidia-ctk hook`), it also runs NVIDIA's hooks
-enable-cuda-compat, disable-device-node-modification, update-application-profile and chmod.
+The last three are optional: when one cannot apply it warns and exits 0.
+Started as nvidia-cdi-hook (or as `nvidia-ctk hook`), it also runs NVIDIA's chmod hook.
 ";
 
 const LEGACY_HOOK: &str = "\
@@ -175,15 +180,15 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
         }
     };
     match (dialect, sub.as_str()) {
-        (_, "create-symlinks" | "update-ldcache") => {}
         (
-            Dialect::Nvidia,
-            "enable-cuda-compat"
+            _,
+            "create-symlinks"
+            | "update-ldcache"
+            | "enable-cuda-compat"
             | "disable-device-node-modification"
-            | "update-application-profile"
-            | "chmod"
-            | "noop",
+            | "update-application-profile",
         ) => {}
+        (Dialect::Nvidia, "chmod" | "noop") => {}
         (_, "help") => return Ok(Command::Help),
         (Dialect::Nvidia, other) => {
             return Ok(Command::Skip(format!("unknown hook {other}; skipped")))
@@ -380,14 +385,14 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
             if options.is_noop() {
                 return 0;
             }
-            open_root(spec.as_deref(), stdin).and_then(|root| {
+            optional(open_root(spec.as_deref(), stdin).and_then(|root| {
                 enable_cuda_compat::run(&root, &options)
                     .map(|r| r.warnings)
                     .map_err(|e| format!("enable-cuda-compat: {e}"))
-            })
+            }))
         }
         Command::DisableDeviceNodeModification { host_params, spec } => {
-            match ddnm::wanted(&host_params) {
+            optional(match ddnm::wanted(&host_params) {
                 Ok(None) => return 0,
                 Ok(Some(content)) => open_root(spec.as_deref(), stdin).and_then(|root| {
                     ddnm::apply(&root, &content)
@@ -395,14 +400,14 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
                         .map_err(|e| format!("disable-device-node-modification: {e}"))
                 }),
                 Err(e) => Err(format!("disable-device-node-modification: {e}")),
-            }
+            })
         }
         Command::UpdateApplicationProfile { spec } => {
-            open_root(spec.as_deref(), stdin).and_then(|root| {
+            optional(open_root(spec.as_deref(), stdin).and_then(|root| {
                 update_application_profile::run(&root)
                     .map(|r| r.warnings)
                     .map_err(|e| format!("update-application-profile: {e}"))
-            })
+            }))
         }
         Command::Chmod { mode, paths, spec } => {
             if paths.is_empty() {
@@ -427,6 +432,18 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
             EXIT_FAILURE
         }
     }
+}
+
+/// The result of a hook the container does not need to start (CUDA forward compatibility, the
+/// device-node parameters, the application profile): its failure is one warning, and the
+/// container starts, e.g. with a read-only root or `/etc/nvidia`, without the driver's `/proc`
+/// in the container, or in a user namespace where a mount is refused.
+fn optional(result: Result<Vec<String>, String>) -> Result<Vec<String>, String> {
+    result.or_else(|message| {
+        Ok(vec![format!(
+            "{message} (optional: the container starts without it)"
+        )])
+    })
 }
 
 /// Opens `/dev/null` on whichever of fds 0, 1 and 2 is closed (what Rust's runtime does before
@@ -491,7 +508,7 @@ mod tests {
                 spec: None
             }
         );
-        assert!(p(&["nvshim-hook", "enable-cuda-compat"]).is_err());
+        assert!(p(&["nvshim-hook", "enable-cuda-compat", "--bogus"]).is_err());
         assert!(p(&["nvshim-hook"]).is_err());
         assert!(p(&["nvshim-hook", "update-ldcache", "--bogus"]).is_err());
         assert!(p(&["nvshim-hook", "update-ldcache", "--folder"]).is_err());
@@ -581,14 +598,16 @@ mod tests {
         assert!(p(&["nvidia-cdi-hook", "chmod", "--mode", "9"]).is_err());
         assert!(p(&["nvidia-cdi-hook", "enable-cuda-compat", "--bogus"]).is_err());
         assert_eq!(p(&["nvidia-cdi-hook", "noop"]).unwrap(), Command::Noop);
-        // NVIDIA's hooks are not nvshim-hook subcommands.
+        // nvshim's legacy path runs the container fix-ups under its own name; chmod and noop
+        // are NVIDIA's alone.
         for hook in [
             "enable-cuda-compat",
             "disable-device-node-modification",
             "update-application-profile",
-            "chmod",
-            "noop",
         ] {
+            assert!(p(&["nvshim-hook", hook]).is_ok(), "{hook}");
+        }
+        for hook in ["chmod", "noop"] {
             assert!(p(&["nvshim-hook", hook]).is_err(), "{hook}");
         }
         assert!(matches!(

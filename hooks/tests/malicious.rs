@@ -610,7 +610,18 @@ fn nvidia_hooks_run_under_nvidias_names_only() {
         assert_eq!(run.code, Some(0), "{args:?}: {run:?}");
         assert!(run.stderr.contains("warning"), "{args:?}: {run:?}");
     }
-    // NVIDIA's other hooks are not nvshim-hook subcommands.
+    // NVIDIA's chmod is not an nvshim-hook subcommand; the container fix-ups are (without a
+    // host driver version, enable-cuda-compat has nothing to do).
+    let run = run_hook(
+        &static_hook(),
+        "nvshim-hook",
+        &["chmod", "--mode", "755", "--path", "/dev/dri"],
+        "{}",
+        &[],
+        Path::new("/"),
+        TIMEOUT,
+    );
+    assert_eq!(run.code, Some(2));
     let run = run_hook(
         &static_hook(),
         "nvshim-hook",
@@ -620,7 +631,7 @@ fn nvidia_hooks_run_under_nvidias_names_only() {
         Path::new("/"),
         TIMEOUT,
     );
-    assert_eq!(run.code, Some(2));
+    assert_eq!(run.code, Some(0), "{run:?}");
     // nvidia-ctk answers only to `hook`.
     let run = run_hook(
         &static_hook(),
@@ -678,8 +689,9 @@ fn nvidia_hooks_do_their_work_on_a_plain_image() {
     );
 }
 
-/// Fixtures whose outcome is fixed for NVIDIA's hooks: a params file that is not one is an
-/// error naming it; a huge or FIFO compat library is never read.
+/// Fixtures whose outcome is fixed for NVIDIA's hooks: a params file that is not one is refused
+/// with a warning naming it (the hook is optional: the container starts, unmasked); a huge or
+/// FIFO compat library is never read.
 #[test]
 fn hostile_params_and_compat_files_are_refused() {
     let host = Host::new();
@@ -692,10 +704,11 @@ fn hostile_params_and_compat_files_are_refused() {
         "params-dotdot-to-host",
     ] {
         let run = run_fixture_with(&bin, "nvidia-cdi-hook", fixture, disable, &host, &[], true);
-        assert_eq!(run.code, Some(1), "{fixture}: {run:?}");
+        assert_eq!(run.code, Some(0), "{fixture}: {run:?}");
         assert!(
             run.stderr
-                .contains("proc/driver/nvidia/params: not a regular file"),
+                .contains("proc/driver/nvidia/params: not a regular file")
+                && run.stderr.contains("warning"),
             "{fixture}: {run:?}"
         );
     }
