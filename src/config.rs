@@ -92,6 +92,10 @@ pub struct Config {
     pub cdi_annotation_prefixes: Vec<String>,
     /// Kind used for unqualified device names in `cdi` mode.
     pub cdi_default_kind: String,
+    /// Skip every container's `NVIDIA_REQUIRE_*` checks, as `NVIDIA_DISABLE_REQUIRE=true` does
+    /// for one (NVIDIA's `disable-require`). Off by default: an image built for a newer driver
+    /// is refused with the reason instead of failing later inside CUDA.
+    pub disable_require: bool,
 }
 
 impl Default for Config {
@@ -111,6 +115,7 @@ impl Default for Config {
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
             cdi_default_kind: "nvidia.com/gpu".into(),
+            disable_require: false,
         }
     }
 }

@@ -169,12 +169,13 @@ pub fn hook_path(config: &Config, self_exe: Option<&Path>) -> PathBuf {
 }
 
 fn check_requirements(
+    config: &Config,
     host: &Host,
     request: &Request,
     gpus: &[Gpu],
     nvml: &NvmlAccess,
 ) -> Result<(), CreateError> {
-    if request.disable_require || request.requirements.is_empty() {
+    if config.disable_require || request.disable_require || request.requirements.is_empty() {
         return Ok(());
     }
     let driver_version = host.driver_version()?;
@@ -278,7 +279,7 @@ pub fn plan_bundle(
             let settings = legacy::Settings::new(config, tools);
             let (gpus, edits) = legacy::resolve_with(&host, &plan.request, &settings)?;
             trace.gpus = gpus.clone();
-            check_requirements(&host, &plan.request, &gpus, &tools.nvml)?;
+            check_requirements(config, &host, &plan.request, &gpus, &tools.nvml)?;
             edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit {
                 path: config_path,
                 source,

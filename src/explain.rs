@@ -277,6 +277,7 @@ pub fn explain(
     let result = create::plan_bundle(config, bundle, &tools, &mut trace);
     if let Some(request) = &trace.request {
         describe_request(&mut out, &original, request);
+        out.requirements_disabled |= config.disable_require;
         if let Some(route) = &trace.route {
             out.route = Some(describe_route(config, request, route));
         }
@@ -754,7 +755,7 @@ pub fn render_text(e: &Explanation) -> String {
     }
     for r in &e.requirements {
         let state = if e.requirements_disabled {
-            "not checked: NVIDIA_DISABLE_REQUIRE"
+            "not checked: NVIDIA_DISABLE_REQUIRE or disable-require"
         } else {
             "checked against the host"
         };

@@ -793,20 +793,20 @@ pub struct GpuFacts {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RequirementError {
-    #[error("unsatisfied condition: {var}={expr:?} (host: driver {driver}, CUDA {cuda}); use an image built for this driver, upgrade the driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
+    #[error("unsatisfied condition: {var}={expr:?} (host: driver {driver}, CUDA {cuda}); use an image built for this driver, upgrade the driver, or set NVIDIA_DISABLE_REQUIRE=true in the container (disable-require = true in the nvshim config for every container) to skip the check")]
     Unmet {
         var: String,
         expr: String,
         driver: String,
         cuda: String,
     },
-    #[error("cannot check {var}={expr:?}: the GPU's {what} is not known; require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
+    #[error("cannot check {var}={expr:?}: the GPU's {what} is not known; require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true in the container (disable-require = true in the nvshim config for every container) to skip the check")]
     Unknown {
         var: String,
         expr: String,
         what: &'static str,
     },
-    #[error("cannot check {var}={expr:?}: arch and brand come from NVML, which did not load ({reason}); require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true to skip the check")]
+    #[error("cannot check {var}={expr:?}: arch and brand come from NVML, which did not load ({reason}); require only cuda and driver, or set NVIDIA_DISABLE_REQUIRE=true in the container (disable-require = true in the nvshim config for every container) to skip the check")]
     NvmlUnavailable {
         var: String,
         expr: String,

@@ -536,6 +536,17 @@ fn unmet_requirement_is_rejected_before_runc() {
     assert_rejected(&w, &w.shim(), &bundle, &[]);
 }
 
+/// `disable-require = true` (NVIDIA's config key): the requirement is not checked and the GPU
+/// container starts, as on NVIDIA's default mode.
+#[test]
+fn disable_require_in_the_config_skips_requirements() {
+    let w = World::with_shim_config("disable-require = true\n");
+    let bundle = w.gpu_bundle("bundle", "1");
+    bundle.set_env("NVIDIA_REQUIRE_CUDA", "cuda>=99.0").unwrap();
+    let r = w.probe(&w.shim(), &bundle, false);
+    assert_gpu_container(&w, &r, &[w.gpu(1)], "disable-require = true");
+}
+
 #[test]
 fn missing_low_level_runtime_is_rejected() {
     let w = World::with_shim_config("low-level-runtimes = [\"/nonexistent/runc\"]\n");

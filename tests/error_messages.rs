@@ -200,7 +200,7 @@ fn unmet_requirement_shows_the_host_and_the_way_out() {
         &msg,
         &[
             "unsatisfied condition: NVIDIA_REQUIRE_CUDA=\"cuda>=99.0\" (host: driver 580.65.06, CUDA 13.0)",
-            "set NVIDIA_DISABLE_REQUIRE=true to skip the check",
+            "set NVIDIA_DISABLE_REQUIRE=true in the container (disable-require = true in the nvshim config for every container) to skip the check",
         ],
     );
 }
