@@ -284,11 +284,15 @@ fn generate_falls_back_to_proc_without_nvml() {
         .iter()
         .map(|h| (h.hook_name.as_str(), h.args[1].as_str()))
         .collect();
+    // NVIDIA's hooks, in NVIDIA's order.
     assert_eq!(
         hooks,
         [
             ("createContainer", "create-symlinks"),
-            ("createContainer", "update-ldcache")
+            ("createContainer", "enable-cuda-compat"),
+            ("createContainer", "update-ldcache"),
+            ("createContainer", "disable-device-node-modification"),
+            ("createContainer", "update-application-profile")
         ]
     );
     for h in &g.hooks {
@@ -306,7 +310,7 @@ fn generate_falls_back_to_proc_without_nvml() {
     assert!(g.hooks[0]
         .args
         .contains(&"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".to_string()));
-    assert!(g.hooks[1]
+    assert!(g.hooks[2]
         .args
         .contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
 }

@@ -3,11 +3,12 @@
 //! Devices: one per full GPU under each naming strategy (index `0`, UUID `GPU-…`,
 //! type-index `gpu0`), one per MIG device (`0:1`, `MIG-…`, `mig0:1`) where NVML reports MIG,
 //! and `all`. As in NVIDIA's generator, a MIG-enabled GPU is served through its MIG devices
-//! only. Global edits: `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the
-//! control nodes that exist, every `*.so.<driver version>` library with the binaries, GSP
-//! firmware and IPC sockets the host has, read-only and private, and two `createContainer`
-//! hooks with an explicit environment (SONAME links, then the ld.so.cache update), built the
-//! way `legacy` builds them. Device nodes carry what a `stat` of the host node says (major,
+//! only; a full GPU also carries its DRM card and render nodes and a hook for their `by-path`
+//! links. Global edits: `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the
+//! control nodes that exist, every 64-bit file the driver gives a container with every
+//! capability (`crate::nvidia`'s tables, as `legacy` finds them) plus any other
+//! `*.so.<driver version>` library beside them, read-only and private, the IPC sockets, and
+//! NVIDIA's `createContainer` hooks in NVIDIA's order with an explicit environment. Device nodes carry what a `stat` of the host node says (major,
 //! minor, mode, a non-root group), without `type`, so a consumer re-stats the node at create
 //! time and a node that has vanished fails loudly. `cdiVersion` is the lowest the content
 //! needs: old consumers (podman 4 reads up to 0.5.0) keep working.
@@ -26,9 +27,8 @@ use super::spec::{self, Device, Spec, SpecError};
 use crate::edits::{ContainerEdits, DeviceNode, Mount};
 use crate::host::{Host, HostError, HostFile};
 use crate::legacy::{self, MOUNT_OPTIONS};
-
-/// Mount options of IPC sockets: writable, no exec (NVIDIA `internal/discover/ipc.go`).
-pub const IPC_MOUNT_OPTIONS: &[&str] = &["nosuid", "nodev", "rbind", "rprivate", "noexec"];
+use crate::nvidia::IPC_MOUNT_OPTIONS;
+use crate::request::Capabilities;
 
 /// Control nodes, in NVIDIA's order (`pkg/nvcdi/common-nvml.go`); only those present are added.
 const CONTROL_NODES: &[&str] = &[
@@ -38,17 +38,6 @@ const CONTROL_NODES: &[&str] = &[
     "nvidiactl",
 ];
 
-/// Driver binaries mounted into containers (NVIDIA `pkg/nvcdi/driver-nvml.go`).
-const BINARIES: &[&str] = &[
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-    "nvidia-imex",
-    "nvidia-imex-ctl",
-];
-
 #[derive(Debug, Error)]
 pub enum GenerateError {
     #[error("{context}: {source}")]
@@ -56,6 +45,8 @@ pub enum GenerateError {
         context: &'static str,
         source: HostError,
     },
+    #[error(transparent)]
+    Driver(#[from] legacy::LegacyError),
     #[error("no GPUs found ({from})")]
     NoGpus { from: String },
     #[error("MIG device {device} of GPU {gpu}: no {capability:?} line in {file}")]
@@ -257,7 +248,9 @@ fn mount(f: &HostFile, options: &[&str]) -> Mount {
     }
 }
 
-/// The edits every device shares.
+/// The edits every device shares: the control nodes, and everything the driver gives a
+/// container with every capability but `compat32` (NVIDIA's generator mounts no 32-bit
+/// libraries) plus any other `*.so.<driver version>` library beside them, with NVIDIA's hooks.
 fn global_edits(
     host: &Host,
     driver_version: &str,
@@ -272,31 +265,75 @@ fn global_edits(
             add_node(&mut edits, node_edit(host, name));
         }
     }
+    let caps = Capabilities {
+        compat32: false,
+        ..Capabilities::ALL
+    };
+    let mut files = legacy::driver_files(host, &caps, driver_version, &[])?;
     let cache = host.ld_cache().map_err(|source| GenerateError::Host {
         context: "reading the host's ld.so.cache",
         source,
     })?;
-    let libs = host.all_driver_libraries(&cache, driver_version);
-    for l in &libs {
-        edits.mounts.push(mount(&l.file, MOUNT_OPTIONS));
+    for l in host.all_driver_libraries(&cache, driver_version) {
+        if !files
+            .libs
+            .iter()
+            .any(|f| f.file.container_path == l.file.container_path)
+        {
+            files.mounts.push(mount(&l.file, MOUNT_OPTIONS));
+            files.libs.push(l);
+        }
+    }
+    // Files first, as `driver_files` orders them, then the extra libraries; one mount per path.
+    for m in files.mounts {
+        if !edits
+            .mounts
+            .iter()
+            .any(|e| e.container_path == m.container_path)
+        {
+            edits.mounts.push(Mount { kind: None, ..m });
+        }
     }
     for f in host
-        .binaries(BINARIES)
-        .iter()
-        .chain(&host.firmware_files(driver_version))
+        .ipc_paths()
+        .into_iter()
+        .filter(|f| !f.container_path.ends_with("/socket"))
     {
-        edits.mounts.push(mount(f, MOUNT_OPTIONS));
-    }
-    for f in host.ipc_paths() {
         edits.mounts.push(mount(&f, IPC_MOUNT_OPTIONS));
     }
-    edits.hooks.extend(legacy::library_hooks(
+    let plan = legacy::HookPlan {
+        libs: &files.libs,
+        links: files.links,
+        cuda_compat: true,
+        application_profile: true,
+        host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
+    };
+    edits.hooks.extend(legacy::container_hooks(
         host,
-        &libs,
+        &plan,
         driver_version,
         hook_path,
     ));
     Ok(edits)
+}
+
+/// A GPU's DRM card and render nodes, and the hook that makes their `by-path` links.
+fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerEdits) {
+    let nodes = host.drm_nodes(bus_id);
+    for n in &nodes {
+        let name = n.container_path.trim_start_matches("/dev/");
+        add_node(edits, node_edit(host, name));
+    }
+    let plan = legacy::HookPlan {
+        libs: &[],
+        links: host.drm_by_path_links(&nodes),
+        cuda_compat: false,
+        application_profile: false,
+        host_params: None,
+    };
+    edits
+        .hooks
+        .extend(legacy::container_hooks(host, &plan, "", hook_path));
 }
 
 /// The `access` capability minor of a MIG path, from `mig-minors`.
@@ -384,6 +421,7 @@ pub fn generate_with_progress(
         progress(&format!("GPU {} of {total}: device nodes", g.index + 1));
         let mut edits = ContainerEdits::default();
         add_node(&mut edits, node_edit(host, &format!("nvidia{}", g.minor)));
+        drm_edits(host, &g.bus_id, &opts.hook_path, &mut edits);
         units.push(Unit {
             index_name: g.index.to_string(),
             uuid: g.uuid.clone(),
@@ -425,6 +463,7 @@ pub fn generate_with_progress(
                     all.additional_gids.push(*g);
                 }
             }
+            all.hooks.extend(u.edits.hooks.iter().cloned());
         }
         devices.push(Device {
             name: "all".into(),
