@@ -1076,4 +1076,241 @@ mod tests {
             .to_string();
         assert!(err.contains("\"0:0\"") && err.contains("/drv"), "{err}");
     }
+
+    /// A driver root with a few files of each kind, built without root (no device nodes): the
+    /// 580 driver's names, in the Debian multiarch layout.
+    fn driver_root() -> (tempfile::TempDir, Host) {
+        use nvshim_hook::ldcache::{serialize, CacheEntry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
+        use std::os::unix::fs::symlink;
+        const V: &str = "580.95.05";
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let file = |p: &str| {
+            let p = root.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"stub").unwrap();
+        };
+        let mut entries = Vec::new();
+        for (dir, flags) in [
+            (
+                "usr/lib/x86_64-linux-gnu",
+                FLAG_ELF_LIBC6 | FLAG_X8664_LIB64,
+            ),
+            ("usr/lib/i386-linux-gnu", FLAG_ELF_LIBC6),
+        ] {
+            for (stem, soname) in [
+                ("libcuda", "libcuda.so.1"),
+                ("libnvidia-ml", "libnvidia-ml.so.1"),
+                ("libGLX_nvidia", "libGLX_nvidia.so.0"),
+                ("libnvidia-allocator", "libnvidia-allocator.so.1"),
+            ] {
+                file(&format!("{dir}/{stem}.so.{V}"));
+                symlink(
+                    format!("{stem}.so.{V}"),
+                    root.join(format!("{dir}/{soname}")),
+                )
+                .unwrap();
+                entries.push((flags, soname.to_string(), format!("/{dir}/{soname}")));
+            }
+            file(&format!("{dir}/vdpau/libvdpau_nvidia.so.{V}"));
+            symlink(
+                format!("libvdpau_nvidia.so.{V}"),
+                root.join(format!("{dir}/vdpau/libvdpau_nvidia.so.1")),
+            )
+            .unwrap();
+        }
+        let lib = "usr/lib/x86_64-linux-gnu";
+        file(&format!("{lib}/libnvidia-egl-gbm.so.1.1.3"));
+        symlink(
+            "libnvidia-egl-gbm.so.1.1.3",
+            root.join(format!("{lib}/libnvidia-egl-gbm.so.1")),
+        )
+        .unwrap();
+        entries.push((
+            FLAG_ELF_LIBC6 | FLAG_X8664_LIB64,
+            "libnvidia-egl-gbm.so.1".into(),
+            format!("/{lib}/libnvidia-egl-gbm.so.1"),
+        ));
+        for f in [
+            format!("{lib}/nvidia/xorg/nvidia_drv.so"),
+            format!("{lib}/nvidia/xorg/libglxserver_nvidia.so.{V}"),
+            "usr/share/glvnd/egl_vendor.d/10_nvidia.json".into(),
+            "usr/share/vulkan/icd.d/nvidia_icd.json".into(),
+            "etc/OpenCL/vendors/nvidia.icd".into(),
+            "usr/share/X11/xorg.conf.d/10-nvidia.conf".into(),
+            "usr/bin/nvidia-smi".into(),
+            "usr/bin/nvidia-xconfig".into(),
+            "usr/bin/nvidia-cuda-mps-control".into(),
+            format!("usr/lib/firmware/nvidia/{V}/gsp_ga10x.bin"),
+        ] {
+            file(&f);
+        }
+        // Merged /usr: /lib is a link to usr/lib.
+        symlink("usr/lib", root.join("lib")).unwrap();
+        let cache: Vec<CacheEntry> = entries
+            .into_iter()
+            .map(|(flags, name, path)| CacheEntry {
+                flags,
+                name,
+                path,
+                os_version: 0,
+                hwcap: 0,
+                hwcaps: None,
+                isa_level: 0,
+            })
+            .collect();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(
+            root.join("etc/ld.so.cache"),
+            serialize(&cache, &Default::default(), "test"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("proc")).unwrap();
+        let host = Host::new(crate::host::HostRoots {
+            driver_root: root.to_path_buf(),
+            dev_root: root.to_path_buf(),
+            proc_root: root.join("proc"),
+        });
+        (dir, host)
+    }
+
+    /// What each capability brings, resolved against a driver root: a table of (capabilities,
+    /// container paths that must be mounted, paths that must not).
+    #[test]
+    fn driver_files_per_capability() {
+        let (_dir, host) = driver_root();
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        let lib32 = "/usr/lib/i386-linux-gnu";
+        let v = "580.95.05";
+        let fw = format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin");
+        let cases: Vec<(&str, Vec<String>, Vec<String>)> = vec![
+            (
+                "utility",
+                vec![
+                    format!("{lib}/libnvidia-ml.so.{v}"),
+                    "/usr/bin/nvidia-smi".into(),
+                    fw.clone(),
+                ],
+                vec![
+                    format!("{lib}/libcuda.so.{v}"),
+                    format!("{lib32}/libnvidia-ml.so.{v}"),
+                ],
+            ),
+            (
+                "compute",
+                vec![
+                    format!("{lib}/libcuda.so.{v}"),
+                    format!("{lib}/libnvidia-allocator.so.{v}"),
+                    "/etc/OpenCL/vendors/nvidia.icd".into(),
+                    "/usr/bin/nvidia-cuda-mps-control".into(),
+                ],
+                vec![
+                    format!("{lib}/libGLX_nvidia.so.{v}"),
+                    format!("{lib}/libnvidia-egl-gbm.so.1.1.3"),
+                    format!("{lib32}/libcuda.so.{v}"),
+                    "/usr/bin/nvidia-smi".into(),
+                ],
+            ),
+            (
+                "compute,compat32",
+                vec![
+                    format!("{lib32}/libcuda.so.{v}"),
+                    format!("{lib}/libcuda.so.{v}"),
+                ],
+                vec![format!("{lib32}/libGLX_nvidia.so.{v}")],
+            ),
+            (
+                "video",
+                vec![
+                    format!("{lib}/vdpau/libvdpau_nvidia.so.{v}"),
+                    format!("{lib}/libcuda.so.{v}"),
+                ],
+                vec![format!("{lib32}/vdpau/libvdpau_nvidia.so.{v}")],
+            ),
+            (
+                "graphics",
+                vec![
+                    format!("{lib}/libGLX_nvidia.so.{v}"),
+                    format!("{lib}/libnvidia-egl-gbm.so.1.1.3"),
+                    format!("{lib}/libnvidia-allocator.so.{v}"),
+                    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json".into(),
+                    "/etc/vulkan/icd.d/nvidia_icd.json".into(),
+                ],
+                vec![
+                    format!("{lib}/libcuda.so.{v}"),
+                    format!("{lib}/nvidia/xorg/nvidia_drv.so"),
+                    "/usr/bin/nvidia-xconfig".into(),
+                    "/usr/share/X11/xorg.conf.d/10-nvidia.conf".into(),
+                ],
+            ),
+            (
+                "display",
+                vec![
+                    format!("{lib}/nvidia/xorg/nvidia_drv.so"),
+                    format!("{lib}/nvidia/xorg/libglxserver_nvidia.so.{v}"),
+                    "/usr/bin/nvidia-xconfig".into(),
+                    "/usr/share/X11/xorg.conf.d/10-nvidia.conf".into(),
+                    format!("{lib}/libGLX_nvidia.so.{v}"),
+                ],
+                vec![format!("{lib}/libcuda.so.{v}")],
+            ),
+            (
+                "all",
+                vec![
+                    format!("{lib32}/libGLX_nvidia.so.{v}"),
+                    format!("{lib32}/vdpau/libvdpau_nvidia.so.{v}"),
+                    format!("{lib}/nvidia/xorg/nvidia_drv.so"),
+                    fw.clone(),
+                ],
+                vec![],
+            ),
+        ];
+        for (caps, want, not) in cases {
+            let caps_value = Capabilities::parse(Some(caps)).unwrap();
+            let files = driver_files(&host, &caps_value, v, &[]).unwrap();
+            let mounted: Vec<&str> = files
+                .mounts
+                .iter()
+                .map(|m| m.container_path.as_str())
+                .collect();
+            for w in &want {
+                assert!(
+                    mounted.contains(&w.as_str()),
+                    "{caps}: {w} missing from {mounted:#?}"
+                );
+            }
+            for n in &not {
+                assert!(!mounted.contains(&n.as_str()), "{caps}: {n} mounted");
+            }
+            for m in &files.mounts {
+                assert_eq!(m.options, MOUNT_OPTIONS, "{caps}: {}", m.container_path);
+                assert!(m
+                    .host_path
+                    .starts_with(host.roots().driver_root.to_str().unwrap()));
+            }
+        }
+        // The links the hooks make: GBM's backend for graphics, the GLX server module for display.
+        let links = |caps: &str| {
+            driver_files(&host, &Capabilities::parse(Some(caps)).unwrap(), v, &[])
+                .unwrap()
+                .links
+        };
+        let gbm = (
+            "../libnvidia-allocator.so.1".to_string(),
+            format!("{lib}/gbm/nvidia-drm_gbm.so"),
+        );
+        assert!(links("graphics").contains(&gbm));
+        assert!(!links("compute").contains(&gbm));
+        assert!(links("display").contains(&(
+            format!("libglxserver_nvidia.so.{v}"),
+            format!("{lib}/nvidia/xorg/libglxserver_nvidia.so")
+        )));
+        // SONAMEs: from the cache, and from the link beside a vdpau library.
+        let video =
+            driver_files(&host, &Capabilities::parse(Some("video")).unwrap(), v, &[]).unwrap();
+        assert!(video
+            .libs
+            .iter()
+            .any(|l| l.soname == "libvdpau_nvidia.so.1"));
+    }
 }
