@@ -214,6 +214,9 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
     } else {
         engine::unconfigure(&opts)?
     };
+    for w in &plan.warnings {
+        eprintln!("nvshim: warning: {w}");
+    }
     if plan.is_empty() {
         println!(
             "nvshim: {} is already {}: nothing to change",

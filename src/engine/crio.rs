@@ -128,7 +128,15 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
             }
         }
     }
-    Ok(super::Registration { files, binary })
+    // CRI-O has read CDI specs for `cdi.k8s.io/*` annotations and CRI CDI devices since 1.23,
+    // with no switch to turn it off.
+    Ok(super::Registration {
+        files,
+        binary,
+        cdi_enabled: None,
+        cdi_setting: None,
+        warnings: Vec::new(),
+    })
 }
 
 fn drop_in_path(opts: &Options) -> PathBuf {

@@ -4,8 +4,16 @@
 //! dockerd reads the file only at start (or `SIGHUP` for a few keys, `runtimes` among them:
 //! moby `daemon/reload.go`), so the caller restarts or reloads it. This is the layout
 //! `nvidia-ctk runtime configure --runtime docker` writes (`pkg/config/engine/docker`).
+//!
+//! Two more settings, each only when asked ([`Options::set_as_default`],
+//! [`Options::enable_cdi`]): `default-runtime` (Docker before 29.2 serves `--gpus` with NVIDIA's
+//! prestart hook, which only works when nvshim-runtime runs the container) and
+//! `features.cdi = true` (Docker 25-27 ignore CDI `--device` names without it; 28 and later
+//! have it on). dockerd refuses unknown keys in daemon.json, so what these replaced is kept
+//! in a state file beside it ([`state_path`]), which `unconfigure` reads to put back exactly
+//! what nvshim changed, and removes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
@@ -45,13 +53,70 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     if runtimes.get(&opts.runtime_name) != Some(&Value::Object(entry.clone())) {
         runtimes.insert(opts.runtime_name.clone(), Value::Object(entry));
     }
+    let state_file = state_path(path);
+    let state_before = read_optional(&state_file)?;
+    let mut state = parse(&state_file, state_before.as_deref())?;
+    let state_original = state.clone();
     if opts.set_as_default {
-        doc.insert(
-            "default-runtime".into(),
-            Value::String(opts.runtime_name.clone()),
-        );
+        let ours = Value::String(opts.runtime_name.clone());
+        let was = doc.get("default-runtime").cloned();
+        if was.as_ref() != Some(&ours) {
+            remember(&mut state, "default-runtime", was);
+            doc.insert("default-runtime".into(), ours);
+        }
     }
-    Ok(finish(path, before, &original, &doc))
+    if opts.enable_cdi && !cdi_enabled(path, &doc, opts.engine_version)?.unwrap_or(true) {
+        let features = object_entry(&mut doc, "features", path)?;
+        remember(&mut state, "features.cdi", features.get("cdi").cloned());
+        features.insert("cdi".into(), Value::Bool(true));
+    }
+    let mut changes = finish(path, before, &original, &doc);
+    if state != state_original {
+        changes.extend(change(
+            &state_file,
+            state_before,
+            Some(render(&state, None)),
+        ));
+    }
+    Ok(changes)
+}
+
+/// Where nvshim keeps the values it replaced in `daemon.json`: `<file>.nvshim-state.json`
+/// beside it (dockerd reads no other file in its directory).
+pub fn state_path(config: &Path) -> PathBuf {
+    let mut name = config.file_name().unwrap_or_default().to_os_string();
+    name.push(".nvshim-state.json");
+    config.with_file_name(name)
+}
+
+/// Records the value `key` had before nvshim's first change to it (`null`: it was not set).
+fn remember(state: &mut Map<String, Value>, key: &str, was: Option<Value>) {
+    if !state.contains_key(key) {
+        let mut entry = Map::new();
+        entry.insert("was".into(), was.unwrap_or(Value::Null));
+        state.insert(key.into(), Value::Object(entry));
+    }
+}
+
+/// Whether dockerd reads CDI `--device` names with this daemon.json: `features.cdi` when set,
+/// else on from Docker 28 (off before it). `None` for a Docker without CDI (before 25) or an
+/// unknown release without the key.
+fn cdi_enabled(
+    path: &Path,
+    doc: &Map<String, Value>,
+    engine_version: Option<(u64, u64)>,
+) -> Result<Option<bool>, EngineError> {
+    if matches!(engine_version, Some(v) if v < (25, 0)) {
+        return Ok(None);
+    }
+    match doc.get("features").map(|f| (f, f.get("cdi"))) {
+        None | Some((Value::Object(_), None)) => Ok(engine_version.map(|v| v >= (28, 0))),
+        Some((Value::Object(_), Some(Value::Bool(b)))) => Ok(Some(*b)),
+        Some((Value::Object(_), Some(other))) => {
+            Err(shape(path, "features.cdi", "a boolean", other))
+        }
+        Some((other, _)) => Err(shape(path, "features", "an object", other)),
+    }
 }
 
 pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
@@ -62,6 +127,9 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     }
     let mut doc = parse(path, before.as_deref())?;
     let original = doc.clone();
+    let state_file = state_path(path);
+    let state_text = read_optional(&state_file)?;
+    let state = parse(&state_file, state_text.as_deref())?;
     if let Some(runtimes) = doc.get_mut("runtimes") {
         let Value::Object(map) = runtimes else {
             return Err(shape(path, "runtimes", "an object", runtimes));
@@ -72,16 +140,54 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         }
     }
     if doc.get("default-runtime").and_then(Value::as_str) == Some(opts.runtime_name.as_str()) {
-        // dockerd's own default is runc.
-        doc.shift_remove("default-runtime");
+        // The default nvshim replaced, else none (dockerd's own default is runc).
+        match state.get("default-runtime").and_then(|e| e.get("was")) {
+            Some(was @ Value::String(_)) if was.as_str() != Some(opts.runtime_name.as_str()) => {
+                doc.insert("default-runtime".into(), was.clone());
+            }
+            _ => {
+                doc.shift_remove("default-runtime");
+            }
+        }
     }
-    Ok(finish(path, before, &original, &doc))
+    // `features.cdi` goes back only if nvshim turned it on and it is still on.
+    if let Some(was) = state.get("features.cdi").and_then(|e| e.get("was")) {
+        if let Some(Value::Object(features)) = doc.get_mut("features") {
+            if features.get("cdi") == Some(&Value::Bool(true)) {
+                match was {
+                    Value::Bool(_) => {
+                        features.insert("cdi".into(), was.clone());
+                    }
+                    _ => {
+                        features.shift_remove("cdi");
+                    }
+                }
+                if features.is_empty() {
+                    doc.shift_remove("features");
+                }
+            }
+        }
+    }
+    let mut changes = finish(path, before, &original, &doc);
+    if let Some(text) = state_text {
+        changes.extend(change(&state_file, Some(text), None));
+    }
+    Ok(changes)
 }
 
 /// `runtimes.<name>.path` from daemon.json.
 pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> {
     let path = &opts.config;
     let doc = parse(path, read_optional(path)?.as_deref())?;
+    let cdi = cdi_enabled(path, &doc, opts.engine_version)?;
+    let cdi_setting =
+        (cdi == Some(false)).then(|| match doc.get("features").and_then(|f| f.get("cdi")) {
+            Some(_) => format!("features.cdi = false in {}", path.display()),
+            None => format!(
+                "no features.cdi in {} (Docker before 28 needs it)",
+                path.display()
+            ),
+        });
     let binary = doc
         .get("runtimes")
         .and_then(|r| r.get(&opts.runtime_name))
@@ -94,6 +200,9 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
     Ok(super::Registration {
         files: vec![path.clone()],
         binary,
+        cdi_enabled: cdi,
+        cdi_setting,
+        warnings: Vec::new(),
     })
 }
 

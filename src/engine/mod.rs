@@ -152,6 +152,14 @@ pub struct Options {
     pub runtime_path: PathBuf,
     /// Also make it the engine's default runtime.
     pub set_as_default: bool,
+    /// Turn on the engine's own CDI support where it is off (containerd 1.7's `enable_cdi`,
+    /// Docker 25-27's `features.cdi`), so that CDI devices named over the CRI or with
+    /// `--device` reach containers.
+    pub enable_cdi: bool,
+    /// The installed engine's release, `(major, minor)`, when known: it decides whether CDI is
+    /// on when the config does not say (containerd 2.x, Docker 28+) or not supported at all
+    /// (containerd 1.6, Docker before 25).
+    pub engine_version: Option<(u64, u64)>,
 }
 
 impl Options {
@@ -166,8 +174,45 @@ impl Options {
             runtime_name: DEFAULT_RUNTIME_NAME.to_string(),
             runtime_path,
             set_as_default: false,
+            enable_cdi: false,
+            engine_version: None,
         }
     }
+}
+
+/// The installed engine's release, from `dockerd --version` (`Docker version 20.10.24+dfsg1,
+/// build 297e128`) or `containerd --version` (`containerd github.com/containerd/containerd
+/// v1.6.20 ...`), looking for the daemon on `path_var`; `None` when it is not there or prints
+/// no version. CRI-O's CDI support does not depend on its release, so it is not asked.
+pub fn detect_version(engine: Engine, path_var: Option<&std::ffi::OsStr>) -> Option<(u64, u64)> {
+    let daemon = match engine {
+        Engine::Docker => "dockerd",
+        Engine::Containerd => "containerd",
+        Engine::Crio => return None,
+    };
+    let exe = std::env::split_paths(path_var?)
+        .map(|d| d.join(daemon))
+        .find(|p| p.is_file())?;
+    let out = std::process::Command::new(exe)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    parse_version(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first `[v]MAJOR.MINOR` word of a `--version` line.
+pub fn parse_version(text: &str) -> Option<(u64, u64)> {
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .find_map(|word| {
+            let word = word.strip_prefix('v').unwrap_or(word);
+            let mut parts = word.split(|c: char| !c.is_ascii_digit());
+            let major = parts.next()?.parse().ok()?;
+            let rest = word.split_once('.')?.1;
+            let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            Some((major, minor.parse().ok()?))
+        })
 }
 
 /// One file a plan changes. `after == None` removes the file; `before == None` creates it.
@@ -182,6 +227,8 @@ pub struct FileChange {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub changes: Vec<FileChange>,
+    /// What the caller should tell the operator (a config version newer than nvshim knows).
+    pub warnings: Vec<String>,
 }
 
 impl Plan {
@@ -208,23 +255,30 @@ impl Plan {
 
 /// Plans registering the runtime with `opts.engine`.
 pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
-    let changes = match opts.engine {
-        Engine::Docker => docker::configure(opts)?,
-        Engine::Containerd => containerd::configure(opts)?,
-        Engine::Crio => crio::configure(opts)?,
-    };
-    Ok(Plan { changes })
+    match opts.engine {
+        Engine::Docker => docker::configure(opts).map(Plan::from),
+        Engine::Containerd => containerd::configure(opts),
+        Engine::Crio => crio::configure(opts).map(Plan::from),
+    }
 }
 
 /// Plans removing what [`configure`] added: the runtime entry, the default-runtime setting when
 /// it names the runtime, and drop-ins nvshim wrote.
 pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
-    let changes = match opts.engine {
-        Engine::Docker => docker::unconfigure(opts)?,
-        Engine::Containerd => containerd::unconfigure(opts)?,
-        Engine::Crio => crio::unconfigure(opts)?,
-    };
-    Ok(Plan { changes })
+    match opts.engine {
+        Engine::Docker => docker::unconfigure(opts).map(Plan::from),
+        Engine::Containerd => containerd::unconfigure(opts),
+        Engine::Crio => crio::unconfigure(opts).map(Plan::from),
+    }
+}
+
+impl From<Vec<FileChange>> for Plan {
+    fn from(changes: Vec<FileChange>) -> Plan {
+        Plan {
+            changes,
+            warnings: Vec::new(),
+        }
+    }
 }
 
 /// How an engine's config files register a runtime, read the way the engine reads them.
@@ -235,6 +289,14 @@ pub struct Registration {
     /// The runtime's binary: `None` when no file defines the runtime, `Some("")` when one
     /// defines it without a binary (the engine then runs its default, plain runc).
     pub binary: Option<String>,
+    /// Whether the engine's own CDI support is on, as the files (and the engine's release
+    /// where they do not say) decide it: `None` when the engine has no such switch (CRI-O
+    /// always reads CDI) or its release does not support CDI.
+    pub cdi_enabled: Option<bool>,
+    /// The file and key that turn CDI off (for messages), when `cdi_enabled == Some(false)`.
+    pub cdi_setting: Option<String>,
+    /// What the caller should tell the operator (a config version newer than nvshim knows).
+    pub warnings: Vec<String>,
 }
 
 /// Reads, without changing anything, what `opts.engine`'s config says about the runtime
