@@ -65,7 +65,7 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
             doc.insert("default-runtime".into(), ours);
         }
     }
-    if opts.enable_cdi && !cdi_enabled(path, &doc, opts.engine_version)?.unwrap_or(true) {
+    if opts.enable_cdi && cdi_enabled(path, &doc, opts.engine_version)? == Some(false) {
         let features = object_entry(&mut doc, "features", path)?;
         remember(&mut state, "features.cdi", features.get("cdi").cloned());
         features.insert("cdi".into(), Value::Bool(true));
@@ -99,8 +99,7 @@ fn remember(state: &mut Map<String, Value>, key: &str, was: Option<Value>) {
 }
 
 /// Whether dockerd reads CDI `--device` names with this daemon.json: `features.cdi` when set,
-/// else on from Docker 28 (off before it). `None` for a Docker without CDI (before 25) or an
-/// unknown release without the key.
+/// else on from Docker 28 (off before it). `None` for a Docker without CDI (before 25).
 fn cdi_enabled(
     path: &Path,
     doc: &Map<String, Value>,
@@ -110,7 +109,10 @@ fn cdi_enabled(
         return Ok(None);
     }
     match doc.get("features").map(|f| (f, f.get("cdi"))) {
-        None | Some((Value::Object(_), None)) => Ok(engine_version.map(|v| v >= (28, 0))),
+        // An unknown release is taken as one that needs the key (25-27).
+        None | Some((Value::Object(_), None)) => {
+            Ok(Some(engine_version.is_some_and(|v| v >= (28, 0))))
+        }
         Some((Value::Object(_), Some(Value::Bool(b)))) => Ok(Some(*b)),
         Some((Value::Object(_), Some(other))) => {
             Err(shape(path, "features.cdi", "a boolean", other))
@@ -390,6 +392,120 @@ mod tests {
         );
         std::fs::write(&o.config, "[]").unwrap();
         assert!(plan_configure(&o).is_err());
+    }
+
+    fn read(p: &Path) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn default_runtime_is_restored_from_the_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.set_as_default = true;
+        let text = "{\n  \"default-runtime\": \"crun\",\n  \"runtimes\": {\"crun\": {\"path\": \"/usr/bin/crun\"}}\n}\n";
+        std::fs::write(&o.config, text).unwrap();
+        let plan = plan_configure(&o).unwrap();
+        assert_eq!(plan.changes.len(), 2, "{plan:?}");
+        assert_eq!(after(&plan)["default-runtime"], "nvidia");
+        let state = state_path(&o.config);
+        assert_eq!(plan.changes[1].path, state);
+        plan.apply().unwrap();
+        assert_eq!(
+            read(&state),
+            serde_json::json!({"default-runtime": {"was": "crun"}})
+        );
+        assert!(plan_configure(&o).unwrap().is_empty(), "idempotent");
+        // Unconfigure puts crun back and removes the state file.
+        let un = plan_unconfigure(&o).unwrap();
+        assert_eq!(un.changes.len(), 2);
+        assert_eq!(un.changes[1].after, None);
+        un.apply().unwrap();
+        assert_eq!(
+            read(&o.config),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
+        assert!(!state.exists());
+        // No default before: none after.
+        std::fs::write(&o.config, "{}").unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&state),
+            serde_json::json!({"default-runtime": {"was": null}})
+        );
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config), serde_json::json!({}));
+        // --no-set-as-default: the default stays.
+        o.set_as_default = false;
+        std::fs::write(&o.config, text).unwrap();
+        let plan = plan_configure(&o).unwrap();
+        assert_eq!(plan.changes.len(), 1);
+        assert_eq!(after(&plan)["default-runtime"], "crun");
+    }
+
+    #[test]
+    fn cdi_feature_follows_the_docker_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.enable_cdi = true;
+        let with = |o: &Options, text: &str| {
+            std::fs::write(&o.config, text).unwrap();
+            after(&plan_configure(o).unwrap())
+        };
+        // 25-27 and unknown releases: turned on; 28+ has it on; before 25 there is no CDI.
+        for (release, want) in [
+            (Some((25, 0)), Some(true)),
+            (Some((27, 5)), Some(true)),
+            (None, Some(true)),
+            (Some((28, 5)), None),
+            (Some((20, 10)), None),
+        ] {
+            o.engine_version = release;
+            let v = with(&o, r#"{"features": {"buildkit": true}}"#);
+            assert_eq!(v["features"]["buildkit"], true);
+            assert_eq!(
+                v["features"].get("cdi").and_then(Value::as_bool),
+                want,
+                "{release:?}"
+            );
+        }
+        // Turned off on 28: turned on again, and back off on unconfigure.
+        o.engine_version = Some((28, 5));
+        std::fs::write(&o.config, r#"{"features": {"cdi": false}}"#).unwrap();
+        let before = crate::engine::registration(&o).unwrap();
+        assert_eq!(before.cdi_enabled, Some(false));
+        assert!(before.cdi_setting.unwrap().contains("features.cdi = false"));
+        plan_configure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config)["features"]["cdi"], true);
+        assert_eq!(
+            crate::engine::registration(&o).unwrap().cdi_enabled,
+            Some(true)
+        );
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&o.config),
+            serde_json::json!({"features": {"cdi": false}})
+        );
+        // An admin's own `cdi: true` is not nvshim's to remove.
+        o.engine_version = Some((26, 1));
+        std::fs::write(&o.config, r#"{"features": {"cdi": true}}"#).unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&o.config),
+            serde_json::json!({"features": {"cdi": true}})
+        );
+        // Added where absent: removed with the `features` object it needed.
+        std::fs::write(&o.config, "{}").unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config), serde_json::json!({}));
+        std::fs::write(&o.config, r#"{"features": {"cdi": "yes"}}"#).unwrap();
+        let err = plan_configure(&o).unwrap_err().to_string();
+        assert!(
+            err.contains("features.cdi is a string, expected a boolean"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -430,6 +430,103 @@ mod tests {
         assert_eq!(r.binary.as_deref(), Some("/z/nvshim-runtime"));
     }
 
+    /// Each engine's file that `configure` edits, made a relative symlink into `real/` (one
+    /// link) or a chain of two links (relative, then absolute): the links stay links, the real
+    /// file gets the change with its mode and owner, and `unconfigure` writes back through them.
+    #[test]
+    fn symlinked_configs_are_written_through() {
+        use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+        let drop_in_text = |o: &Options| {
+            format!(
+                "{}{}",
+                drop_in_header(o),
+                "[crio.runtime.runtimes.nvidia]\n"
+            )
+        };
+        for engine in Engine::ALL {
+            for chain in [1, 2] {
+                let dir = tempfile::tempdir().unwrap();
+                let etc = dir.path().join("etc");
+                let real = dir.path().join("real");
+                std::fs::create_dir_all(&etc).unwrap();
+                std::fs::create_dir_all(&real).unwrap();
+                let config = etc.join(match engine {
+                    Engine::Docker => "daemon.json",
+                    Engine::Containerd => "config.toml",
+                    Engine::Crio => "crio.conf",
+                });
+                let mut o = Options::new(engine, DEFAULT_RUNTIME_PATH.into());
+                o.drop_in = engine.default_drop_in(&config);
+                o.config = config.clone();
+                // CRI-O's main file is never edited: its drop-in is the file to link.
+                let (edited, text) = match engine {
+                    Engine::Docker => (config.clone(), "{\"debug\": true}\n".to_string()),
+                    Engine::Containerd => (config.clone(), "version = 2\n".to_string()),
+                    Engine::Crio => (o.drop_in.clone().unwrap(), drop_in_text(&o)),
+                };
+                std::fs::create_dir_all(edited.parent().unwrap()).unwrap();
+                let file = real.join("managed");
+                std::fs::write(&file, &text).unwrap();
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+                std::os::unix::fs::chown(&file, Some(4321), Some(8765)).unwrap();
+                let rel = |from: &Path| {
+                    let depth = from.strip_prefix(dir.path()).unwrap().components().count() - 1;
+                    let mut p = PathBuf::new();
+                    for _ in 0..depth {
+                        p.push("..");
+                    }
+                    p.join("real/managed")
+                };
+                if chain == 1 {
+                    symlink(rel(&edited), &edited).unwrap();
+                } else {
+                    let middle = real.join("middle");
+                    symlink("managed", &middle).unwrap();
+                    symlink(&middle, &edited).unwrap();
+                }
+                let plan = configure(&o).unwrap();
+                assert_eq!(plan.changes.len(), 1, "{engine}: {plan:?}");
+                plan.apply().unwrap();
+                let what = format!("{engine}, chain of {chain}");
+                assert!(
+                    std::fs::symlink_metadata(&edited)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink(),
+                    "{what}: still a link"
+                );
+                let m = std::fs::metadata(&file).unwrap();
+                assert!(m.is_file());
+                assert_eq!(m.permissions().mode() & 0o7777, 0o640, "{what}");
+                assert_eq!((m.uid(), m.gid()), (4321, 8765), "{what}");
+                let now = std::fs::read_to_string(&file).unwrap();
+                assert!(now.contains("nvshim-runtime"), "{what}: {now}");
+                assert_eq!(
+                    std::fs::read_to_string(file::backup_path(&edited)).unwrap(),
+                    text,
+                    "{what}"
+                );
+                let leftovers: Vec<_> = std::fs::read_dir(&real)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name())
+                    .filter(|n| n.to_string_lossy().contains("nvshim-tmp"))
+                    .collect();
+                assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
+                if engine != Engine::Crio {
+                    unconfigure(&o).unwrap().apply().unwrap();
+                    assert!(std::fs::symlink_metadata(&edited)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink());
+                    assert!(!std::fs::read_to_string(&file)
+                        .unwrap()
+                        .contains("nvshim-runtime"));
+                }
+            }
+        }
+    }
+
     #[test]
     fn foreign_drop_in_is_refused() {
         let err = check_ours(Path::new("/x/99.toml"), Some("[crio]\n")).unwrap_err();
