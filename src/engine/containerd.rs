@@ -322,7 +322,7 @@ fn enable_cdi(
         }
         _ => {
             on.decor_mut().set_prefix(" ");
-            t.insert("enable_cdi", Item::Value(on));
+            insert_indented(t, "enable_cdi", on);
         }
     }
     if !t.contains_key("cdi_spec_dirs") {
@@ -332,9 +332,24 @@ fn enable_cdi(
             .into();
         dirs.decor_mut().set_prefix(" ");
         dirs.decor_mut().set_suffix(format!(" # {CDI_SET_MARK}"));
-        t.insert("cdi_spec_dirs", Item::Value(dirs));
+        insert_indented(t, "cdi_spec_dirs", dirs);
     }
     Ok(())
+}
+
+/// Inserts `key = value` indented like the table's other keys (`containerd config default`
+/// indents by nesting depth).
+fn insert_indented(t: &mut dyn TableLike, key: &str, value: Value) {
+    let indent = t
+        .iter()
+        .find(|(_, v)| v.is_value())
+        .map(|(k, _)| k.to_string())
+        .and_then(|k| t.get_key_value(&k).map(|(k, _)| k.leaf_decor().clone()))
+        .and_then(|d| d.prefix().and_then(|p| p.as_str()).map(str::to_string));
+    t.insert(key, Item::Value(value));
+    if let (Some(indent), Some(mut k)) = (indent, t.key_mut(key)) {
+        k.leaf_decor_mut().set_prefix(indent);
+    }
 }
 
 /// Undoes [`enable_cdi`]: only settings that still carry nvshim's comment.
