@@ -528,6 +528,50 @@ mod tests {
     }
 
     #[test]
+    fn engine_versions_from_version_lines() {
+        for (line, want) in [
+            (
+                "Docker version 20.10.24+dfsg1, build 297e128",
+                Some((20, 10)),
+            ),
+            ("Docker version 28.5.2, build ecc6942", Some((28, 5))),
+            (
+                "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1",
+                Some((1, 6)),
+            ),
+            (
+                "containerd github.com/containerd/containerd/v2 v2.3.4 0123abcd",
+                Some((2, 3)),
+            ),
+            ("containerd containerd.io 1.7.34 deadbeef", Some((1, 7))),
+            ("no version here", None),
+        ] {
+            assert_eq!(parse_version(line), want, "{line}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("containerd");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho containerd github.com/containerd/containerd v1.7.34 abc\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let path = std::ffi::OsString::from(dir.path());
+        // A script just written can be briefly "text file busy" while another test thread
+        // forks: a few tries.
+        let found = (0..5).find_map(|_| {
+            detect_version(Engine::Containerd, Some(&path)).or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                None
+            })
+        });
+        assert_eq!(found, Some((1, 7)));
+        assert_eq!(detect_version(Engine::Docker, Some(&path)), None);
+        assert_eq!(detect_version(Engine::Crio, Some(&path)), None);
+    }
+
+    #[test]
     fn foreign_drop_in_is_refused() {
         let err = check_ours(Path::new("/x/99.toml"), Some("[crio]\n")).unwrap_err();
         assert!(err.to_string().contains("/x/99.toml"), "{err}");
