@@ -107,7 +107,9 @@ enum RuntimeCommand {
     /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; the
     /// changed file is first copied to <file>.nvshim.bak).
     Configure(EngineArgs),
-    /// Remove what `configure` added (the runtime, a default that names it, nvshim's drop-in).
+    /// Remove what `configure` added: the runtime, nvshim's drop-in, and the settings it
+    /// changed (Docker's previous default runtime and `features.cdi`, containerd's
+    /// `enable_cdi`) put back as they were.
     Unconfigure(EngineArgs),
 }
 

@@ -3,8 +3,16 @@
 //!
 //! Config layouts (containerd `docs/cri/config.md`, `RELEASES.md`): version 1 has the CRI
 //! plugin at `plugins.cri`, version 2 (containerd 1.x) at `plugins."io.containerd.grpc.v1.cri"`,
-//! version 3 (containerd 2.x) splits it and runtimes live under
+//! version 3 (containerd 2.0-2.2) splits it and runtimes live under
 //! `plugins."io.containerd.cri.v1.runtime"` (the toolkit's PR#805/#862, field-lessons.md §2.7).
+//! Version 4 (containerd 2.3) keeps that runtime section; a later version is read the same way,
+//! with a warning. What each release's `containerd config default` prints is in
+//! tests/fixtures/engine-configs/ (2.3's imports `conf.d/*.toml`, so nvshim writes its drop-in).
+//!
+//! Engine CDI: the CRI plugin's `enable_cdi` (in the same section as the runtimes) is off by
+//! default in containerd 1.7 and on in 2.x; 1.6 has no CDI. Where it is off, `configure` turns
+//! it on with a comment marking the line as nvshim's, and `unconfigure` reverts marked lines
+//! only.
 //!
 //! Two containerd 1.6 behaviours shape this file, both seen with `containerd config dump`:
 //! - A file that names any CRI runtime replaces the built-in runtimes map, so adding `nvidia` to
