@@ -833,6 +833,48 @@ fn configure_containerd_fixtures_through_links_config_dump() {
     }
 }
 
+/// README's "From source" installs what the .deb installs (Cargo.toml's
+/// `package.metadata.deb` assets): every destination, both hook links among them, so that
+/// `docker run --runtime=nvidia --gpus` works after a source install.
+#[test]
+fn readme_source_install_matches_the_package() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme
+        .split("### From source")
+        .nth(1)
+        .and_then(|r| r.split("```sh").nth(1))
+        .and_then(|r| r.split("```").next())
+        .expect("README has a From source sh block");
+    let cargo: toml::Table =
+        toml::from_str(&fs::read_to_string(repo.join("Cargo.toml")).unwrap()).unwrap();
+    let assets = cargo["package"]["metadata"]["deb"]["assets"]
+        .as_array()
+        .unwrap();
+    for asset in assets {
+        let (source, dest) = match asset {
+            toml::Value::Array(a) => (a[0].as_str().unwrap(), a[1].as_str().unwrap()),
+            toml::Value::Table(t) => {
+                let dest = t["dest"].as_str().unwrap();
+                let link = format!("ln -sf {} /{dest}", t["link_name"].as_str().unwrap());
+                assert!(section.contains(&link), "README lacks `{link}`:\n{section}");
+                continue;
+            }
+            other => panic!("asset {other:?}"),
+        };
+        let name = Path::new(source).file_name().unwrap().to_str().unwrap();
+        let dest = format!("/{}", dest.trim_end_matches('/'));
+        assert!(
+            section.contains(&dest),
+            "README's source install lacks {dest} (for {source}):\n{section}"
+        );
+        assert!(
+            section.contains(name) || section.contains(source),
+            "README's source install lacks {source}:\n{section}"
+        );
+    }
+}
+
 #[test]
 fn configure_crio_writes_a_drop_in() {
     let tmp = tempfile::tempdir().unwrap();
