@@ -3,7 +3,7 @@
 //! simulated GPU host; the configure command's file handling; `nvshim system
 //! create-dev-char-symlinks`.
 //!
-//! How each engine runs here: shared/reference/test-environment.md. Every daemon gets its own
+//! Each engine runs from its Debian package, in its own temp dirs. Every daemon gets its own
 //! directories and socket under the test's temp dir and its own session, and a [`Daemon`] guard
 //! stops it, kills what it left (shims, container processes) and unmounts everything below its
 //! directory, on failure as on success. Daemon tests take [`serial`]: one engine at a time (two

@@ -4,7 +4,7 @@
 //! Config layouts (containerd `docs/cri/config.md`, `RELEASES.md`): version 1 has the CRI
 //! plugin at `plugins.cri`, version 2 (containerd 1.x) at `plugins."io.containerd.grpc.v1.cri"`,
 //! version 3 (containerd 2.0-2.2) splits it and runtimes live under
-//! `plugins."io.containerd.cri.v1.runtime"` (the toolkit's PR#805/#862, field-lessons.md §2.7).
+//! `plugins."io.containerd.cri.v1.runtime"` (NVIDIA's toolkit PR#805/#862).
 //! Version 4 (containerd 2.3) keeps that runtime section; a later version is read the same way,
 //! with a warning. What each release's `containerd config default` prints is in
 //! tests/fixtures/engine-configs/ (2.3's imports `conf.d/*.toml`, so nvshim writes its drop-in).

@@ -6,7 +6,7 @@
 //! is the same plan printed as a diff. [`Plan::apply`] then backs up each existing file it
 //! changes and replaces it atomically.
 //!
-//! What field experience asks of this (field-lessons.md §2.7): never rewrite the user's config,
+//! What field experience asks of this: never rewrite the user's config,
 //! keep every other key, carry the default runtime's options (`SystemdCgroup` above all,
 //! nvidia-docker#1788), and use drop-ins where the engine has them (containerd#6389).
 //! A plan with no changes is how idempotency shows: a second `configure` plans nothing.
@@ -95,7 +95,7 @@ impl Engine {
     }
 
     /// The engine's main config file, as its Debian and RPM packages install it (the same
-    /// defaults as `nvidia-ctk runtime configure`, nvidia-toolkit-behaviour.md §1.4).
+    /// defaults as `nvidia-ctk runtime configure`).
     pub fn default_config(self) -> PathBuf {
         PathBuf::from(match self {
             Engine::Docker => "/etc/docker/daemon.json",
