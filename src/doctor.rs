@@ -652,7 +652,6 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
         Engine::Crio => (&opts.crio_config, "crio", "crio"),
     };
     let name = format!("engine-{engine}");
-    let runtime_name = engine::DEFAULT_RUNTIME_NAME;
     let installed = config.exists() || on_path(opts.path_var.as_ref(), daemon).is_some();
     if !installed {
         return check(
@@ -674,9 +673,12 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
     let mut eopts = engine::Options::new(engine, PathBuf::from(engine::DEFAULT_RUNTIME_PATH));
     eopts.drop_in = engine.default_drop_in(config);
     eopts.config = config.clone();
-    let (files, configured) = match engine::registration(&eopts) {
-        Ok(r) => (r.files, r.binary),
-        Err(e) => {
+    eopts.engine_version = engine::detect_version(engine, opts.path_var.as_deref());
+    let reg = match engine::registration(&eopts) {
+        Ok(r) => r,
+        // Only a file that does not parse stops the engine; a shape nvshim does not read may
+        // still be one the engine takes.
+        Err(e @ engine::EngineError::Parse { .. }) => {
             return check(
                 &name,
                 Status::Error,
@@ -684,7 +686,78 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
                 Some(format!("fix the file, then {fix}")),
             )
         }
+        Err(e) => {
+            return check(
+                &name,
+                Status::Error,
+                format!("nvshim cannot read the runtime from it: {e}"),
+                Some(format!("fix the file, then {fix}")),
+            )
+        }
     };
+    let mut c = runtime_check(engine, &name, &fix, &eopts, &reg);
+    if let Some(w) = reg.warnings.first() {
+        if c.status == Status::Ok {
+            c.status = Status::Warning;
+        }
+        c.message.push_str(&format!("; {w}"));
+    }
+    if reg.cdi_enabled == Some(false) {
+        if let Some(spec) = first_cdi_spec(&opts.config.cdi_spec_dirs) {
+            let setting = reg.cdi_setting.as_deref().unwrap_or("its config");
+            let why = format!(
+                "CDI is off in {engine} ({setting}) while {} exists: the CDI devices of DRA \
+                 claims and device plugins (and `--device nvidia.com/gpu=...`) are dropped",
+                spec.display()
+            );
+            if c.status == Status::Ok {
+                c.status = Status::Warning;
+                c.message = why;
+                c.fix = Some(fix.clone());
+            } else {
+                c.message.push_str(&format!("; {why}"));
+            }
+        }
+    }
+    c
+}
+
+/// The first CDI spec file (`.yaml`, `.yml`, `.json`) in `dirs`: a DRA driver's or a device
+/// plugin's, or one `nvshim cdi generate` wrote.
+fn first_cdi_spec(dirs: &[PathBuf]) -> Option<PathBuf> {
+    dirs.iter().find_map(|d| {
+        let mut specs: Vec<PathBuf> = std::fs::read_dir(d)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_file()
+                    && matches!(
+                        p.extension().and_then(|e| e.to_str()),
+                        Some("yaml" | "yml" | "json")
+                    )
+            })
+            .collect();
+        specs.sort();
+        specs.into_iter().next()
+    })
+}
+
+/// The runtime's registration: present, a binary, nvshim-runtime, set up as `configure` sets
+/// it up.
+fn runtime_check(
+    engine: Engine,
+    name: &str,
+    fix: &str,
+    eopts: &engine::Options,
+    reg: &engine::Registration,
+) -> Check {
+    let name = name.to_string();
+    let fix = fix.to_string();
+    let config = &eopts.config;
+    let runtime_name = engine::DEFAULT_RUNTIME_NAME;
+    let mut eopts = eopts.clone();
+    let (files, configured) = (reg.files.clone(), reg.binary.clone());
     let shown: Vec<String> = files
         .iter()
         .filter(|f| f.exists())

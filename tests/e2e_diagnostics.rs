@@ -477,6 +477,64 @@ fn doctor_reports_engines_not_configured() {
     d.others_fine(&["engine-docker", "engine-containerd"]);
 }
 
+/// containerd's own default config of each release (tests/fixtures/engine-configs/), configured:
+/// the doctor reads the runtime where that containerd does, config version 4 (containerd 2.3)
+/// included; a 1.7 config configured with `--no-cdi` keeps CDI off, which the doctor reports
+/// while a CDI spec exists.
+#[test]
+fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/engine-configs");
+    for (name, extra) in [
+        ("containerd-1.6.20-default.toml", None),
+        ("containerd-1.7.34-default.toml", None),
+        ("containerd-2.1.9-default.toml", None),
+        ("containerd-2.3.4-default.toml", None),
+        ("containerd-1.7.34-default.toml", Some("--no-cdi")),
+    ] {
+        let w = World::healthy();
+        let conf_d = w.containerd.with_file_name("conf.d");
+        let text = fs::read_to_string(format!("{fixtures}/{name}"))
+            .unwrap()
+            .replace("/etc/containerd/conf.d", conf_d.to_str().unwrap());
+        fs::write(&w.containerd, text).unwrap();
+        let mut args = vec![
+            "runtime",
+            "configure",
+            "--runtime",
+            "containerd",
+            "--config",
+            w.containerd.to_str().unwrap(),
+            "--runtime-path",
+            SHIM,
+        ];
+        args.extend(extra);
+        let out = w.nvshim(&args);
+        assert!(out.status.success(), "{name}: {out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("warning"),
+            "{name}: {out:?}"
+        );
+        let d = w.doctor();
+        if extra.is_none() {
+            d.assert("engine-containerd", "ok", &[SHIM], &[]);
+            d.others_fine(&[]);
+            continue;
+        }
+        assert_eq!(d.code, Some(1), "{name}: {:#}", d.report);
+        d.assert(
+            "engine-containerd",
+            "warning",
+            &[
+                "CDI is off in containerd (enable_cdi = false in",
+                "nvidia.yaml exists",
+                "DRA",
+            ],
+            &["nvshim runtime configure --runtime containerd"],
+        );
+        d.others_fine(&["engine-containerd"]);
+    }
+}
+
 #[test]
 fn doctor_warns_when_persistence_mode_is_off() {
     let mut w = World::healthy();

@@ -3,7 +3,7 @@
 //! simulated GPU host; the configure command's file handling; `nvshim system
 //! create-dev-char-symlinks`.
 //!
-//! How each engine runs here: shared/reference/test-environment.md. Every daemon gets its own
+//! Each engine runs from its Debian package, in its own temp dirs. Every daemon gets its own
 //! directories and socket under the test's temp dir and its own session, and a [`Daemon`] guard
 //! stops it, kills what it left (shims, container processes) and unmounts everything below its
 //! directory, on failure as on success. Daemon tests take [`serial`]: one engine at a time (two
@@ -763,6 +763,118 @@ fn dump(config: &Path) -> toml::Table {
     toml::from_str(&out.stdout).unwrap()
 }
 
+/// The default configs of containerd 1.6 and 1.7 (tests/fixtures/engine-configs/; the
+/// installed containerd reads their version 2), configured through a chain of two links
+/// (absolute, then relative) as `--config`: `containerd config dump` reads the runtime, the
+/// links stay, and unconfigure gives the text back. The 1.7 one gets `enable_cdi = true`.
+#[test]
+fn configure_containerd_fixtures_through_links_config_dump() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine-configs");
+    for (name, release) in [
+        ("containerd-1.6.20-default.toml", "1.6"),
+        ("containerd-1.7.34-default.toml", "1.7"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("cm/containerd.toml");
+        fs::create_dir_all(real.parent().unwrap()).unwrap();
+        let original = fs::read_to_string(fixtures.join(name)).unwrap();
+        fs::write(&real, &original).unwrap();
+        let middle = tmp.path().join("cm/current.toml");
+        symlink("containerd.toml", &middle).unwrap();
+        let config = tmp.path().join("config.toml");
+        symlink(&middle, &config).unwrap();
+        let args = |verb: &'static str| {
+            vec![
+                "runtime".to_string(),
+                verb.to_string(),
+                "--runtime".into(),
+                "containerd".into(),
+                "--config".into(),
+                s(&config).into(),
+            ]
+        };
+        let mut configure = args("configure");
+        configure.extend(["--engine-version".into(), release.into()]);
+        let configure: Vec<&str> = configure.iter().map(String::as_str).collect();
+        nvshim(&configure).expect_ok();
+        assert!(fs::symlink_metadata(&config)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(fs::symlink_metadata(&middle)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let written = fs::read_to_string(&real).unwrap();
+        assert_eq!(
+            written.contains("enable_cdi = true"),
+            release == "1.7",
+            "{name}: {written}"
+        );
+        let cri = &dump(&config)["plugins"]["io.containerd.grpc.v1.cri"];
+        let nvidia = &cri["containerd"]["runtimes"]["nvidia"];
+        assert_eq!(
+            nvidia["options"]["BinaryName"].as_str(),
+            Some(SHIM),
+            "{name}: {nvidia:#?}"
+        );
+        assert!(
+            cri["containerd"]["runtimes"].get("runc").is_some(),
+            "{name}"
+        );
+        let unconfigure = args("unconfigure");
+        let unconfigure: Vec<&str> = unconfigure.iter().map(String::as_str).collect();
+        nvshim(&unconfigure).expect_ok();
+        assert_eq!(fs::read_to_string(&real).unwrap(), original, "{name}");
+        assert!(fs::symlink_metadata(&config)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+}
+
+/// README's "From source" installs what the .deb installs (Cargo.toml's
+/// `package.metadata.deb` assets): every destination, both hook links among them, so that
+/// `docker run --runtime=nvidia --gpus` works after a source install.
+#[test]
+fn readme_source_install_matches_the_package() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme
+        .split("### From source")
+        .nth(1)
+        .and_then(|r| r.split("```sh").nth(1))
+        .and_then(|r| r.split("```").next())
+        .expect("README has a From source sh block");
+    let cargo: toml::Table =
+        toml::from_str(&fs::read_to_string(repo.join("Cargo.toml")).unwrap()).unwrap();
+    let assets = cargo["package"]["metadata"]["deb"]["assets"]
+        .as_array()
+        .unwrap();
+    for asset in assets {
+        let (source, dest) = match asset {
+            toml::Value::Array(a) => (a[0].as_str().unwrap(), a[1].as_str().unwrap()),
+            toml::Value::Table(t) => {
+                let dest = t["dest"].as_str().unwrap();
+                let link = format!("ln -sf {} /{dest}", t["link_name"].as_str().unwrap());
+                assert!(section.contains(&link), "README lacks `{link}`:\n{section}");
+                continue;
+            }
+            other => panic!("asset {other:?}"),
+        };
+        let name = Path::new(source).file_name().unwrap().to_str().unwrap();
+        let dest = format!("/{}", dest.trim_end_matches('/'));
+        assert!(
+            section.contains(&dest),
+            "README's source install lacks {dest} (for {source}):\n{section}"
+        );
+        assert!(
+            section.contains(name) || section.contains(source),
+            "README's source install lacks {source}:\n{section}"
+        );
+    }
+}
+
 #[test]
 fn configure_crio_writes_a_drop_in() {
     let tmp = tempfile::tempdir().unwrap();
@@ -878,8 +990,13 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     let d = w.dir("dk");
     let sock = d.join("docker.sock");
     let daemon_json = d.join("daemon.json");
+    // daemon.json as config management keeps it: a link (relative, then absolute) to the file.
+    let managed = d.join("managed/daemon.json");
+    fs::create_dir_all(managed.parent().unwrap()).unwrap();
+    symlink("managed/daemon.json", d.join("daemon-link.json")).unwrap();
+    symlink(d.join("daemon-link.json"), &daemon_json).unwrap();
     fs::write(
-        &daemon_json,
+        &managed,
         serde_json::to_vec_pretty(&json!({
             "data-root": d.join("data"),
             "exec-root": d.join("x"),
@@ -904,6 +1021,18 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     let conf: Value = serde_json::from_slice(&fs::read(&daemon_json).unwrap()).unwrap();
     assert_eq!(conf["runtimes"]["nvidia"]["path"], SHIM);
     assert_eq!(conf["bridge"], "none");
+    // nvshim-runtime is the default runtime, so `--gpus` works without `--runtime`; dockerd
+    // 20.10 has no CDI, so no `features.cdi`.
+    assert_eq!(conf["default-runtime"], "nvidia");
+    assert!(conf.get("features").is_none(), "{conf:#}");
+    assert!(fs::symlink_metadata(&daemon_json)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(fs::symlink_metadata(d.join("daemon-link.json"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 
     // dockerd registers its `--gpus` driver when nvidia-container-runtime-hook is on its PATH
     // (moby daemon/nvidia_linux.go); the hooks issue makes nvshim-hook answer to that name.
@@ -965,7 +1094,50 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     );
     w.assert_gpus(what, &r, &[w.gpu(0)]);
 
+    // Through the default runtime: no `--runtime` at all.
+    let what = "docker run -e NVIDIA_VISIBLE_DEVICES=0 (default runtime)";
+    let r = w.report(what, &docker_run(&["-e", "NVIDIA_VISIBLE_DEVICES=0"]));
+    w.assert_gpus(what, &r, &[w.gpu(0)]);
+    let what = "docker run --gpus device=1 (default runtime)";
+    let r = w.report(what, &docker_run(&["--gpus", "device=1"]));
+    w.assert_gpus(what, &r, &[w.gpu(1)]);
+    let what = "docker run (default runtime, no request)";
+    let r = w.report(what, &docker_run(&[]));
+    w.assert_gpus(what, &r, &[]);
+
+    // runc itself with --gpus: the hook is run outside nvshim-runtime and refuses, naming
+    // the fixes.
+    let out = docker_run(&["--runtime=runc", "--gpus", "all"]);
+    assert!(!out.ok(), "{out}");
+    for fix in [
+        "nvshim runtime configure --runtime docker",
+        "docker run --runtime=nvidia --gpus",
+        "nvshim cdi generate --output /var/run/cdi/nvidia.yaml",
+    ] {
+        assert!(
+            out.stderr.contains(fix),
+            "the refusal names {fix:?}:\n{out}"
+        );
+    }
+
     drop(daemon);
+    // Unconfigure through the links: the default runtime goes away with the runtime.
+    nvshim(&[
+        "runtime",
+        "unconfigure",
+        "--runtime",
+        "docker",
+        "--config",
+        s(&daemon_json),
+    ])
+    .expect_ok();
+    let conf: Value = serde_json::from_slice(&fs::read(&managed).unwrap()).unwrap();
+    assert!(conf.get("default-runtime").is_none(), "{conf:#}");
+    assert!(conf.get("runtimes").is_none(), "{conf:#}");
+    assert!(fs::symlink_metadata(&daemon_json)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     if !key_existed {
         let _ = fs::remove_file(key);
     }
@@ -1016,7 +1188,14 @@ impl Containerd {
         cri["cni"]["bin_dir"] = p("cni-bin");
         // runc's state for CRI containers, carried over to the nvidia runtime by configure.
         cri["containerd"]["runtimes"]["runc"]["options"]["Root"] = p("runc");
-        fs::write(&config, doc.to_string()).unwrap();
+        // Kept elsewhere by "config management", config.toml a relative link to it: configure
+        // writes through the link.
+        let managed = d.join("managed/config.toml");
+        fs::create_dir_all(managed.parent().unwrap()).unwrap();
+        fs::write(&managed, doc.to_string()).unwrap();
+        symlink("managed/config.toml", &config).unwrap();
+        // `--engine-version 1.7`: the CDI settings nvshim writes when it cannot ask containerd
+        // its release; this containerd (1.6, no CDI) must still start with them.
         nvshim(&[
             "runtime",
             "configure",
@@ -1024,8 +1203,19 @@ impl Containerd {
             "containerd",
             "--config",
             s(&config),
+            "--engine-version",
+            "1.7",
         ])
         .expect_ok();
+        assert!(fs::symlink_metadata(&config)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let written = fs::read_to_string(&managed).unwrap();
+        assert!(
+            written.contains("enable_cdi = true # set by `nvshim runtime configure`"),
+            "{written}"
+        );
         let nvidia = &dump(&config)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
             ["runtimes"]["nvidia"];
         assert_eq!(

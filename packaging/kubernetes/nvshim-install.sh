@@ -21,6 +21,8 @@
 #   NVSHIM_CONFIG_SOURCE      the config to install      [/config/config.toml, else the image's]
 #   CONTAINERD_CONFIG         containerd's config on the host        [/etc/containerd/config.toml]
 #   SET_AS_DEFAULT            true: also make `nvidia` containerd's default runtime      [false]
+#   ENABLE_ENGINE_CDI         false: leave containerd's own CDI as it is (configure turns
+#                             it on where it is off, as on containerd 1.7, for DRA claims) [true]
 #   CREATE_DEV_CHAR_SYMLINKS  false: skip `nvshim system create-dev-char-symlinks`        [true]
 #   RESTART_CONTAINERD        systemd (systemctl in the host's PID 1 namespaces) or none [systemd]
 set -eu
@@ -76,6 +78,11 @@ install() {
     if [ "${SET_AS_DEFAULT:-false}" = true ]; then
         set -- "$@" --set-as-default
     fi
+    if [ "${ENABLE_ENGINE_CDI:-true}" = false ]; then
+        set -- "$@" --no-cdi
+    fi
+    # Every config version containerd writes is read (1 to 4; a later one with version 3's
+    # layout and a warning), so a containerd 2.3 node does not stop the installer here.
     on_host nvshim "$@"
     if [ "${CREATE_DEV_CHAR_SYMLINKS:-true}" = true ]; then
         on_host nvshim system create-dev-char-symlinks --create-all \
@@ -92,8 +99,12 @@ uninstall() {
         log "nothing to undo: $dir was not installed by nvshim-install"
         return 0
     fi
-    on_host nvshim runtime unconfigure --runtime containerd --config "$containerd_config" \
-        || log "warning: could not unconfigure containerd"
+    if ! on_host nvshim runtime unconfigure --runtime containerd --config "$containerd_config"; then
+        # Removing the binaries now would leave containerd's `nvidia` runtime pointing at a
+        # missing file: keep them (and the marker, so a later run can finish the job).
+        log "error: could not unconfigure containerd; keeping $dir so its runtime \"nvidia\" still works"
+        return 1
+    fi
     restart_containerd || log "warning: could not restart containerd"
     if grep -qx config "$marker"; then
         rm -f "$host/etc/nvshim/config.toml"

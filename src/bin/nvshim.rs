@@ -107,7 +107,9 @@ enum RuntimeCommand {
     /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; the
     /// changed file is first copied to <file>.nvshim.bak).
     Configure(EngineArgs),
-    /// Remove what `configure` added (the runtime, a default that names it, nvshim's drop-in).
+    /// Remove what `configure` added: the runtime, nvshim's drop-in, and the settings it
+    /// changed (Docker's previous default runtime and `features.cdi`, containerd's
+    /// `enable_cdi`) put back as they were.
     Unconfigure(EngineArgs),
 }
 
@@ -132,9 +134,21 @@ struct EngineArgs {
     /// /usr/bin/nvshim-runtime].
     #[arg(long, alias = "nvidia-runtime-path", value_name = "PATH")]
     runtime_path: Option<PathBuf>,
-    /// Also make it the engine's default runtime (configure only).
+    /// Also make it the engine's default runtime (configure only; the default for docker,
+    /// whose `--gpus` before Docker 29.2 works only through nvshim-runtime).
     #[arg(long, alias = "nvidia-set-as-default")]
     set_as_default: bool,
+    /// Leave Docker's default runtime as it is (configure only).
+    #[arg(long, conflicts_with = "set_as_default")]
+    no_set_as_default: bool,
+    /// Leave the engine's own CDI support as it is (configure turns it on where it is off:
+    /// containerd 1.7's `enable_cdi`, Docker 25-27's `features.cdi`).
+    #[arg(long)]
+    no_cdi: bool,
+    /// The engine's release, MAJOR.MINOR, when the daemon on PATH is not the one that reads the
+    /// config [default: from `dockerd --version` / `containerd --version`].
+    #[arg(long, value_name = "MAJOR.MINOR", value_parser = parse_engine_version)]
+    engine_version: Option<(u64, u64)>,
     /// Print the changes as a unified diff and write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -142,6 +156,10 @@ struct EngineArgs {
 
 fn parse_engine(s: &str) -> Result<nvshim::engine::Engine, String> {
     s.parse()
+}
+
+fn parse_engine_version(s: &str) -> Result<(u64, u64), String> {
+    nvshim::engine::parse_version(s).ok_or_else(|| format!("{s:?} is not MAJOR.MINOR (e.g. 1.7)"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -208,12 +226,23 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
         opts.drop_in = Some(d.clone());
     }
     opts.runtime_name = args.runtime_name.clone();
-    opts.set_as_default = args.set_as_default;
+    opts.set_as_default = match args.runtime {
+        engine::Engine::Docker => !args.no_set_as_default,
+        _ => args.set_as_default,
+    };
+    opts.enable_cdi = !args.no_cdi;
+    opts.engine_version = args.engine_version.or_else(|| {
+        let path = std::env::var_os("PATH");
+        engine::detect_version(args.runtime, path.as_deref())
+    });
     let plan = if configure {
         engine::configure(&opts)?
     } else {
         engine::unconfigure(&opts)?
     };
+    for w in &plan.warnings {
+        eprintln!("nvshim: warning: {w}");
+    }
     if plan.is_empty() {
         println!(
             "nvshim: {} is already {}: nothing to change",

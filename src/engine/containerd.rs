@@ -3,8 +3,16 @@
 //!
 //! Config layouts (containerd `docs/cri/config.md`, `RELEASES.md`): version 1 has the CRI
 //! plugin at `plugins.cri`, version 2 (containerd 1.x) at `plugins."io.containerd.grpc.v1.cri"`,
-//! version 3 (containerd 2.x) splits it and runtimes live under
-//! `plugins."io.containerd.cri.v1.runtime"` (the toolkit's PR#805/#862, field-lessons.md §2.7).
+//! version 3 (containerd 2.0-2.2) splits it and runtimes live under
+//! `plugins."io.containerd.cri.v1.runtime"` (NVIDIA's toolkit PR#805/#862).
+//! Version 4 (containerd 2.3) keeps that runtime section; a later version is read the same way,
+//! with a warning. What each release's `containerd config default` prints is in
+//! tests/fixtures/engine-configs/ (2.3's imports `conf.d/*.toml`, so nvshim writes its drop-in).
+//!
+//! Engine CDI: the CRI plugin's `enable_cdi` (in the same section as the runtimes) is off by
+//! default in containerd 1.7 and on in 2.x; 1.6 has no CDI. Where it is off, `configure` turns
+//! it on with a comment marking the line as nvshim's, and `unconfigure` reverts marked lines
+//! only.
 //!
 //! Two containerd 1.6 behaviours shape this file, both seen with `containerd config dump`:
 //! - A file that names any CRI runtime replaces the built-in runtimes map, so adding `nvidia` to
@@ -25,19 +33,39 @@ use toml_edit::{DocumentMut, Item, Table, TableLike, Value};
 
 use super::file::read_optional;
 use super::tomldoc::{self, add_to_array, ensure, get, remove_and_prune, set, shape_error};
-use super::{change, check_ours, drop_in_header, EngineError, FileChange, Options};
+use super::{change, check_ours, drop_in_header, EngineError, FileChange, Options, Plan};
 use super::{CDI_ANNOTATION_PATTERN, DROP_IN_MARKER};
 
 /// The runc shim: it runs `options.BinaryName` with runc's command line.
 pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
 
-/// Where the CRI plugin's config lives for a config `version`.
+/// The newest config version nvshim has seen containerd write: 4 (`containerd config default`
+/// of containerd 2.3; tests/fixtures/engine-configs/). Later versions are read with version 3's
+/// layout, with a warning.
+pub const NEWEST_KNOWN_VERSION: i64 = 4;
+
+/// Where the CRI plugin's config lives for a config `version`. Version 4 (containerd 2.3)
+/// changed other plugins but kept version 3's CRI runtime section, and NVIDIA's nvidia-ctk
+/// reads every version from 3 up that way too.
 pub fn cri_plugin(version: i64) -> &'static str {
     match version {
-        1 => "cri",
+        ..=1 => "cri",
         2 => "io.containerd.grpc.v1.cri",
         _ => "io.containerd.cri.v1.runtime",
     }
+}
+
+/// What nvshim says about a config version newer than it knows.
+fn version_warning(path: &Path, version: i64) -> Option<String> {
+    (version > NEWEST_KNOWN_VERSION).then(|| {
+        format!(
+            "{}: config version {version} is newer than nvshim knows ({NEWEST_KNOWN_VERSION}); \
+             it is read with version 3's layout (CRI runtimes under plugins.{:?}.containerd.runtimes): \
+             check `containerd config dump` after restarting containerd",
+            path.display(),
+            cri_plugin(version)
+        )
+    })
 }
 
 /// The config version: the `version` key, else 1 for a file with plugin sections (containerd
@@ -48,10 +76,13 @@ fn version(path: &Path, doc: &DocumentMut) -> Result<Option<i64>, EngineError> {
         None if doc.contains_key("plugins") => Ok(Some(1)),
         None => Ok(None),
         Some(Item::Value(Value::Integer(v))) => match *v.value() {
-            v @ 1..=3 => Ok(Some(v)),
+            v @ 1.. => Ok(Some(v)),
             v => Err(EngineError::Unsupported {
                 path: path.to_path_buf(),
-                message: format!("config version {v} is not one nvshim knows (1, 2, 3)"),
+                message: format!(
+                    "config version {v} is not one containerd writes (1 and up); \
+                     set `version` to what `containerd config default` prints"
+                ),
             }),
         },
         Some(other) => Err(shape_error(path, &["version"], "an integer", other)),
@@ -73,12 +104,13 @@ fn imports(path: &Path, doc: &DocumentMut) -> Result<Vec<String>, EngineError> {
     }
 }
 
-pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
+pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
     let path = &opts.config;
     let before = read_optional(path)?;
     let mut doc = tomldoc::parse(path, before.as_deref())?;
     let found = version(path, &doc)?;
     let version = found.unwrap_or(2);
+    let warnings: Vec<String> = version_warning(path, version).into_iter().collect();
     let imports = imports(path, &doc)?;
 
     if imports.is_empty() {
@@ -86,9 +118,15 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
             doc.insert("version", toml_edit::value(version));
         }
         add_runtime(path, doc.as_item_mut(), version, opts)?;
+        if opts.enable_cdi {
+            enable_cdi(path, doc.as_item_mut(), version, opts.engine_version)?;
+        }
         let after = doc.to_string();
         tomldoc::reparse(path, &after)?;
-        return Ok(change(path, before, Some(after)).into_iter().collect());
+        return Ok(Plan {
+            changes: change(path, before, Some(after)).into_iter().collect(),
+            warnings,
+        });
     }
 
     let drop_in = drop_in_path(opts);
@@ -118,6 +156,9 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         }
     }
     add_runtime(&drop_in, out.as_item_mut(), version, opts)?;
+    if opts.enable_cdi {
+        enable_cdi(&drop_in, out.as_item_mut(), version, opts.engine_version)?;
+    }
     let drop_after = format!("{}{}", drop_in_header(opts), out);
     tomldoc::reparse(&drop_in, &drop_after)?;
 
@@ -134,7 +175,7 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         changes.extend(change(path, before, Some(after)));
     }
     changes.extend(change(&drop_in, drop_before, Some(drop_after)));
-    Ok(changes)
+    Ok(Plan { changes, warnings })
 }
 
 /// `options.BinaryName` of the runtime, from the main file and then each import in
@@ -143,10 +184,15 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
     let path = &opts.config;
     let text = read_optional(path)?;
     let doc = tomldoc::parse(path, text.as_deref())?;
-    let cri = cri_plugin(version(path, &doc)?.unwrap_or(2));
+    let version = version(path, &doc)?.unwrap_or(2);
+    let warnings: Vec<String> = version_warning(path, version).into_iter().collect();
+    let cri = cri_plugin(version);
     let mut files = vec![path.clone()];
     files.extend(expand_imports(path, &imports(path, &doc)?)?);
     let mut binary = None;
+    let default_cdi = cdi_default(version, opts.engine_version);
+    let mut cdi_enabled = default_cdi;
+    let mut cdi_setting = None;
     for file in &files {
         let imported;
         let doc = if file == path {
@@ -159,7 +205,16 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
             &imported
         };
         let keys = ["plugins", cri, "containerd", "runtimes", &opts.runtime_name];
-        if get(file, doc.as_item(), &["plugins", cri])?.is_some() {
+        if let Some(section) = get(file, doc.as_item(), &["plugins", cri])? {
+            // The section replaces the earlier files' one (module comment), `enable_cdi` too.
+            let set = section.get("enable_cdi").and_then(Item::as_bool);
+            if default_cdi.is_some() {
+                cdi_enabled = set.or(default_cdi);
+                cdi_setting = Some(match set {
+                    Some(v) => format!("enable_cdi = {v} in {}", file.display()),
+                    None => format!("no enable_cdi in {}", file.display()),
+                });
+            }
             binary = get(file, doc.as_item(), &keys)?.map(|rt| {
                 rt.get("options")
                     .and_then(Item::as_table_like)
@@ -170,16 +225,27 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
             });
         }
     }
-    Ok(super::Registration { files, binary })
+    Ok(super::Registration {
+        files,
+        binary,
+        cdi_enabled,
+        cdi_setting: (cdi_enabled == Some(false))
+            .then_some(cdi_setting)
+            .flatten(),
+        warnings,
+    })
 }
 
-pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
+pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
     let path = &opts.config;
     let mut changes = Vec::new();
+    let mut warnings = Vec::new();
     if let Some(before) = read_optional(path)? {
         let mut doc = tomldoc::parse(path, Some(&before))?;
         if let Some(version) = version(path, &doc)? {
+            warnings.extend(version_warning(path, version));
             remove_runtime(path, doc.as_item_mut(), version, opts)?;
+            revert_cdi(doc.as_item_mut(), version);
         }
         let drop_in = drop_in_path(opts);
         if let Some(Item::Value(Value::Array(a))) = doc.get_mut("imports") {
@@ -194,7 +260,145 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
             changes.extend(change(&drop_in, Some(text), None));
         }
     }
-    Ok(changes)
+    Ok(Plan { changes, warnings })
+}
+
+/// The comment nvshim leaves on the CDI settings it writes: `unconfigure` reverts exactly the
+/// settings that carry it, and the admin reading the file sees where they came from.
+const CDI_SET_MARK: &str = "set by `nvshim runtime configure`";
+/// The same, on an `enable_cdi` that was `false` before.
+const CDI_WAS_FALSE: &str = "(was false)";
+/// Where containerd looks for CDI specs by default; written next to `enable_cdi` where the
+/// file has no list, so the setting is visible in the file.
+const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+/// Whether CDI is on when the CRI section does not set `enable_cdi`; `None` when this
+/// containerd has no CDI support (1.6). Without a known release the config version tells:
+/// containerd 2.x (versions 3 and up) has CDI on by default, 1.7 off.
+fn cdi_default(version: i64, engine_version: Option<(u64, u64)>) -> Option<bool> {
+    match engine_version {
+        Some(v) if v < (1, 7) => None,
+        Some(v) => Some(v >= (2, 0)),
+        None => Some(version >= 3),
+    }
+}
+
+/// Turns on the CRI plugin's CDI support where it is off: the CDI devices the kubelet passes
+/// over the CRI (DRA claims, device plugins' CDI devices) are dropped while it is off.
+fn enable_cdi(
+    path: &Path,
+    root: &mut Item,
+    version: i64,
+    engine_version: Option<(u64, u64)>,
+) -> Result<(), EngineError> {
+    let Some(default) = cdi_default(version, engine_version) else {
+        return Ok(());
+    };
+    let cri_keys = ["plugins", cri_plugin(version)];
+    let current = get(path, root, &cri_keys)?.and_then(|t| t.get("enable_cdi").cloned());
+    let was = match &current {
+        None => None,
+        Some(Item::Value(Value::Boolean(b))) => Some(*b.value()),
+        Some(other) => {
+            return Err(shape_error(
+                path,
+                &["plugins", cri_plugin(version), "enable_cdi"],
+                "a boolean",
+                other,
+            ))
+        }
+    };
+    if was.unwrap_or(default) {
+        return Ok(());
+    }
+    let cri = ensure(path, root, &cri_keys)?;
+    let Some(t) = cri.as_table_like_mut() else {
+        return Ok(());
+    };
+    let mark = match was {
+        Some(false) => format!(" # {CDI_SET_MARK} {CDI_WAS_FALSE}"),
+        _ => format!(" # {CDI_SET_MARK}"),
+    };
+    let mut on = Value::from(true);
+    on.decor_mut().set_suffix(mark.as_str());
+    // Replaced in place: inserting would drop the key's indentation.
+    match t.get_mut("enable_cdi") {
+        Some(Item::Value(old)) => {
+            on.decor_mut()
+                .set_prefix(old.decor().prefix().cloned().unwrap_or_default());
+            *old = on;
+        }
+        _ => {
+            on.decor_mut().set_prefix(" ");
+            insert_indented(t, "enable_cdi", on);
+        }
+    }
+    if !t.contains_key("cdi_spec_dirs") {
+        let mut dirs: Value = CDI_SPEC_DIRS
+            .into_iter()
+            .collect::<toml_edit::Array>()
+            .into();
+        dirs.decor_mut().set_prefix(" ");
+        dirs.decor_mut().set_suffix(format!(" # {CDI_SET_MARK}"));
+        insert_indented(t, "cdi_spec_dirs", dirs);
+    }
+    Ok(())
+}
+
+/// Inserts `key = value` indented like the table's other keys (`containerd config default`
+/// indents by nesting depth).
+fn insert_indented(t: &mut dyn TableLike, key: &str, value: Value) {
+    let indent = t
+        .iter()
+        .find(|(_, v)| v.is_value())
+        .map(|(k, _)| k.to_string())
+        .and_then(|k| t.get_key_value(&k).map(|(k, _)| k.leaf_decor().clone()))
+        .and_then(|d| d.prefix().and_then(|p| p.as_str()).map(str::to_string));
+    t.insert(key, Item::Value(value));
+    if let (Some(indent), Some(mut k)) = (indent, t.key_mut(key)) {
+        k.leaf_decor_mut().set_prefix(indent);
+    }
+}
+
+/// Undoes [`enable_cdi`]: only settings that still carry nvshim's comment.
+fn revert_cdi(root: &mut Item, version: i64) {
+    let cri = cri_plugin(version);
+    let ours = |item: Option<&Item>| {
+        item.and_then(Item::as_value)
+            .and_then(|v| v.decor().suffix())
+            .and_then(|s| s.as_str())
+            .filter(|s| s.contains(CDI_SET_MARK))
+            .map(|s| s.contains(CDI_WAS_FALSE))
+    };
+    // Through `as_table_like_mut`: `Item::get_mut` would create the missing tables.
+    let Some(t) = root
+        .as_table_like_mut()
+        .and_then(|r| r.get_mut("plugins"))
+        .and_then(Item::as_table_like_mut)
+        .and_then(|p| p.get_mut(cri))
+        .and_then(Item::as_table_like_mut)
+    else {
+        return;
+    };
+    let enable = ours(t.get("enable_cdi"));
+    let dirs = ours(t.get("cdi_spec_dirs"));
+    match enable {
+        Some(true) => {
+            if let Some(Item::Value(v)) = t.get_mut("enable_cdi") {
+                let prefix = v.decor().prefix().cloned().unwrap_or_default();
+                let mut off = Value::from(false);
+                off.decor_mut().set_prefix(prefix);
+                *v = off;
+            }
+        }
+        Some(false) => {
+            remove_and_prune(root, &["plugins", cri], "enable_cdi");
+        }
+        None => {}
+    }
+    if dirs.is_some() {
+        remove_and_prune(root, &["plugins", cri], "cdi_spec_dirs");
+    }
 }
 
 fn drop_in_path(opts: &Options) -> PathBuf {
@@ -725,7 +929,7 @@ root = "/var/lib/containerd"
         let o = opts(dir.path());
         for (text, want) in [
             ("version = 2\n[plugins\n", "cannot parse"),
-            ("version = 9\n", "config version 9"),
+            ("version = -1\n", "config version -1"),
             (
                 "version = 2\nplugins = 3\n",
                 "plugins is an integer, expected a table",
@@ -831,6 +1035,259 @@ root = "/var/lib/containerd"
         fs::create_dir_all(dir.path().join("conf.d")).unwrap();
         fs::write(dir.path().join("conf.d/99-nvshim.toml"), "version = 2\n").unwrap();
         assert!(plan(&o).is_err());
+    }
+
+    /// `containerd config default` of each release (tests/fixtures/engine-configs/): version,
+    /// CRI section, `enable_cdi` as printed.
+    const FIXTURES: [(&str, i64, &str, Option<bool>); 4] = [
+        (
+            "containerd-1.6.20-default.toml",
+            2,
+            "io.containerd.grpc.v1.cri",
+            None,
+        ),
+        (
+            "containerd-1.7.34-default.toml",
+            2,
+            "io.containerd.grpc.v1.cri",
+            Some(false),
+        ),
+        (
+            "containerd-2.1.9-default.toml",
+            3,
+            "io.containerd.cri.v1.runtime",
+            Some(true),
+        ),
+        (
+            "containerd-2.3.4-default.toml",
+            4,
+            "io.containerd.cri.v1.runtime",
+            Some(true),
+        ),
+    ];
+
+    fn fixture(name: &str) -> String {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/engine-configs/"
+        );
+        fs::read_to_string(format!("{dir}{name}")).unwrap()
+    }
+
+    fn table_mut<'a>(t: &'a mut toml::Table, keys: &[&str]) -> &'a mut toml::Table {
+        let mut cur = t;
+        for k in keys {
+            cur = cur.get_mut(*k).unwrap().as_table_mut().unwrap();
+        }
+        cur
+    }
+
+    /// The fixture as a node has it, its `imports` (2.x defaults import
+    /// `/etc/containerd/conf.d/*.toml`) moved into the test's directory.
+    fn install_fixture(name: &str, o: &Options) -> String {
+        let conf_d = o.config.with_file_name("conf.d");
+        let text = fixture(name).replace("/etc/containerd/conf.d", &conf_d.to_string_lossy());
+        fs::write(&o.config, &text).unwrap();
+        text
+    }
+
+    /// The config containerd runs with: the main file, each imported file's CRI section
+    /// replacing the main file's (see the module comment).
+    fn effective(o: &Options, cri: &str) -> toml::Table {
+        let mut main = parsed(&fs::read_to_string(&o.config).unwrap());
+        let drop_in = o.drop_in.clone().unwrap();
+        if let Ok(text) = fs::read_to_string(&drop_in) {
+            let section = at(&parsed(&text), &["plugins", cri]).clone();
+            table_mut(&mut main, &["plugins"]).insert(cri.into(), section);
+        }
+        main
+    }
+
+    #[test]
+    fn every_fixture_configures_reconfigures_and_unconfigures() {
+        for (name, version, cri, cdi) in FIXTURES {
+            let dir = tempfile::tempdir().unwrap();
+            let mut o = opts(dir.path());
+            o.enable_cdi = true;
+            let original = install_fixture(name, &o);
+            let before = registration(&o).unwrap();
+            assert_eq!(before.binary, None, "{name}");
+            assert!(before.warnings.is_empty(), "{name}: {:?}", before.warnings);
+            // Without a known release the version decides: 1.x configs read as 1.7.
+            assert_eq!(before.cdi_enabled, Some(cdi.unwrap_or(false)), "{name}");
+
+            let p = plan(&o).unwrap();
+            assert!(p.warnings.is_empty(), "{name}: {:?}", p.warnings);
+            for c in &p.changes {
+                parsed(c.after.as_deref().unwrap());
+            }
+            p.apply().unwrap();
+            // 2.3's default imports conf.d/*.toml: nvshim writes a drop-in there and leaves
+            // the main file as it was.
+            if original.contains("conf.d/*.toml") {
+                assert_eq!(fs::read_to_string(&o.config).unwrap(), original, "{name}");
+            }
+            let mut got = effective(&o, cri);
+            assert_eq!(got["version"].as_integer(), Some(version), "{name}");
+            let rts = ["plugins", cri, "containerd", "runtimes"];
+            let nv = at(&got, &[&rts[..], &["nvidia"]].concat()).clone();
+            let runc = at(&got, &[&rts[..], &["runc"]].concat()).clone();
+            assert_eq!(nv["runtime_type"].as_str(), Some(RUNC_SHIM), "{name}");
+            assert_eq!(
+                nv["options"]["BinaryName"].as_str(),
+                Some("/usr/bin/nvshim-runtime"),
+                "{name}"
+            );
+            // Every runc option carried over, BinaryName aside.
+            for (k, v) in runc["options"].as_table().unwrap() {
+                if k != "BinaryName" {
+                    assert_eq!(nv["options"].get(k), Some(v), "{name}: options.{k}");
+                }
+            }
+            assert_eq!(
+                at(&got, &["plugins", cri, "enable_cdi"]).as_bool(),
+                Some(true)
+            );
+
+            // The whole effective document, minus what nvshim adds, is the original.
+            table_mut(&mut got, &rts).remove("nvidia");
+            let mut want = parsed(&original);
+            if cdi == Some(false) {
+                table_mut(&mut want, &["plugins", cri]).insert("enable_cdi".into(), true.into());
+            } else if cdi.is_none() {
+                let section = table_mut(&mut got, &["plugins", cri]);
+                assert!(section.remove("enable_cdi").is_some(), "{name}");
+                assert!(section.remove("cdi_spec_dirs").is_some(), "{name}");
+            }
+            assert_eq!(got, want, "{name}: every other setting kept");
+
+            assert!(plan(&o).unwrap().is_empty(), "{name}: idempotent");
+            let reg = registration(&o).unwrap();
+            assert_eq!(
+                reg.binary.as_deref(),
+                Some("/usr/bin/nvshim-runtime"),
+                "{name}"
+            );
+            assert_eq!(reg.cdi_enabled, Some(true), "{name}");
+
+            unplan(&o).unwrap().apply().unwrap();
+            assert_eq!(
+                fs::read_to_string(&o.config).unwrap(),
+                original,
+                "{name}: unconfigure gives the text back"
+            );
+            assert!(!o.drop_in.as_ref().unwrap().exists(), "{name}");
+            assert_eq!(registration(&o).unwrap().binary, None, "{name}");
+        }
+    }
+
+    #[test]
+    fn fixtures_with_the_engine_release_known() {
+        // containerd 1.6 has no CDI: nothing is added; 2.x has it on: nothing is changed.
+        for (name, release) in [
+            ("containerd-1.6.20-default.toml", (1, 6)),
+            ("containerd-2.1.9-default.toml", (2, 1)),
+            ("containerd-2.3.4-default.toml", (2, 3)),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut o = opts(dir.path());
+            o.enable_cdi = true;
+            o.engine_version = Some(release);
+            let original = install_fixture(name, &o);
+            let p = plan(&o).unwrap();
+            let cri = if release.0 == 1 {
+                "io.containerd.grpc.v1.cri"
+            } else {
+                "io.containerd.cri.v1.runtime"
+            };
+            for c in &p.changes {
+                assert!(
+                    !c.after.as_deref().unwrap().contains(CDI_SET_MARK),
+                    "{name}"
+                );
+            }
+            p.apply().unwrap();
+            assert_eq!(
+                at(&effective(&o, cri), &["plugins", cri]).get("enable_cdi"),
+                at(&parsed(&original), &["plugins", cri]).get("enable_cdi"),
+                "{name}"
+            );
+            let reg = registration(&o).unwrap();
+            assert_eq!(reg.cdi_enabled, (release.0 == 2).then_some(true), "{name}");
+        }
+    }
+
+    #[test]
+    fn cdi_left_alone_with_no_cdi_and_reverted_only_where_nvshim_set_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        let original = fixture("containerd-1.7.34-default.toml");
+        fs::write(&o.config, &original).unwrap();
+        // --no-cdi: CDI stays off.
+        let after = only_after(&plan(&o).unwrap());
+        assert!(after.contains("enable_cdi = false\n"), "{after}");
+        let reg = registration(&o).unwrap();
+        assert_eq!(reg.cdi_enabled, Some(false));
+        assert!(reg.cdi_setting.unwrap().contains("enable_cdi = false in"));
+        // An admin's own `enable_cdi = true` survives unconfigure.
+        o.enable_cdi = true;
+        let admin = original.replace("enable_cdi = false", "enable_cdi = true");
+        fs::write(&o.config, &admin).unwrap();
+        plan(&o).unwrap().apply().unwrap();
+        assert_eq!(only_after(&unplan(&o).unwrap()), admin);
+        // A minimal config: both keys added, both removed.
+        let minimal = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"p:1\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n";
+        fs::write(&o.config, minimal).unwrap();
+        let after = only_after(&plan(&o).unwrap());
+        let t = parsed(&after);
+        let cri = at(&t, &["plugins", "io.containerd.grpc.v1.cri"]);
+        assert_eq!(cri["enable_cdi"].as_bool(), Some(true));
+        assert_eq!(cri["cdi_spec_dirs"].as_array().unwrap().len(), 2, "{after}");
+        fs::write(&o.config, &after).unwrap();
+        assert_eq!(only_after(&unplan(&o).unwrap()), minimal);
+    }
+
+    #[test]
+    fn versions_newer_than_known_read_as_version_3_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.enable_cdi = true;
+        let text = install_fixture("containerd-2.3.4-default.toml", &o)
+            .replace("version = 4", "version = 7");
+        fs::write(&o.config, &text).unwrap();
+        let p = plan(&o).unwrap();
+        assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+        assert!(
+            p.warnings[0].contains("config version 7") && p.warnings[0].contains("config.toml"),
+            "{:?}",
+            p.warnings
+        );
+        p.apply().unwrap();
+        let t = effective(&o, "io.containerd.cri.v1.runtime");
+        at(
+            &t,
+            &[
+                "plugins",
+                "io.containerd.cri.v1.runtime",
+                "containerd",
+                "runtimes",
+                "nvidia",
+            ],
+        );
+        let reg = registration(&o).unwrap();
+        assert_eq!(reg.binary.as_deref(), Some("/usr/bin/nvshim-runtime"));
+        assert_eq!(reg.warnings.len(), 1);
+        let un = unplan(&o).unwrap();
+        assert_eq!(un.warnings.len(), 1);
+        un.apply().unwrap();
+        assert_eq!(fs::read_to_string(&o.config).unwrap(), text);
+        // Version 0 and negative ones are no containerd's.
+        fs::write(&o.config, "version = 0\n").unwrap();
+        let err = plan(&o).unwrap_err().to_string();
+        assert!(
+            err.contains("config version 0") && err.contains("config.toml"),
+            "{err}"
+        );
     }
 
     #[test]

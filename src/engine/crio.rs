@@ -4,7 +4,7 @@
 //!
 //! CRI-O reads `crio.conf`, then each file of `crio.conf.d` in lexical order, each one's keys
 //! overriding earlier ones key by key (crio.conf.d(5)), so the drop-in needs only the runtime;
-//! the main file is never edited (field-lessons.md §2.7, "ship minimal drop-ins only"). The
+//! the main file is never edited (minimal drop-ins only). The
 //! layout is `nvidia-ctk runtime configure --runtime crio`'s (`pkg/config/engine/crio`). CRI-O
 //! injects CDI devices named in `cdi.k8s.io/*` annotations itself, so no annotation setting is
 //! needed here.
@@ -128,7 +128,15 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
             }
         }
     }
-    Ok(super::Registration { files, binary })
+    // CRI-O has read CDI specs for `cdi.k8s.io/*` annotations and CRI CDI devices since 1.23,
+    // with no switch to turn it off.
+    Ok(super::Registration {
+        files,
+        binary,
+        cdi_enabled: None,
+        cdi_setting: None,
+        warnings: Vec::new(),
+    })
 }
 
 fn drop_in_path(opts: &Options) -> PathBuf {

@@ -4,8 +4,16 @@
 //! dockerd reads the file only at start (or `SIGHUP` for a few keys, `runtimes` among them:
 //! moby `daemon/reload.go`), so the caller restarts or reloads it. This is the layout
 //! `nvidia-ctk runtime configure --runtime docker` writes (`pkg/config/engine/docker`).
+//!
+//! Two more settings, each only when asked ([`Options::set_as_default`],
+//! [`Options::enable_cdi`]): `default-runtime` (Docker before 29.2 serves `--gpus` with NVIDIA's
+//! prestart hook, which only works when nvshim-runtime runs the container) and
+//! `features.cdi = true` (Docker 25-27 ignore CDI `--device` names without it; 28 and later
+//! have it on). dockerd refuses unknown keys in daemon.json, so what these replaced is kept
+//! in a state file beside it ([`state_path`]), which `unconfigure` reads to put back exactly
+//! what nvshim changed, and removes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
@@ -45,13 +53,72 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     if runtimes.get(&opts.runtime_name) != Some(&Value::Object(entry.clone())) {
         runtimes.insert(opts.runtime_name.clone(), Value::Object(entry));
     }
+    let state_file = state_path(path);
+    let state_before = read_optional(&state_file)?;
+    let mut state = parse(&state_file, state_before.as_deref())?;
+    let state_original = state.clone();
     if opts.set_as_default {
-        doc.insert(
-            "default-runtime".into(),
-            Value::String(opts.runtime_name.clone()),
-        );
+        let ours = Value::String(opts.runtime_name.clone());
+        let was = doc.get("default-runtime").cloned();
+        if was.as_ref() != Some(&ours) {
+            remember(&mut state, "default-runtime", was);
+            doc.insert("default-runtime".into(), ours);
+        }
     }
-    Ok(finish(path, before, &original, &doc))
+    if opts.enable_cdi && cdi_enabled(path, &doc, opts.engine_version)? == Some(false) {
+        let features = object_entry(&mut doc, "features", path)?;
+        remember(&mut state, "features.cdi", features.get("cdi").cloned());
+        features.insert("cdi".into(), Value::Bool(true));
+    }
+    let mut changes = finish(path, before, &original, &doc);
+    if state != state_original {
+        changes.extend(change(
+            &state_file,
+            state_before,
+            Some(render(&state, None)),
+        ));
+    }
+    Ok(changes)
+}
+
+/// Where nvshim keeps the values it replaced in `daemon.json`: `<file>.nvshim-state.json`
+/// beside it (dockerd reads no other file in its directory).
+pub fn state_path(config: &Path) -> PathBuf {
+    let mut name = config.file_name().unwrap_or_default().to_os_string();
+    name.push(".nvshim-state.json");
+    config.with_file_name(name)
+}
+
+/// Records the value `key` had before nvshim's first change to it (`null`: it was not set).
+fn remember(state: &mut Map<String, Value>, key: &str, was: Option<Value>) {
+    if !state.contains_key(key) {
+        let mut entry = Map::new();
+        entry.insert("was".into(), was.unwrap_or(Value::Null));
+        state.insert(key.into(), Value::Object(entry));
+    }
+}
+
+/// Whether dockerd reads CDI `--device` names with this daemon.json: `features.cdi` when set,
+/// else on from Docker 28 (off before it). `None` for a Docker without CDI (before 25).
+fn cdi_enabled(
+    path: &Path,
+    doc: &Map<String, Value>,
+    engine_version: Option<(u64, u64)>,
+) -> Result<Option<bool>, EngineError> {
+    if matches!(engine_version, Some(v) if v < (25, 0)) {
+        return Ok(None);
+    }
+    match doc.get("features").map(|f| (f, f.get("cdi"))) {
+        // An unknown release is taken as one that needs the key (25-27).
+        None | Some((Value::Object(_), None)) => {
+            Ok(Some(engine_version.is_some_and(|v| v >= (28, 0))))
+        }
+        Some((Value::Object(_), Some(Value::Bool(b)))) => Ok(Some(*b)),
+        Some((Value::Object(_), Some(other))) => {
+            Err(shape(path, "features.cdi", "a boolean", other))
+        }
+        Some((other, _)) => Err(shape(path, "features", "an object", other)),
+    }
 }
 
 pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
@@ -62,6 +129,9 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     }
     let mut doc = parse(path, before.as_deref())?;
     let original = doc.clone();
+    let state_file = state_path(path);
+    let state_text = read_optional(&state_file)?;
+    let state = parse(&state_file, state_text.as_deref())?;
     if let Some(runtimes) = doc.get_mut("runtimes") {
         let Value::Object(map) = runtimes else {
             return Err(shape(path, "runtimes", "an object", runtimes));
@@ -72,16 +142,54 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         }
     }
     if doc.get("default-runtime").and_then(Value::as_str) == Some(opts.runtime_name.as_str()) {
-        // dockerd's own default is runc.
-        doc.shift_remove("default-runtime");
+        // The default nvshim replaced, else none (dockerd's own default is runc).
+        match state.get("default-runtime").and_then(|e| e.get("was")) {
+            Some(was @ Value::String(_)) if was.as_str() != Some(opts.runtime_name.as_str()) => {
+                doc.insert("default-runtime".into(), was.clone());
+            }
+            _ => {
+                doc.shift_remove("default-runtime");
+            }
+        }
     }
-    Ok(finish(path, before, &original, &doc))
+    // `features.cdi` goes back only if nvshim turned it on and it is still on.
+    if let Some(was) = state.get("features.cdi").and_then(|e| e.get("was")) {
+        if let Some(Value::Object(features)) = doc.get_mut("features") {
+            if features.get("cdi") == Some(&Value::Bool(true)) {
+                match was {
+                    Value::Bool(_) => {
+                        features.insert("cdi".into(), was.clone());
+                    }
+                    _ => {
+                        features.shift_remove("cdi");
+                    }
+                }
+                if features.is_empty() {
+                    doc.shift_remove("features");
+                }
+            }
+        }
+    }
+    let mut changes = finish(path, before, &original, &doc);
+    if let Some(text) = state_text {
+        changes.extend(change(&state_file, Some(text), None));
+    }
+    Ok(changes)
 }
 
 /// `runtimes.<name>.path` from daemon.json.
 pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> {
     let path = &opts.config;
     let doc = parse(path, read_optional(path)?.as_deref())?;
+    let cdi = cdi_enabled(path, &doc, opts.engine_version)?;
+    let cdi_setting =
+        (cdi == Some(false)).then(|| match doc.get("features").and_then(|f| f.get("cdi")) {
+            Some(_) => format!("features.cdi = false in {}", path.display()),
+            None => format!(
+                "no features.cdi in {} (Docker before 28 needs it)",
+                path.display()
+            ),
+        });
     let binary = doc
         .get("runtimes")
         .and_then(|r| r.get(&opts.runtime_name))
@@ -94,6 +202,9 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
     Ok(super::Registration {
         files: vec![path.clone()],
         binary,
+        cdi_enabled: cdi,
+        cdi_setting,
+        warnings: Vec::new(),
     })
 }
 
@@ -281,6 +392,120 @@ mod tests {
         );
         std::fs::write(&o.config, "[]").unwrap();
         assert!(plan_configure(&o).is_err());
+    }
+
+    fn read(p: &Path) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn default_runtime_is_restored_from_the_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.set_as_default = true;
+        let text = "{\n  \"default-runtime\": \"crun\",\n  \"runtimes\": {\"crun\": {\"path\": \"/usr/bin/crun\"}}\n}\n";
+        std::fs::write(&o.config, text).unwrap();
+        let plan = plan_configure(&o).unwrap();
+        assert_eq!(plan.changes.len(), 2, "{plan:?}");
+        assert_eq!(after(&plan)["default-runtime"], "nvidia");
+        let state = state_path(&o.config);
+        assert_eq!(plan.changes[1].path, state);
+        plan.apply().unwrap();
+        assert_eq!(
+            read(&state),
+            serde_json::json!({"default-runtime": {"was": "crun"}})
+        );
+        assert!(plan_configure(&o).unwrap().is_empty(), "idempotent");
+        // Unconfigure puts crun back and removes the state file.
+        let un = plan_unconfigure(&o).unwrap();
+        assert_eq!(un.changes.len(), 2);
+        assert_eq!(un.changes[1].after, None);
+        un.apply().unwrap();
+        assert_eq!(
+            read(&o.config),
+            serde_json::from_str::<Value>(text).unwrap()
+        );
+        assert!(!state.exists());
+        // No default before: none after.
+        std::fs::write(&o.config, "{}").unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&state),
+            serde_json::json!({"default-runtime": {"was": null}})
+        );
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config), serde_json::json!({}));
+        // --no-set-as-default: the default stays.
+        o.set_as_default = false;
+        std::fs::write(&o.config, text).unwrap();
+        let plan = plan_configure(&o).unwrap();
+        assert_eq!(plan.changes.len(), 1);
+        assert_eq!(after(&plan)["default-runtime"], "crun");
+    }
+
+    #[test]
+    fn cdi_feature_follows_the_docker_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.enable_cdi = true;
+        let with = |o: &Options, text: &str| {
+            std::fs::write(&o.config, text).unwrap();
+            after(&plan_configure(o).unwrap())
+        };
+        // 25-27 and unknown releases: turned on; 28+ has it on; before 25 there is no CDI.
+        for (release, want) in [
+            (Some((25, 0)), Some(true)),
+            (Some((27, 5)), Some(true)),
+            (None, Some(true)),
+            (Some((28, 5)), None),
+            (Some((20, 10)), None),
+        ] {
+            o.engine_version = release;
+            let v = with(&o, r#"{"features": {"buildkit": true}}"#);
+            assert_eq!(v["features"]["buildkit"], true);
+            assert_eq!(
+                v["features"].get("cdi").and_then(Value::as_bool),
+                want,
+                "{release:?}"
+            );
+        }
+        // Turned off on 28: turned on again, and back off on unconfigure.
+        o.engine_version = Some((28, 5));
+        std::fs::write(&o.config, r#"{"features": {"cdi": false}}"#).unwrap();
+        let before = crate::engine::registration(&o).unwrap();
+        assert_eq!(before.cdi_enabled, Some(false));
+        assert!(before.cdi_setting.unwrap().contains("features.cdi = false"));
+        plan_configure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config)["features"]["cdi"], true);
+        assert_eq!(
+            crate::engine::registration(&o).unwrap().cdi_enabled,
+            Some(true)
+        );
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&o.config),
+            serde_json::json!({"features": {"cdi": false}})
+        );
+        // An admin's own `cdi: true` is not nvshim's to remove.
+        o.engine_version = Some((26, 1));
+        std::fs::write(&o.config, r#"{"features": {"cdi": true}}"#).unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&o.config),
+            serde_json::json!({"features": {"cdi": true}})
+        );
+        // Added where absent: removed with the `features` object it needed.
+        std::fs::write(&o.config, "{}").unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config), serde_json::json!({}));
+        std::fs::write(&o.config, r#"{"features": {"cdi": "yes"}}"#).unwrap();
+        let err = plan_configure(&o).unwrap_err().to_string();
+        assert!(
+            err.contains("features.cdi is a string, expected a boolean"),
+            "{err}"
+        );
     }
 
     #[test]

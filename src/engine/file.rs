@@ -2,7 +2,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::{EngineError, FileChange};
@@ -62,10 +62,16 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
         path: c.path.clone(),
         source,
     };
-    // The existing file's mode is kept (daemon.json may be 0600 on purpose).
-    let mode = match fs::metadata(&c.path) {
-        Ok(m) => m.permissions().mode() & 0o7777,
-        Err(_) => 0o644,
+    // A config that is a symlink (config management keeps the real file elsewhere) is
+    // written through the link: the link stays, its final target gets the new text.
+    let target = match &c.after {
+        Some(_) => resolve_links(&c.path).map_err(write_err)?,
+        None => c.path.clone(),
+    };
+    // The existing file's mode and owner are kept (daemon.json may be 0600 on purpose).
+    let (mode, owner) = match fs::metadata(&target) {
+        Ok(m) => (m.permissions().mode() & 0o7777, Some((m.uid(), m.gid()))),
+        Err(_) => (0o644, None),
     };
     let backup = if c.before.is_some() {
         let backup = backup_path(&c.path);
@@ -91,10 +97,10 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
             })
         }
         Some(text) => {
-            if let Some(dir) = c.path.parent() {
+            if let Some(dir) = target.parent() {
                 fs::create_dir_all(dir).map_err(write_err)?;
             }
-            write_atomic(&c.path, text.as_bytes(), mode).map_err(write_err)?;
+            write_atomic(&target, text.as_bytes(), mode, owner).map_err(write_err)?;
             Ok(Applied {
                 path: c.path.clone(),
                 backup,
@@ -104,9 +110,40 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
     }
 }
 
+/// Follows `path` while it is a symlink (a relative target is read from the link's
+/// directory) to the file a write must replace; a dangling chain ends at the missing target,
+/// which is then created.
+pub fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
+    let mut cur = path.to_path_buf();
+    // The kernel's own limit on a chain (ELOOP after 40 links).
+    for _ in 0..40 {
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let next = fs::read_link(&cur)?;
+                cur = match cur.parent() {
+                    Some(dir) if next.is_relative() => dir.join(next),
+                    _ => next,
+                };
+            }
+            Ok(_) => return Ok(cur),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cur),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "more than 40 symlinks from {}; point it at the real file",
+        path.display()
+    )))
+}
+
 /// Writes a temp file in the same directory, fsyncs it and renames it over `path`, so the
-/// engine (or a crash) never sees a half-written config.
-fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+/// engine (or a crash) never sees a half-written config. `path` is never a symlink here.
+fn write_atomic(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(path.file_name().unwrap_or_default());
@@ -120,6 +157,10 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
             .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
+        if let Some((uid, gid)) = owner {
+            // Before the mode: a chown clears set-id bits.
+            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        }
         // `mode()` is filtered by the umask; the engine's file keeps its own mode.
         f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.sync_all()?;

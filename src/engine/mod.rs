@@ -6,7 +6,7 @@
 //! is the same plan printed as a diff. [`Plan::apply`] then backs up each existing file it
 //! changes and replaces it atomically.
 //!
-//! What field experience asks of this (field-lessons.md §2.7): never rewrite the user's config,
+//! What field experience asks of this: never rewrite the user's config,
 //! keep every other key, carry the default runtime's options (`SystemdCgroup` above all,
 //! nvidia-docker#1788), and use drop-ins where the engine has them (containerd#6389).
 //! A plan with no changes is how idempotency shows: a second `configure` plans nothing.
@@ -95,7 +95,7 @@ impl Engine {
     }
 
     /// The engine's main config file, as its Debian and RPM packages install it (the same
-    /// defaults as `nvidia-ctk runtime configure`, nvidia-toolkit-behaviour.md §1.4).
+    /// defaults as `nvidia-ctk runtime configure`).
     pub fn default_config(self) -> PathBuf {
         PathBuf::from(match self {
             Engine::Docker => "/etc/docker/daemon.json",
@@ -152,6 +152,14 @@ pub struct Options {
     pub runtime_path: PathBuf,
     /// Also make it the engine's default runtime.
     pub set_as_default: bool,
+    /// Turn on the engine's own CDI support where it is off (containerd 1.7's `enable_cdi`,
+    /// Docker 25-27's `features.cdi`), so that CDI devices named over the CRI or with
+    /// `--device` reach containers.
+    pub enable_cdi: bool,
+    /// The installed engine's release, `(major, minor)`, when known: it decides whether CDI is
+    /// on when the config does not say (containerd 2.x, Docker 28+) or not supported at all
+    /// (containerd 1.6, Docker before 25).
+    pub engine_version: Option<(u64, u64)>,
 }
 
 impl Options {
@@ -166,8 +174,45 @@ impl Options {
             runtime_name: DEFAULT_RUNTIME_NAME.to_string(),
             runtime_path,
             set_as_default: false,
+            enable_cdi: false,
+            engine_version: None,
         }
     }
+}
+
+/// The installed engine's release, from `dockerd --version` (`Docker version 20.10.24+dfsg1,
+/// build 297e128`) or `containerd --version` (`containerd github.com/containerd/containerd
+/// v1.6.20 ...`), looking for the daemon on `path_var`; `None` when it is not there or prints
+/// no version. CRI-O's CDI support does not depend on its release, so it is not asked.
+pub fn detect_version(engine: Engine, path_var: Option<&std::ffi::OsStr>) -> Option<(u64, u64)> {
+    let daemon = match engine {
+        Engine::Docker => "dockerd",
+        Engine::Containerd => "containerd",
+        Engine::Crio => return None,
+    };
+    let exe = std::env::split_paths(path_var?)
+        .map(|d| d.join(daemon))
+        .find(|p| p.is_file())?;
+    let out = std::process::Command::new(exe)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    parse_version(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The first `[v]MAJOR.MINOR` word of a `--version` line.
+pub fn parse_version(text: &str) -> Option<(u64, u64)> {
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .find_map(|word| {
+            let word = word.strip_prefix('v').unwrap_or(word);
+            let mut parts = word.split(|c: char| !c.is_ascii_digit());
+            let major = parts.next()?.parse().ok()?;
+            let rest = word.split_once('.')?.1;
+            let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            Some((major, minor.parse().ok()?))
+        })
 }
 
 /// One file a plan changes. `after == None` removes the file; `before == None` creates it.
@@ -182,6 +227,8 @@ pub struct FileChange {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     pub changes: Vec<FileChange>,
+    /// What the caller should tell the operator (a config version newer than nvshim knows).
+    pub warnings: Vec<String>,
 }
 
 impl Plan {
@@ -208,23 +255,30 @@ impl Plan {
 
 /// Plans registering the runtime with `opts.engine`.
 pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
-    let changes = match opts.engine {
-        Engine::Docker => docker::configure(opts)?,
-        Engine::Containerd => containerd::configure(opts)?,
-        Engine::Crio => crio::configure(opts)?,
-    };
-    Ok(Plan { changes })
+    match opts.engine {
+        Engine::Docker => docker::configure(opts).map(Plan::from),
+        Engine::Containerd => containerd::configure(opts),
+        Engine::Crio => crio::configure(opts).map(Plan::from),
+    }
 }
 
 /// Plans removing what [`configure`] added: the runtime entry, the default-runtime setting when
 /// it names the runtime, and drop-ins nvshim wrote.
 pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
-    let changes = match opts.engine {
-        Engine::Docker => docker::unconfigure(opts)?,
-        Engine::Containerd => containerd::unconfigure(opts)?,
-        Engine::Crio => crio::unconfigure(opts)?,
-    };
-    Ok(Plan { changes })
+    match opts.engine {
+        Engine::Docker => docker::unconfigure(opts).map(Plan::from),
+        Engine::Containerd => containerd::unconfigure(opts),
+        Engine::Crio => crio::unconfigure(opts).map(Plan::from),
+    }
+}
+
+impl From<Vec<FileChange>> for Plan {
+    fn from(changes: Vec<FileChange>) -> Plan {
+        Plan {
+            changes,
+            warnings: Vec::new(),
+        }
+    }
 }
 
 /// How an engine's config files register a runtime, read the way the engine reads them.
@@ -235,6 +289,14 @@ pub struct Registration {
     /// The runtime's binary: `None` when no file defines the runtime, `Some("")` when one
     /// defines it without a binary (the engine then runs its default, plain runc).
     pub binary: Option<String>,
+    /// Whether the engine's own CDI support is on, as the files (and the engine's release
+    /// where they do not say) decide it: `None` when the engine has no such switch (CRI-O
+    /// always reads CDI) or its release does not support CDI.
+    pub cdi_enabled: Option<bool>,
+    /// The file and key that turn CDI off (for messages), when `cdi_enabled == Some(false)`.
+    pub cdi_setting: Option<String>,
+    /// What the caller should tell the operator (a config version newer than nvshim knows).
+    pub warnings: Vec<String>,
 }
 
 /// Reads, without changing anything, what `opts.engine`'s config says about the runtime
@@ -366,6 +428,147 @@ mod tests {
         .unwrap();
         let r = registration(&opts(Engine::Crio, crio)).unwrap();
         assert_eq!(r.binary.as_deref(), Some("/z/nvshim-runtime"));
+    }
+
+    /// Each engine's file that `configure` edits, made a relative symlink into `real/` (one
+    /// link) or a chain of two links (relative, then absolute): the links stay links, the real
+    /// file gets the change with its mode and owner, and `unconfigure` writes back through them.
+    #[test]
+    fn symlinked_configs_are_written_through() {
+        use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+        let drop_in_text = |o: &Options| {
+            format!(
+                "{}{}",
+                drop_in_header(o),
+                "[crio.runtime.runtimes.nvidia]\n"
+            )
+        };
+        for engine in Engine::ALL {
+            for chain in [1, 2] {
+                let dir = tempfile::tempdir().unwrap();
+                let etc = dir.path().join("etc");
+                let real = dir.path().join("real");
+                std::fs::create_dir_all(&etc).unwrap();
+                std::fs::create_dir_all(&real).unwrap();
+                let config = etc.join(match engine {
+                    Engine::Docker => "daemon.json",
+                    Engine::Containerd => "config.toml",
+                    Engine::Crio => "crio.conf",
+                });
+                let mut o = Options::new(engine, DEFAULT_RUNTIME_PATH.into());
+                o.drop_in = engine.default_drop_in(&config);
+                o.config = config.clone();
+                // CRI-O's main file is never edited: its drop-in is the file to link.
+                let (edited, text) = match engine {
+                    Engine::Docker => (config.clone(), "{\"debug\": true}\n".to_string()),
+                    Engine::Containerd => (config.clone(), "version = 2\n".to_string()),
+                    Engine::Crio => (o.drop_in.clone().unwrap(), drop_in_text(&o)),
+                };
+                std::fs::create_dir_all(edited.parent().unwrap()).unwrap();
+                let file = real.join("managed");
+                std::fs::write(&file, &text).unwrap();
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+                std::os::unix::fs::chown(&file, Some(4321), Some(8765)).unwrap();
+                let rel = |from: &Path| {
+                    let depth = from.strip_prefix(dir.path()).unwrap().components().count() - 1;
+                    let mut p = PathBuf::new();
+                    for _ in 0..depth {
+                        p.push("..");
+                    }
+                    p.join("real/managed")
+                };
+                if chain == 1 {
+                    symlink(rel(&edited), &edited).unwrap();
+                } else {
+                    let middle = real.join("middle");
+                    symlink("managed", &middle).unwrap();
+                    symlink(&middle, &edited).unwrap();
+                }
+                let plan = configure(&o).unwrap();
+                assert_eq!(plan.changes.len(), 1, "{engine}: {plan:?}");
+                plan.apply().unwrap();
+                let what = format!("{engine}, chain of {chain}");
+                assert!(
+                    std::fs::symlink_metadata(&edited)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink(),
+                    "{what}: still a link"
+                );
+                let m = std::fs::metadata(&file).unwrap();
+                assert!(m.is_file());
+                assert_eq!(m.permissions().mode() & 0o7777, 0o640, "{what}");
+                assert_eq!((m.uid(), m.gid()), (4321, 8765), "{what}");
+                let now = std::fs::read_to_string(&file).unwrap();
+                assert!(now.contains("nvshim-runtime"), "{what}: {now}");
+                assert_eq!(
+                    std::fs::read_to_string(file::backup_path(&edited)).unwrap(),
+                    text,
+                    "{what}"
+                );
+                let leftovers: Vec<_> = std::fs::read_dir(&real)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name())
+                    .filter(|n| n.to_string_lossy().contains("nvshim-tmp"))
+                    .collect();
+                assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
+                if engine != Engine::Crio {
+                    unconfigure(&o).unwrap().apply().unwrap();
+                    assert!(std::fs::symlink_metadata(&edited)
+                        .unwrap()
+                        .file_type()
+                        .is_symlink());
+                    assert!(!std::fs::read_to_string(&file)
+                        .unwrap()
+                        .contains("nvshim-runtime"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn engine_versions_from_version_lines() {
+        for (line, want) in [
+            (
+                "Docker version 20.10.24+dfsg1, build 297e128",
+                Some((20, 10)),
+            ),
+            ("Docker version 28.5.2, build ecc6942", Some((28, 5))),
+            (
+                "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1",
+                Some((1, 6)),
+            ),
+            (
+                "containerd github.com/containerd/containerd/v2 v2.3.4 0123abcd",
+                Some((2, 3)),
+            ),
+            ("containerd containerd.io 1.7.34 deadbeef", Some((1, 7))),
+            ("no version here", None),
+        ] {
+            assert_eq!(parse_version(line), want, "{line}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("containerd");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho containerd github.com/containerd/containerd v1.7.34 abc\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let path = std::ffi::OsString::from(dir.path());
+        // A script just written can be briefly "text file busy" while another test thread
+        // forks: a few tries.
+        let found = (0..5).find_map(|_| {
+            detect_version(Engine::Containerd, Some(&path)).or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                None
+            })
+        });
+        assert_eq!(found, Some((1, 7)));
+        assert_eq!(detect_version(Engine::Docker, Some(&path)), None);
+        assert_eq!(detect_version(Engine::Crio, Some(&path)), None);
     }
 
     #[test]
