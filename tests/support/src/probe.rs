@@ -16,7 +16,12 @@
 //! MKNOD <major>:<minor> <open result>                            a node made with mknod, then opened
 //! MOUNT <destination> <fstype> <options>                         /proc/mounts
 //! WRITE <destination> <open result>                              open(O_APPEND) of file mounts under /usr, /lib
-//! FILE <path> / LINK <path> <target>                             driver libraries, binaries, firmware
+//! FILE <path> / LINK <path> <target>                             driver libraries (64- and 32-bit),
+//!                                                                binaries, firmware, graphics
+//!                                                                manifests, X.Org modules, profiles
+//! SOCK <path>                                                    the driver daemons' sockets
+//! DRI <path> <major hex> <minor hex> <gid>                       /dev/dri card and render nodes
+//! GROUPS <gid> ...                                               `id -G` of the process
 //! LDP <line>                                                     `ldconfig -p`
 //! SMI <line> / SMI_RC <code>                                     `nvidia-smi`, when present
 //! ENV <key>=<value>                                              NVIDIA_* / CUDA_* / NVCT_* env
@@ -80,13 +85,29 @@ while read -r src dst fs opts rest; do
     esac
 done < /proc/mounts
 for f in /usr/lib/x86_64-linux-gnu/* /usr/lib/x86_64-linux-gnu/vdpau/* /usr/lib64/* \
-         /usr/bin/nvidia* /lib/firmware/nvidia/*/*; do
-    if [ -L "$f" ]; then
+         /usr/lib/x86_64-linux-gnu/gbm/* /usr/lib/x86_64-linux-gnu/nvidia/xorg/* \
+         /usr/lib64/gbm/* /usr/lib64/vdpau/* /usr/lib64/xorg/modules/*/* \
+         /usr/lib/i386-linux-gnu/* /usr/lib/i386-linux-gnu/vdpau/* /usr/lib/* /usr/lib/vdpau/* \
+         /usr/bin/nvidia* /lib/firmware/nvidia/*/* /usr/lib/firmware/nvidia/*/* \
+         /usr/share/glvnd/egl_vendor.d/* /usr/share/egl/egl_external_platform.d/* \
+         /etc/vulkan/icd.d/* /etc/vulkan/implicit_layer.d/* /usr/share/vulkansc/icd.d/* \
+         /etc/OpenCL/vendors/* /usr/share/nvidia/* /usr/share/X11/xorg.conf.d/* \
+         /etc/nvidia/nvidia-application-profiles-rc.d/* /dev/dri/by-path/*; do
+    if [ -S "$f" ]; then
+        echo "SOCK $f"
+    elif [ -L "$f" ]; then
         echo "LINK $f $(readlink "$f")"
     elif [ -e "$f" ]; then
         echo "FILE $f"
     fi
 done
+for f in /run/nvidia-persistenced/* /run/nvidia-fabricmanager/*; do
+    [ -S "$f" ] && echo "SOCK $f"
+done
+for f in /dev/dri/card* /dev/dri/renderD*; do
+    [ -c "$f" ] && echo "DRI $f $(stat -c '%t %T %g' "$f")"
+done
+echo "GROUPS $(id -G)"
 if [ -x /sbin/ldconfig ]; then
     /sbin/ldconfig -p 2>&1 | while IFS= read -r l; do echo "LDP $l"; done
 fi
@@ -192,6 +213,12 @@ pub struct ProbeReport {
     pub smi: Vec<String>,
     pub smi_rc: Option<i32>,
     pub env: BTreeMap<String, String>,
+    /// Unix sockets found.
+    pub sockets: BTreeSet<String>,
+    /// `/dev/dri` character devices: path → (major, minor, gid).
+    pub dri: BTreeMap<String, (u32, u32, u32)>,
+    /// The process's groups (`id -G`).
+    pub groups: Vec<u32>,
     /// The script reached its last line.
     pub complete: bool,
     /// The text parsed.
@@ -296,6 +323,25 @@ impl ProbeReport {
                     if let Some((k, v)) = rest.split_once('=') {
                         r.env.insert(k.to_string(), v.to_string());
                     }
+                }
+                "SOCK" => {
+                    r.sockets.insert(rest.to_string());
+                }
+                "DRI" => {
+                    let f: Vec<&str> = rest.split(' ').collect();
+                    if let [path, major, minor, gid] = f[..] {
+                        let hex = |s: &str| u32::from_str_radix(s, 16).unwrap_or(u32::MAX);
+                        r.dri.insert(
+                            path.to_string(),
+                            (hex(major), hex(minor), gid.parse().unwrap_or(u32::MAX)),
+                        );
+                    }
+                }
+                "GROUPS" => {
+                    r.groups = rest
+                        .split_whitespace()
+                        .filter_map(|g| g.parse().ok())
+                        .collect();
                 }
                 "PROBE_DONE" => r.complete = true,
                 _ => {}
