@@ -502,12 +502,25 @@ fn libraries_check(host: &Host, version: &str) -> Check {
             return check("libraries", Status::Error, e.to_string(), Some(ldconfig));
         }
     };
-    let wanted = ["libcuda.so", "libnvidia-ml.so"];
-    let found = host.driver_libraries(&cache, &wanted, version);
+    // The two every GPU container needs: CUDA's and NVML's.
+    let wanted: Vec<&crate::nvidia::Library> = crate::nvidia::LIBRARIES
+        .iter()
+        .filter(|l| l.stem == "libcuda" || l.stem == "libnvidia-ml")
+        .collect();
+    let found = host.libraries(
+        &cache,
+        wanted.iter().copied(),
+        version,
+        crate::host::WordSize::Bits64,
+    );
     let missing: Vec<String> = wanted
         .iter()
-        .filter(|w| !found.iter().any(|l| l.soname.starts_with(&format!("{w}."))))
-        .map(|w| format!("{w}.{version}"))
+        .filter(|w| {
+            !found
+                .iter()
+                .any(|l| l.soname.starts_with(&format!("{}.so.", w.stem)))
+        })
+        .map(|w| format!("{}.so.{version}", w.stem))
         .collect();
     if missing.is_empty() {
         let files: Vec<String> = found

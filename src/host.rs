@@ -282,44 +282,6 @@ impl Host {
         LdCache::parse(&bytes).map_err(|source| HostError::LdCache { path, source })
     }
 
-    /// Finds driver libraries by base name (`libcuda.so`) through the host's ld.so.cache, as
-    /// libnvidia-container does (src/nvc_info.c `find_library_paths`): each 64-bit entry whose
-    /// name is `<base>.<n>` is followed (inside the driver root) to its file, which must end in
-    /// the driver version. Missing libraries are skipped: not every driver ships every one.
-    pub fn driver_libraries(
-        &self,
-        cache: &LdCache,
-        bases: &[&str],
-        driver_version: &str,
-    ) -> Vec<DriverLibrary> {
-        let mut found: Vec<DriverLibrary> = Vec::new();
-        for base in bases {
-            let prefix = format!("{base}.");
-            for e in cache.entries.iter().filter(|e| e.is_64bit()) {
-                if !e.name.starts_with(&prefix) {
-                    continue;
-                }
-                let Some(file) = self.resolve_in_driver_root(&e.path) else {
-                    continue;
-                };
-                if !file.ends_with(&format!(".so.{driver_version}")) {
-                    continue;
-                }
-                if found.iter().any(|l| l.file.container_path == file) {
-                    continue;
-                }
-                found.push(DriverLibrary {
-                    file: HostFile {
-                        host_path: under_root(&self.roots.driver_root, &file),
-                        container_path: file,
-                    },
-                    soname: e.name.clone(),
-                });
-            }
-        }
-        found
-    }
-
     /// Follows symlinks of an in-root absolute path without leaving the root; returns the final
     /// in-root path of a regular file.
     fn resolve_in_driver_root(&self, abs: &str) -> Option<String> {
