@@ -71,6 +71,11 @@ pub struct Explanation {
     pub changes_bundle: bool,
     /// A unified diff of config.json (both sides pretty-printed), empty when nothing changes.
     pub diff: String,
+    /// config.json as `create` would write it (`--format json` only): to diff against what
+    /// another runtime writes for the same bundle. Absent when create would change nothing or
+    /// fail.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
     /// The error `create` would fail with.
     pub error: Option<String>,
 }
@@ -258,6 +263,7 @@ pub fn explain(
         warnings: Vec::new(),
         changes_bundle: false,
         diff: String::new(),
+        result: None,
         error: None,
     };
     let bundle = match loaded {
@@ -309,6 +315,7 @@ pub fn explain(
             out.changes_bundle = plan.changes_bundle();
             if out.changes_bundle {
                 out.diff = diff(&out.config_json, &original, &plan.edited);
+                out.result = Some(plan.edited.clone());
             }
             out.error = runtime_error;
         }

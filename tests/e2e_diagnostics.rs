@@ -737,6 +737,11 @@ fn explain_legacy_request_matches_what_create_does() {
             );
         }
     }
+    // `--format json` carries the whole resulting config.json: exactly what create wrote.
+    assert_eq!(
+        e["result"], created,
+        "explain's result differs from create's config.json"
+    );
 }
 
 #[test]
