@@ -28,6 +28,8 @@
 # Needs: root (mknod, mount, runc), gcc, GNU time (/usr/bin/time), runc, ldconfig;
 # musl-gcc (musl-tools) is used for a second, leaner floor when present.
 set -euo pipefail
+# shellcheck source=scripts/lib/as-root.sh
+. "$(dirname "$0")/lib/as-root.sh"
 cd "$(dirname "$0")/.."
 repo="$PWD"
 
@@ -42,7 +44,6 @@ while [ $# -gt 0 ]; do
         *) echo "bench: unknown argument $1" >&2; exit 1 ;;
     esac
 done
-[ "$(id -u)" = 0 ] || { echo "bench: needs root (mknod, mount, runc): sudo $0" >&2; exit 1; }
 for tool in gcc runc /usr/bin/time /sbin/ldconfig; do
     command -v "$tool" >/dev/null || { echo "bench: $tool is required (scripts/install-deps.sh)" >&2; exit 1; }
 done

@@ -6,12 +6,10 @@
 # nvshim-runtime over runc with NVIDIA_VISIBLE_DEVICES=1. The container prints what it sees.
 # Needs root (device nodes, runc). Cleans up after itself.
 set -euo pipefail
+# shellcheck source=scripts/lib/as-root.sh
+. "$(dirname "$0")/lib/as-root.sh"
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" != 0 ]; then
-  echo "demo: needs root to make device nodes and run containers (try: sudo $0)" >&2
-  exit 1
-fi
 scripts/install-deps.sh
 
 echo "==> building nvshim (cargo build --workspace)"

@@ -8,13 +8,14 @@
 #   sudo scripts/gpu-check.sh            # NVIDIA_VISIBLE_DEVICES=all
 #   sudo GPUS=0 scripts/gpu-check.sh     # one GPU
 set -euo pipefail
+# shellcheck source=scripts/lib/as-root.sh
+. "$(dirname "$0")/lib/as-root.sh"
 cd "$(dirname "$0")/.."
 BIN=${NVSHIM_BIN:-$PWD/target/release}
 RUNC=${RUNC:-$(command -v runc || true)}
 GPUS=${GPUS:-all}
 step() { printf '\n== %s\n' "$*"; }
 
-[ "$(id -u)" = 0 ] || { echo "gpu-check: needs root" >&2; exit 1; }
 [ -x "$RUNC" ] || { echo "gpu-check: no runc (set RUNC=/path/to/runc)" >&2; exit 1; }
 for b in nvshim-runtime nvshim-hook nvshim; do
   [ -x "$BIN/$b" ] || { echo "gpu-check: $BIN/$b missing (scripts/build-release.sh)" >&2; exit 1; }

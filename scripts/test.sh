@@ -3,12 +3,10 @@
 # runc (and the engines the tests name) on a simulated GPU host. Needs root (mknod, runc).
 # The same command runs in CI (.ci/run) and on a developer's machine.
 set -euo pipefail
+# shellcheck source=scripts/lib/as-root.sh
+. "$(dirname "$0")/lib/as-root.sh"
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" != 0 ]; then
-  echo "scripts/test.sh: the end-to-end tests start containers and need root (try: sudo $0)" >&2
-  exit 1
-fi
 
 scripts/install-deps.sh
 

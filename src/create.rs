@@ -33,6 +33,10 @@ pub enum CreateError {
         path: PathBuf,
         source: cdi::ResolveError,
     },
+    #[error("the hook binary {hook} does not exist, so the container would die in runc with `fork/exec {hook}: no such file or directory`; install nvshim-hook there (`cargo build --release` builds it beside nvshim-runtime), or set hook-path in the nvshim config to where it is")]
+    HookMissing { hook: String },
+    #[error("the hook binary {hook} named by a CDI spec does not exist, so the container would die in runc; install it, or regenerate the spec (`nvshim cdi generate`)")]
+    SpecHookMissing { hook: String },
 }
 
 /// Everything `create` would do, computed without writing.
@@ -288,6 +292,7 @@ pub fn plan_bundle(
             plan.edits = edits;
         }
     }
+    check_hooks_exist(&plan.edits, &tools.hook)?;
     plan.warnings = trace.warnings.clone();
     Ok(plan)
 }
@@ -367,6 +372,25 @@ fn apply_cdi(
     edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;
     plan.edits = edits;
+    Ok(())
+}
+
+/// Every hook the edits add must exist on the host: runc runs it before the container starts,
+/// and a missing one kills the container with an error that names neither nvshim nor the fix.
+/// One `stat` per hook (two to five per GPU container).
+fn check_hooks_exist(edits: &ContainerEdits, own_hook: &Path) -> Result<(), CreateError> {
+    for h in &edits.hooks {
+        let path = Path::new(&h.path);
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let hook = h.path.clone();
+        return Err(if path == own_hook {
+            CreateError::HookMissing { hook }
+        } else {
+            CreateError::SpecHookMissing { hook }
+        });
+    }
     Ok(())
 }
 

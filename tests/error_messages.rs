@@ -205,6 +205,22 @@ fn unmet_requirement_shows_the_host_and_the_way_out() {
     );
 }
 
+/// A shim installed without its hook refuses the GPU container with the path and the config
+/// key, instead of letting runc kill it with `fork/exec ...: no such file or directory`.
+#[test]
+fn missing_hook_binary_is_named_with_its_config_key() {
+    let w = World::new("hook-path = \"/nonexistent/nvshim-hook\"\n");
+    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = w.create_error(b.dir());
+    assert_has(
+        &msg,
+        &[
+            "the hook binary /nonexistent/nvshim-hook does not exist",
+            "set hook-path in the nvshim config",
+        ],
+    );
+}
+
 #[test]
 fn malformed_config_json_is_named() {
     let w = World::new("");
