@@ -18,6 +18,7 @@ pub mod host;
 pub mod legacy;
 pub mod logging;
 pub mod nvidia;
+pub mod report;
 pub mod request;
 pub mod runtime;
 pub mod system;

@@ -221,6 +221,22 @@ fn missing_hook_binary_is_named_with_its_config_key() {
     );
 }
 
+/// `nvshim` prints an error's causes once, as `nvshim-runtime` does (one printer for both).
+#[test]
+fn nvshim_says_each_cause_once() {
+    let w = World::new("");
+    fs::remove_file(w.host.proc_root().join("driver/nvidia/version")).unwrap();
+    let out = Command::new(NVSHIM)
+        .args(["cdi", "generate"])
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("does not exist").count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 #[test]
 fn malformed_config_json_is_named() {
     let w = World::new("");

@@ -43,30 +43,13 @@ pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
     // A command line nvshim cannot scan is runc's to reject, unless nvshim had to edit.
     let inv = runtime::parse_args(&args).unwrap_or_default();
     let err = run(&args, &inv);
-    let msg = format!("nvshim: {}", error_text(&err));
+    let msg = format!("nvshim: {}", nvshim::report::error_text(err.as_ref()));
     tracing::error!("{msg}");
     if let Some(log) = &inv.log {
         logging::write_runc_error(log, inv.json_log(), &msg);
     }
     eprintln!("{msg}");
     1
-}
-
-/// The error and its causes, each cause only where its text is not already in the message:
-/// nvshim's errors name their source in their own text (rust-style-youki.md §2 "Errors": the
-/// path and the cause in `Display`) and also return it from `source()`, so anyhow's `{:#}`
-/// printed every cause twice (docs/reliability.md showed "...: No space left on device
-/// (os error 28) ...: No space left on device (os error 28)").
-fn error_text(err: &anyhow::Error) -> String {
-    let mut text = err.to_string();
-    for cause in err.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    text
 }
 
 /// Only returns on error: success is an exec.

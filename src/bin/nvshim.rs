@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("nvshim: {e:#}");
+            eprintln!("nvshim: {}", nvshim::report::error_text(e.as_ref()));
             ExitCode::FAILURE
         }
     }
