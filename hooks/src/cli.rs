@@ -621,6 +621,12 @@ mod tests {
             p(&["nvidia-cdi-hook", "some-future-hook", "--x"]),
             Ok(Command::Skip(_))
         ));
+        // NVIDIA's newer createRuntime hook: accepted and skipped with a warning (the stage is
+        // the spec's business; nvshim applies no GPU memory limit).
+        assert!(matches!(
+            p(&["nvidia-cdi-hook", "apply-cuda-memory-limits", "--memory-limit", "1G"]),
+            Ok(Command::Skip(_))
+        ));
         assert!(matches!(p(&["nvidia-cdi-hook"]), Ok(Command::Skip(_))));
         assert!(matches!(
             p(&[
