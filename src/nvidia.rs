@@ -534,15 +534,17 @@ pub fn capability_table() -> String {
     ));
     out.push_str(
         "\n## Hooks\n\n\
-         In this order, as NVIDIA's generator writes them, each with an explicit minimal \
-         environment: `create-symlinks` (SONAME, development and graphics links, DRM `by-path` \
-         links), `enable-cuda-compat --host-driver-version {v}` (compute: CUDA forward \
-         compatibility libraries of the image, used only when newer than the host driver), \
-         `update-ldcache` (the folders of the mounted libraries), \
-         `disable-device-node-modification` (the container's view of \
-         `/proc/driver/nvidia/params` says `ModifyDeviceFiles: 0`), `update-application-profile` \
-         (graphics: EGL and Vulkan see only the container's GPUs). Each optional hook that cannot \
-         apply (read-only root, no `/proc/driver/nvidia`) warns and lets the container start.\n",
+         NVIDIA runs these container fix-ups as five hooks; nvshim runs them as one, \
+         `nvshim-hook fixups` (one process, one open of the container's root), in NVIDIA's \
+         order, with an explicit minimal environment: the links (SONAME, development and \
+         graphics links, DRM `by-path` links), CUDA forward compatibility with the host driver \
+         version (compute: the image's compatibility libraries, used only when newer than the \
+         host driver), the container's ld.so.cache for the folders of the mounted libraries, \
+         the device-node parameters (the container's view of `/proc/driver/nvidia/params` says \
+         `ModifyDeviceFiles: 0`), the application profile (graphics: EGL and Vulkan see only the \
+         container's GPUs). Each optional step that cannot apply (read-only root, no \
+         `/proc/driver/nvidia`) warns and lets the container start. Specs written by others \
+         keep NVIDIA's separate hooks, which `nvshim-hook` answers under NVIDIA's names.\n",
     );
     out
 }

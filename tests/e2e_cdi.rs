@@ -284,17 +284,20 @@ fn generate_falls_back_to_proc_without_nvml() {
         .iter()
         .map(|h| (h.hook_name.as_str(), h.args[1].as_str()))
         .collect();
-    // NVIDIA's hooks, in NVIDIA's order.
-    assert_eq!(
-        hooks,
-        [
-            ("createContainer", "create-symlinks"),
-            ("createContainer", "enable-cuda-compat"),
-            ("createContainer", "update-ldcache"),
-            ("createContainer", "disable-device-node-modification"),
-            ("createContainer", "update-application-profile")
-        ]
-    );
+    // NVIDIA's five container fix-ups as one hook, in NVIDIA's order.
+    assert_eq!(hooks, [("createContainer", "fixups")]);
+    let args = &g.hooks[0].args;
+    let at = |flag: &str| args.iter().position(|a| a == flag);
+    let order = [
+        "--link",
+        "--host-driver-version",
+        "--folder",
+        "--disable-device-node-modification",
+        "--update-application-profile",
+    ];
+    let positions: Vec<Option<usize>> = order.iter().map(|f| at(f)).collect();
+    assert!(positions.iter().all(Option::is_some), "{args:?}");
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{args:?}");
     for h in &g.hooks {
         assert_eq!(Path::new(&h.path), hook);
         assert_eq!(h.args[0], "nvshim-hook");
@@ -307,12 +310,8 @@ fn generate_falls_back_to_proc_without_nvml() {
             "hooks never inherit the container's environment"
         );
     }
-    assert!(g.hooks[0]
-        .args
-        .contains(&"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".to_string()));
-    assert!(g.hooks[2]
-        .args
-        .contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
+    assert!(args.contains(&"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".to_string()));
+    assert!(args.contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
 }
 
 /// The fake host's GPUs as NVML reports them, with MIG on bus indices 2 (two devices) and 5

@@ -662,21 +662,34 @@ fn explain_legacy_request_matches_what_create_does() {
             .any(|m| m["destination"] == libcuda.as_str()),
         "{e:#}"
     );
-    // NVIDIA's hooks in NVIDIA's order (compute brings enable-cuda-compat; no graphics, so no
-    // application profile).
-    let hooks: Vec<&str> = groups[1]["hooks"]
+    // NVIDIA's container fix-ups in one hook, in NVIDIA's order (compute brings CUDA
+    // compatibility; no graphics, so no application profile).
+    let hooks = groups[1]["hooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1, "{e:#}");
+    let args: Vec<&str> = hooks[0]["hook"]["args"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|h| h["hook"]["args"][1].as_str().unwrap())
+        .map(|a| a.as_str().unwrap())
         .collect();
+    assert_eq!(args[1], "fixups");
+    let flags: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| a.starts_with("--") && !a.starts_with("--host-params"))
+        .fold(Vec::new(), |mut v, a| {
+            if v.last() != Some(&a) {
+                v.push(a);
+            }
+            v
+        });
     assert_eq!(
-        hooks,
+        flags,
         [
-            "create-symlinks",
-            "enable-cuda-compat",
-            "update-ldcache",
-            "disable-device-node-modification"
+            "--link",
+            "--host-driver-version",
+            "--folder",
+            "--disable-device-node-modification"
         ],
         "{e:#}"
     );

@@ -54,6 +54,9 @@ subcommands:
                                             libraries when they are newer than the driver
   disable-device-node-modification          show the container ModifyDeviceFiles: 0
   update-application-profile                limit EGL and Vulkan to the container's GPUs
+  fixups [--link T::L ...] [--host-driver-version V] [--folder DIR ...]
+         [--disable-device-node-modification] [--update-application-profile]
+                                            all of the above in one process, in that order
 flags:
   --container-spec FILE   read the OCI state from FILE instead of stdin
   --ldconfig-path PATH    host ldconfig, used only where the cache cannot be written natively
@@ -122,6 +125,25 @@ pub enum Command {
         paths: Vec<String>,
         spec: Option<String>,
     },
+    /// All of nvshim's container fix-ups in one process (one exec, one open of the root), in
+    /// NVIDIA's hook order.
+    Fixups(Box<Fixups>),
+}
+
+/// What `fixups` does, in this order: the links, CUDA forward compatibility, the ld.so.cache,
+/// the device-node parameters, the application profile. The links and the cache are required
+/// (the libraries would not resolve without them): their failure fails the hook. The rest are
+/// optional, as the separate hooks are: a failure is a warning.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Fixups {
+    pub links: Vec<Link>,
+    pub compat: enable_cuda_compat::Options,
+    pub folders: Vec<String>,
+    pub ldconfig_path: Option<PathBuf>,
+    /// `disable-device-node-modification` with this host params file.
+    pub host_params: Option<PathBuf>,
+    pub application_profile: bool,
+    pub spec: Option<String>,
 }
 
 /// A usage error.
@@ -195,6 +217,7 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             | "disable-device-node-modification"
             | "update-application-profile",
         ) => {}
+        (Dialect::Nvshim, "fixups") => {}
         (Dialect::Nvidia, "chmod" | "noop") => {}
         (_, "help") => return Ok(Command::Help),
         (Dialect::Nvidia, other) => {
@@ -209,6 +232,7 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
     let mut host_params = PathBuf::from(ddnm::HOST_PARAMS);
     let mut mode: Option<String> = None;
     let mut paths = Vec::new();
+    let mut fixups = Fixups::default();
     let mut spec = global_spec;
     while let Some(a) = it.next() {
         let Some((name, inline)) = flag(&a) else {
@@ -237,6 +261,30 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             ("disable-device-node-modification", "host-params") => {
                 host_params = PathBuf::from(value(inline, &mut it, name)?)
             }
+            ("fixups", "link") => {
+                let v = value(inline, &mut it, name)?;
+                fixups
+                    .links
+                    .push(Link::parse(&v).map_err(|e| Usage(e.to_string()))?);
+            }
+            ("fixups", "host-driver-version") => {
+                fixups.compat.host_driver_version = Some(value(inline, &mut it, name)?)
+            }
+            ("fixups", "folder") => fixups.folders.push(value(inline, &mut it, name)?),
+            ("fixups", "ldconfig-path") => {
+                fixups.ldconfig_path = Some(PathBuf::from(value(inline, &mut it, name)?))
+            }
+            ("fixups", "disable-device-node-modification") if inline.is_none() => {
+                fixups
+                    .host_params
+                    .get_or_insert_with(|| PathBuf::from(ddnm::HOST_PARAMS));
+            }
+            ("fixups", "host-params") => {
+                fixups.host_params = Some(PathBuf::from(value(inline, &mut it, name)?))
+            }
+            ("fixups", "update-application-profile") if inline.is_none() => {
+                fixups.application_profile = true
+            }
             ("chmod", "mode") => mode = Some(value(inline, &mut it, name)?),
             ("chmod", "path") => paths.push(value(inline, &mut it, name)?),
             _ => return Err(Usage(format!("{sub}: unknown flag {a}"))),
@@ -257,6 +305,7 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             Command::DisableDeviceNodeModification { host_params, spec }
         }
         "update-application-profile" => Command::UpdateApplicationProfile { spec },
+        "fixups" => Command::Fixups(Box::new(Fixups { spec, ..fixups })),
         "chmod" => {
             // NVIDIA: "a non-empty mode must be specified".
             let mode = mode
@@ -416,6 +465,9 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
                     .map_err(|e| format!("update-application-profile: {e}"))
             }))
         }
+        Command::Fixups(f) => {
+            open_root(f.spec.as_deref(), stdin).and_then(|root| run_fixups(&root, &f))
+        }
         Command::Chmod { mode, paths, spec } => {
             if paths.is_empty() {
                 return 0;
@@ -439,6 +491,47 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
             EXIT_FAILURE
         }
     }
+}
+
+/// Runs `fixups` on the opened root; the warnings of the optional steps, or the first error of
+/// a required one.
+fn run_fixups(root: &Root, f: &Fixups) -> Result<Vec<String>, String> {
+    let mut warnings = Vec::new();
+    if !f.links.is_empty() {
+        create_symlinks::run(root, &f.links).map_err(|e| format!("create-symlinks: {e}"))?;
+    }
+    if !f.compat.is_noop() {
+        warnings.extend(optional(
+            enable_cuda_compat::run(root, &f.compat)
+                .map(|r| r.warnings)
+                .map_err(|e| format!("enable-cuda-compat: {e}")),
+        )?);
+    }
+    if !f.folders.is_empty() {
+        let mut opts = update_ldcache::Options::new(f.folders.clone());
+        opts.ldconfig_path = f.ldconfig_path.clone();
+        let report =
+            update_ldcache::run(root, &opts).map_err(|e| format!("update-ldcache: {e}"))?;
+        warnings.extend(report.warnings);
+    }
+    if let Some(params) = &f.host_params {
+        let step = match ddnm::wanted(params) {
+            Ok(None) => Ok(Vec::new()),
+            Ok(Some(content)) => ddnm::apply(root, &content)
+                .map(|r| r.skipped.into_iter().collect())
+                .map_err(|e| format!("disable-device-node-modification: {e}")),
+            Err(e) => Err(format!("disable-device-node-modification: {e}")),
+        };
+        warnings.extend(optional(step)?);
+    }
+    if f.application_profile {
+        warnings.extend(optional(
+            update_application_profile::run(root)
+                .map(|r| r.warnings)
+                .map_err(|e| format!("update-application-profile: {e}")),
+        )?);
+    }
+    Ok(warnings)
 }
 
 /// The result of a hook the container does not need to start (CUDA forward compatibility, the
@@ -621,10 +714,58 @@ mod tests {
             p(&["nvidia-cdi-hook", "some-future-hook", "--x"]),
             Ok(Command::Skip(_))
         ));
+        // nvshim's one-process fix-ups: every step's flags, in any order; NVIDIA's names do
+        // not know it.
+        let f = match p(&[
+            "nvshim-hook",
+            "fixups",
+            "--link",
+            "libcuda.so.1::/usr/lib/libcuda.so",
+            "--folder=/usr/lib",
+            "--host-driver-version",
+            "580.95.05",
+            "--disable-device-node-modification",
+            "--host-params=/p",
+            "--update-application-profile",
+        ])
+        .unwrap()
+        {
+            Command::Fixups(f) => f,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            f.links,
+            vec![Link::parse("libcuda.so.1::/usr/lib/libcuda.so").unwrap()]
+        );
+        assert_eq!(f.folders, ["/usr/lib"]);
+        assert_eq!(f.compat.host_driver_version.as_deref(), Some("580.95.05"));
+        assert_eq!(f.host_params, Some(PathBuf::from("/p")));
+        assert!(f.application_profile);
+        let f = match p(&[
+            "nvshim-hook",
+            "fixups",
+            "--disable-device-node-modification",
+        ])
+        .unwrap()
+        {
+            Command::Fixups(f) => f,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(f.host_params, Some(PathBuf::from(ddnm::HOST_PARAMS)));
+        assert!(p(&["nvshim-hook", "fixups", "--update-application-profile=1"]).is_err());
+        assert!(matches!(
+            p(&["nvidia-cdi-hook", "fixups"]),
+            Ok(Command::Skip(_))
+        ));
         // NVIDIA's newer createRuntime hook: accepted and skipped with a warning (the stage is
         // the spec's business; nvshim applies no GPU memory limit).
         assert!(matches!(
-            p(&["nvidia-cdi-hook", "apply-cuda-memory-limits", "--memory-limit", "1G"]),
+            p(&[
+                "nvidia-cdi-hook",
+                "apply-cuda-memory-limits",
+                "--memory-limit",
+                "1G"
+            ]),
             Ok(Command::Skip(_))
         ));
         assert!(matches!(p(&["nvidia-cdi-hook"]), Ok(Command::Skip(_))));
