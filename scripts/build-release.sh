@@ -3,7 +3,7 @@
 # nvshim-hook and nvshim-runtime relinked static-pie.
 # - nvshim-hook runs as root on the host while a container is created. Statically linked it has
 #   no dynamic loader, so no LD_PRELOAD or LD_LIBRARY_PATH can load code into it, even from a
-#   CDI spec whose hook lacks an explicit `env` (CVE-2025-23266, field-lessons.md §3).
+#   CDI spec whose hook lacks an explicit `env` (CVE-2025-23266).
 # - nvshim-runtime runs for every runtime call: static, a create costs about 0.35 ms less and a
 #   pass-through call about 0.3 ms less (docs/benchmarks.md). It never loads libnvidia-ml
 #   itself; the rare request that needs NVML asks the (dynamic) `nvshim` next to it.

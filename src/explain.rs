@@ -2,7 +2,7 @@
 //! nothing.
 //!
 //! Users of NVIDIA's stack reverse-engineer its log and hand-edit CDI specs to learn what was
-//! done to a container (field-lessons.md §4, "Dry-run / explain": a gap nobody fills). This runs
+//! done to a container: no tool of theirs says it. This runs
 //! the very code `create` runs, [`create::plan_bundle`], and stops before the write and the exec;
 //! nothing here decides anything `create` does not. What it adds is presentation: the request
 //! and where each part came from, the mode and the reason for it, the GPUs resolved, every

@@ -3,7 +3,7 @@
 //!
 //! Everything here reads files only. NVML is never loaded on this path: `/proc` already says
 //! which GPUs exist (`driver/nvidia/gpus/<bus>/information`, written by the kernel module),
-//! which is what keeps `create` fast on many-GPU nodes (field-lessons.md §1).
+//! which is what keeps `create` fast on many-GPU nodes.
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -528,7 +528,7 @@ impl Host {
     /// ld.so.cache entries that resolve to a `*.so.<version>` file, plus every other
     /// `*.so.<version>` file in the directories those live in and their `vdpau/`
     /// subdirectories. NVIDIA's generator mounts all of them regardless of capabilities
-    /// (nvidia-toolkit-behaviour.md §5.4). SONAMEs come from the cache; for a file the cache
+    ///. SONAMEs come from the cache; for a file the cache
     /// does not index (the `vdpau/` ones), from a `<stem>.so.<n>` symlink beside it pointing at
     /// it, else the file name itself. Sorted by container path.
     pub fn all_driver_libraries(
@@ -801,7 +801,8 @@ fn clean(p: &Path) -> PathBuf {
     out
 }
 
-/// Parses one `information` file (the format in test-environment.md).
+/// Parses one `information` file (`Model:`, `GPU UUID:`, `Bus Location:`, `Device Minor:` ... one
+/// `Key: value` per line, as the kernel module writes it).
 pub fn parse_information(path: &Path, text: &str) -> Result<Gpu, HostError> {
     let field = |key: &str| {
         text.lines()

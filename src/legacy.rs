@@ -1,20 +1,19 @@
 //! Resolves an `NVIDIA_VISIBLE_DEVICES` request against the host into [`ContainerEdits`]: the
 //! same model CDI specs use, applied by the same [`crate::edits::apply`].
 //!
-//! What is added follows libnvidia-container (nvidia-toolkit-behaviour.md §10): the chosen
+//! What is added follows libnvidia-container: the chosen
 //! `/dev/nvidiaN` nodes plus nvidiactl, nvidia-uvm, nvidia-uvm-tools and nvidia-modeset; the
 //! driver libraries and binaries of the requested capabilities (its per-capability lists,
 //! `src/nvc_info.c`), mounted read-only at their host paths; and two `createContainer` hooks
 //! (SONAME links, then the ld.so.cache update) with an explicit minimal environment, so no
 //! hook ever inherits the container's (CVE-2025-23266).
 //!
-//! Beyond whole GPUs (the Kubernetes request-forms issue):
+//! Beyond whole GPUs, the forms Kubernetes device plugins and DRA drivers hand down:
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
-//!   `N` from `<proc-root>/driver/nvidia-caps/mig-minors` (NVIDIA `internal/nvcaps`,
-//!   nvidia-toolkit-behaviour.md §5.3). NVML is loaded only to map a MIG index or UUID to its
+//!   `N` from `<proc-root>/driver/nvidia-caps/mig-minors` (NVIDIA `internal/nvcaps`). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
-//!   loads it (field-lessons.md §1).
+//!   loads it.
 //! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`
 //!   capability node, for privileged containers only (libnvidia-container refuses others too).
 //! - IMEX channels: `/dev/nvidia-caps-imex-channels/channel<N>`, major
@@ -99,7 +98,7 @@ impl Settings {
     }
 }
 
-/// Well-known minors (nvidia-toolkit-behaviour.md §6).
+/// Well-known minors.
 const NVIDIACTL_MINOR: u32 = 255;
 const MODESET_MINOR: u32 = 254;
 

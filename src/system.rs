@@ -6,9 +6,9 @@
 //! `/dev/char` path does not exist (runc#3671, runc#3708). The NVIDIA nodes are made with
 //! `mknod` by nvidia-modprobe, not through the kernel's `device_create`, so udev never links
 //! them; the unit then lacks the GPU rules and the next `systemctl daemon-reload` re-applies
-//! it, revoking the GPUs: "Failed to initialize NVML: Unknown Error" (field-lessons.md §2.1,
-//! nvidia-container-toolkit#48). NVIDIA's fix is these links, made at boot and by a udev rule
-//! (`nvidia-ctk system create-dev-char-symlinks`, nvidia-toolkit-behaviour.md §1.4).
+//! it, revoking the GPUs: "Failed to initialize NVML: Unknown Error" (NVIDIA/nvidia-container-toolkit
+//! issue 48). NVIDIA's fix is these links, made at boot and by a udev rule
+//! (`nvidia-ctk system create-dev-char-symlinks`).
 //!
 //! Unlike nvidia-ctk, which always looks under `/` whatever `--driver-root` says (its
 //! documented quirk), nodes are found under the configured `dev-root` and majors read from
@@ -26,7 +26,7 @@ use crate::host::{DeviceMajors, Host, HostError};
 /// Where udev keeps the links.
 pub const DEFAULT_DEV_CHAR_PATH: &str = "/dev/char";
 
-/// Minors of the control nodes on the `nvidia` major (nvidia-toolkit-behaviour.md §6).
+/// Minors of the control nodes on the `nvidia` major.
 const NVIDIACTL_MINOR: u32 = 255;
 const MODESET_MINOR: u32 = 254;
 

@@ -2,7 +2,7 @@
 //! whose createContainer hooks name `nvidia-cdi-hook` (the link the packages install to
 //! `nvshim-hook`) in the order NVIDIA's generator writes them (create-symlinks,
 //! enable-cuda-compat, update-ldcache, disable-device-node-modification,
-//! update-application-profile; nvidia-toolkit-behaviour.md §1.5), and one naming the older
+//! update-application-profile), and one naming the older
 //! `nvidia-ctk hook ...` form. The container's shell reports what it sees.
 //!
 //! The fake host (`FakeHost::with_gpus(2)`, driver 580.65.06) has no kernel driver, so nothing

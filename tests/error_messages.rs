@@ -1,6 +1,6 @@
 //! The wording of the errors `nvshim-runtime create` reports most often: each names the input
-//! that caused it and says what to do next, in one line (field-lessons.md §0: one issue in five
-//! on NVIDIA's toolkit quotes an opaque error). The real binary runs against the simulated GPU
+//! that caused it and says what to do next, in one line (a large share of the issues users file
+//! against NVIDIA's toolkit quote an error that names neither). The real binary runs against the simulated GPU
 //! host; the low-level runtime is `/bin/false`, so a create that wrongly succeeded fails
 //! without a message and no container is ever made.
 

@@ -1,5 +1,5 @@
 //! The `chmod` hook: `--mode OCTAL --path P [--path ...]`, NVIDIA's deprecated `nvidia-cdi-hook
-//! chmod` (`cmd/nvidia-cdi-hook/chmod/chmod.go`, nvidia-toolkit-behaviour.md §1.5), a workaround
+//! chmod` (`cmd/nvidia-cdi-hook/chmod/chmod.go`), a workaround
 //! for rootless podman with old crun, which created `/dev/dri` and `/dev/nvidia-caps` without
 //! the modes the devices need. NVIDIA's generator no longer emits it, but old specs carry it.
 //!
@@ -16,7 +16,8 @@
 //!   (`0777`) are applied, so this hook never sets set-user-ID, set-group-ID or sticky;
 //! - a path already in that mode is left alone (the comparison includes the set-id and sticky
 //!   bits, which a change clears);
-//! - EPERM and EACCES are ignored (issue #143: `/dev` bind-mounted whole, read-only).
+//! - EPERM and EACCES are ignored (as NVIDIA's hook does: `/dev` bind-mounted whole and read-only is not
+//!   an error).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};

@@ -12,7 +12,7 @@
 //!   forward compatibility.
 //! - `nvidia-ctk hook HOOK ...`: the same hooks as the older command line that specs generated
 //!   by `nvidia-ctk cdi generate` before `nvidia-cdi-hook` existed name (`/usr/bin/nvidia-ctk`
-//!   with args `["nvidia-ctk", "hook", ...]`; nvidia-toolkit-behaviour.md §1.4). Any other
+//!   with args `["nvidia-ctk", "hook", ...]`). Any other
 //!   `nvidia-ctk` command fails: nvshim provides only that one.
 //! - `nvidia-container-runtime-hook` / `nvidia-container-toolkit`: Docker's legacy `--gpus`
 //!   prestart hook, which nvshim replaces; it fails with directions.

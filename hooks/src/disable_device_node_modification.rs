@@ -1,6 +1,5 @@
 //! The `disable-device-node-modification` hook, NVIDIA's `nvidia-cdi-hook
-//! disable-device-node-modification` (`cmd/nvidia-cdi-hook/disable-device-node-modification/`,
-//! nvidia-toolkit-behaviour.md §1.5 and §6).
+//! disable-device-node-modification` (`cmd/nvidia-cdi-hook/disable-device-node-modification/`).
 //!
 //! The driver's user-space libraries (libnvidia-ml, nvidia-smi) create missing `/dev/nvidia*`
 //! nodes themselves when `/proc/driver/nvidia/params` says `ModifyDeviceFiles: 1`. In a

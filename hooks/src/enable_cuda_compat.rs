@@ -1,6 +1,6 @@
 //! The `enable-cuda-compat` hook: `--host-driver-version V [--host-cuda-version X.Y]
 //! [--cuda-compat-container-root DIR]`, NVIDIA's `nvidia-cdi-hook enable-cuda-compat`
-//! (`cmd/nvidia-cdi-hook/cudacompat/`, nvidia-toolkit-behaviour.md §1.5).
+//! (`cmd/nvidia-cdi-hook/cudacompat/`).
 //!
 //! An image built with CUDA forward compatibility ships a newer user-space driver,
 //! `<compat dir>/libcuda.so.<version>` (default dir `/usr/local/cuda/compat`). When the host's
@@ -9,7 +9,7 @@
 //! folders' `00-nvshim.conf`, so the later `update-ldcache` hook indexes the compat `libcuda`
 //! first. It mounts nothing and runs nothing from the image: the CVE-2024-0132 and
 //! CVE-2025-23359 bugs came from mounting compat libraries from the container, which NVIDIA
-//! replaced with this ld.so.conf.d file in 1.17.5 (field-lessons.md §3).
+//! replaced with this ld.so.conf.d file in 1.17.5.
 //!
 //! The decision is NVIDIA's (v1.19.1, `cuda-elf-header.go` `UseCompat`):
 //! - no host version given: nothing happens (the root is not even opened);

@@ -3,8 +3,8 @@
 //! (`sysdeps/unix/sysv/linux/*/readelflib.c`, `dl-hwcap.h`) are not ported.
 //!
 //! The hardening follows what NVIDIA's hook does since CVE-2025-23267 and CVE-2024-0136/0137
-//! (field-lessons.md §3, nvidia-toolkit-behaviour.md §7), minus the parts a static binary does
-//! not need:
+//! (an image's `LD_PRELOAD` library ran as root through a hook), minus the parts a static
+//! binary does not need:
 //! - never a binary from the container: the host path is opened before anything else and its
 //!   contents copied into a sealed memfd, which is what gets executed (runc's CVE-2019-5736 fix,
 //!   NVIDIA PR#941), so nothing in the container can write to the binary while it runs;

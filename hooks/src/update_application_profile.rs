@@ -1,6 +1,5 @@
 //! The `update-application-profile` hook, NVIDIA's `nvidia-cdi-hook update-application-profile`
-//! (`cmd/nvidia-cdi-hook/update-application-profile/`, new in 1.20; nvidia-toolkit-behaviour.md
-//! §1.5), the CDI successor of libnvidia-container's `update_app_profile`.
+//! (`cmd/nvidia-cdi-hook/update-application-profile/`, new in 1.20), the CDI successor of libnvidia-container's `update_app_profile`.
 //!
 //! The GPUs a container was given are its `/dev/nvidia<N>` character devices. The driver's EGL
 //! and Vulkan loaders would still enumerate every GPU the kernel module knows; an application

@@ -1,4 +1,4 @@
-//! `nvshim cdi generate`: a CDI spec for this host's GPUs (nvidia-toolkit-behaviour.md §5).
+//! `nvshim cdi generate`: a CDI spec for this host's GPUs.
 //!
 //! Devices: one per full GPU under each naming strategy (index `0`, UUID `GPU-…`,
 //! type-index `gpu0`), one per MIG device (`0:1`, `MIG-…`, `mig0:1`) where NVML reports MIG,
@@ -510,8 +510,7 @@ pub fn imex_channels(host: &Host) -> Vec<u32> {
     out
 }
 
-/// A spec for the host's IMEX channels (NVIDIA's `imex` mode, nvidia-toolkit-behaviour.md
-/// §5.2): kind `<vendor>/<class>` (`nvidia.com/imex-channel` by default), one device per
+/// A spec for the host's IMEX channels (NVIDIA's `nvidia-ctk cdi generate --mode imex`): kind `<vendor>/<class>` (`nvidia.com/imex-channel` by default), one device per
 /// channel named by its number, and `all`; no global edits. Device nodes as [`generate`]
 /// writes them (stat'ed numbers, no type).
 pub fn generate_imex(host: &Host, opts: &Options) -> Result<Spec, GenerateError> {

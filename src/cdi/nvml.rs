@@ -1,5 +1,6 @@
 //! GPU and MIG discovery through NVML, for `nvshim cdi generate` only: `create` never loads
-//! NVML (field-lessons.md §1, the cost of NVML on every container start).
+//! NVML on the plain path (loading and initialising it costs milliseconds per container start,
+//! more on many-GPU nodes).
 //!
 //! The library is the host's `libnvidia-ml.so.1` as the host's own ld.so.cache under the
 //! driver root names it, loaded by path, so a driver root such as `/run/nvidia/driver` is
@@ -288,7 +289,7 @@ pub struct Persistence {
 
 /// Persistence mode of every GPU, for `nvshim doctor`. With it off, the driver tears a GPU down
 /// when its last client exits and initialises it again on the next open: seconds per container
-/// start on large nodes, and RPC time-outs on 8- and 16-GPU ones (field-lessons.md §0, §1).
+/// start on large nodes, and RPC time-outs on 8- and 16-GPU ones.
 pub fn persistence_modes(lib: PathBuf) -> Result<Vec<Persistence>, NvmlDiscoveryError> {
     Ok(discover(lib)?
         .gpus

@@ -1,4 +1,4 @@
-//! Breaking a fake host the ways real GPU hosts break (field-lessons.md §2), for the tests of
+//! Breaking a fake host the ways real GPU hosts break, for the tests of
 //! `nvshim doctor` and `nvshim explain`: a device node that is gone, a driver that is not
 //! loaded, a dynamic major that moved with a driver reload, and a CDI spec written for another
 //! driver version.
@@ -29,7 +29,7 @@ impl FakeHost {
 
     /// Moves `nvidia-uvm` to another dynamic major, as a driver reload can: `/proc/devices` and
     /// the `nvidia-uvm`, `nvidia-uvm-tools` nodes change together (a spec written before is
-    /// now stale: "nvidia-smi works, cuInit fails", field-lessons.md §2.8).
+    /// now stale: "nvidia-smi works, cuInit fails").
     pub fn move_uvm_major(&self, major: u32) -> Result<()> {
         let old = self.spec().uvm_major;
         let devices = self.proc_root().join("devices");

@@ -5,7 +5,8 @@
 //! podman 4.3 reads CDI specs from `/etc/cdi` and `/var/run/cdi` only, so a test puts its specs
 //! there with a [`SystemSpec`] guard. On the CI machines podman needs
 //! `--ulimit nofile=1024:1024 --ulimit nproc=1024:1024` (the default rlimits are refused) and
-//! runc (crun refuses these machines' hybrid cgroups): see `shared/reference/test-environment.md`.
+//! runc (crun 1.8 refuses these machines' hybrid cgroups: "cgroups in hybrid mode not
+//! supported").
 
 use std::fs;
 use std::path::{Path, PathBuf};
