@@ -282,28 +282,53 @@ impl Host {
         LdCache::parse(&bytes).map_err(|source| HostError::LdCache { path, source })
     }
 
-    /// Follows symlinks of an in-root absolute path without leaving the root; returns the final
-    /// in-root path of a regular file.
+    /// The canonical in-root path of a regular file: every symlink on the way, the directories'
+    /// too, followed inside the driver root (an absolute target, or `..` at the top, stays in
+    /// it), as `realpath` would inside a chroot. On a merged-/usr host the ld.so.cache says
+    /// `/lib/x86_64-linux-gnu/libcuda.so.1` (ldconfig lists `/lib/x86_64-linux-gnu` first), and
+    /// the file is mounted where it really is, `/usr/lib/x86_64-linux-gnu/libcuda.so.<v>`, as
+    /// NVIDIA's tools do. At most 40 links, as the kernel allows.
     fn resolve_in_driver_root(&self, abs: &str) -> Option<String> {
-        let mut current = PathBuf::from(abs);
-        for _ in 0..16 {
-            let host = under_root(&self.roots.driver_root, current.to_str()?);
-            let meta = fs::symlink_metadata(&host).ok()?;
-            if meta.file_type().is_symlink() {
-                let target = fs::read_link(&host).ok()?;
-                let next = if target.is_absolute() {
-                    target
-                } else {
-                    current.parent()?.join(target)
-                };
-                current = clean(&next);
+        fn names(p: &Path) -> Vec<std::ffi::OsString> {
+            clean(p)
+                .components()
+                .filter_map(|c| match c {
+                    Component::Normal(n) => Some(n.to_os_string()),
+                    _ => None,
+                })
+                .collect()
+        }
+        let root = &self.roots.driver_root;
+        let mut done = PathBuf::from("/");
+        let mut todo: std::collections::VecDeque<std::ffi::OsString> = names(Path::new(abs)).into();
+        let mut links = 0;
+        while let Some(name) = todo.pop_front() {
+            let candidate = done.join(&name);
+            let host = under_root(root, candidate.to_str()?);
+            if !fs::symlink_metadata(&host).ok()?.file_type().is_symlink() {
+                done = candidate;
                 continue;
             }
-            return meta
-                .is_file()
-                .then(|| current.to_string_lossy().into_owned());
+            links += 1;
+            if links > 40 {
+                return None;
+            }
+            let target = fs::read_link(&host).ok()?;
+            // The target, then what was left, resolved from the top again.
+            let next = if target.is_absolute() {
+                target
+            } else {
+                done.join(target)
+            };
+            let mut again: std::collections::VecDeque<_> = names(&next).into();
+            again.extend(todo.drain(..));
+            todo = again;
+            done = PathBuf::from("/");
         }
-        None
+        fs::metadata(under_root(root, done.to_str()?))
+            .ok()?
+            .is_file()
+            .then(|| done.to_string_lossy().into_owned())
     }
 
     /// The libraries of `rules` of one word size, through the host's ld.so.cache as

@@ -1078,7 +1078,14 @@ mod tests {
                     root.join(format!("{dir}/{soname}")),
                 )
                 .unwrap();
-                entries.push((flags, soname.to_string(), format!("/{dir}/{soname}")));
+                // A merged-/usr host's ldconfig names the libraries through /lib (it lists
+                // /lib/x86_64-linux-gnu first): the mounts must still be the real files.
+                let cached = if flags & FLAG_X8664_LIB64 != 0 {
+                    format!("/{}/{soname}", dir.trim_start_matches("usr/"))
+                } else {
+                    format!("/{dir}/{soname}")
+                };
+                entries.push((flags, soname.to_string(), cached));
             }
             file(&format!("{dir}/vdpau/libvdpau_nvidia.so.{V}"));
             symlink(
