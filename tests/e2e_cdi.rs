@@ -217,15 +217,15 @@ fn generate_falls_back_to_proc_without_nvml() {
     assert_eq!(spec.kind, "nvidia.com/gpu");
     // Digit-led names and hostPath need 0.5.0, and nothing more.
     assert_eq!(spec.cdi_version, "0.5.0");
-    assert_eq!(
-        node_paths(&spec, "0"),
-        [format!("/dev/nvidia{}", w.gpu(0).minor)]
-    );
-    assert_eq!(
-        node_paths(&spec, &w.gpu(1).uuid),
-        [format!("/dev/nvidia{}", w.gpu(1).minor)]
-    );
-    assert_eq!(node_paths(&spec, "all").len(), 2);
+    // Each full GPU: its node, then its DRM card and render nodes (found through sysfs).
+    let with_drm = |g: &FakeGpu| {
+        let mut v = vec![format!("/dev/nvidia{}", g.minor)];
+        v.extend(drm_paths(&w.host, g));
+        v
+    };
+    assert_eq!(node_paths(&spec, "0"), with_drm(w.gpu(0)));
+    assert_eq!(node_paths(&spec, &w.gpu(1).uuid), with_drm(w.gpu(1)));
+    assert_eq!(node_paths(&spec, "all").len(), 2 * 3);
     let node = &spec.device("0").unwrap().container_edits.device_nodes[0];
     assert_eq!(
         (node.major, node.minor),
@@ -270,12 +270,13 @@ fn generate_falls_back_to_proc_without_nvml() {
         );
     }
     for m in &g.mounts {
-        assert_eq!(
-            m.options,
-            ["ro", "nosuid", "nodev", "rbind", "rprivate"],
-            "{}",
-            m.container_path
-        );
+        // The daemons' sockets are writable (clients connect), never executable.
+        let want: &[&str] = if m.container_path.ends_with("/socket") {
+            &["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
+        } else {
+            &["ro", "nosuid", "nodev", "rbind", "rprivate"]
+        };
+        assert_eq!(m.options, want, "{}", m.container_path);
         assert!(m.host_path.starts_with(w.host.root().to_str().unwrap()));
     }
     let hook = hook_path();
@@ -312,6 +313,24 @@ fn generate_falls_back_to_proc_without_nvml() {
     }
     assert!(args.contains(&"libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so".to_string()));
     assert!(args.contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
+}
+
+/// The GPU's DRM nodes on the simulated host, as sysfs ties them to its PCI device.
+fn drm_paths(host: &FakeHost, g: &FakeGpu) -> Vec<String> {
+    let dir = host
+        .sys_root()
+        .join("bus/pci/devices")
+        .join(&g.bus_id)
+        .join("drm");
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names.into_iter().map(|n| format!("/dev/dri/{n}")).collect()
 }
 
 /// The fake host's GPUs as NVML reports them, with MIG on bus indices 2 (two devices) and 5
@@ -455,8 +474,9 @@ fn generate_through_fake_nvml_eight_gpus_with_mig() {
         (cap_node.major, cap_node.minor),
         (Some(w.host.spec().caps_major.into()), Some(gi.into()))
     );
-    // `all`: 6 full GPUs, 2 MIG parents, 2 caps per MIG device (5 devices).
-    assert_eq!(node_paths(&spec, "all").len(), 6 + 2 + 2 * 5);
+    // `all`: 6 full GPUs with their card and render nodes, 2 MIG parents (MIG devices get no
+    // DRM nodes), 2 caps per MIG device (5 devices).
+    assert_eq!(node_paths(&spec, "all").len(), 6 * 3 + 2 + 2 * 5);
 
     // The same through JSON and the type-index strategy.
     let out = w.nvshim(

@@ -322,7 +322,12 @@ fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerE
     let nodes = host.drm_nodes(bus_id);
     for n in &nodes {
         let name = n.container_path.trim_start_matches("/dev/");
-        add_node(edits, node_edit(host, name));
+        // The node keeps its group, but the group is not added to the container's: that
+        // needs `additionalGids`, which raises the spec to 0.7.0, and the CDI readers of
+        // containerd 1.7 and podman 4 stop at 0.6.0 and 0.5.0. Root (most GPU containers)
+        // opens the node either way; legacy requests, applied by nvshim itself, do add it.
+        let (node, _) = node_edit(host, name);
+        add_node(edits, (node, None));
     }
     let plan = legacy::HookPlan {
         libs: &[],

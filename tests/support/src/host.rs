@@ -1,19 +1,29 @@
 //! The simulated GPU host: a directory nvshim can use as driver root, dev root and proc root.
 //!
-//! Layout (the contract with the shim, which reads only these):
+//! Layout (the contract with the shim, which reads only these): the 580 driver's file set as it
+//! ships (see [`DRIVER_LIBS`] for where the list comes from), on a merged-/usr Debian host.
 //!
 //! ```text
+//! lib -> usr/lib, bin -> usr/bin, sbin -> usr/sbin, lib64 -> usr/lib64     merged /usr
 //! proc/devices                                   kernel format: "%3d %s" under "Character devices:"
 //! proc/driver/nvidia/version                     the open modules' banner (default) or the proprietary one
 //!                                                (see [`KernelModules`])
+//! proc/driver/nvidia/params                      the driver's parameters (ModifyDeviceFiles: 1)
 //! proc/driver/nvidia/gpus/<bus id>/information   Model, IRQ, GPU UUID, ..., Bus Location, Device Minor
+//! sys/bus/pci/devices/<bus id>/drm/{cardN,renderDN}   beside proc, as /sys is beside /proc
 //! dev/nvidia<minor> (195:minor), dev/nvidiactl (195:255), dev/nvidia-modeset (195:254),
 //! dev/nvidia-uvm (uvm:0), dev/nvidia-uvm-tools (uvm:1)        real nodes (mknod), mode 0666
-//! usr/lib/x86_64-linux-gnu/<lib>.so.<v> + SONAME links       ELF stubs built by gcc
-//! usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.<v>
-//! lib/firmware/nvidia/<v>/gsp_*.bin
-//! etc/ld.so.conf, etc/ld.so.cache                            built by `/sbin/ldconfig -r <root>`
-//! usr/bin/nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-{control,server}
+//! dev/dri/card0 (a non-NVIDIA display), cardN and renderDN per GPU (226:*, 0660, groups
+//! video 44 and render 105), dev/dri/by-path/pci-<bus>-{card,render}
+//! usr/lib/x86_64-linux-gnu/<lib>.so.<v> + SONAME links       64-bit ELF stubs built by gcc
+//! usr/lib/x86_64-linux-gnu/{vdpau,gbm,nvidia/xorg}/...       outside ld.so.cache, as shipped
+//! usr/lib/i386-linux-gnu/<lib>.so.<v> + SONAME links         32-bit stubs (compat32)
+//! usr/lib/firmware/nvidia/<v>/gsp_*.bin
+//! usr/share/{glvnd,egl,vulkan,vulkansc,nvidia,X11}/..., etc/OpenCL/vendors/nvidia.icd
+//! run/nvidia-persistenced/socket, run/nvidia-fabricmanager/socket   unix sockets
+//! etc/ld.so.conf (+ ld.so.conf.d/*), etc/ld.so.cache         built by `/sbin/ldconfig -r <root>`
+//! usr/bin/nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-{control,server},
+//! nvidia-imex, nvidia-imex-ctl, nvidia-xconfig, ...
 //! ```
 //!
 //! [`FakeHost::build_split`] lays the same files out as NVIDIA's GPU Operator does: the driver
@@ -237,6 +247,9 @@ pub enum Soname {
     Major(&'static str),
     /// `<stem>.so.<driver version>`: the file itself (libnvidia-glcore and friends).
     FullVersion,
+    /// A file with a version of its own and its SONAME: `("libnvidia-egl-gbm.so.1.1.3",
+    /// "libnvidia-egl-gbm.so.1")` (the EGL platform libraries, NVVM 7.0, the NVAPI library).
+    Own(&'static str, &'static str),
 }
 
 /// One library of the fake driver.
@@ -246,10 +259,13 @@ pub struct DriverLib {
     pub stem: &'static str,
     /// How its SONAME is formed.
     pub soname: Soname,
-    /// Subdirectory of [`LIB_DIR`] (`vdpau` for libvdpau_nvidia), or empty.
+    /// Subdirectory of its library directory (`vdpau` for libvdpau_nvidia), or empty.
     pub subdir: &'static str,
-    /// The `NVIDIA_DRIVER_CAPABILITIES` value that brings it in (libnvidia-container's lists).
+    /// The `NVIDIA_DRIVER_CAPABILITIES` value that brings it in (libnvidia-container's lists,
+    /// or the stack that uses it for the libraries newer than those lists).
     pub capability: &'static str,
+    /// Its library directory: [`LIB_DIR`], or [`LIB_DIR_32`] for the 32-bit builds.
+    pub base: &'static str,
 }
 
 impl DriverLib {
@@ -258,20 +274,29 @@ impl DriverLib {
         match self.soname {
             Soname::Major(m) => format!("{}.so.{m}", self.stem),
             Soname::FullVersion => self.file_name(version),
+            Soname::Own(_, soname) => soname.to_string(),
         }
     }
 
-    /// `libcuda.so.580.65.06`.
+    /// `libcuda.so.580.65.06` (`libnvidia-egl-gbm.so.1.1.3` for one with its own version).
     pub fn file_name(&self, version: &str) -> String {
-        format!("{}.so.{version}", self.stem)
+        match self.soname {
+            Soname::Own(file, _) => file.to_string(),
+            _ => format!("{}.so.{version}", self.stem),
+        }
+    }
+
+    /// True for a 32-bit build (`compat32`).
+    pub fn is_32bit(&self) -> bool {
+        self.base == LIB_DIR_32
     }
 
     /// The directory holding it, relative to the root: `usr/lib/x86_64-linux-gnu[/vdpau]`.
     pub fn dir(&self) -> String {
         if self.subdir.is_empty() {
-            LIB_DIR.to_string()
+            self.base.to_string()
         } else {
-            format!("{LIB_DIR}/{}", self.subdir)
+            format!("{}/{}", self.base, self.subdir)
         }
     }
 
@@ -293,14 +318,32 @@ const fn lib(
         soname,
         subdir,
         capability,
+        base: LIB_DIR,
     }
 }
 
-/// The fake driver's libraries.
+const fn lib32(stem: &'static str, soname: Soname, subdir: &'static str) -> DriverLib {
+    DriverLib {
+        stem,
+        soname,
+        subdir,
+        capability: "compat32",
+        base: LIB_DIR_32,
+    }
+}
+
+/// The fake driver's 64-bit libraries: the 580 driver's, as NVIDIA's `nvidia-ctk cdi generate`
+/// selected them on an Ubuntu 580.159.03 host (its log, published in a public bug report) and
+/// as the RPM Fusion 580.142 packages list them, with the SONAMEs those packages' links carry.
+/// The non-driver-versioned ones (EGL platform libraries, NVVM 7.0, NVAPI) carry the versions
+/// the 580 driver ships.
 pub const DRIVER_LIBS: &[DriverLib] = &[
     lib("libnvidia-ml", Soname::Major("1"), "", "utility"),
     lib("libnvidia-cfg", Soname::Major("1"), "", "utility"),
+    lib("libnvidia-sandboxutils", Soname::Major("1"), "", "utility"),
     lib("libcuda", Soname::Major("1"), "", "compute"),
+    lib("libcudadebugger", Soname::Major("1"), "", "compute"),
+    lib("libnvidia-opencl", Soname::Major("1"), "", "compute"),
     lib(
         "libnvidia-ptxjitcompiler",
         Soname::Major("1"),
@@ -308,6 +351,19 @@ pub const DRIVER_LIBS: &[DriverLib] = &[
         "compute",
     ),
     lib("libnvidia-nvvm", Soname::Major("4"), "", "compute"),
+    lib(
+        "libnvidia-nvvm70",
+        Soname::Own("libnvidia-nvvm70.so.4", "libnvidia-nvvm70.so.4"),
+        "",
+        "compute",
+    ),
+    lib("libnvidia-pkcs11", Soname::FullVersion, "", "compute"),
+    lib(
+        "libnvidia-pkcs11-openssl3",
+        Soname::FullVersion,
+        "",
+        "compute",
+    ),
     lib("libnvidia-gpucomp", Soname::FullVersion, "", "compute"),
     lib("libnvidia-allocator", Soname::Major("1"), "", "compute"),
     lib("libnvcuvid", Soname::Major("1"), "", "video"),
@@ -320,21 +376,186 @@ pub const DRIVER_LIBS: &[DriverLib] = &[
     lib("libnvidia-glsi", Soname::FullVersion, "", "graphics"),
     lib("libnvidia-glvkspirv", Soname::FullVersion, "", "graphics"),
     lib("libnvidia-rtcore", Soname::FullVersion, "", "graphics"),
+    lib("libnvidia-present", Soname::FullVersion, "", "graphics"),
+    lib(
+        "libnvidia-wayland-client",
+        Soname::FullVersion,
+        "",
+        "graphics",
+    ),
+    lib("libnvidia-vksc-core", Soname::Major("1"), "", "graphics"),
     lib("libnvidia-fbc", Soname::Major("1"), "", "graphics"),
     lib("libnvoptix", Soname::Major("1"), "", "graphics"),
     lib("libGLX_nvidia", Soname::Major("0"), "", "graphics"),
     lib("libEGL_nvidia", Soname::Major("0"), "", "graphics"),
+    lib("libGLESv2_nvidia", Soname::Major("2"), "", "graphics"),
+    lib("libGLESv1_CM_nvidia", Soname::Major("1"), "", "graphics"),
+    lib(
+        "libnvidia-api",
+        Soname::Own("libnvidia-api.so.1", "libnvidia-api.so.1"),
+        "",
+        "graphics",
+    ),
+    lib(
+        "libnvidia-egl-gbm",
+        Soname::Own("libnvidia-egl-gbm.so.1.1.3", "libnvidia-egl-gbm.so.1"),
+        "",
+        "graphics",
+    ),
+    lib(
+        "libnvidia-egl-wayland",
+        Soname::Own(
+            "libnvidia-egl-wayland.so.1.1.13",
+            "libnvidia-egl-wayland.so.1",
+        ),
+        "",
+        "graphics",
+    ),
+    lib(
+        "libnvidia-egl-xcb",
+        Soname::Own("libnvidia-egl-xcb.so.1.0.1", "libnvidia-egl-xcb.so.1"),
+        "",
+        "graphics",
+    ),
+    lib(
+        "libnvidia-egl-xlib",
+        Soname::Own("libnvidia-egl-xlib.so.1.0.1", "libnvidia-egl-xlib.so.1"),
+        "",
+        "graphics",
+    ),
     lib("libnvidia-ngx", Soname::Major("1"), "", "ngx"),
 ];
 
-/// The fake driver's executables in `usr/bin`, with their capability.
+/// Where the 32-bit libraries live (Debian's i386 multiarch dir).
+pub const LIB_DIR_32: &str = "usr/lib/i386-linux-gnu";
+
+/// The 32-bit builds the driver ships for `compat32` (the `.run` installer's 32-bit set, as
+/// Ubuntu's `:i386` packages of the 580 driver hold them).
+pub const DRIVER_LIBS_32: &[DriverLib] = &[
+    lib32("libcuda", Soname::Major("1"), ""),
+    lib32("libnvidia-ml", Soname::Major("1"), ""),
+    lib32("libnvidia-ptxjitcompiler", Soname::Major("1"), ""),
+    lib32("libnvidia-opencl", Soname::Major("1"), ""),
+    lib32("libnvidia-gpucomp", Soname::FullVersion, ""),
+    lib32("libnvcuvid", Soname::Major("1"), ""),
+    lib32("libnvidia-encode", Soname::Major("1"), ""),
+    lib32("libnvidia-fbc", Soname::Major("1"), ""),
+    lib32("libnvidia-allocator", Soname::Major("1"), ""),
+    lib32("libGLX_nvidia", Soname::Major("0"), ""),
+    lib32("libEGL_nvidia", Soname::Major("0"), ""),
+    lib32("libGLESv2_nvidia", Soname::Major("2"), ""),
+    lib32("libGLESv1_CM_nvidia", Soname::Major("1"), ""),
+    lib32("libnvidia-glcore", Soname::FullVersion, ""),
+    lib32("libnvidia-eglcore", Soname::FullVersion, ""),
+    lib32("libnvidia-glsi", Soname::FullVersion, ""),
+    lib32("libnvidia-tls", Soname::FullVersion, ""),
+    lib32("libnvidia-glvkspirv", Soname::FullVersion, ""),
+    lib32("libvdpau_nvidia", Soname::Major("1"), "vdpau"),
+];
+
+/// The fake driver's executables in `usr/bin`, with their capability (the 580 packages').
 pub const DRIVER_BINS: &[(&str, &str)] = &[
     ("nvidia-smi", "utility"),
     ("nvidia-debugdump", "utility"),
     ("nvidia-persistenced", "utility"),
     ("nvidia-cuda-mps-control", "compute"),
     ("nvidia-cuda-mps-server", "compute"),
+    ("nvidia-imex", "compute"),
+    ("nvidia-imex-ctl", "compute"),
+    ("nvidia-xconfig", "display"),
+    ("nvidia-ngx-updater", "ngx"),
+    ("nvidia-powerd", "none"),
+    ("nvidia-modprobe", "none"),
+    ("nvidia-bug-report.sh", "none"),
 ];
+
+/// The DRM character major.
+pub const DRM_MAJOR: u32 = 226;
+/// The groups of the DRM nodes, as Debian's base-passwd and systemd allocate them (`video` is
+/// fixed at 44; `render` is a dynamic system group, 105 on a fresh Debian 12).
+pub const VIDEO_GID: u32 = 44;
+pub const RENDER_GID: u32 = 105;
+/// The BMC's display controller: a non-NVIDIA DRM device (`card0`).
+const BMC_BUS: &str = "0000:03:00.0";
+
+/// `/proc/driver/nvidia/params` as the 580 driver prints it (abridged to the lines that matter
+/// to a container).
+const PARAMS: &str = "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\n\
+DeviceFileUID: 0\nDeviceFileGID: 0\nDeviceFileMode: 438\nInitializeSystemMemoryAllocations: 1\n\
+UsePageAttributeTable: 4294967295\nEnableMSI: 1\nEnablePCIeGen3: 0\nMemoryPoolSize: 0\n\
+KMallocHeapMaxSize: 0\nVMallocHeapMaxSize: 0\nIgnoreMMIOCheck: 0\nEnableStreamMemOPs: 0\n\
+EnableUserNUMAManagement: 1\nNvLinkDisable: 0\nRmProfilingAdminOnly: 1\nPreserveVideoMemoryAllocations: 0\n\
+EnableS0ixPowerManagement: 0\nS0ixPowerManagementVideoMemoryThreshold: 256\nDynamicPowerManagement: 3\n\
+DynamicPowerManagementVideoMemoryThreshold: 200\nRegisterPCIDriver: 1\nEnablePCIERelaxedOrderingMode: 0\n\
+EnableResizableBar: 0\nEnableGpuFirmware: 18\nEnableGpuFirmwareLogs: 2\nEnableDbgBreakpoint: 0\n\
+OpenRmEnableUnsupportedGpus: 1\nDmaRemapPeerMmio: 1\nImexChannelCount: 2048\nCreateImexChannel0: 0\n\
+GrdmaPciTopoCheckOverride: 0\n";
+
+/// The driver's configuration and data files, with their content: the loader manifests (glvnd
+/// EGL vendor, EGL external platforms, Vulkan ICD and layers, Vulkan SC, OpenCL), OptiX's
+/// data, the application profiles and the X.Org configuration, at the paths the 580 packages
+/// install them (`<v>`: the driver version).
+fn data_files(v: &str) -> Vec<(String, String)> {
+    let platform = |lib: &str| {
+        format!(
+            "{{\n    \"file_format_version\" : \"1.0.0\",\n    \"ICD\" : {{\n        \"library_path\" : \"{lib}\"\n    }}\n}}\n"
+        )
+    };
+    vec![
+        (
+            "usr/share/glvnd/egl_vendor.d/10_nvidia.json".into(),
+            platform("libEGL_nvidia.so.0"),
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json".into(),
+            platform("libnvidia-egl-gbm.so.1"),
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json".into(),
+            platform("libnvidia-egl-wayland.so.1"),
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/20_nvidia_xcb.json".into(),
+            platform("libnvidia-egl-xcb.so.1"),
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/20_nvidia_xlib.json".into(),
+            platform("libnvidia-egl-xlib.so.1"),
+        ),
+        (
+            "usr/share/vulkan/icd.d/nvidia_icd.json".into(),
+            "{\n    \"file_format_version\" : \"1.0.1\",\n    \"ICD\": {\n        \"library_path\": \"libGLX_nvidia.so.0\",\n        \"api_version\" : \"1.4.312\"\n    }\n}\n".into(),
+        ),
+        (
+            "usr/share/vulkan/implicit_layer.d/nvidia_layers.json".into(),
+            "{\n    \"file_format_version\" : \"1.0.1\",\n    \"layer\": {\n        \"name\": \"VK_LAYER_NV_optimus\",\n        \"type\": \"INSTANCE\",\n        \"library_path\": \"libGLX_nvidia.so.0\",\n        \"api_version\" : \"1.4.312\",\n        \"implementation_version\" : \"1\",\n        \"description\" : \"NVIDIA Optimus layer\"\n    }\n}\n".into(),
+        ),
+        (
+            "usr/share/vulkansc/icd.d/nvidia_icd_vksc.json".into(),
+            "{\n    \"file_format_version\" : \"1.0.1\",\n    \"ICD\": {\n        \"library_path\": \"libnvidia-vksc-core.so.1\",\n        \"api_version\" : \"1.0.17\"\n    }\n}\n".into(),
+        ),
+        (
+            "etc/OpenCL/vendors/nvidia.icd".into(),
+            "libnvidia-opencl.so.1\n".into(),
+        ),
+        (
+            "usr/share/nvidia/nvoptix.bin".into(),
+            format!("nvshim fake OptiX data {v}\n"),
+        ),
+        (
+            format!("usr/share/nvidia/nvidia-application-profiles-{v}-rc"),
+            "{\n    \"rules\": [],\n    \"profiles\": []\n}\n".into(),
+        ),
+        (
+            format!("usr/share/nvidia/nvidia-application-profiles-{v}-key-documentation"),
+            "EGLVisibleDGPUDevices: the GPUs EGL may use, as a bit mask of device minors\n".into(),
+        ),
+        (
+            "usr/share/X11/xorg.conf.d/10-nvidia.conf".into(),
+            "Section \"OutputClass\"\n    Identifier \"nvidia\"\n    MatchDriver \"nvidia-drm\"\n    Driver \"nvidia\"\n    Option \"AllowEmptyInitialConfiguration\"\n    ModulePath \"/usr/lib/x86_64-linux-gnu/nvidia/xorg\"\nEndSection\n".into(),
+        ),
+    ]
+}
 
 /// GSP firmware files, relative to the root (`<v>` = driver version).
 const FIRMWARE: &[&str] = &["gsp_ga10x.bin", "gsp_tu10x.bin"];
@@ -440,6 +661,8 @@ impl FakeHost {
         host.make_dev_nodes()?;
         host.install_libraries()?;
         host.install_binaries()?;
+        host.install_sockets_and_params()?;
+        host.make_drm_nodes()?;
         host.build_ld_cache()?;
         Ok(host)
     }
@@ -484,6 +707,8 @@ impl FakeHost {
         host.make_dev_nodes()?;
         host.install_libraries()?;
         host.install_binaries()?;
+        host.install_sockets_and_params()?;
+        host.make_drm_nodes()?;
         host.build_ld_cache()?;
         Ok(host)
     }
@@ -838,8 +1063,24 @@ impl FakeHost {
 
     fn install_libraries(&self) -> Result<()> {
         let v = &self.spec.driver_version;
+        // Merged /usr, as on Debian 12 and Ubuntu 24.04: /lib is a link to usr/lib, so the
+        // firmware's `/lib/firmware` path and ldconfig's `/lib/x86_64-linux-gnu` go through it.
+        for (link, target) in [
+            ("lib", "usr/lib"),
+            ("bin", "usr/bin"),
+            ("sbin", "usr/sbin"),
+            ("lib64", "usr/lib64"),
+        ] {
+            fs::create_dir_all(self.root.join(target))
+                .with_context(|| format!("creating {target}"))?;
+            let l = self.root.join(link);
+            if fs::symlink_metadata(&l).is_err() {
+                symlink(target, &l)
+                    .with_context(|| format!("linking {} -> {target}", l.display()))?;
+            }
+        }
         let stub_dir = stubs::compiled_stubs(v, self.spec.cuda_version)?;
-        for lib in DRIVER_LIBS {
+        for lib in DRIVER_LIBS.iter().chain(DRIVER_LIBS_32) {
             let dir = self.root.join(lib.dir());
             let file = lib.file_name(v);
             stubs::install(&stub_dir, lib, v, &dir.join(&file))?;
@@ -854,6 +1095,27 @@ impl FakeHost {
         let dev_link = self.root.join(LIB_DIR).join("libcuda.so");
         symlink("libcuda.so.1", &dev_link)
             .with_context(|| format!("linking {} -> libcuda.so.1", dev_link.display()))?;
+        // GBM's backend is a link to the allocator.
+        let gbm = self.root.join(LIB_DIR).join("gbm");
+        fs::create_dir_all(&gbm).with_context(|| format!("creating {}", gbm.display()))?;
+        symlink("../libnvidia-allocator.so.1", gbm.join("nvidia-drm_gbm.so"))
+            .context("linking gbm/nvidia-drm_gbm.so")?;
+        // The X.Org modules, where the .run installer and Ubuntu's packages put them.
+        let xorg = self.root.join(LIB_DIR).join("nvidia/xorg");
+        for name in [
+            "nvidia_drv.so".to_string(),
+            format!("libglxserver_nvidia.so.{v}"),
+        ] {
+            write(
+                &xorg.join(&name),
+                &format!("nvshim fake X.Org module {name} {v}\n"),
+            )?;
+        }
+        symlink(
+            format!("libglxserver_nvidia.so.{v}"),
+            xorg.join("libglxserver_nvidia.so"),
+        )
+        .context("linking libglxserver_nvidia.so")?;
 
         let firmware = self.root.join("lib/firmware/nvidia").join(v);
         for name in FIRMWARE {
@@ -862,11 +1124,96 @@ impl FakeHost {
                 &format!("nvshim fake GSP firmware {v}\n"),
             )?;
         }
+        for (path, content) in data_files(v) {
+            write(&self.root.join(path), &content)?;
+        }
         Ok(())
     }
 
+    /// The daemons' sockets (real unix sockets, as nvidia-persistenced and the fabric manager
+    /// leave them) and the driver's `params` file.
+    fn install_sockets_and_params(&self) -> Result<()> {
+        for dir in ["run/nvidia-persistenced", "run/nvidia-fabricmanager"] {
+            let d = self.root.join(dir);
+            fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+            let sock = d.join("socket");
+            // Binding creates the socket file; it stays after the listener closes.
+            std::os::unix::net::UnixListener::bind(&sock)
+                .with_context(|| format!("binding {}", sock.display()))?;
+        }
+        write(&self.proc_root().join("driver/nvidia/params"), PARAMS)
+    }
+
+    /// The DRM nodes: a non-NVIDIA `card0` (the BMC's display), then per GPU in bus order a
+    /// card node (226:N from 1) and a render node (226:128+k), mode 0660 in the groups
+    /// `video` and `render`, their `by-path` links, and the sysfs entries that tie them to the
+    /// GPU's PCI device (`<sys>/bus/pci/devices/<bus>/drm/<node>`), as udev and the kernel lay
+    /// them out.
+    fn make_drm_nodes(&self) -> Result<()> {
+        let dri = self.dev_root.join("dev/dri");
+        let by_path = dri.join("by-path");
+        fs::create_dir_all(&by_path).with_context(|| format!("creating {}", by_path.display()))?;
+        let sys = self.sys_root().join("bus/pci/devices");
+        let mut nodes = vec![(BMC_BUS.to_string(), "card0".to_string(), 0u32, VIDEO_GID)];
+        for (k, g) in self.gpus_by_bus().iter().enumerate() {
+            let k = k as u32;
+            nodes.push((g.bus_id.clone(), format!("card{}", k + 1), k + 1, VIDEO_GID));
+            nodes.push((
+                g.bus_id.clone(),
+                format!("renderD{}", 128 + k),
+                128 + k,
+                RENDER_GID,
+            ));
+        }
+        for (bus, name, minor, gid) in nodes {
+            let node = dri.join(&name);
+            make_char_node_mode(&node, DRM_MAJOR, minor, 0o660)?;
+            nix::unistd::chown(&node, None, Some(nix::unistd::Gid::from_raw(gid)))
+                .with_context(|| format!("chgrp {gid} {}", node.display()))?;
+            let kind = if name.starts_with("card") {
+                "card"
+            } else {
+                "render"
+            };
+            symlink(
+                format!("../{name}"),
+                by_path.join(format!("pci-{bus}-{kind}")),
+            )
+            .with_context(|| format!("linking by-path for {name}"))?;
+            let d = sys.join(&bus).join("drm").join(&name);
+            fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The host's sysfs, beside its procfs (as `/sys` is beside `/proc`).
+    pub fn sys_root(&self) -> PathBuf {
+        self.proc_root()
+            .parent()
+            .map_or_else(|| PathBuf::from("/sys"), |p| p.join("sys"))
+    }
+
+    /// The 32-bit libraries.
+    pub fn libraries_32(&self) -> &'static [DriverLib] {
+        DRIVER_LIBS_32
+    }
+
     fn build_ld_cache(&self) -> Result<()> {
-        write(&self.root.join("etc/ld.so.conf"), &format!("/{LIB_DIR}\n"))?;
+        // As Debian writes them: ld.so.conf includes ld.so.conf.d, whose multiarch files list
+        // /lib/<triplet> before /usr/lib/<triplet>, so on a merged-/usr host the cache names
+        // every library through /lib.
+        write(
+            &self.root.join("etc/ld.so.conf"),
+            "include /etc/ld.so.conf.d/*.conf\n\n",
+        )?;
+        write(
+            &self.root.join("etc/ld.so.conf.d/x86_64-linux-gnu.conf"),
+            "# Multiarch support\n/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n",
+        )?;
+        write(
+            &self.root.join("etc/ld.so.conf.d/i386-linux-gnu.conf"),
+            "# Multiarch support\n/usr/local/lib/i386-linux-gnu\n/lib/i386-linux-gnu\n/usr/lib/i386-linux-gnu\n/usr/local/lib/i686-linux-gnu\n/lib/i686-linux-gnu\n/usr/lib/i686-linux-gnu\n",
+        )?;
         // ldconfig -r chroots into the root, reads etc/ld.so.conf there and writes
         // etc/ld.so.cache there; -X keeps it from touching our SONAME links.
         let out = Command::new("/sbin/ldconfig")
@@ -896,16 +1243,11 @@ impl FakeHost {
         let bin = self.root.join("usr/bin");
         let v = &self.spec.driver_version;
         write_executable(&bin.join("nvidia-smi"), &self.nvidia_smi_script())?;
-        for (name, what) in [
-            ("nvidia-debugdump", "collects a debug dump"),
-            ("nvidia-persistenced", "keeps the driver loaded"),
-            ("nvidia-cuda-mps-control", "controls the CUDA MPS server"),
-            ("nvidia-cuda-mps-server", "is the CUDA MPS server"),
-        ] {
+        for (name, _) in DRIVER_BINS.iter().filter(|(n, _)| *n != "nvidia-smi") {
             write_executable(
                 &bin.join(name),
                 &format!(
-                    "#!/bin/sh\n# nvshim fake driver {v}: {name} {what}; this stand-in only says so.\n\
+                    "#!/bin/sh\n# nvshim fake driver {v}: a stand-in for {name}.\n\
                      echo \"{name} (nvshim fake driver {v})\"\n"
                 ),
             )?;

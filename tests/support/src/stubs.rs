@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-use crate::host::{DriverLib, DRIVER_LIBS};
+use crate::host::{DriverLib, DRIVER_LIBS, DRIVER_LIBS_32};
 
 const CUDA_SOURCE: &str = r#"/* nvshim fake libcuda: just enough of the driver API for a test program. */
 #include <ctype.h>
@@ -78,9 +78,10 @@ int nvshim_fake_@IDENT@(void) { return 0; }
 "#;
 
 fn source_for(lib: &DriverLib, version: &str, cuda: u32) -> String {
+    // 32-bit stubs are built without a C library (no 32-bit libc is installed): one marker.
     let template = match lib.stem {
-        "libcuda" => CUDA_SOURCE,
-        "libnvidia-ml" => NVML_SOURCE,
+        "libcuda" if !lib.is_32bit() => CUDA_SOURCE,
+        "libnvidia-ml" if !lib.is_32bit() => NVML_SOURCE,
         _ => GENERIC_SOURCE,
     };
     let ident: String = lib
@@ -107,17 +108,36 @@ fn fnv1a(parts: &[&str]) -> u64 {
     h
 }
 
-/// Returns a directory holding one compiled stub per entry of [`DRIVER_LIBS`], named
-/// `<stem>.so.<version>` and carrying its SONAME. Compiles them on first use.
+/// Where a library's stub is in the stub directory: its file name, under `i386/` for a 32-bit
+/// build.
+fn stub_name(lib: &DriverLib, version: &str) -> String {
+    if lib.is_32bit() {
+        format!("i386/{}", lib.file_name(version))
+    } else {
+        lib.file_name(version)
+    }
+}
+
+/// Returns a directory holding one compiled stub per entry of [`DRIVER_LIBS`] and
+/// [`DRIVER_LIBS_32`], each carrying its SONAME. Compiles them on first use.
 pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
     let sources: Vec<(String, &DriverLib)> = DRIVER_LIBS
         .iter()
+        .chain(DRIVER_LIBS_32)
         .map(|lib| (source_for(lib, version, cuda), lib))
         .collect();
-    let mut key_parts: Vec<String> = vec![version.to_string(), cuda.to_string()];
+    // Bump STUB_FORMAT when how stubs are built changes (flags, links): the key covers only
+    // the sources and names otherwise.
+    const STUB_FORMAT: &str = "3: 32-bit stubs need libc.so.6";
+    let mut key_parts: Vec<String> = vec![
+        STUB_FORMAT.to_string(),
+        version.to_string(),
+        cuda.to_string(),
+    ];
     for (src, lib) in &sources {
         key_parts.push(src.clone());
         key_parts.push(lib.soname(version));
+        key_parts.push(stub_name(lib, version));
     }
     let key_refs: Vec<&str> = key_parts.iter().map(String::as_str).collect();
     let parent = std::env::temp_dir().join("nvshim-testsupport");
@@ -133,12 +153,51 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
 
     // Start every gcc at once, then wait: a few hundred ms in all instead of a few seconds.
     let mut children: Vec<(String, Child)> = Vec::new();
+    fs::create_dir_all(build.path().join("i386"))
+        .with_context(|| format!("creating {}/i386", build.path().display()))?;
+    // No 32-bit C library is installed, so the 32-bit stubs link against a stand-in
+    // `libc.so.6`: its name in their DT_NEEDED is what makes ldconfig tag them `libc6`, as it
+    // tags the real driver's 32-bit libraries (and what a reader of the cache keys on).
+    let libc32 = build.path().join("libc.so.6");
+    let libc_c = build.path().join("libc32.c");
+    fs::write(&libc_c, "int nvshim_fake_libc(void) { return 0; }\n")
+        .with_context(|| format!("writing {}", libc_c.display()))?;
+    let out = Command::new("gcc")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-m32",
+            "-nostdlib",
+            "-Wl,-soname,libc.so.6",
+            "-o",
+        ])
+        .arg(&libc32)
+        .arg(&libc_c)
+        .output()
+        .context("running gcc -m32 (needed for the fake driver's 32-bit libraries)")?;
+    if !out.status.success() {
+        bail!(
+            "gcc -m32 failed to build the 32-bit libc stand-in: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     for (src, lib) in &sources {
-        let c_file = build.path().join(format!("{}.c", lib.stem));
+        let c_file = build.path().join(format!("{}.c", stub_name(lib, version)));
         fs::write(&c_file, src).with_context(|| format!("writing {}", c_file.display()))?;
-        let out = build.path().join(lib.file_name(version));
+        let out = build.path().join(stub_name(lib, version));
+        let arch: Vec<std::ffi::OsString> = if lib.is_32bit() {
+            vec![
+                "-m32".into(),
+                "-nostdlib".into(),
+                "-Wl,--no-as-needed".into(),
+                libc32.clone().into(),
+            ]
+        } else {
+            Vec::new()
+        };
         let child = Command::new("gcc")
             .args(["-shared", "-fPIC", "-O2"])
+            .args(&arch)
             .arg(format!("-Wl,-soname,{}", lib.soname(version)))
             .arg("-o")
             .arg(&out)
@@ -168,8 +227,11 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
         );
     }
     for (_, lib) in &sources {
-        let c_file = build.path().join(format!("{}.c", lib.stem));
+        let c_file = build.path().join(format!("{}.c", stub_name(lib, version)));
         fs::remove_file(&c_file).with_context(|| format!("removing {}", c_file.display()))?;
+    }
+    for f in [&libc32, &libc_c] {
+        fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
     }
     fs::write(build.path().join(".complete"), b"")
         .with_context(|| format!("marking {} complete", build.path().display()))?;
@@ -188,7 +250,7 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
 
 /// Copies a compiled stub to `dest`, creating its parent directory.
 pub(crate) fn install(stub_dir: &Path, lib: &DriverLib, version: &str, dest: &Path) -> Result<()> {
-    let src = stub_dir.join(lib.file_name(version));
+    let src = stub_dir.join(stub_name(lib, version));
     if let Some(parent) = dest.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }

@@ -177,3 +177,127 @@ fn building_into_a_non_empty_dir_fails_with_its_path() {
         "{err:#}"
     );
 }
+
+/// The 580 driver's whole file set: the real `ldconfig` indexes every 64-bit and 32-bit
+/// SONAME (through `/lib`, as on a merged-/usr Debian host) and none of the libraries in
+/// subdirectories; the graphics manifests, X.Org modules, sockets and params are there.
+#[test]
+fn the_whole_driver_is_there_as_a_real_host_has_it() {
+    let (_tmp, host) = build(2);
+    let root = host.root();
+    let v = host.driver_version();
+    let out = Command::new("/sbin/ldconfig")
+        .args(["-p", "-C"])
+        .arg(root.join("etc/ld.so.cache"))
+        .output()
+        .unwrap();
+    let cache = String::from_utf8_lossy(&out.stdout);
+    for lib in host.libraries() {
+        if !lib.subdir.is_empty() {
+            continue;
+        }
+        let line = format!(
+            "{} (libc6,x86-64) => /lib/x86_64-linux-gnu/{}",
+            lib.soname(v),
+            lib.soname(v)
+        );
+        assert!(cache.contains(&line), "{line} not in\n{cache}");
+    }
+    for lib in host.libraries_32() {
+        if !lib.subdir.is_empty() {
+            continue;
+        }
+        let line = format!(
+            "{} (libc6) => /lib/i386-linux-gnu/{}",
+            lib.soname(v),
+            lib.soname(v)
+        );
+        assert!(cache.contains(&line), "{line} not in\n{cache}");
+    }
+    for absent in ["/vdpau/", "/gbm/", "/xorg/", "nvidia_drv"] {
+        assert!(!cache.contains(absent), "{absent} in the cache:\n{cache}");
+    }
+    for (link, target) in [
+        ("lib", "usr/lib"),
+        ("bin", "usr/bin"),
+        ("lib64", "usr/lib64"),
+    ] {
+        assert_eq!(
+            fs::read_link(root.join(link)).unwrap().to_str(),
+            Some(target)
+        );
+    }
+    for path in [
+        format!("usr/lib/firmware/nvidia/{v}/gsp_ga10x.bin"),
+        format!("usr/lib/x86_64-linux-gnu/nvidia/xorg/libglxserver_nvidia.so.{v}"),
+        "usr/lib/x86_64-linux-gnu/nvidia/xorg/nvidia_drv.so".into(),
+        "usr/share/glvnd/egl_vendor.d/10_nvidia.json".into(),
+        "usr/share/vulkan/icd.d/nvidia_icd.json".into(),
+        "etc/OpenCL/vendors/nvidia.icd".into(),
+        format!("usr/lib/i386-linux-gnu/vdpau/libvdpau_nvidia.so.{v}"),
+        "usr/bin/nvidia-imex".into(),
+        "usr/bin/nvidia-xconfig".into(),
+    ] {
+        assert!(root.join(&path).is_file(), "{path} missing");
+    }
+    assert_eq!(
+        fs::read_link(root.join("usr/lib/x86_64-linux-gnu/gbm/nvidia-drm_gbm.so"))
+            .unwrap()
+            .to_str(),
+        Some("../libnvidia-allocator.so.1")
+    );
+    for sock in [
+        "run/nvidia-persistenced/socket",
+        "run/nvidia-fabricmanager/socket",
+    ] {
+        assert!(
+            fs::symlink_metadata(root.join(sock))
+                .unwrap()
+                .file_type()
+                .is_socket(),
+            "{sock}"
+        );
+    }
+    let params = fs::read_to_string(host.proc_root().join("driver/nvidia/params")).unwrap();
+    assert!(params.contains("ModifyDeviceFiles: 1\n"), "{params}");
+}
+
+/// DRM: a non-NVIDIA card0, then per GPU in bus order a card and a render node, in the groups
+/// video and render, with by-path links and the sysfs entries that tie them to the GPU.
+#[test]
+fn drm_nodes_belong_to_their_gpus() {
+    let (_tmp, host) = build(2);
+    let dri = host.dev_root().join("dev/dri");
+    let card0 = fs::metadata(dri.join("card0")).unwrap();
+    assert!(card0.file_type().is_char_device());
+    for (k, g) in host.gpus_by_bus().iter().enumerate() {
+        for (kind, name, minor, gid) in [
+            ("card", format!("card{}", k + 1), k as u64 + 1, 44),
+            ("render", format!("renderD{}", 128 + k), 128 + k as u64, 105),
+        ] {
+            let m = fs::metadata(dri.join(&name)).unwrap();
+            assert!(m.file_type().is_char_device(), "{name}");
+            assert_eq!(
+                (
+                    nix::sys::stat::major(m.rdev()),
+                    nix::sys::stat::minor(m.rdev())
+                ),
+                (226, minor),
+                "{name}"
+            );
+            assert_eq!((m.gid(), m.mode() & 0o777), (gid, 0o660), "{name}");
+            let link = dri.join(format!("by-path/pci-{}-{kind}", g.bus_id));
+            assert_eq!(
+                fs::read_link(link).unwrap().to_str(),
+                Some(&*format!("../{name}"))
+            );
+            assert!(host
+                .sys_root()
+                .join("bus/pci/devices")
+                .join(&g.bus_id)
+                .join("drm")
+                .join(&name)
+                .is_dir());
+        }
+    }
+}
