@@ -224,9 +224,20 @@ fn hand_edit_gpu_bundle(w: &World, bundle: &Bundle, gpus: &[&FakeGpu], readonly:
     let libdir = rootfs.join("usr/lib/x86_64-linux-gnu");
     fs::create_dir_all(&libdir).unwrap();
     symlink("libcuda.so.580.65.06", libdir.join("libcuda.so.1")).unwrap();
-    fs::copy(
-        w.host.root().join("etc/ld.so.cache"),
+    // The cache a correct shim's hook writes: the container's own path of libcuda.so.1.
+    use nvshim_hook::ldcache::{serialize, CacheEntry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
+    let entry = CacheEntry {
+        flags: FLAG_ELF_LIBC6 | FLAG_X8664_LIB64,
+        name: "libcuda.so.1".into(),
+        path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+        os_version: 0,
+        hwcap: 0,
+        hwcaps: None,
+        isa_level: 0,
+    };
+    fs::write(
         rootfs.join("etc/ld.so.cache"),
+        serialize(&[entry], &Default::default(), "hand-edited"),
     )
     .unwrap();
 }
@@ -712,4 +723,184 @@ fn docker_gpus_hook_spec_gives_the_same_view_as_the_env_alone() {
     assert_eq!(dests(&got), dests(&expected));
     let hooks = docker.config().unwrap()["hooks"]["prestart"].clone();
     assert_eq!(hooks, json!([]), "the legacy hook must be gone");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The whole driver: what a container gets with every capability, on the 580 file set the
+// simulated host models (tests/support/src/host.rs says where its file list comes from).
+// ---------------------------------------------------------------------------------------------
+
+/// `<dev-root>/dev/dri/by-path/pci-<bus>-<kind>`'s node name (`card1`, `renderD128`).
+fn drm_node_of(w: &World, bus_id: &str, kind: &str) -> Option<String> {
+    let link = w
+        .host
+        .dev_root()
+        .join("dev/dri/by-path")
+        .join(format!("pci-{bus_id}-{kind}"));
+    let target = fs::read_link(link).ok()?;
+    Some(target.file_name()?.to_string_lossy().into_owned())
+}
+
+/// `NVIDIA_DRIVER_CAPABILITIES=all` for one GPU: from inside the container, every driver library
+/// of both word sizes is there and in `ldconfig -p`, the graphics stack's manifests, the X.Org
+/// modules, the firmware, the daemons' sockets, the GPU's DRM nodes (and not the other GPU's)
+/// with their cgroup rules and groups, the hooks' links and the application profile.
+#[test]
+fn all_capabilities_give_the_whole_driver() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    bundle.set_env("NVIDIA_DRIVER_CAPABILITIES", "all").unwrap();
+    let r = w.probe(&w.shim(), &bundle, false);
+    let gpu = w.gpu(1);
+    let other = w.gpu(0);
+    let v = w.host.driver_version().to_string();
+    let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
+    let seen = |path: &str| r.files.contains(path) || r.links.contains_key(path);
+
+    // Libraries: every 64-bit one the host's ld.so.cache indexes, and the 32-bit ones.
+    let x64 = "/usr/lib/x86_64-linux-gnu";
+    let i386 = "/usr/lib/i386-linux-gnu";
+    for lib in w.host.libraries() {
+        let path = lib.container_path(&v);
+        if !seen(&path) {
+            p.push(format!("{path} missing"));
+        }
+    }
+    let has_ldp = |soname: &str, arch: &str| {
+        r.ldconfig_lines
+            .iter()
+            .any(|l| l.trim_start().starts_with(&format!("{soname} ({arch})")))
+    };
+    for soname in ["libcuda.so.1", "libGLX_nvidia.so.0", "libnvidia-ml.so.1"] {
+        if !has_ldp(soname, "libc6,x86-64") {
+            p.push(format!("ldconfig -p lacks the 64-bit {soname}"));
+        }
+    }
+    if fs::metadata(w.host.root().join(&i386[1..])).is_ok() {
+        for soname in ["libcuda.so.1", "libGLX_nvidia.so.0"] {
+            if !seen(&format!("{i386}/{}", soname)) {
+                p.push(format!("{i386}/{soname} missing"));
+            }
+            if !has_ldp(soname, "libc6") {
+                p.push(format!("ldconfig -p lacks the 32-bit {soname}"));
+            }
+        }
+    } else {
+        p.push("the simulated host has no 32-bit libraries".into());
+    }
+
+    // The graphics stack, X.Org, firmware.
+    for path in [
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json".to_string(),
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json".into(),
+        "/etc/vulkan/icd.d/nvidia_icd.json".into(),
+        "/etc/vulkan/implicit_layer.d/nvidia_layers.json".into(),
+        "/etc/OpenCL/vendors/nvidia.icd".into(),
+        "/usr/share/nvidia/nvoptix.bin".into(),
+        format!("{x64}/nvidia/xorg/nvidia_drv.so"),
+        format!("{x64}/nvidia/xorg/libglxserver_nvidia.so.{v}"),
+        format!("{x64}/libnvidia-egl-gbm.so.1"),
+        format!("/lib/firmware/nvidia/{v}/gsp_ga10x.bin"),
+        "/usr/bin/nvidia-smi".into(),
+        "/usr/bin/nvidia-xconfig".into(),
+    ] {
+        if !seen(&path) {
+            p.push(format!("{path} missing"));
+        }
+    }
+    // Links the hooks made.
+    for (link, target) in [
+        (
+            format!("{x64}/gbm/nvidia-drm_gbm.so"),
+            "../libnvidia-allocator.so.1".to_string(),
+        ),
+        (
+            format!("{x64}/vdpau/libvdpau_nvidia.so.1"),
+            format!("libvdpau_nvidia.so.{v}"),
+        ),
+    ] {
+        if r.links.get(&link) != Some(&target) {
+            p.push(format!("{link} -> {:?}, want {target}", r.links.get(&link)));
+        }
+    }
+    // Sockets, writable.
+    for sock in ["/run/nvidia-persistenced/socket"] {
+        if !r.sockets.contains(sock) {
+            p.push(format!("socket {sock} missing"));
+        } else if r.mount(sock).is_some_and(|m| m.is_readonly()) {
+            p.push(format!("socket {sock} is read-only"));
+        }
+    }
+    // DRM: this GPU's card and render nodes, allowed, with their groups; not the other GPU's.
+    let mut groups_wanted = Vec::new();
+    for kind in ["card", "render"] {
+        let Some(node) = drm_node_of(&w, &gpu.bus_id, kind) else {
+            p.push(format!(
+                "the simulated host has no {kind} node for {}",
+                gpu.bus_id
+            ));
+            continue;
+        };
+        let path = format!("/dev/dri/{node}");
+        match r.dri.get(&path) {
+            None => p.push(format!("{path} missing")),
+            Some((major, minor, gid)) => {
+                if !r.cgroup_allows('c', *major, *minor, "rwm") {
+                    p.push(format!(
+                        "{path} ({major}:{minor}) not allowed by the cgroup"
+                    ));
+                }
+                groups_wanted.push(*gid);
+            }
+        }
+        let link = format!("/dev/dri/by-path/pci-{}-{kind}", gpu.bus_id);
+        if r.links.get(&link) != Some(&format!("../{node}")) {
+            p.push(format!("{link} -> {:?}", r.links.get(&link)));
+        }
+        if let Some(other_node) = drm_node_of(&w, &other.bus_id, kind) {
+            if r.dri.contains_key(&format!("/dev/dri/{other_node}")) {
+                p.push(format!("the other GPU's {other_node} is in the container"));
+            }
+        }
+    }
+    for g in groups_wanted {
+        if g != 0 && !r.groups.contains(&g) {
+            p.push(format!(
+                "group {g} of a DRM node not among the process's groups {:?}",
+                r.groups
+            ));
+        }
+    }
+    // No cgroup rule twice.
+    if let Some(rules) = &r.cgroup {
+        let mut seen_rules = std::collections::BTreeSet::new();
+        for rule in rules.iter().filter(|r| r.kind == 'c') {
+            if !seen_rules.insert((rule.major, rule.minor, rule.access.clone())) {
+                p.push(format!("cgroup rule {rule:?} twice"));
+            }
+        }
+    }
+    // The application profile limits EGL to this GPU (bit <minor>).
+    let profile = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf";
+    if !seen(profile) {
+        p.push(format!("{profile} missing"));
+    }
+    assert_no_problems("NVIDIA_DRIVER_CAPABILITIES=all", &sorted(p), &r);
+}
+
+/// The optional hooks never stop a container: `/etc/nvidia` read-only (NVIDIA 1.20.0 broke
+/// device plugins there) and no driver `/proc` in the container; the container starts, and the
+/// libraries still resolve.
+#[test]
+fn optional_hooks_that_cannot_apply_let_the_container_start() {
+    let w = World::with_shim_config("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    bundle
+        .set_env("NVIDIA_DRIVER_CAPABILITIES", "graphics,compute,utility")
+        .unwrap();
+    let ro = w.tmp.path().join("etc-nvidia");
+    fs::create_dir_all(&ro).unwrap();
+    bundle.add_bind_mount(&ro, "/etc/nvidia", true).unwrap();
+    let r = w.probe(&w.shim(), &bundle, false);
+    assert_gpu_container(&w, &r, &[w.gpu(1)], "read-only /etc/nvidia");
 }
