@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, KernelModules, ProbeReport, ProbeSpec,
-    RunOutput, Runtime,
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, KernelModules, Layout, ProbeReport,
+    ProbeSpec, RunOutput, Runtime,
 };
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -761,7 +761,7 @@ fn all_capabilities_give_the_whole_driver() {
     let x64 = "/usr/lib/x86_64-linux-gnu";
     let i386 = "/usr/lib/i386-linux-gnu";
     for lib in w.host.libraries() {
-        let path = lib.container_path(&v);
+        let path = w.host.lib_path(lib);
         if !seen(&path) {
             p.push(format!("{path} missing"));
         }
@@ -903,4 +903,42 @@ fn optional_hooks_that_cannot_apply_let_the_container_start() {
     bundle.add_bind_mount(&ro, "/etc/nvidia", true).unwrap();
     let r = w.probe(&w.shim(), &bundle, false);
     assert_gpu_container(&w, &r, &[w.gpu(1)], "read-only /etc/nvidia");
+}
+
+/// A RHEL-style host (`/usr/lib64`, 32-bit in `/usr/lib`, X.Org modules under
+/// `xorg/modules`): the same container view in that layout's paths.
+#[test]
+fn rhel_layout_gives_the_same_driver_in_its_own_paths() {
+    let mut spec = FakeHostSpec::with_gpus(2);
+    spec.layout = Layout::Rhel;
+    let w = World::with_spec(&spec).configured("");
+    let bundle = w.gpu_bundle("bundle", "1");
+    bundle.set_env("NVIDIA_DRIVER_CAPABILITIES", "all").unwrap();
+    let r = w.probe(&w.shim(), &bundle, false);
+    let mut p = r.gpu_problems(&w.host, &[w.gpu(1)]);
+    p.extend(r.library_mounted_problems(&w.host, "libcuda"));
+    let seen = |path: &str| r.files.contains(path) || r.links.contains_key(path);
+    let v = w.host.driver_version().to_string();
+    let (xorg_driver, xorg_glx) = w.host.xorg_module_paths();
+    for path in [
+        format!("/usr/lib64/libcuda.so.{v}"),
+        format!("/usr/lib64/vdpau/libvdpau_nvidia.so.{v}"),
+        format!("/usr/lib/libcuda.so.{v}"),
+        xorg_driver,
+        xorg_glx,
+    ] {
+        if !seen(&path) {
+            p.push(format!("{path} missing"));
+        }
+    }
+    for (soname, arch, dir) in [
+        ("libcuda.so.1", "libc6,x86-64", "/usr/lib64"),
+        ("libcuda.so.1", "libc6", "/usr/lib"),
+    ] {
+        let want = format!("{soname} ({arch}) => {dir}/{soname}");
+        if !r.ldconfig_lines.iter().any(|l| l.trim() == want) {
+            p.push(format!("ldconfig -p lacks {want:?}"));
+        }
+    }
+    assert_no_problems("RHEL layout", &sorted(p), &r);
 }

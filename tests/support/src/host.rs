@@ -104,6 +104,74 @@ pub struct FakeHostSpec {
     pub frontend_name: String,
     /// Which kernel modules the driver loaded: they print different version banners.
     pub kernel_modules: KernelModules,
+    /// Where the distribution puts the driver's libraries.
+    pub layout: Layout,
+}
+
+/// Where a distribution puts the driver's libraries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Debian and Ubuntu: multiarch `usr/lib/x86_64-linux-gnu` and `usr/lib/i386-linux-gnu`,
+    /// X.Org modules in `<libdir>/nvidia/xorg`.
+    #[default]
+    Debian,
+    /// RHEL, Fedora, SUSE: `usr/lib64` and (32-bit) `usr/lib`, X.Org modules in
+    /// `usr/lib64/xorg/modules/{drivers,extensions}` (the RPM Fusion 580 packages' paths).
+    Rhel,
+}
+
+impl Layout {
+    /// The 64-bit library directory, relative to the root.
+    pub fn lib_dir(self) -> &'static str {
+        match self {
+            Layout::Debian => LIB_DIR,
+            Layout::Rhel => "usr/lib64",
+        }
+    }
+
+    /// The 32-bit library directory, relative to the root.
+    pub fn lib_dir_32(self) -> &'static str {
+        match self {
+            Layout::Debian => LIB_DIR_32,
+            Layout::Rhel => "usr/lib",
+        }
+    }
+
+    /// The X.Org modules, relative to the root: (driver, GLX server module).
+    fn xorg_modules(self, v: &str) -> (String, String) {
+        match self {
+            Layout::Debian => (
+                format!("{LIB_DIR}/nvidia/xorg/nvidia_drv.so"),
+                format!("{LIB_DIR}/nvidia/xorg/libglxserver_nvidia.so.{v}"),
+            ),
+            Layout::Rhel => (
+                "usr/lib64/xorg/modules/drivers/nvidia_drv.so".into(),
+                format!("usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{v}"),
+            ),
+        }
+    }
+
+    /// `etc/ld.so.conf.d` files: Debian's multiarch files list `/lib/<triplet>` before
+    /// `/usr/lib/<triplet>`; a RHEL ldconfig has `/lib64` and `/usr/lib64` built in, written
+    /// out here since the ldconfig that builds the cache is Debian's.
+    fn ld_conf(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Layout::Debian => vec![
+                (
+                    "etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+                    "# Multiarch support\n/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n",
+                ),
+                (
+                    "etc/ld.so.conf.d/i386-linux-gnu.conf",
+                    "# Multiarch support\n/usr/local/lib/i386-linux-gnu\n/lib/i386-linux-gnu\n/usr/lib/i386-linux-gnu\n/usr/local/lib/i686-linux-gnu\n/lib/i686-linux-gnu\n/usr/lib/i686-linux-gnu\n",
+                ),
+            ],
+            Layout::Rhel => vec![(
+                "etc/ld.so.conf.d/00-system-dirs.conf",
+                "/lib64\n/usr/lib64\n/lib\n/usr/lib\n",
+            )],
+        }
+    }
 }
 
 /// The two flavours of NVIDIA's kernel modules. Each writes its own first line in
@@ -196,6 +264,7 @@ impl FakeHostSpec {
             caps_imex_major: 510,
             frontend_name: "nvidia".to_string(),
             kernel_modules: KernelModules::default(),
+            layout: Layout::default(),
         }
     }
 
@@ -857,9 +926,39 @@ impl FakeHost {
     /// test helper and the stems are fixed.
     pub fn container_lib_path(&self, stem: &str) -> String {
         match self.library(stem) {
-            Some(lib) => lib.container_path(&self.spec.driver_version),
+            Some(lib) => self.lib_path(lib),
             None => panic!("the fake driver has no library {stem}"),
         }
+    }
+
+    /// Where `lib` is in this host's layout, as a container sees it:
+    /// `/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06` (`/usr/lib64/...` on RHEL).
+    pub fn lib_path(&self, lib: &DriverLib) -> String {
+        format!(
+            "/{}/{}",
+            self.lib_dir_of(lib),
+            lib.file_name(&self.spec.driver_version)
+        )
+    }
+
+    /// `lib`'s directory in this host's layout, relative to the root.
+    pub fn lib_dir_of(&self, lib: &DriverLib) -> String {
+        let base = if lib.is_32bit() {
+            self.spec.layout.lib_dir_32()
+        } else {
+            self.spec.layout.lib_dir()
+        };
+        if lib.subdir.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}/{}", lib.subdir)
+        }
+    }
+
+    /// The X.Org modules' paths in a container: (driver, GLX server module).
+    pub fn xorg_module_paths(&self) -> (String, String) {
+        let (a, b) = self.spec.layout.xorg_modules(&self.spec.driver_version);
+        (format!("/{a}"), format!("/{b}"))
     }
 
     /// The host path of a path as seen in a container (`/usr/bin/nvidia-smi` → `<root>/usr/bin/...`).
@@ -1081,7 +1180,7 @@ impl FakeHost {
         }
         let stub_dir = stubs::compiled_stubs(v, self.spec.cuda_version)?;
         for lib in DRIVER_LIBS.iter().chain(DRIVER_LIBS_32) {
-            let dir = self.root.join(lib.dir());
+            let dir = self.root.join(self.lib_dir_of(lib));
             let file = lib.file_name(v);
             stubs::install(&stub_dir, lib, v, &dir.join(&file))?;
             let soname = lib.soname(v);
@@ -1092,28 +1191,28 @@ impl FakeHost {
             }
         }
         // The development link the driver installer also creates.
-        let dev_link = self.root.join(LIB_DIR).join("libcuda.so");
+        let lib_dir = self.spec.layout.lib_dir();
+        let dev_link = self.root.join(lib_dir).join("libcuda.so");
         symlink("libcuda.so.1", &dev_link)
             .with_context(|| format!("linking {} -> libcuda.so.1", dev_link.display()))?;
         // GBM's backend is a link to the allocator.
-        let gbm = self.root.join(LIB_DIR).join("gbm");
+        let gbm = self.root.join(lib_dir).join("gbm");
         fs::create_dir_all(&gbm).with_context(|| format!("creating {}", gbm.display()))?;
         symlink("../libnvidia-allocator.so.1", gbm.join("nvidia-drm_gbm.so"))
             .context("linking gbm/nvidia-drm_gbm.so")?;
-        // The X.Org modules, where the .run installer and Ubuntu's packages put them.
-        let xorg = self.root.join(LIB_DIR).join("nvidia/xorg");
-        for name in [
-            "nvidia_drv.so".to_string(),
-            format!("libglxserver_nvidia.so.{v}"),
-        ] {
+        // The X.Org modules, where the distribution's packages put them, and the GLX server
+        // module's development link.
+        let (driver, glx) = self.spec.layout.xorg_modules(v);
+        for path in [&driver, &glx] {
             write(
-                &xorg.join(&name),
-                &format!("nvshim fake X.Org module {name} {v}\n"),
+                &self.root.join(path),
+                &format!("nvshim fake X.Org module {path} {v}\n"),
             )?;
         }
+        let glx = self.root.join(&glx);
         symlink(
             format!("libglxserver_nvidia.so.{v}"),
-            xorg.join("libglxserver_nvidia.so"),
+            glx.with_file_name("libglxserver_nvidia.so"),
         )
         .context("linking libglxserver_nvidia.so")?;
 
@@ -1206,14 +1305,9 @@ impl FakeHost {
             &self.root.join("etc/ld.so.conf"),
             "include /etc/ld.so.conf.d/*.conf\n\n",
         )?;
-        write(
-            &self.root.join("etc/ld.so.conf.d/x86_64-linux-gnu.conf"),
-            "# Multiarch support\n/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n",
-        )?;
-        write(
-            &self.root.join("etc/ld.so.conf.d/i386-linux-gnu.conf"),
-            "# Multiarch support\n/usr/local/lib/i386-linux-gnu\n/lib/i386-linux-gnu\n/usr/lib/i386-linux-gnu\n/usr/local/lib/i686-linux-gnu\n/lib/i686-linux-gnu\n/usr/lib/i686-linux-gnu\n",
-        )?;
+        for (path, text) in self.spec.layout.ld_conf() {
+            write(&self.root.join(path), text)?;
+        }
         // ldconfig -r chroots into the root, reads etc/ld.so.conf there and writes
         // etc/ld.so.cache there; -X keeps it from touching our SONAME links.
         let out = Command::new("/sbin/ldconfig")

@@ -24,7 +24,7 @@ pub mod runner;
 mod stubs;
 
 pub use bundle::Bundle;
-pub use host::{FakeGpu, FakeHost, FakeHostSpec, KernelModules, LIB_DIR};
+pub use host::{FakeGpu, FakeHost, FakeHostSpec, KernelModules, Layout, LIB_DIR};
 pub use probe::{ProbeReport, ProbeSpec};
 pub use rootfs::Rootfs;
 pub use runner::{run, RunOutput, Runtime};

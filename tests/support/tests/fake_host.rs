@@ -301,3 +301,34 @@ fn drm_nodes_belong_to_their_gpus() {
         }
     }
 }
+
+/// The RHEL layout: libraries in usr/lib64 (32-bit in usr/lib), indexed through /lib64 as a
+/// RHEL ldconfig lists its built-in directories.
+#[test]
+fn rhel_layout_puts_the_driver_in_lib64() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut spec = FakeHostSpec::with_gpus(1);
+    spec.layout = nvshim_testsupport::Layout::Rhel;
+    let host = FakeHost::build(&tmp.path().join("host"), &spec).unwrap();
+    let v = host.driver_version();
+    let out = Command::new("/sbin/ldconfig")
+        .args(["-p", "-C"])
+        .arg(host.root().join("etc/ld.so.cache"))
+        .output()
+        .unwrap();
+    let cache = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "libcuda.so.1 (libc6,x86-64) => /lib64/libcuda.so.1",
+        "libcuda.so.1 (libc6) => /lib/libcuda.so.1",
+    ] {
+        assert!(cache.contains(line), "{line} not in\n{cache}");
+    }
+    assert_eq!(
+        host.container_lib_path("libcuda"),
+        format!("/usr/lib64/libcuda.so.{v}")
+    );
+    assert!(host
+        .root()
+        .join("usr/lib64/xorg/modules/drivers/nvidia_drv.so")
+        .is_file());
+}
