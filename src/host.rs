@@ -249,26 +249,39 @@ impl Host {
         })
     }
 
-    /// Minors of the GPUs with MIG instances, from `proc/driver/nvidia/capabilities/gpu<N>/mig/`:
-    /// the driver lists each created GPU instance there (`gi<G>/access`, NVIDIA's MIG user
-    /// guide, "Device Nodes and Capabilities"). Read without NVML, so `all` on a host without
-    /// MIG never loads it.
-    pub fn gpus_with_mig_instances(&self) -> Vec<u32> {
+    /// The MIG devices the driver has created, as (GPU minor, GPU instance, compute
+    /// instance), from `proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>/ci<C>/access`: the
+    /// driver lists every created instance there (NVIDIA's MIG user guide, "Device Nodes and
+    /// Capabilities"). Read without NVML, so `all` never loads it. Sorted.
+    pub fn mig_instances(&self) -> Vec<(u32, u32, u32)> {
+        fn numbered(dir: &Path, prefix: &str) -> Vec<(u32, PathBuf)> {
+            fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let n = e.file_name().to_str()?.strip_prefix(prefix)?.parse().ok()?;
+                    Some((n, e.path()))
+                })
+                .collect()
+        }
         let dir = self.roots.proc_root.join("driver/nvidia/capabilities");
-        let mut out: Vec<u32> = fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let minor = e.file_name().to_str()?.strip_prefix("gpu")?.parse().ok()?;
-                let has_instance = fs::read_dir(e.path().join("mig"))
-                    .ok()?
-                    .flatten()
-                    .any(|gi| gi.file_name().to_string_lossy().starts_with("gi"));
-                has_instance.then_some(minor)
-            })
-            .collect();
+        let mut out = Vec::new();
+        for (minor, gpu) in numbered(&dir, "gpu") {
+            for (gi, gi_dir) in numbered(&gpu.join("mig"), "gi") {
+                for (ci, _) in numbered(&gi_dir, "ci") {
+                    out.push((minor, gi, ci));
+                }
+            }
+        }
         out.sort_unstable();
+        out
+    }
+
+    /// Minors of the GPUs with MIG instances ([`Host::mig_instances`]).
+    pub fn gpus_with_mig_instances(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = self.mig_instances().iter().map(|(m, _, _)| *m).collect();
+        out.dedup();
         out
     }
 

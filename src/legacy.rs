@@ -376,35 +376,22 @@ pub fn select_migs(
 }
 
 /// `all` means every GPU and every MIG device, as NVIDIA's `all` does (nvcdi: non-MIG GPUs plus
-/// all MIG devices): a MIG-enabled GPU's node alone gives no access to its instances. NVML is
-/// asked only when the driver lists MIG instances under /proc ([`Host::gpus_with_mig_instances`]).
-fn all_migs(
-    host: &Host,
-    gpus: &[Gpu],
-    nvml: &mut NvmlInventory<'_>,
-) -> Result<Vec<MigDevice>, LegacyError> {
-    if host.gpus_with_mig_instances().is_empty() {
-        return Ok(Vec::new());
-    }
-    let inventory = nvml().map_err(|source| LegacyError::Nvml {
-        id: "all".into(),
-        source,
-    })?;
-    let mut out = Vec::new();
-    for g in inventory.iter().filter(|g| g.mig_enabled) {
-        let Some(parent) = gpus.iter().find(|p| p.minor == g.minor) else {
-            continue;
-        };
-        for m in &g.migs {
-            out.push(MigDevice {
-                id: m.uuid.clone(),
+/// all MIG devices): a MIG-enabled GPU's node alone gives no access to its instances. The MIG
+/// devices come from the driver's `/proc` ([`Host::mig_instances`]), not NVML: `all` on a MIG
+/// host costs a directory walk, not the NVML helper.
+fn all_migs(host: &Host, gpus: &[Gpu]) -> Vec<MigDevice> {
+    host.mig_instances()
+        .into_iter()
+        .filter_map(|(minor, gi, ci)| {
+            let parent = gpus.iter().find(|p| p.minor == minor)?;
+            Some(MigDevice {
+                id: format!("MIG-{}/{gi}/{ci}", parent.uuid),
                 parent: parent.clone(),
-                gpu_instance: m.gpu_instance,
-                compute_instance: m.compute_instance,
-            });
-        }
-    }
-    Ok(out)
+                gpu_instance: gi,
+                compute_instance: ci,
+            })
+        })
+        .collect()
 }
 
 /// The `mig-minors` names of a MIG device's two capabilities (GPU instance, compute instance).
@@ -535,7 +522,7 @@ pub fn resolve_with_nvml(
     let mut gpus = select_gpus(&gpu_ids, &all_gpus)?;
     let mut migs = select_migs(&mig_ids, &all_gpus, nvml)?;
     if request.devices == VisibleDevices::All {
-        migs.extend(all_migs(host, &all_gpus, nvml)?);
+        migs.extend(all_migs(host, &all_gpus));
     }
     for m in &migs {
         if !gpus.iter().any(|g| g.minor == m.parent.minor) {
