@@ -16,7 +16,6 @@
 //! `create` twice on one bundle (a retried create, a legacy hook after the shim).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Component, Path};
 
 use oci_spec::runtime::{
     HookBuilder, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
@@ -206,12 +205,75 @@ fn to_value<T: Serialize>(v: &T, what: &'static str) -> Result<Value, EditError>
     })
 }
 
-/// Number of path components of a cleaned destination (the CDI mount sort key).
+/// Go's `filepath.Clean` on Unix, lexically: `//` and `.` dropped, `..` removes the part before
+/// it (at the root it stays at the root; leading `..` of a relative path stay), `""` is `.`.
+pub fn go_clean(path: &str) -> String {
+    let rooted = path.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.last().is_some_and(|l| *l != "..") {
+                    parts.pop();
+                } else if !rooted {
+                    parts.push("..");
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    let body = parts.join("/");
+    if rooted {
+        format!("/{body}")
+    } else if body.is_empty() {
+        ".".into()
+    } else {
+        body
+    }
+}
+
+/// The CDI mount sort key: the number of `/` in the cleaned destination, exactly as the
+/// reference counts it. So `/` and `/a` tie, a relative `a/b` ties with `/a`, and `/a/../b` is
+/// one level deep.
 fn depth(destination: &str) -> usize {
-    Path::new(destination)
-        .components()
-        .filter(|c| matches!(c, Component::Normal(_)))
-        .count()
+    go_clean(destination).matches('/').count()
+}
+
+/// The environment a CDI hook runs with. A hook without `env` would get its environment from
+/// the runtime, which for runc is the container's (an image's `LD_PRELOAD` would then load
+/// into a root process on the host), so every hook gets at least the one nvshim gives its own
+/// hooks ([`crate::legacy::HOOK_ENV`]). An `env` the spec gives is kept as written: whoever
+/// writes the spec already chooses the binary the hook runs, so its variables add no power.
+pub fn hook_env(spec_env: Option<&[String]>) -> Vec<String> {
+    match spec_env {
+        Some(env) if !env.is_empty() => env.to_vec(),
+        _ => vec![crate::legacy::HOOK_ENV.to_string()],
+    }
+}
+
+/// `linux.intelRdt` as the reference writes it: its Go fields are `omitempty`, so empty strings,
+/// an empty `schemata` and a false `enableMonitoring` are left out.
+fn intel_rdt_value(rdt: &IntelRdt) -> Value {
+    let mut out = Map::new();
+    let mut text = |key: &str, v: &Option<String>| {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            out.insert(key.into(), Value::String(v.into()));
+        }
+    };
+    text("closID", &rdt.clos_id);
+    text("l3CacheSchema", &rdt.l3_cache_schema);
+    text("memBwSchema", &rdt.mem_bw_schema);
+    if let Some(s) = rdt.schemata.as_ref().filter(|s| !s.is_empty()) {
+        out.insert(
+            "schemata".into(),
+            Value::Array(s.iter().cloned().map(Value::String).collect()),
+        );
+    }
+    if rdt.enable_monitoring == Some(true) {
+        out.insert("enableMonitoring".into(), Value::Bool(true));
+    }
+    Value::Object(out)
 }
 
 /// Fills type, major, minor and mode of a device node from its host node (CDI
@@ -383,15 +445,20 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                     Some("none") => "",
                     Some(p) => p,
                 };
-                let rule = LinuxDeviceCgroupBuilder::default()
+                let mut rule = LinuxDeviceCgroupBuilder::default()
                     .allow(true)
                     .typ(typ)
                     .major(d.major.unwrap_or(0))
-                    .minor(d.minor.unwrap_or(0))
-                    .access(access)
-                    .build()
-                    .map_err(build_err("device cgroup rule"))?;
-                let rule = to_value(&rule, "device cgroup rule")?;
+                    .minor(d.minor.unwrap_or(0));
+                if !access.is_empty() {
+                    rule = rule.access(access);
+                }
+                let rule = rule.build().map_err(build_err("device cgroup rule"))?;
+                let mut rule = to_value(&rule, "device cgroup rule")?;
+                // `access` is `omitempty` in the reference: `permissions: none` leaves it out.
+                if let Some(r) = rule.as_object_mut() {
+                    r.retain(|_, v| !v.is_null());
+                }
                 let resources = object_at(linux, "resources", "linux.resources")?;
                 let rules = array_at(resources, "devices", "linux.resources.devices")?;
                 if !rules.contains(&rule) {
@@ -444,9 +511,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
             if !h.args.is_empty() {
                 b = b.args(h.args.clone());
             }
-            if let Some(env) = &h.env {
-                b = b.env(env.clone());
-            }
+            b = b.env(hook_env(h.env.as_deref()));
             if let Some(t) = h.timeout {
                 b = b.timeout(t);
             }
@@ -460,7 +525,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
 
     if let Some(rdt) = &edits.intel_rdt {
         let linux = object_at(root, "linux", "linux")?;
-        linux.insert("intelRdt".into(), to_value(rdt, "intelRdt")?);
+        linux.insert("intelRdt".into(), intel_rdt_value(rdt));
     }
 
     // Additional gids: 0 and duplicates skipped.
@@ -681,5 +746,116 @@ mod tests {
         assert_eq!(spec["future"], json!({"x": 1}));
         assert_eq!(spec["linux"]["newThing"], json!([1]));
         assert_eq!(spec["linux"]["devices"][0]["vendorExt"], json!(true));
+    }
+
+    fn hook(env: Option<Vec<String>>) -> Hook {
+        Hook {
+            hook_name: "createContainer".into(),
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            args: vec!["nvidia-cdi-hook".into(), "update-ldcache".into()],
+            env,
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn hooks_never_inherit_the_container_env() {
+        let mut spec = json!({"process": {"env": ["LD_PRELOAD=/evil.so"]}});
+        let edits = ContainerEdits {
+            hooks: vec![
+                hook(None),
+                hook(Some(vec![])),
+                hook(Some(vec![
+                    "PATH=/opt/bin".into(),
+                    "LD_LIBRARY_PATH=/opt/lib".into(),
+                ])),
+            ],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let hooks = spec["hooks"]["createContainer"].as_array().unwrap();
+        // The first two are identical once given the default env: written once.
+        assert_eq!(hooks.len(), 2, "{hooks:?}");
+        assert_eq!(hooks[0]["env"], json!([crate::legacy::HOOK_ENV]));
+        assert_eq!(
+            hooks[1]["env"],
+            json!(["PATH=/opt/bin", "LD_LIBRARY_PATH=/opt/lib"])
+        );
+    }
+
+    #[test]
+    fn go_clean_matches_filepath_clean() {
+        for (input, want) in [
+            ("", "."),
+            ("/", "/"),
+            ("//a//b/", "/a/b"),
+            ("/a/../b", "/b"),
+            ("/../a", "/a"),
+            ("a/b", "a/b"),
+            ("../../a", "../../a"),
+            ("a/../..", ".."),
+            ("./", "."),
+        ] {
+            assert_eq!(go_clean(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn mount_sort_counts_slashes_of_the_cleaned_path() {
+        let mut spec = json!({"mounts": [
+            {"destination": "/a/b"}, {"destination": "/c"}, {"destination": "rel/x"}
+        ]});
+        let mount = |dst: &str| Mount {
+            host_path: "/h".into(),
+            container_path: dst.into(),
+            ..Default::default()
+        };
+        let edits = ContainerEdits {
+            mounts: vec![mount("/"), mount("/x/../b"), mount("/d/")],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let order: Vec<&str> = spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        // `/`, `/c`, `rel/x`, `/x/../b` and `/d/` all have one `/` once cleaned: they keep
+        // their order, ahead of `/a/b`.
+        assert_eq!(order, ["/c", "rel/x", "/", "/x/../b", "/d/", "/a/b"]);
+    }
+
+    #[test]
+    fn empty_values_left_out_as_omitempty_does() {
+        let mut spec = json!({});
+        let edits = ContainerEdits {
+            device_nodes: vec![DeviceNode {
+                permissions: Some("none".into()),
+                ..null_device()
+            }],
+            intel_rdt: Some(IntelRdt {
+                clos_id: Some(String::new()),
+                l3_cache_schema: Some("L3:0=f".into()),
+                mem_bw_schema: None,
+                schemata: Some(vec![]),
+                enable_monitoring: Some(false),
+            }),
+            hooks: vec![hook(Some(vec![]))],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(
+            spec["linux"]["intelRdt"],
+            json!({"l3CacheSchema": "L3:0=f"})
+        );
+        assert_eq!(
+            spec["linux"]["resources"]["devices"][0],
+            json!({"allow": true, "type": "c", "major": 1, "minor": 3})
+        );
+        assert_eq!(
+            spec["hooks"]["createContainer"][0]["env"],
+            json!([crate::legacy::HOOK_ENV])
+        );
     }
 }
