@@ -480,6 +480,27 @@ impl Spec {
         Ok(())
     }
 
+    /// Hooks that give no `env`, each as `where: hookName path`. runc runs such a hook with
+    /// the container's environment (an image's `LD_PRELOAD` included) under consumers that
+    /// copy the spec as written; nvshim gives them its hook env ([`crate::edits::hook_env`]),
+    /// and `nvshim cdi validate` warns so the spec can be fixed for every consumer.
+    pub fn hooks_without_env(&self) -> Vec<String> {
+        let global = std::iter::once(("containerEdits".to_string(), &self.container_edits));
+        let devices = self
+            .devices
+            .iter()
+            .map(|d| (format!("device {:?}", d.name), &d.container_edits));
+        let mut out = Vec::new();
+        for (place, edits) in global.chain(devices) {
+            for h in &edits.hooks {
+                if h.env.as_ref().is_none_or(Vec::is_empty) {
+                    out.push(format!("{place}: {} hook {}", h.hook_name, h.path));
+                }
+            }
+        }
+        out
+    }
+
     /// `Spec.validate` (cdi-conformance.md §2.3), first error wins.
     pub fn validate(&self) -> Result<(), SpecError> {
         self.validate_version()?;
