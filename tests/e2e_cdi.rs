@@ -790,7 +790,7 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
 // ---- `nvshim cdi validate` on files as the reference reads them ---------------------------------
 
 /// tests/fixtures/cdi: byte-order marks (UTF-8, UTF-16 LE and BE, YAML and JSON) and merge keys
-/// are accepted as the reference accepts them; keys differing in case resolve to the
+/// are accepted as the reference accepts them, a merge key whose keys are set again is not; keys differing in case resolve to the
 /// byte-greatest; a hook without env is valid but warned about; UTF-16 without a mark and a
 /// version nvshim does not read are errors that say why.
 #[test]
@@ -839,6 +839,13 @@ fn validate_probes_as_the_reference() {
     let (code, stdout) = validate("utf16le-no-bom.yaml");
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("utf16le-no-bom.yaml"), "{stdout}");
+    // The reference decodes in yaml.v2's strict mode: a merged key set again is an error.
+    let (code, stdout) = validate("merge-key-override.yaml");
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("key \"env\" already set in map"),
+        "{stdout}"
+    );
     let (code, stdout) = validate("version-1.2.0.yaml");
     assert_eq!(code, Some(1), "{stdout}");
     assert!(

@@ -1015,12 +1015,21 @@ fn byte_order_marks_utf8_and_utf16() {
 
 #[test]
 fn merge_keys_in_a_spec() {
-    let text = "cdiVersion: 0.3.0\nkind: vendor.com/device\ndevices:\n- name: a\n  containerEdits: &edits\n    env: [A=1]\n    mounts: [{hostPath: /h, containerPath: /c}]\n- name: b\n  containerEdits:\n    <<: *edits\n    env: [B=2]\n- name: c\n  containerEdits: {<<: [*edits]}\n";
+    let text = "cdiVersion: 0.3.0\nkind: vendor.com/device\ndevices:\n- name: a\n  containerEdits: &edits\n    env: [A=1]\n    mounts: [{hostPath: /h, containerPath: /c}]\n- name: b\n  containerEdits:\n    <<: *edits\n    additionalGids: [5]\n- name: c\n  containerEdits: {<<: [*edits]}\n";
+    assert_eq!(
+        validate(text),
+        Err("the spec version must be at least v0.7.0".into())
+    );
     let s = spec_from(text);
-    assert_eq!(validate(text), Ok(()));
-    assert_eq!(s.devices[1].container_edits.env, ["B=2"]);
-    assert_eq!(s.devices[1].container_edits.mounts.len(), 1);
+    assert_eq!(s.devices[1].container_edits.env, ["A=1"]);
+    assert_eq!(s.devices[1].container_edits.additional_gids, [5]);
     assert_eq!(s.devices[2].container_edits, s.devices[0].container_edits);
+    // Overriding a merged key fails in the reference's strict decoder.
+    let e = spec::parse(text.replace("additionalGids: [5]", "env: [B=2]").as_bytes()).unwrap_err();
+    assert!(
+        e.to_string().contains("key \"env\" already set in map"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -110,9 +110,10 @@ fn is_spec_file(name: &str) -> bool {
 
 impl Registry {
     /// Scans `dirs` in order (priority = position; later wins). A missing directory is skipped;
-    /// one that cannot be read is recorded, warned about and skipped, and the scan goes on: the
-    /// reference's 1.1.0 scan stops at the first unreadable directory, which lets a broken
-    /// `/etc/cdi` hide every spec in `/var/run/cdi`; later releases keep scanning.
+    /// one that cannot be read is recorded, warned about and skipped, and the scan goes on, as
+    /// CDI 1.1.0's directory walk goes on (silently there). The reference's main branch after
+    /// 1.1.0 stops the whole scan instead, which lets a broken `/etc/cdi` hide every spec in
+    /// `/var/run/cdi`; nvshim keeps the 1.1.0 behaviour.
     pub fn load(dirs: &[PathBuf]) -> Registry {
         let mut reg = Registry {
             dirs: dirs.iter().map(|d| clean(d)).collect(),

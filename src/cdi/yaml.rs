@@ -123,7 +123,10 @@ fn merge_identity(node: &Node) -> Option<String> {
 }
 
 /// Applies the merge keys of one mapping: the mappings a `<<` names (one, or a sequence of
-/// them where earlier ones win) give the keys the mapping does not set itself.
+/// them) add their keys to it. The reference decodes with yaml.v2 in strict mode, where every
+/// key, merged or not, is set through one check that refuses a key already in the map: so a
+/// merged key the mapping also sets, or that two merged mappings both set, is an error there
+/// (`key "x" already set in map`), not an override. The same here.
 fn merge(entries: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, YamlError> {
     if !entries.iter().any(|(k, _)| is_merge_key(k)) {
         return Ok(entries);
@@ -155,15 +158,23 @@ fn merge(entries: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, YamlError> {
             _ => return Err(not_a_map()),
         }
     }
-    let mut present: std::collections::HashSet<String> =
-        own.iter().filter_map(|(k, _)| merge_identity(k)).collect();
-    for source in sources {
-        for (k, v) in source {
-            let new = merge_identity(&k).is_none_or(|id| present.insert(id));
-            if new {
-                own.push((k, v));
+    let mut present: HashSet<String> = own.iter().filter_map(|(k, _)| merge_identity(k)).collect();
+    for (k, v) in sources.into_iter().flatten() {
+        if let Some(id) = merge_identity(&k) {
+            if !present.insert(id) {
+                let (line, col) = k.line();
+                let key = key_string(&k, "").unwrap_or_default();
+                return Err(YamlError {
+                    line,
+                    col,
+                    path: String::new(),
+                    message: format!(
+                        "key {key:?} already set in map (a merge key `<<` may only add keys the mapping does not set itself, as the reference's strict decoder requires): remove one of the two"
+                    ),
+                });
             }
         }
+        own.push((k, v));
     }
     Ok(own)
 }
@@ -897,31 +908,36 @@ mod tests {
     }
 
     #[test]
-    fn merge_keys_explicit_keys_win() {
-        let base = "defaults: &d {name: base, major: 1, flag: yes}\n";
-        let node = parse(&format!("{base}x:\n  <<: *d\n  name: own\n"))
-            .unwrap()
-            .unwrap();
-        let Node::Map(top, _) = node else { panic!() };
-        let v = to_json(&top[1].1, &OBJ, "").unwrap();
-        assert_eq!(v, json!({"name": "own", "major": 1, "flag": true}));
-        // An explicit key before the merge also wins; in a list, earlier maps win.
-        let text = "a: &a {name: a, major: 1}\nb: &b {name: b, fileMode: 2}\nx: {name: own, <<: [*a, *b]}\n";
-        let Node::Map(top, _) = parse(text).unwrap().unwrap() else {
-            panic!()
+    fn merge_keys_add_keys_and_refuse_overrides() {
+        let pick = |text: &str, index: usize| {
+            let Node::Map(top, _) = parse(text)?.expect("a document") else {
+                panic!("not a mapping")
+            };
+            to_json(&top[index].1, &OBJ, "")
         };
-        let v = to_json(&top[2].1, &OBJ, "").unwrap();
-        assert_eq!(v, json!({"name": "own", "major": 1, "fileMode": 2}));
-        let Node::Map(top, _) = parse("a: &a {name: a}\nx: {<<: [*a], major: 3}\n")
-            .unwrap()
-            .unwrap()
-        else {
-            panic!()
-        };
+        let base = "defaults: &d {name: base, major: 1}\n";
         assert_eq!(
-            to_json(&top[1].1, &OBJ, "").unwrap(),
-            json!({"name": "a", "major": 3})
+            pick(&format!("{base}x:\n  <<: *d\n  flag: yes\n"), 1).unwrap(),
+            json!({"name": "base", "major": 1, "flag": true})
         );
+        let two = "a: &a {name: a}\nb: &b {fileMode: 2}\nx: {major: 3, <<: [*a, *b]}\n";
+        assert_eq!(
+            pick(two, 2).unwrap(),
+            json!({"name": "a", "major": 3, "fileMode": 2})
+        );
+        // yaml.v2 strict: a merged key the mapping sets too, before or after the `<<`, or two
+        // merged mappings setting one key, is an error.
+        for text in [
+            format!("{base}x:\n  <<: *d\n  name: own\n"),
+            format!("{base}x:\n  name: own\n  <<: *d\n"),
+            "a: &a {name: a}\nb: &b {name: b}\nx: {<<: [*a, *b]}\n".to_string(),
+        ] {
+            let e = parse(&text).unwrap_err();
+            assert!(
+                e.message.contains("key \"name\" already set in map"),
+                "{text}: {e}"
+            );
+        }
         // A quoted "<<" is an ordinary key; merging a scalar is an error.
         assert!(convert("\"<<\": {name: a}")
             .unwrap_err()
