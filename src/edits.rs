@@ -15,6 +15,7 @@
 //! end, and identical cgroup rules and hooks are not appended again), because runtimes do call
 //! `create` twice on one bundle (a retried create, a legacy hook after the shim).
 
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
 use oci_spec::runtime::{
@@ -362,6 +363,29 @@ fn build_err(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> EditError
     }
 }
 
+/// A cgroup rule as a string that is equal for equal rules whatever their key order (what
+/// `Value`'s own equality also ignores).
+fn canonical(v: &Value) -> String {
+    match v.as_object() {
+        Some(map) => {
+            let sorted: std::collections::BTreeMap<&String, &Value> = map.iter().collect();
+            format!("{sorted:?}")
+        }
+        None => v.to_string(),
+    }
+}
+
+/// Each key's first position in a list (`None` keys are left out), for constant-time lookups.
+fn first_index(keys: impl Iterator<Item = Option<String>>) -> HashMap<String, usize> {
+    let mut index = HashMap::new();
+    for (i, key) in keys.enumerate() {
+        if let Some(key) = key {
+            index.entry(key).or_insert(i);
+        }
+    }
+    index
+}
+
 /// Applies `edits` to the config.json document. Validation of the edits (CDI rules) happens
 /// before; host device nodes are stat'ed here. Nothing is written to disk.
 pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> {
@@ -398,21 +422,24 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
         // keyed any other way, an entry without '=' is appended again on every apply
         // (fuzz/corpus/bundle_edits/seed-regression-env-without-equals).
         let env_key = |e: &str| e.split_once('=').map_or(e, |(k, _)| k).to_string();
+        // Key → index of its first entry: each lookup constant, so large edits stay linear.
+        let mut index = first_index(env.iter().map(|v| v.as_str().map(env_key)));
         for entry in &edits.env {
-            let key = env_key(entry);
-            let existing = env
-                .iter_mut()
-                .find(|v| v.as_str().is_some_and(|s| env_key(s) == key));
-            match existing {
-                Some(slot) => *slot = Value::String(entry.clone()),
-                None => env.push(Value::String(entry.clone())),
+            let value = Value::String(entry.clone());
+            match index.get(&env_key(entry)) {
+                Some(&i) => env[i] = value,
+                None => {
+                    index.insert(env_key(entry), env.len());
+                    env.push(value);
+                }
             }
         }
     }
 
     // Device nodes and their cgroup rules.
     if !devices.is_empty() {
-        let linux = object_at(root, "linux", "linux")?;
+        let mut nodes = Vec::with_capacity(devices.len());
+        let mut rules = Vec::new();
         for d in &devices {
             let kind = d.kind.clone().unwrap_or_default();
             let typ = device_type(&d.path, &kind)?;
@@ -431,14 +458,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                 b = b.gid(gid);
             }
             let dev = to_value(&b.build().map_err(build_err("device"))?, "device")?;
-            let list = array_at(linux, "devices", "linux.devices")?;
-            match list
-                .iter_mut()
-                .find(|v| v.get("path").and_then(Value::as_str) == Some(d.path.as_str()))
-            {
-                Some(slot) => *slot = dev,
-                None => list.push(dev),
-            }
+            nodes.push((d.path.clone(), dev));
             if matches!(typ, LinuxDeviceType::B | LinuxDeviceType::C) {
                 let access = match d.permissions.as_deref() {
                     None | Some("") => "rwm",
@@ -459,10 +479,31 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                 if let Some(r) = rule.as_object_mut() {
                     r.retain(|_, v| !v.is_null());
                 }
-                let resources = object_at(linux, "resources", "linux.resources")?;
-                let rules = array_at(resources, "devices", "linux.resources.devices")?;
-                if !rules.contains(&rule) {
-                    rules.push(rule);
+                rules.push(rule);
+            }
+        }
+        let linux = object_at(root, "linux", "linux")?;
+        let list = array_at(linux, "devices", "linux.devices")?;
+        let mut index = first_index(
+            list.iter()
+                .map(|v| v.get("path").and_then(Value::as_str).map(str::to_string)),
+        );
+        for (path, dev) in nodes {
+            match index.get(&path) {
+                Some(&i) => list[i] = dev,
+                None => {
+                    index.insert(path, list.len());
+                    list.push(dev);
+                }
+            }
+        }
+        if !rules.is_empty() {
+            let resources = object_at(linux, "resources", "linux.resources")?;
+            let list = array_at(resources, "devices", "linux.resources.devices")?;
+            let mut seen: HashSet<String> = list.iter().map(canonical).collect();
+            for rule in rules {
+                if seen.insert(canonical(&rule)) {
+                    list.push(rule);
                 }
             }
         }
@@ -482,6 +523,11 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     // Mounts: same destination replaced, else appended; then a stable sort by depth.
     if !edits.mounts.is_empty() {
         let mounts = array_at(root, "mounts", "mounts")?;
+        let mut index = first_index(mounts.iter().map(|v| {
+            v.get("destination")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        }));
         for m in &edits.mounts {
             let mut b = MountBuilder::default()
                 .destination(&m.container_path)
@@ -493,11 +539,12 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                 b = b.options(m.options.clone());
             }
             let mount = to_value(&b.build().map_err(build_err("mount"))?, "mount")?;
-            match mounts.iter_mut().find(|v| {
-                v.get("destination").and_then(Value::as_str) == Some(m.container_path.as_str())
-            }) {
-                Some(slot) => *slot = mount,
-                None => mounts.push(mount),
+            match index.get(&m.container_path) {
+                Some(&i) => mounts[i] = mount,
+                None => {
+                    index.insert(m.container_path.clone(), mounts.len());
+                    mounts.push(mount);
+                }
             }
         }
         mounts.sort_by_key(|v| depth(v.get("destination").and_then(Value::as_str).unwrap_or("")));
