@@ -853,3 +853,28 @@ fn validate_probes_as_the_reference() {
         "{stdout}"
     );
 }
+
+/// A spec directory that cannot be read (here `/etc/cdi` is a file) does not hide the specs of
+/// the next one, and a FIFO named like a spec (which a blocking open would wait on forever)
+/// is refused: the container still gets its GPU, and the log names both.
+#[test]
+fn broken_etc_cdi_and_a_fifo_do_not_stop_create() {
+    let w = World::new(2);
+    w.generate(&[], &[]);
+    fs::remove_dir(&w.etc_cdi).unwrap();
+    fs::write(&w.etc_cdi, "not a directory").unwrap();
+    let fifo = w.run_cdi.join("a-fifo.yaml");
+    nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o644)).unwrap();
+    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=0");
+    let r = w.run_shim(&bundle);
+    assert_no_problems(
+        "nvidia.com/gpu=0 with a broken etc dir and a FIFO",
+        &cdi_container_problems(&r, &w.host, &[w.gpu(0)]),
+        &r,
+    );
+    let log = w.shim_log();
+    assert!(
+        log.contains(&w.etc_cdi.display().to_string()) && log.contains("a-fifo.yaml"),
+        "{log}"
+    );
+}
