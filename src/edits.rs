@@ -206,7 +206,8 @@ fn to_value<T: Serialize>(v: &T, what: &'static str) -> Result<Value, EditError>
     })
 }
 
-/// Go's `filepath.Clean` on Unix, lexically: `//` and `.` dropped, `..` removes the part before
+/// Go's `filepath.Clean` on Unix (written here: the mount sort must count exactly what Go's
+/// does, and it is a few lines), lexically: `//` and `.` dropped, `..` removes the part before
 /// it (at the root it stays at the root; leading `..` of a relative path stay), `""` is `.`.
 pub fn go_clean(path: &str) -> String {
     let rooted = path.starts_with('/');

@@ -1118,3 +1118,24 @@ fn hundred_thousand_devices_validate_in_linear_time() {
     let ratio = large.as_secs_f64() / small.as_secs_f64();
     assert!(ratio < 12.0, "{small:?} for 20,000, {large:?} for 100,000");
 }
+
+#[test]
+fn later_fixes_kept() {
+    // `deviceNodes: [~]` is refused naming the missing field; `permissions: none` is valid.
+    let e = spec::parse(
+        b"cdiVersion: 0.3.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    deviceNodes: [~]\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("missing field `path`"), "{e}");
+    assert_eq!(
+        validate("cdiVersion: 0.3.0\nkind: vendor.com/device\ndevices: [{name: d, containerEdits: {deviceNodes: [{path: /dev/null, permissions: none}]}}]"),
+        Ok(())
+    );
+    // A one-letter vendor and class.
+    assert_eq!(
+        validate(
+            "cdiVersion: 0.3.0\nkind: a/b\ndevices: [{name: d, containerEdits: {env: [A=1]}}]"
+        ),
+        Ok(())
+    );
+}

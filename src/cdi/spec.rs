@@ -221,7 +221,8 @@ pub const MAX_SPEC_BYTES: u64 = 8 << 20;
 
 /// The text of a spec file. The reference's YAML reader takes UTF-8, or UTF-16 when a
 /// byte-order mark says which, and drops the mark; yaml-rust2 takes a `&str` and would make a
-/// UTF-8 mark part of the first key, so the mark is handled here.
+/// UTF-8 mark part of the first key, so the mark is handled here. No encoding crate: std's
+/// `char::decode_utf16` is all UTF-16 needs.
 pub fn decode_text(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>, ParseError> {
     let utf16 = |rest: &[u8], be: bool| {
         if rest.len() % 2 != 0 {

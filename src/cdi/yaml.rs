@@ -13,6 +13,10 @@
 //! matching, unknown-field and duplicate-key errors with the path and line. The typed structs
 //! then deserialise from that JSON.
 //!
+//! The event parser resolves aliases but not YAML 1.1 merge keys (`<<`), so [`parse`] applies
+//! them as the reference's strict yaml.v2 does; it also bounds alias expansion and nesting
+//! ([`MAX_ALIAS_NODES`], [`MAX_DEPTH`]), which an event parser leaves to its user.
+//!
 //! Output ([`emit`]) is block YAML that quotes every string a YAML 1.1 reader could take for
 //! something else, so Go consumers (podman, containerd, CRI-O) read exactly what was written.
 
