@@ -15,8 +15,8 @@
 //! end, and identical cgroup rules and hooks are not appended again), because runtimes do call
 //! `create` twice on one bundle (a retried create, a legacy hook after the shim).
 
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Component, Path};
 
 use oci_spec::runtime::{
     HookBuilder, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
@@ -206,12 +206,76 @@ fn to_value<T: Serialize>(v: &T, what: &'static str) -> Result<Value, EditError>
     })
 }
 
-/// Number of path components of a cleaned destination (the CDI mount sort key).
+/// Go's `filepath.Clean` on Unix (written here: the mount sort must count exactly what Go's
+/// does, and it is a few lines), lexically: `//` and `.` dropped, `..` removes the part before
+/// it (at the root it stays at the root; leading `..` of a relative path stay), `""` is `.`.
+pub fn go_clean(path: &str) -> String {
+    let rooted = path.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.last().is_some_and(|l| *l != "..") {
+                    parts.pop();
+                } else if !rooted {
+                    parts.push("..");
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    let body = parts.join("/");
+    if rooted {
+        format!("/{body}")
+    } else if body.is_empty() {
+        ".".into()
+    } else {
+        body
+    }
+}
+
+/// The CDI mount sort key: the number of `/` in the cleaned destination, exactly as the
+/// reference counts it. So `/` and `/a` tie, a relative `a/b` ties with `/a`, and `/a/../b` is
+/// one level deep.
 fn depth(destination: &str) -> usize {
-    Path::new(destination)
-        .components()
-        .filter(|c| matches!(c, Component::Normal(_)))
-        .count()
+    go_clean(destination).matches('/').count()
+}
+
+/// The environment a CDI hook runs with. A hook without `env` would get its environment from
+/// the runtime, which for runc is the container's (an image's `LD_PRELOAD` would then load
+/// into a root process on the host), so every hook gets at least the one nvshim gives its own
+/// hooks ([`crate::legacy::HOOK_ENV`]). An `env` the spec gives is kept as written: whoever
+/// writes the spec already chooses the binary the hook runs, so its variables add no power.
+pub fn hook_env(spec_env: Option<&[String]>) -> Vec<String> {
+    match spec_env {
+        Some(env) if !env.is_empty() => env.to_vec(),
+        _ => vec![crate::legacy::HOOK_ENV.to_string()],
+    }
+}
+
+/// `linux.intelRdt` as the reference writes it: its Go fields are `omitempty`, so empty strings,
+/// an empty `schemata` and a false `enableMonitoring` are left out.
+fn intel_rdt_value(rdt: &IntelRdt) -> Value {
+    let mut out = Map::new();
+    let mut text = |key: &str, v: &Option<String>| {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            out.insert(key.into(), Value::String(v.into()));
+        }
+    };
+    text("closID", &rdt.clos_id);
+    text("l3CacheSchema", &rdt.l3_cache_schema);
+    text("memBwSchema", &rdt.mem_bw_schema);
+    if let Some(s) = rdt.schemata.as_ref().filter(|s| !s.is_empty()) {
+        out.insert(
+            "schemata".into(),
+            Value::Array(s.iter().cloned().map(Value::String).collect()),
+        );
+    }
+    if rdt.enable_monitoring == Some(true) {
+        out.insert("enableMonitoring".into(), Value::Bool(true));
+    }
+    Value::Object(out)
 }
 
 /// Fills type, major, minor and mode of a device node from its host node (CDI
@@ -300,6 +364,29 @@ fn build_err(what: &'static str) -> impl Fn(oci_spec::OciSpecError) -> EditError
     }
 }
 
+/// A cgroup rule as a string that is equal for equal rules whatever their key order (what
+/// `Value`'s own equality also ignores).
+fn canonical(v: &Value) -> String {
+    match v.as_object() {
+        Some(map) => {
+            let sorted: std::collections::BTreeMap<&String, &Value> = map.iter().collect();
+            format!("{sorted:?}")
+        }
+        None => v.to_string(),
+    }
+}
+
+/// Each key's first position in a list (`None` keys are left out), for constant-time lookups.
+fn first_index(keys: impl Iterator<Item = Option<String>>) -> HashMap<String, usize> {
+    let mut index = HashMap::new();
+    for (i, key) in keys.enumerate() {
+        if let Some(key) = key {
+            index.entry(key).or_insert(i);
+        }
+    }
+    index
+}
+
 /// Applies `edits` to the config.json document. Validation of the edits (CDI rules) happens
 /// before; host device nodes are stat'ed here. Nothing is written to disk.
 pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> {
@@ -336,21 +423,24 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
         // keyed any other way, an entry without '=' is appended again on every apply
         // (fuzz/corpus/bundle_edits/seed-regression-env-without-equals).
         let env_key = |e: &str| e.split_once('=').map_or(e, |(k, _)| k).to_string();
+        // Key → index of its first entry: each lookup constant, so large edits stay linear.
+        let mut index = first_index(env.iter().map(|v| v.as_str().map(env_key)));
         for entry in &edits.env {
-            let key = env_key(entry);
-            let existing = env
-                .iter_mut()
-                .find(|v| v.as_str().is_some_and(|s| env_key(s) == key));
-            match existing {
-                Some(slot) => *slot = Value::String(entry.clone()),
-                None => env.push(Value::String(entry.clone())),
+            let value = Value::String(entry.clone());
+            match index.get(&env_key(entry)) {
+                Some(&i) => env[i] = value,
+                None => {
+                    index.insert(env_key(entry), env.len());
+                    env.push(value);
+                }
             }
         }
     }
 
     // Device nodes and their cgroup rules.
     if !devices.is_empty() {
-        let linux = object_at(root, "linux", "linux")?;
+        let mut nodes = Vec::with_capacity(devices.len());
+        let mut rules = Vec::new();
         for d in &devices {
             let kind = d.kind.clone().unwrap_or_default();
             let typ = device_type(&d.path, &kind)?;
@@ -369,33 +459,52 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                 b = b.gid(gid);
             }
             let dev = to_value(&b.build().map_err(build_err("device"))?, "device")?;
-            let list = array_at(linux, "devices", "linux.devices")?;
-            match list
-                .iter_mut()
-                .find(|v| v.get("path").and_then(Value::as_str) == Some(d.path.as_str()))
-            {
-                Some(slot) => *slot = dev,
-                None => list.push(dev),
-            }
+            nodes.push((d.path.clone(), dev));
             if matches!(typ, LinuxDeviceType::B | LinuxDeviceType::C) {
                 let access = match d.permissions.as_deref() {
                     None | Some("") => "rwm",
                     Some("none") => "",
                     Some(p) => p,
                 };
-                let rule = LinuxDeviceCgroupBuilder::default()
+                let mut rule = LinuxDeviceCgroupBuilder::default()
                     .allow(true)
                     .typ(typ)
                     .major(d.major.unwrap_or(0))
-                    .minor(d.minor.unwrap_or(0))
-                    .access(access)
-                    .build()
-                    .map_err(build_err("device cgroup rule"))?;
-                let rule = to_value(&rule, "device cgroup rule")?;
-                let resources = object_at(linux, "resources", "linux.resources")?;
-                let rules = array_at(resources, "devices", "linux.resources.devices")?;
-                if !rules.contains(&rule) {
-                    rules.push(rule);
+                    .minor(d.minor.unwrap_or(0));
+                if !access.is_empty() {
+                    rule = rule.access(access);
+                }
+                let rule = rule.build().map_err(build_err("device cgroup rule"))?;
+                let mut rule = to_value(&rule, "device cgroup rule")?;
+                // `access` is `omitempty` in the reference: `permissions: none` leaves it out.
+                if let Some(r) = rule.as_object_mut() {
+                    r.retain(|_, v| !v.is_null());
+                }
+                rules.push(rule);
+            }
+        }
+        let linux = object_at(root, "linux", "linux")?;
+        let list = array_at(linux, "devices", "linux.devices")?;
+        let mut index = first_index(
+            list.iter()
+                .map(|v| v.get("path").and_then(Value::as_str).map(str::to_string)),
+        );
+        for (path, dev) in nodes {
+            match index.get(&path) {
+                Some(&i) => list[i] = dev,
+                None => {
+                    index.insert(path, list.len());
+                    list.push(dev);
+                }
+            }
+        }
+        if !rules.is_empty() {
+            let resources = object_at(linux, "resources", "linux.resources")?;
+            let list = array_at(resources, "devices", "linux.resources.devices")?;
+            let mut seen: HashSet<String> = list.iter().map(canonical).collect();
+            for rule in rules {
+                if seen.insert(canonical(&rule)) {
+                    list.push(rule);
                 }
             }
         }
@@ -415,6 +524,11 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     // Mounts: same destination replaced, else appended; then a stable sort by depth.
     if !edits.mounts.is_empty() {
         let mounts = array_at(root, "mounts", "mounts")?;
+        let mut index = first_index(mounts.iter().map(|v| {
+            v.get("destination")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        }));
         for m in &edits.mounts {
             let mut b = MountBuilder::default()
                 .destination(&m.container_path)
@@ -426,11 +540,12 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                 b = b.options(m.options.clone());
             }
             let mount = to_value(&b.build().map_err(build_err("mount"))?, "mount")?;
-            match mounts.iter_mut().find(|v| {
-                v.get("destination").and_then(Value::as_str) == Some(m.container_path.as_str())
-            }) {
-                Some(slot) => *slot = mount,
-                None => mounts.push(mount),
+            match index.get(&m.container_path) {
+                Some(&i) => mounts[i] = mount,
+                None => {
+                    index.insert(m.container_path.clone(), mounts.len());
+                    mounts.push(mount);
+                }
             }
         }
         mounts.sort_by_key(|v| depth(v.get("destination").and_then(Value::as_str).unwrap_or("")));
@@ -444,9 +559,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
             if !h.args.is_empty() {
                 b = b.args(h.args.clone());
             }
-            if let Some(env) = &h.env {
-                b = b.env(env.clone());
-            }
+            b = b.env(hook_env(h.env.as_deref()));
             if let Some(t) = h.timeout {
                 b = b.timeout(t);
             }
@@ -460,7 +573,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
 
     if let Some(rdt) = &edits.intel_rdt {
         let linux = object_at(root, "linux", "linux")?;
-        linux.insert("intelRdt".into(), to_value(rdt, "intelRdt")?);
+        linux.insert("intelRdt".into(), intel_rdt_value(rdt));
     }
 
     // Additional gids: 0 and duplicates skipped.
@@ -681,5 +794,116 @@ mod tests {
         assert_eq!(spec["future"], json!({"x": 1}));
         assert_eq!(spec["linux"]["newThing"], json!([1]));
         assert_eq!(spec["linux"]["devices"][0]["vendorExt"], json!(true));
+    }
+
+    fn hook(env: Option<Vec<String>>) -> Hook {
+        Hook {
+            hook_name: "createContainer".into(),
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            args: vec!["nvidia-cdi-hook".into(), "update-ldcache".into()],
+            env,
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn hooks_never_inherit_the_container_env() {
+        let mut spec = json!({"process": {"env": ["LD_PRELOAD=/evil.so"]}});
+        let edits = ContainerEdits {
+            hooks: vec![
+                hook(None),
+                hook(Some(vec![])),
+                hook(Some(vec![
+                    "PATH=/opt/bin".into(),
+                    "LD_LIBRARY_PATH=/opt/lib".into(),
+                ])),
+            ],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let hooks = spec["hooks"]["createContainer"].as_array().unwrap();
+        // The first two are identical once given the default env: written once.
+        assert_eq!(hooks.len(), 2, "{hooks:?}");
+        assert_eq!(hooks[0]["env"], json!([crate::legacy::HOOK_ENV]));
+        assert_eq!(
+            hooks[1]["env"],
+            json!(["PATH=/opt/bin", "LD_LIBRARY_PATH=/opt/lib"])
+        );
+    }
+
+    #[test]
+    fn go_clean_matches_filepath_clean() {
+        for (input, want) in [
+            ("", "."),
+            ("/", "/"),
+            ("//a//b/", "/a/b"),
+            ("/a/../b", "/b"),
+            ("/../a", "/a"),
+            ("a/b", "a/b"),
+            ("../../a", "../../a"),
+            ("a/../..", ".."),
+            ("./", "."),
+        ] {
+            assert_eq!(go_clean(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn mount_sort_counts_slashes_of_the_cleaned_path() {
+        let mut spec = json!({"mounts": [
+            {"destination": "/a/b"}, {"destination": "/c"}, {"destination": "rel/x"}
+        ]});
+        let mount = |dst: &str| Mount {
+            host_path: "/h".into(),
+            container_path: dst.into(),
+            ..Default::default()
+        };
+        let edits = ContainerEdits {
+            mounts: vec![mount("/"), mount("/x/../b"), mount("/d/")],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let order: Vec<&str> = spec["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        // `/`, `/c`, `rel/x`, `/x/../b` and `/d/` all have one `/` once cleaned: they keep
+        // their order, ahead of `/a/b`.
+        assert_eq!(order, ["/c", "rel/x", "/", "/x/../b", "/d/", "/a/b"]);
+    }
+
+    #[test]
+    fn empty_values_left_out_as_omitempty_does() {
+        let mut spec = json!({});
+        let edits = ContainerEdits {
+            device_nodes: vec![DeviceNode {
+                permissions: Some("none".into()),
+                ..null_device()
+            }],
+            intel_rdt: Some(IntelRdt {
+                clos_id: Some(String::new()),
+                l3_cache_schema: Some("L3:0=f".into()),
+                mem_bw_schema: None,
+                schemata: Some(vec![]),
+                enable_monitoring: Some(false),
+            }),
+            hooks: vec![hook(Some(vec![]))],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(
+            spec["linux"]["intelRdt"],
+            json!({"l3CacheSchema": "L3:0=f"})
+        );
+        assert_eq!(
+            spec["linux"]["resources"]["devices"][0],
+            json!({"allow": true, "type": "c", "major": 1, "minor": 3})
+        );
+        assert_eq!(
+            spec["hooks"]["createContainer"][0]["env"],
+            json!([crate::legacy::HOOK_ENV])
+        );
     }
 }

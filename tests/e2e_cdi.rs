@@ -720,3 +720,184 @@ fn podman_sees_what_nvshim_runtime_gives() {
     );
     drop(system_spec);
 }
+
+// ---- security: a CDI hook never runs with the container's environment ------------------------
+
+/// A shared library whose constructor creates `marker`: proof that it was loaded.
+fn preload_library(dir: &Path, marker: &Path) -> PathBuf {
+    let src = dir.join("preload.c");
+    fs::write(
+        &src,
+        format!(
+            "#include <fcntl.h>\n#include <unistd.h>\n\
+             __attribute__((constructor)) static void owned(void) {{\n\
+               int fd = open(\"{}\", O_CREAT | O_WRONLY, 0644);\n\
+               if (fd >= 0) {{ write(fd, \"owned\\n\", 6); close(fd); }}\n}}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("preload.so");
+    let status = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(status.success(), "gcc failed");
+    out
+}
+
+/// runc runs a hook whose config.json entry has no `env` from `runc init`, with the
+/// container's environment: an image's `LD_PRELOAD` would load into a root process on the
+/// host. The spec's hook has no env; the image sets `LD_PRELOAD` to a library that writes a
+/// host marker. The positive control (a spec that itself sets `LD_PRELOAD` for its hook) shows
+/// the library does load when asked to, so the marker's absence means something.
+#[test]
+fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
+    let w = World::new(1);
+    let lib_dir = w.tmp.path().join("lib");
+    fs::create_dir_all(&lib_dir).unwrap();
+    let marker = lib_dir.join("owned");
+    let preload = preload_library(&lib_dir, &marker);
+    // A dynamic binary the loader preloads into; `true` exits 0 as a hook must.
+    let hook = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("true(1) on the host");
+    let spec = |hook_env: &str| {
+        format!(
+            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: createContainer\n      path: {hook}\n{hook_env}"
+        )
+    };
+    fs::write(w.run_cdi.join("vendor.yaml"), spec("")).unwrap();
+    let bundle = w.annotated_bundle("b1", "vendor.com/device=d");
+    bundle
+        .set_env("LD_PRELOAD", &preload.display().to_string())
+        .unwrap();
+    let r = w.run_shim(&bundle);
+    assert_eq!(
+        r.env.get("NVCT_VENDOR_DEVICE").map(String::as_str),
+        Some("d")
+    );
+    assert!(
+        !marker.exists(),
+        "the image's LD_PRELOAD library ran in the CDI hook on the host"
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(bundle.dir().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        config["hooks"]["createContainer"][0]["env"],
+        json!([nvshim::legacy::HOOK_ENV]),
+        "{config}"
+    );
+
+    // Positive control: the spec's own env is kept, and the library then loads.
+    fs::write(
+        w.run_cdi.join("vendor.yaml"),
+        spec(&format!(
+            "      env: [\"LD_PRELOAD={}\"]\n",
+            preload.display()
+        )),
+    )
+    .unwrap();
+    let bundle = w.annotated_bundle("b2", "vendor.com/device=d");
+    w.run_shim(&bundle);
+    assert!(
+        marker.exists(),
+        "the positive control did not load the library"
+    );
+}
+
+// ---- `nvshim cdi validate` on files as the reference reads them ---------------------------------
+
+/// tests/fixtures/cdi: byte-order marks (UTF-8, UTF-16 LE and BE, YAML and JSON) and merge keys
+/// are accepted as the reference accepts them, a merge key whose keys are set again is not; keys differing in case resolve to the
+/// byte-greatest; a hook without env is valid but warned about; UTF-16 without a mark and a
+/// version nvshim does not read are errors that say why.
+#[test]
+fn validate_probes_as_the_reference() {
+    let w = World::new(1);
+    let fixture = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/cdi")
+            .join(name)
+    };
+    let validate = |name: &str| {
+        let out = w.nvshim(&["cdi", "validate", fixture(name).to_str().unwrap()], &[]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    for ok in [
+        "bom-utf8.yaml",
+        "bom-utf8.json",
+        "utf16le.yaml",
+        "utf16be.json",
+        "merge-keys.yaml",
+    ] {
+        let (code, stdout) = validate(ok);
+        assert_eq!(code, Some(0), "{ok}: {stdout}");
+        assert!(
+            stdout.contains("valid: kind vendor.com/device") && !stdout.contains("warning"),
+            "{ok}: {stdout}"
+        );
+    }
+    let (code, stdout) = validate("key-case.yaml");
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("valid: kind vendor.com/device,"),
+        "{stdout}"
+    );
+
+    let (code, stdout) = validate("hook-without-env.yaml");
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("hook-without-env.yaml: warning: device \"d\": createContainer hook /usr/bin/vendor-hook has no env"),
+        "{stdout}"
+    );
+
+    let (code, stdout) = validate("utf16le-no-bom.yaml");
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("utf16le-no-bom.yaml"), "{stdout}");
+    // The reference decodes in yaml.v2's strict mode: a merged key set again is an error.
+    let (code, stdout) = validate("merge-key-override.yaml");
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("key \"env\" already set in map"),
+        "{stdout}"
+    );
+    let (code, stdout) = validate("version-1.2.0.yaml");
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.contains("invalid version \"1.2.0\": nvshim reads CDI spec versions 1.1.0, 1.0.0,"),
+        "{stdout}"
+    );
+}
+
+/// A spec directory that cannot be read (here `/etc/cdi` is a file) does not hide the specs of
+/// the next one, and a FIFO named like a spec (which a blocking open would wait on forever)
+/// is refused: the container still gets its GPU, and the log names both.
+#[test]
+fn broken_etc_cdi_and_a_fifo_do_not_stop_create() {
+    let w = World::new(2);
+    w.generate(&[], &[]);
+    fs::remove_dir(&w.etc_cdi).unwrap();
+    fs::write(&w.etc_cdi, "not a directory").unwrap();
+    let fifo = w.run_cdi.join("a-fifo.yaml");
+    nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o644)).unwrap();
+    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=0");
+    let r = w.run_shim(&bundle);
+    assert_no_problems(
+        "nvidia.com/gpu=0 with a broken etc dir and a FIFO",
+        &cdi_container_problems(&r, &w.host, &[w.gpu(0)]),
+        &r,
+    );
+    let log = w.shim_log();
+    assert!(
+        log.contains(&w.etc_cdi.display().to_string()) && log.contains("a-fifo.yaml"),
+        "{log}"
+    );
+}

@@ -541,6 +541,12 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                             s.minimum_version(),
                             s.devices.len()
                         );
+                        for hook in s.hooks_without_env() {
+                            println!(
+                                "{}: warning: {hook} has no env: runc would run it with the container's environment (LD_PRELOAD included); nvshim gives it PATH only, other runtimes do not: add an env (at least PATH=...) to the hook",
+                                f.display()
+                            );
+                        }
                     }
                     Err(e) => {
                         ok = false;

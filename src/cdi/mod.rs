@@ -30,10 +30,15 @@
 //!   serde_yaml), nvshim 0.78 MB; its whole run (hyperfine, 200 runs): 7.1 ms vs 1.6 ms.
 //!
 //! So this module is nvshim's own: about 2,500 lines without tests, YAML reader included, on
-//! the one edits model. Deliberate differences from the reference, each also noted where it
-//! lives: env entries replace an existing key in place (reference HEAD; v1.1.0 appended),
-//! applying the same edits twice changes nothing (`edits.rs`), annotation keys are read in
-//! sorted order (the reference iterates a Go map), and YAML timestamps stay strings.
+//! the one edits model. The baseline is CDI 1.1.0 plus fixes from the reference's main branch
+//! (README.md, "CDI", lists them): env entries replace an existing key in place, one-letter
+//! vendor names, `permissions: none`. Deliberate differences from the reference, each also
+//! noted where it lives: a hook without `env` gets nvshim's hook env rather than the
+//! container's (`edits.rs`), applying the same edits twice changes nothing (`edits.rs`), an
+//! unreadable spec directory does not stop the scan (`registry.rs`), spec files are read
+//! non-blocking, regular only and size-capped, with a bound on alias expansion (`spec.rs`,
+//! `yaml.rs`), annotation keys are read in sorted order (the reference iterates a Go map), and
+//! YAML timestamps stay strings.
 
 pub mod annotations;
 pub mod generate;

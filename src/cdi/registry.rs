@@ -4,7 +4,7 @@
 //! nvshim is one-shot: each `create` that asks for CDI devices scans the directories once; no
 //! watcher and no cache survive the process (§4.4).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -18,7 +18,7 @@ use crate::edits::ContainerEdits;
 pub enum ScanError {
     #[error(transparent)]
     Spec(#[from] SpecFileError),
-    #[error("cannot read CDI spec directory {}: {source} (later directories not scanned)", dir.display())]
+    #[error("cannot read CDI spec directory {}: {source}; its specs are skipped (the other directories still serve): fix its permissions or remove it", dir.display())]
     Dir {
         dir: PathBuf,
         source: std::io::Error,
@@ -110,7 +110,10 @@ fn is_spec_file(name: &str) -> bool {
 
 impl Registry {
     /// Scans `dirs` in order (priority = position; later wins). A missing directory is skipped;
-    /// any other directory error stops the scan there, as the reference's does (§4.2).
+    /// one that cannot be read is recorded, warned about and skipped, and the scan goes on, as
+    /// CDI 1.1.0's directory walk goes on (silently there). The reference's main branch after
+    /// 1.1.0 stops the whole scan instead, which lets a broken `/etc/cdi` hide every spec in
+    /// `/var/run/cdi`; nvshim keeps the 1.1.0 behaviour.
     pub fn load(dirs: &[PathBuf]) -> Registry {
         let mut reg = Registry {
             dirs: dirs.iter().map(|d| clean(d)).collect(),
@@ -122,11 +125,8 @@ impl Registry {
                 Ok(e) => e,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(source) => {
-                    reg.errors.push(ScanError::Dir {
-                        dir: dir.clone(),
-                        source,
-                    });
-                    break;
+                    reg.dir_error(dir, source);
+                    continue;
                 }
             };
             let mut files: Vec<(String, bool)> = Vec::new();
@@ -134,11 +134,8 @@ impl Registry {
                 let entry = match entry {
                     Ok(e) => e,
                     Err(source) => {
-                        reg.errors.push(ScanError::Dir {
-                            dir: dir.clone(),
-                            source,
-                        });
-                        break 'dirs;
+                        reg.dir_error(dir, source);
+                        continue 'dirs;
                     }
                 };
                 let name = entry.file_name().to_string_lossy().into_owned();
@@ -170,6 +167,15 @@ impl Registry {
             reg.devices.remove(name);
         }
         reg
+    }
+
+    fn dir_error(&mut self, dir: &Path, source: std::io::Error) {
+        let e = ScanError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        tracing::warn!("{e}");
+        self.errors.push(e);
     }
 
     /// Adds one loaded spec's devices, resolving conflicts against those already there.
@@ -265,25 +271,22 @@ impl Registry {
             return Err(ResolveError { missing, why });
         }
         let mut groups = Vec::new();
-        let mut seen: Vec<usize> = Vec::new();
+        let mut seen: HashSet<usize> = HashSet::new();
         for name in names {
             let Some(&(s, d)) = self.devices.get(name) else {
                 continue;
             };
             let loaded = &self.specs[s];
-            if !seen.contains(&s) {
-                seen.push(s);
-                if !loaded.spec.container_edits.is_empty() {
-                    let mut edits = loaded.spec.container_edits.clone();
-                    normalize_empty(&mut edits);
-                    groups.push((
-                        EditsOrigin::Spec {
-                            path: loaded.path.clone(),
-                            kind: loaded.spec.kind.clone(),
-                        },
-                        edits,
-                    ));
-                }
+            if seen.insert(s) && !loaded.spec.container_edits.is_empty() {
+                let mut edits = loaded.spec.container_edits.clone();
+                normalize_empty(&mut edits);
+                groups.push((
+                    EditsOrigin::Spec {
+                        path: loaded.path.clone(),
+                        kind: loaded.spec.kind.clone(),
+                    },
+                    edits,
+                ));
             }
             let mut edits = loaded.spec.devices[d].container_edits.clone();
             normalize_empty(&mut edits);

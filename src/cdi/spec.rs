@@ -4,7 +4,7 @@
 //! `containerEdits` are [`crate::edits::ContainerEdits`]: the one edits model, so a resolved
 //! device goes straight to [`crate::edits::apply`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,11 @@ use crate::edits::{ContainerEdits, HOOK_NAMES};
 /// Spec versions the reference knows, newest first (`specs-go/version.go`).
 pub const KNOWN_VERSIONS: &[&str] = &[
     "1.1.0", "1.0.0", "0.8.0", "0.7.0", "0.6.0", "0.5.0", "0.4.0", "0.3.0", "0.2.0", "0.1.0",
+];
+/// The versions a spec may declare: the known ones but 0.1.0 and 0.2.0, which are below the
+/// minimum any content needs. A proposed 1.2.0 is not among them until nvshim implements it.
+pub const READABLE_VERSIONS: &[&str] = &[
+    "1.1.0", "1.0.0", "0.8.0", "0.7.0", "0.6.0", "0.5.0", "0.4.0", "0.3.0",
 ];
 /// The newest spec version this implementation reads and writes.
 pub const CURRENT_VERSION: &str = "1.1.0";
@@ -54,8 +59,10 @@ pub struct Device {
 /// Why a file is not a spec at all.
 #[derive(Debug, Error)]
 pub enum ParseError {
-    #[error("not UTF-8 text")]
+    #[error("not UTF-8 text (nor UTF-16 with a byte-order mark); save the spec as UTF-8")]
     NotUtf8,
+    #[error("invalid UTF-16 text; save the spec as UTF-8")]
+    BadUtf16,
     #[error("{0}")]
     Yaml(#[from] YamlError),
     #[error("no Spec data")]
@@ -111,8 +118,8 @@ pub enum DeviceError {
 /// Why a spec is invalid (`Spec.validate`), in the reference's evaluation order.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SpecError {
-    #[error("invalid version {0:?}")]
-    InvalidVersion(String),
+    #[error("invalid version {declared:?}: nvshim reads CDI spec versions {}; declare one of them (`nvshim cdi validate` names the oldest the content needs)", READABLE_VERSIONS.join(", "))]
+    InvalidVersion { declared: String },
     #[error("the spec version must be at least v{required}")]
     VersionTooLow { required: &'static str },
     #[error(transparent)]
@@ -132,6 +139,10 @@ pub enum SpecError {
 pub enum LoadError {
     #[error("cannot read: {0}")]
     Read(std::io::Error),
+    #[error("not a regular file ({0}); CDI spec directories hold spec files only: remove it")]
+    NotRegular(&'static str),
+    #[error("{0} bytes, more than the {MAX_SPEC_BYTES}-byte limit for one CDI spec; split the spec or remove what it does not need")]
+    TooLarge(u64),
     #[error("failed to parse CDI Spec: {0}")]
     Parse(#[from] ParseError),
     #[error("invalid CDI Spec: {0}")]
@@ -203,10 +214,49 @@ pub const SPEC_SHAPE: Shape = Shape::Object(&[
     ("containerEdits", EDITS),
 ]);
 
+/// The largest spec file read. `nvshim cdi generate` writes about 2 KB per GPU (14 KB for
+/// eight); 8 MiB is hundreds of times the largest real spec, and bounds what one `create`
+/// reads and parses.
+pub const MAX_SPEC_BYTES: u64 = 8 << 20;
+
+/// The text of a spec file. The reference's YAML reader takes UTF-8, or UTF-16 when a
+/// byte-order mark says which, and drops the mark; yaml-rust2 takes a `&str` and would make a
+/// UTF-8 mark part of the first key, so the mark is handled here. No encoding crate: std's
+/// `char::decode_utf16` is all UTF-16 needs.
+pub fn decode_text(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>, ParseError> {
+    let utf16 = |rest: &[u8], be: bool| {
+        if rest.len() % 2 != 0 {
+            return Err(ParseError::BadUtf16);
+        }
+        let units = rest.chunks_exact(2).map(|c| {
+            let pair = [c[0], c[1]];
+            if be {
+                u16::from_be_bytes(pair)
+            } else {
+                u16::from_le_bytes(pair)
+            }
+        });
+        char::decode_utf16(units)
+            .collect::<Result<String, _>>()
+            .map(std::borrow::Cow::Owned)
+            .map_err(|_| ParseError::BadUtf16)
+    };
+    match bytes {
+        [0xEF, 0xBB, 0xBF, rest @ ..] => std::str::from_utf8(rest)
+            .map(std::borrow::Cow::Borrowed)
+            .map_err(|_| ParseError::NotUtf8),
+        [0xFF, 0xFE, rest @ ..] => utf16(rest, false),
+        [0xFE, 0xFF, rest @ ..] => utf16(rest, true),
+        _ => std::str::from_utf8(bytes)
+            .map(std::borrow::Cow::Borrowed)
+            .map_err(|_| ParseError::NotUtf8),
+    }
+}
+
 /// Decodes spec text (YAML or JSON: one parser for both, as the reference).
 pub fn parse(bytes: &[u8]) -> Result<Spec, ParseError> {
-    let text = std::str::from_utf8(bytes).map_err(|_| ParseError::NotUtf8)?;
-    let node = yaml::parse(text)?.ok_or(ParseError::NoData)?;
+    let text = decode_text(bytes)?;
+    let node = yaml::parse(&text)?.ok_or(ParseError::NoData)?;
     let value = yaml::to_json(&node, &SPEC_SHAPE, "")?;
     if value.is_null() {
         return Err(ParseError::NoData);
@@ -220,10 +270,52 @@ pub fn read_file(path: &Path) -> Result<Spec, SpecFileError> {
         path: path.to_path_buf(),
         source: Box::new(source),
     };
-    let bytes = std::fs::read(path).map_err(|e| wrap(LoadError::Read(e)))?;
+    let bytes = read_bytes(path).map_err(wrap)?;
     let spec = parse(&bytes).map_err(|e| wrap(e.into()))?;
     spec.validate().map_err(|e| wrap(e.into()))?;
     Ok(spec)
+}
+
+/// Reads a spec file without trusting what the directory holds: opened non-blocking (a FIFO
+/// would otherwise block every `create` until something writes to it), then `fstat` on the
+/// open file: regular files only (symlinks followed, as the reference reads them), at most
+/// [`MAX_SPEC_BYTES`].
+pub fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .map_err(LoadError::Read)?;
+    let meta = file.metadata().map_err(LoadError::Read)?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_dir() {
+            "a directory"
+        } else if ft.is_socket() {
+            "a socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else {
+            "not a file"
+        };
+        return Err(LoadError::NotRegular(what));
+    }
+    if meta.len() > MAX_SPEC_BYTES {
+        return Err(LoadError::TooLarge(meta.len()));
+    }
+    // The file may grow after the fstat: read one byte past the limit to notice.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_SPEC_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(LoadError::Read)?;
+    if bytes.len() as u64 > MAX_SPEC_BYTES {
+        return Err(LoadError::TooLarge(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 fn version_rank(v: &str) -> Option<usize> {
@@ -294,8 +386,9 @@ pub fn validate_edits(e: &ContainerEdits) -> Result<(), EditsError> {
             return Err(EditsError::ClosId(clos.into()));
         }
     }
-    let mut hosts: Vec<&str> = Vec::new();
-    let mut names: Vec<&str> = Vec::new();
+    // Sets: a spec may list many entries, and each check must stay linear.
+    let mut hosts: HashSet<&str> = HashSet::new();
+    let mut names: HashSet<&str> = HashSet::new();
     for n in &e.net_devices {
         if n.host_interface_name.is_empty() {
             return Err(EditsError::NetDeviceHostName);
@@ -303,16 +396,14 @@ pub fn validate_edits(e: &ContainerEdits) -> Result<(), EditsError> {
         if n.name.is_empty() {
             return Err(EditsError::NetDeviceName);
         }
-        if hosts.contains(&n.host_interface_name.as_str()) {
+        if !hosts.insert(&n.host_interface_name) {
             return Err(EditsError::NetDeviceDuplicateHostName(
                 n.host_interface_name.clone(),
             ));
         }
-        if names.contains(&n.name.as_str()) {
+        if !names.insert(&n.name) {
             return Err(EditsError::NetDeviceDuplicateName(n.name.clone()));
         }
-        hosts.push(&n.host_interface_name);
-        names.push(&n.name);
     }
     Ok(())
 }
@@ -379,14 +470,36 @@ impl Spec {
             .cdi_version
             .strip_prefix('v')
             .unwrap_or(&self.cdi_version);
-        let declared_rank = version_rank(declared)
-            .ok_or_else(|| SpecError::InvalidVersion(self.cdi_version.clone()))?;
+        let declared_rank = version_rank(declared).ok_or_else(|| SpecError::InvalidVersion {
+            declared: self.cdi_version.clone(),
+        })?;
         let required = self.minimum_version();
         // Ranks count from the newest: a larger rank is an older version.
         if version_rank(required).is_some_and(|r| r < declared_rank) {
             return Err(SpecError::VersionTooLow { required });
         }
         Ok(())
+    }
+
+    /// Hooks that give no `env`, each as `where: hookName path`. runc runs such a hook with
+    /// the container's environment (an image's `LD_PRELOAD` included) under consumers that
+    /// copy the spec as written; nvshim gives them its hook env ([`crate::edits::hook_env`]),
+    /// and `nvshim cdi validate` warns so the spec can be fixed for every consumer.
+    pub fn hooks_without_env(&self) -> Vec<String> {
+        let global = std::iter::once(("containerEdits".to_string(), &self.container_edits));
+        let devices = self
+            .devices
+            .iter()
+            .map(|d| (format!("device {:?}", d.name), &d.container_edits));
+        let mut out = Vec::new();
+        for (place, edits) in global.chain(devices) {
+            for h in &edits.hooks {
+                if h.env.as_ref().is_none_or(Vec::is_empty) {
+                    out.push(format!("{place}: {} hook {}", h.hook_name, h.path));
+                }
+            }
+        }
+        out
     }
 
     /// `Spec.validate` (cdi-conformance.md §2.3), first error wins.
@@ -398,7 +511,7 @@ impl Spec {
         // Spec and device annotations: the reference's check is a no-op when loading
         // (cdi-conformance.md §2.5), so none here either.
         validate_edits(&self.container_edits).map_err(SpecError::Edits)?;
-        let mut seen: Vec<&str> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::with_capacity(self.devices.len());
         for d in &self.devices {
             let fail = |source| SpecError::Device {
                 name: d.name.clone(),
@@ -414,10 +527,9 @@ impl Spec {
                     source,
                 })
             })?;
-            if seen.contains(&d.name.as_str()) {
+            if !seen.insert(&d.name) {
                 return Err(SpecError::DuplicateDevice(d.name.clone()));
             }
-            seen.push(&d.name);
         }
         if self.devices.is_empty() {
             return Err(SpecError::NoDevices);

@@ -13,10 +13,14 @@
 //! matching, unknown-field and duplicate-key errors with the path and line. The typed structs
 //! then deserialise from that JSON.
 //!
+//! The event parser resolves aliases but not YAML 1.1 merge keys (`<<`), so [`parse`] applies
+//! them as the reference's strict yaml.v2 does; it also bounds alias expansion and nesting
+//! ([`MAX_ALIAS_NODES`], [`MAX_DEPTH`]), which an event parser leaves to its user.
+//!
 //! Output ([`emit`]) is block YAML that quotes every string a YAML 1.1 reader could take for
 //! something else, so Go consumers (podman, containerd, CRI-O) read exactly what was written.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde_json::{Map, Number, Value};
@@ -80,9 +84,103 @@ enum Scalar {
     Str(String),
 }
 
+/// Nodes that aliases may copy into one document, in all. Go's YAML decoder stops documents
+/// whose aliases expand far beyond their size; a spec has no use for more than a few aliases,
+/// and without a bound ten nested levels of ten aliases each make 10^10 nodes out of a few
+/// hundred bytes (the runtime would be killed for memory).
+pub const MAX_ALIAS_NODES: usize = 1_000_000;
+/// Nesting depth of collections. A spec nests about eight levels; past this a document is not
+/// a spec, and the reader (recursive, like dropping the tree) would run out of stack.
+pub const MAX_DEPTH: usize = 256;
+
 struct Reader<'a> {
     parser: Parser<std::str::Chars<'a>>,
-    anchors: HashMap<usize, Node>,
+    /// Anchor id → the node and its size in nodes.
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Nodes copied through aliases so far ([`MAX_ALIAS_NODES`]).
+    alias_nodes: usize,
+    depth: usize,
+}
+
+/// The number of nodes in `node`.
+fn size(node: &Node) -> usize {
+    match node {
+        Node::Scalar { .. } => 1,
+        Node::Seq(items, _) => 1 + items.iter().map(size).sum::<usize>(),
+        Node::Map(entries, _) => {
+            1 + entries
+                .iter()
+                .map(|(k, v)| size(k) + size(v))
+                .sum::<usize>()
+        }
+    }
+}
+
+/// A merge key: a plain `<<` (YAML 1.1 merge type, which yaml.v2 applies).
+fn is_merge_key(node: &Node) -> bool {
+    matches!(node, Node::Scalar { text, plain: true, .. } if text == "<<")
+}
+
+/// How a key is compared when merging: resolved, as Go's `map[interface{}]interface{}` keys.
+fn merge_identity(node: &Node) -> Option<String> {
+    scalar_of(node).map(|s| format!("{s:?}"))
+}
+
+/// Applies the merge keys of one mapping: the mappings a `<<` names (one, or a sequence of
+/// them) add their keys to it. The reference decodes with yaml.v2 in strict mode, where every
+/// key, merged or not, is set through one check that refuses a key already in the map: so a
+/// merged key the mapping also sets, or that two merged mappings both set, is an error there
+/// (`key "x" already set in map`), not an override. The same here.
+fn merge(entries: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, YamlError> {
+    if !entries.iter().any(|(k, _)| is_merge_key(k)) {
+        return Ok(entries);
+    }
+    let mut own = Vec::new();
+    let mut sources = Vec::new();
+    for (k, v) in entries {
+        if !is_merge_key(&k) {
+            own.push((k, v));
+            continue;
+        }
+        let (kl, kc) = k.line();
+        let not_a_map = || YamlError {
+            line: kl,
+            col: kc,
+            path: String::new(),
+            message: "map merge requires map or sequence of maps as the value".into(),
+        };
+        match v {
+            Node::Map(e, _) => sources.push(e),
+            Node::Seq(items, _) => {
+                for item in items {
+                    match item {
+                        Node::Map(e, _) => sources.push(e),
+                        _ => return Err(not_a_map()),
+                    }
+                }
+            }
+            _ => return Err(not_a_map()),
+        }
+    }
+    let mut present: HashSet<String> = own.iter().filter_map(|(k, _)| merge_identity(k)).collect();
+    for (k, v) in sources.into_iter().flatten() {
+        if let Some(id) = merge_identity(&k) {
+            if !present.insert(id) {
+                let (line, col) = k.line();
+                let key = key_string(&k, "").unwrap_or_default();
+                return Err(YamlError {
+                    line,
+                    col,
+                    path: String::new(),
+                    message: format!(
+                        "key {key:?} already set in map (a merge key `<<` may only add keys the mapping does not set itself, as the reference's strict decoder requires): remove one of the two"
+                    ),
+                });
+            }
+        }
+        own.push((k, v));
+    }
+    Ok(own)
 }
 
 fn scan_error(e: yaml_rust2::ScanError) -> YamlError {
@@ -114,6 +212,7 @@ impl Reader<'_> {
                 node
             }
             Event::SequenceStart(anchor, _) => {
+                self.enter(line, mark.col())?;
                 let mut items = Vec::new();
                 loop {
                     let (ev, m) = self.next()?;
@@ -122,11 +221,13 @@ impl Reader<'_> {
                     }
                     items.push(self.node(ev, m)?);
                 }
+                self.depth -= 1;
                 let node = Node::Seq(items, line);
                 self.remember(anchor, &node);
                 node
             }
             Event::MappingStart(anchor, _) => {
+                self.enter(line, mark.col())?;
                 let mut entries = Vec::new();
                 loop {
                     let (ev, m) = self.next()?;
@@ -138,16 +239,30 @@ impl Reader<'_> {
                     let value = self.node(ev, m)?;
                     entries.push((key, value));
                 }
-                let node = Node::Map(entries, line);
+                self.depth -= 1;
+                let node = Node::Map(merge(entries)?, line);
                 self.remember(anchor, &node);
                 node
             }
-            Event::Alias(id) => self.anchors.get(&id).cloned().ok_or(YamlError {
-                line,
-                col: mark.col() + 1,
-                path: String::new(),
-                message: "unknown anchor".into(),
-            })?,
+            Event::Alias(id) => {
+                let err = |message: String| YamlError {
+                    line,
+                    col: mark.col() + 1,
+                    path: String::new(),
+                    message,
+                };
+                let (node, n) = self
+                    .anchors
+                    .get(&id)
+                    .ok_or_else(|| err("unknown anchor".into()))?;
+                self.alias_nodes += n;
+                if self.alias_nodes > MAX_ALIAS_NODES {
+                    return Err(err(format!(
+                        "aliases expand to more than {MAX_ALIAS_NODES} nodes (an alias bomb?); write the spec without nested aliases"
+                    )));
+                }
+                node.clone()
+            }
             other => {
                 return Err(YamlError {
                     line,
@@ -161,8 +276,23 @@ impl Reader<'_> {
 
     fn remember(&mut self, anchor: usize, node: &Node) {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size(node)));
         }
+    }
+
+    fn enter(&mut self, line: usize, col: usize) -> Result<(), YamlError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(YamlError {
+                line,
+                col: col + 1,
+                path: String::new(),
+                message: format!(
+                    "collections nested more than {MAX_DEPTH} deep; a CDI spec nests a few levels"
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -172,6 +302,8 @@ pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
     let mut r = Reader {
         parser: Parser::new_from_str(text),
         anchors: HashMap::new(),
+        alias_nodes: 0,
+        depth: 0,
     };
     loop {
         let (ev, mark) = r.next()?;
@@ -427,20 +559,18 @@ pub fn to_json(node: &Node, shape: &Shape, path: &str) -> Result<Value, YamlErro
             let Node::Map(entries, _) = node else {
                 return Err(err(format!("expected a mapping, found {}", describe(node))));
             };
-            let mut seen: Vec<String> = Vec::new();
-            let mut out = Map::new();
+            let mut seen: HashSet<String> = HashSet::with_capacity(entries.len());
+            let mut matched = Vec::with_capacity(entries.len());
             for (k, v) in entries {
                 let key = key_string(k, path)?;
                 // yaml.v2 strict mode: an exact duplicate key is an error.
-                if seen.contains(&key) {
+                if !seen.insert(key.clone()) {
                     return Err(duplicate(k, path, &key));
                 }
-                seen.push(key.clone());
                 // encoding/json: an exact match first, then a case-insensitive one.
                 let field = fields.iter().find(|(name, _)| *name == key).or_else(|| {
-                    fields
-                        .iter()
-                        .find(|(name, _)| name.eq_ignore_ascii_case(&key))
+                    let folded = fold(&key);
+                    fields.iter().find(|(name, _)| fold(name) == folded)
                 });
                 let Some((name, shape)) = field else {
                     let (line, col) = k.line();
@@ -451,17 +581,38 @@ pub fn to_json(node: &Node, shape: &Shape, path: &str) -> Result<Value, YamlErro
                         message: format!("unknown field {key:?}"),
                     });
                 };
+                matched.push((key, *name, shape, v));
+            }
+            // sigs.k8s.io/yaml turns the mapping into a JSON object with keys in byte order
+            // (encoding/json sorts map keys), and encoding/json then sets each field from every
+            // key that matches it, in that order: of keys differing only in case, the
+            // byte-greatest wins, wherever it stands in the file.
+            matched.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut out = Map::new();
+            for (_, name, shape, v) in matched {
                 let value = to_json(v, shape, &join(path, name))?;
-                // A later key differing only in case replaces the earlier one, as in Go.
                 if value.is_null() {
-                    out.remove(*name);
+                    // JSON null leaves a Go string, number or bool as it was and clears a
+                    // slice, map or pointer.
+                    if !matches!(shape, Shape::Str | Shape::Int | Shape::U32 | Shape::Bool) {
+                        out.remove(name);
+                    }
                 } else {
-                    out.insert((*name).to_string(), value);
+                    out.insert(name.to_string(), value);
                 }
             }
             Ok(Value::Object(out))
         }
     }
+}
+
+/// A key as encoding/json compares it with a field name: each character lowered then raised,
+/// so `KIND`, `kind` and `\u{212a}ind` (Kelvin sign) are one name, as in Go.
+fn fold(s: &str) -> String {
+    s.chars()
+        .flat_map(char::to_lowercase)
+        .flat_map(char::to_uppercase)
+        .collect()
 }
 
 fn duplicate(k: &Node, path: &str, key: &str) -> YamlError {
@@ -661,8 +812,23 @@ mod tests {
         assert!(e.to_string().contains("unknown field \"xyzzy\""), "{e}");
         let e = convert("name: x\nname: y\n").unwrap_err();
         assert!(e.to_string().contains("already defined"), "{e}");
-        // Differing only in case: the later wins, as encoding/json does.
-        assert_eq!(convert("name: x\nNAME: z\n").unwrap(), json!({"name": "z"}));
+        // Differing only in case: the byte-greatest key wins wherever it stands (keys reach
+        // encoding/json sorted), so `name` beats `NAME` in either order.
+        assert_eq!(convert("name: x\nNAME: z\n").unwrap(), json!({"name": "x"}));
+        assert_eq!(convert("NAME: z\nname: x\n").unwrap(), json!({"name": "x"}));
+        assert_eq!(convert("Name: a\nNAME: b\n").unwrap(), json!({"name": "a"}));
+        // A null from the greater key leaves a string field as it was.
+        assert_eq!(convert("NAME: z\nname: ~\n").unwrap(), json!({"name": "z"}));
+        // Go folds Unicode too: the Kelvin sign matches `k`.
+        assert_eq!(fold("\u{212a}IND"), fold("kind"));
+        assert_eq!(
+            convert("\u{17f}ame: y").unwrap_err().message,
+            "unknown field \"\u{17f}ame\""
+        );
+        assert_eq!(
+            convert("annotation\u{17f}: {a: b}").unwrap(),
+            json!({"annotations": {"a": "b"}})
+        );
     }
 
     #[test]
@@ -743,5 +909,61 @@ mod tests {
             }
         }
         assert_eq!(generic(&node), doc, "{text}");
+    }
+
+    #[test]
+    fn merge_keys_add_keys_and_refuse_overrides() {
+        let pick = |text: &str, index: usize| {
+            let Node::Map(top, _) = parse(text)?.expect("a document") else {
+                panic!("not a mapping")
+            };
+            to_json(&top[index].1, &OBJ, "")
+        };
+        let base = "defaults: &d {name: base, major: 1}\n";
+        assert_eq!(
+            pick(&format!("{base}x:\n  <<: *d\n  flag: yes\n"), 1).unwrap(),
+            json!({"name": "base", "major": 1, "flag": true})
+        );
+        let two = "a: &a {name: a}\nb: &b {fileMode: 2}\nx: {major: 3, <<: [*a, *b]}\n";
+        assert_eq!(
+            pick(two, 2).unwrap(),
+            json!({"name": "a", "major": 3, "fileMode": 2})
+        );
+        // yaml.v2 strict: a merged key the mapping sets too, before or after the `<<`, or two
+        // merged mappings setting one key, is an error.
+        for text in [
+            format!("{base}x:\n  <<: *d\n  name: own\n"),
+            format!("{base}x:\n  name: own\n  <<: *d\n"),
+            "a: &a {name: a}\nb: &b {name: b}\nx: {<<: [*a, *b]}\n".to_string(),
+        ] {
+            let e = parse(&text).unwrap_err();
+            assert!(
+                e.message.contains("key \"name\" already set in map"),
+                "{text}: {e}"
+            );
+        }
+        // A quoted "<<" is an ordinary key; merging a scalar is an error.
+        assert!(convert("\"<<\": {name: a}")
+            .unwrap_err()
+            .message
+            .contains("unknown field"));
+        let e = parse("a: &a x\nb: {<<: *a}\n").unwrap_err();
+        assert!(e.message.contains("map merge requires map"), "{e}");
+    }
+
+    #[test]
+    fn alias_bomb_and_deep_nesting_stop() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let p = i - 1;
+            text.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        let e = parse(&text).unwrap_err();
+        assert!(e.message.contains("aliases expand"), "{e}");
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        // yaml-rust2 has its own limit, below MAX_DEPTH; either stops it.
+        assert!(parse(&deep).is_err());
     }
 }
