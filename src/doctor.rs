@@ -260,8 +260,7 @@ fn gpus_check(host: &Host, out: &mut Vec<Check>) -> Vec<Gpu> {
     }
 }
 
-/// Control-node minors on the `nvidia` major (nvidia-toolkit-behaviour.md §6).
-const NVIDIACTL_MINOR: u32 = 255;
+use crate::nvidia::NVIDIACTL_MINOR;
 
 fn device_nodes_check(host: &Host, gpus: &[Gpu]) -> Check {
     let devices = host.roots().proc_root.join("devices");

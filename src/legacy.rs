@@ -98,9 +98,7 @@ impl Settings {
     }
 }
 
-/// Well-known minors.
-const NVIDIACTL_MINOR: u32 = 255;
-const MODESET_MINOR: u32 = 254;
+use crate::nvidia::{MODESET_MINOR, NVIDIACTL_MINOR, UVM_TOOLS_MINOR};
 
 fn describe(gpus: &[Gpu]) -> String {
     if gpus.is_empty() {
@@ -178,7 +176,7 @@ pub fn device_nodes(host: &Host, majors: &DeviceMajors, gpus: &[Gpu]) -> Vec<Dev
     if let Some(uvm) = majors.nvidia_uvm {
         nodes.push(node(host, "nvidia-uvm", uvm, 0));
         if host.device_node("nvidia-uvm-tools").is_some() {
-            nodes.push(node(host, "nvidia-uvm-tools", uvm, 1));
+            nodes.push(node(host, "nvidia-uvm-tools", uvm, UVM_TOOLS_MINOR));
         }
     }
     if host.device_node("nvidia-modeset").is_some() {

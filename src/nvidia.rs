@@ -440,6 +440,12 @@ pub const SOCKETS_BROUGHT_BY: &[Capability] = &[Utility, Compute];
 /// through `<sys-root>/bus/pci/devices/<bus>/drm/`), with their `by-path` links.
 pub const DRM_BROUGHT_BY: &[Capability] = GRAPHICS;
 
+/// The control nodes' minors on the `nvidia` major (195): the driver fixes them.
+pub const NVIDIACTL_MINOR: u32 = 255;
+pub const MODESET_MINOR: u32 = 254;
+/// `nvidia-uvm-tools`' minor on the `nvidia-uvm` major (`nvidia-uvm` itself is 0).
+pub const UVM_TOOLS_MINOR: u32 = 1;
+
 /// Mount options for driver files: read-only, no setuid or device files, private propagation
 /// (NVIDIA v1.18 made every mount rprivate so nothing leaks back to the host).
 pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];

@@ -26,9 +26,7 @@ use crate::host::{DeviceMajors, Host, HostError};
 /// Where udev keeps the links.
 pub const DEFAULT_DEV_CHAR_PATH: &str = "/dev/char";
 
-/// Minors of the control nodes on the `nvidia` major.
-const NVIDIACTL_MINOR: u32 = 255;
-const MODESET_MINOR: u32 = 254;
+use crate::nvidia::{MODESET_MINOR, NVIDIACTL_MINOR};
 
 #[derive(Debug, Error)]
 pub enum SystemError {
@@ -116,7 +114,11 @@ pub fn wanted_links(
         push(majors.nvidia, MODESET_MINOR, dev.join("nvidia-modeset"));
         if let Some(uvm) = majors.nvidia_uvm {
             push(uvm, 0, dev.join("nvidia-uvm"));
-            push(uvm, 1, dev.join("nvidia-uvm-tools"));
+            push(
+                uvm,
+                crate::nvidia::UVM_TOOLS_MINOR,
+                dev.join("nvidia-uvm-tools"),
+            );
         }
     }
     // Existing nodes: `/dev/nvidia*` and the capability and IMEX channel directories, kept
