@@ -344,6 +344,17 @@ impl Host {
             .then(|| done.to_string_lossy().into_owned())
     }
 
+    /// The library whose in-root path is `file`, known to the dynamic linker as `soname`.
+    fn library_at(&self, file: String, soname: &str) -> DriverLibrary {
+        DriverLibrary {
+            file: HostFile {
+                host_path: under_root(&self.roots.driver_root, &file),
+                container_path: file,
+            },
+            soname: soname.to_string(),
+        }
+    }
+
     /// The libraries of `rules` of one word size, through the host's ld.so.cache as
     /// libnvidia-container finds them (src/nvc_info.c `find_library_paths`): each cache entry
     /// named `<stem>.so.<n>` is followed (inside the driver root) to its file, which must be
@@ -379,13 +390,7 @@ impl Host {
                     _ => name.starts_with(&prefix),
                 };
                 if ok && !found.iter().any(|l| l.file.container_path == file) {
-                    found.push(DriverLibrary {
-                        file: HostFile {
-                            host_path: under_root(&self.roots.driver_root, &file),
-                            container_path: file,
-                        },
-                        soname: e.name.clone(),
-                    });
+                    found.push(self.library_at(file, &e.name));
                 }
             }
         }
@@ -583,13 +588,7 @@ impl Host {
             if !file.ends_with(&suffix) || found.iter().any(|l| l.file.container_path == file) {
                 continue;
             }
-            found.push(DriverLibrary {
-                file: HostFile {
-                    host_path: under_root(&self.roots.driver_root, &file),
-                    container_path: file,
-                },
-                soname: e.name.clone(),
-            });
+            found.push(self.library_at(file, &e.name));
         }
         let mut dirs: Vec<String> = Vec::new();
         for l in &found {
