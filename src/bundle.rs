@@ -79,7 +79,7 @@ impl Bundle {
 
     fn parse(dir: &Path, config_path: PathBuf, original: Vec<u8>) -> Result<Bundle, BundleError> {
         let spec: Value =
-            serde_json::from_slice(&original).map_err(|source| BundleError::Malformed {
+            crate::json::parse_unique(&original).map_err(|source| BundleError::Malformed {
                 path: config_path.clone(),
                 source,
             })?;

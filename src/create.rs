@@ -394,6 +394,33 @@ fn check_hooks_exist(edits: &ContainerEdits, own_hook: &Path) -> Result<(), Crea
     Ok(())
 }
 
+/// True when `create` failed only because config.json could not be parsed faithfully (broken
+/// JSON, a duplicate key, an escape serde_json refuses) and its bytes hold nothing that could
+/// ask for a GPU: no `NVIDIA_*` env entry, no CDI annotation prefix, no Docker `--gpus` hook, no
+/// device-plugin mount. Such a container is runc's to accept or refuse, untouched: with nvshim
+/// as an engine's default runtime, containers that have nothing to do with GPUs must run as
+/// they do without it. A document that might ask for GPUs is refused (never started without
+/// them).
+pub fn passes_through_unparsed(err: &CreateError, config: &Config, dir: &Path) -> bool {
+    if !matches!(err, CreateError::Bundle(BundleError::Malformed { .. })) {
+        return false;
+    }
+    let Ok(bytes) = std::fs::read(dir.join("config.json")) else {
+        return false;
+    };
+    let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    // Env entries are JSON strings: a request starts `"NVIDIA_` (the quote keeps a script in
+    // `process.args` that mentions the name from counting).
+    let mut markers: Vec<&[u8]> = vec![
+        b"\"NVIDIA_",
+        b"nvidia-container-runtime-hook",
+        b"nvidia-container-toolkit",
+        request::DEVICE_MOUNT_ROOT.as_bytes(),
+    ];
+    markers.extend(config.cdi_annotation_prefixes.iter().map(|p| p.as_bytes()));
+    !markers.iter().any(|m| contains(m))
+}
+
 /// Plans and, when anything changes, writes config.json atomically.
 pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, CreateError> {
     let plan = plan(config, dir, tools)?;

@@ -527,14 +527,33 @@ fn unknown_index_is_rejected_before_runc() {
     assert_rejected(&w, &w.shim(), &bundle, &["7"]);
 }
 
+/// A broken config.json that may ask for a GPU is refused by nvshim, naming the file; one that
+/// asks for none is runc's to refuse (it does), untouched either way.
 #[test]
 fn malformed_config_json_is_rejected_before_runc() {
     let w = World::with_shim_config("");
     let bundle = w.bundle("bundle");
     bundle
-        .write_config_bytes(b"{\"ociVersion\": \"1.0.2\", \"process\": {")
+        .write_config_bytes(
+            b"{\"ociVersion\": \"1.0.2\", \"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=0\"",
+        )
         .unwrap();
     assert_rejected(&w, &w.shim(), &bundle, &["config.json"]);
+
+    let plain = w.bundle("plain");
+    let broken = b"{\"ociVersion\": \"1.0.2\", \"process\": {";
+    plain.write_config_bytes(broken).unwrap();
+    let out = w
+        .shim()
+        .create(&plain, &unique_id("nvshim-e2e-plain"))
+        .unwrap();
+    assert!(!out.success(), "runc accepted a broken config.json\n{out}");
+    assert!(
+        w.shim_log().contains("passed through unedited"),
+        "nvshim did not pass it to runc:\n{}",
+        w.shim_log()
+    );
+    assert_eq!(plain.config_bytes().unwrap(), broken);
 }
 
 #[test]
@@ -941,4 +960,102 @@ fn rhel_layout_gives_the_same_driver_in_its_own_paths() {
         }
     }
     assert_no_problems("RHEL layout", &sorted(p), &r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json that nvshim cannot parse faithfully.
+// ---------------------------------------------------------------------------------------------
+
+/// config.json with `key` given a second time at the top of the document, as `"key": value`,
+/// after the first: runc (Go) merges the two, serde_json would keep only the second.
+fn with_duplicate(bundle: &Bundle, key: &str, value: &str) {
+    let text = String::from_utf8(bundle.config_bytes().unwrap()).unwrap();
+    let body = text.trim_end().strip_suffix('}').unwrap();
+    let doubled = format!("{body},\n  \"{key}\": {value}\n}}\n");
+    bundle.write_config_bytes(doubled.as_bytes()).unwrap();
+}
+
+/// A duplicate key anywhere in a GPU container's config.json is refused, naming the key and
+/// its place, with config.json untouched and runc not run: written back, the last copy alone
+/// would have dropped what runc merges (a second `"linux"` without namespaces ran the
+/// container in the host's namespaces).
+#[test]
+fn duplicate_keys_in_a_gpu_config_are_refused() {
+    let w = World::with_shim_config("");
+    // The second "linux" drops every namespace and masked path; the second "process" keeps
+    // the request (so nvshim sees a GPU request in either copy).
+    for (key, value, needle) in [
+        (
+            "linux",
+            r#"{"namespaces": []}"#,
+            r#"duplicate key "linux" in the object at /"#,
+        ),
+        (
+            "process",
+            r#"{"args": ["sh"], "cwd": "/", "env": ["NVIDIA_VISIBLE_DEVICES=1"]}"#,
+            r#"duplicate key "process" in the object at /"#,
+        ),
+        ("hooks", "{}", r#"duplicate key "hooks" in the object at /"#),
+    ] {
+        let bundle = w.gpu_bundle(&format!("dup-{key}"), "1");
+        if key == "hooks" {
+            bundle
+                .edit(|c| {
+                    c["hooks"] = json!({});
+                    Ok(())
+                })
+                .unwrap();
+        }
+        with_duplicate(&bundle, key, value);
+        assert_rejected(&w, &w.shim(), &bundle, &[needle]);
+    }
+    // Deeper in the document: a namespace list given twice.
+    let bundle = w.gpu_bundle("dup-nested", "1");
+    let text = String::from_utf8(bundle.config_bytes().unwrap()).unwrap();
+    let doubled = text.replacen(
+        "\"namespaces\":",
+        "\"namespaces\": [],\n    \"namespaces\":",
+        1,
+    );
+    assert_ne!(doubled, text, "the bundle has no namespaces to double");
+    bundle.write_config_bytes(doubled.as_bytes()).unwrap();
+    assert_rejected(
+        &w,
+        &w.shim(),
+        &bundle,
+        &[r#"duplicate key "namespaces" in the object at /linux"#],
+    );
+}
+
+/// A container that asks for no GPU reaches runc unedited whatever nvshim can parse of its
+/// config.json (a duplicate key, a lone surrogate escape that Go accepts): with nvshim as an
+/// engine's default runtime, unrelated containers run as they would without it.
+#[test]
+fn unparsable_configs_without_a_gpu_request_pass_through_to_runc() {
+    let w = World::with_shim_config("");
+    type Break = fn(&Bundle);
+    let cases: [(&str, Break); 2] = [
+        ("duplicate", |b| with_duplicate(b, "hostname", "\"second\"")),
+        ("surrogate", |b| {
+            b.edit(|c| {
+                c["annotations"] = json!({"org.example/note": "PLACEHOLDER"});
+                Ok(())
+            })
+            .unwrap();
+            let text = String::from_utf8(b.config_bytes().unwrap()).unwrap();
+            b.write_config_bytes(text.replace("PLACEHOLDER", "\\ud800").as_bytes())
+                .unwrap();
+        }),
+    ];
+    for (name, break_it) in cases {
+        let bundle = w.bundle(name);
+        break_it(&bundle);
+        let before = bundle.config_bytes().unwrap();
+        let id = unique_id("nvshim-e2e-pass");
+        let out = w.shim().run(&bundle, &id).unwrap();
+        assert!(out.success(), "{name}: runc should have run it\n{out}");
+        let r = ProbeReport::parse(&out.stdout);
+        assert!(r.complete, "{name}: {out}");
+        assert_eq!(bundle.config_bytes().unwrap(), before, "{name}: edited");
+    }
 }

@@ -242,7 +242,13 @@ fn malformed_config_json_is_named() {
     let w = World::new("");
     let dir = w.tmp.path().join("broken");
     fs::create_dir_all(&dir).unwrap();
-    fs::write(dir.join("config.json"), "{\"process\": ").unwrap();
+    // A GPU request in the broken document: nvshim refuses it itself (a broken document
+    // without one is runc's to refuse).
+    fs::write(
+        dir.join("config.json"),
+        "{\"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=0\"]",
+    )
+    .unwrap();
     let msg = w.create_error(&dir);
     let path = dir.join("config.json");
     assert_has(

@@ -4,7 +4,7 @@
 //! Input: config.json bytes, a 0xFF byte, then `containerEdits` JSON (CDI's shape). A bundle
 //! is written by whoever starts the container; edits come from CDI spec files.
 //!
-//! Properties: no panic; applying the same edits twice changes nothing (a retried `create`
+//! Properties: no panic; the duplicate-refusing parse gives serde_json's value; applying the same edits twice changes nothing (a retried `create`
 //! must not stack devices or mounts, docs/design.md §5); the edited document renders and
 //! reads back equal (the atomic save writes exactly what was computed).
 #![no_main]
@@ -22,6 +22,12 @@ fuzz_target!(|data: &[u8]| {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (data, &b""[..]),
     };
+    // The faithful parse agrees with serde_json's wherever it accepts a document (it refuses
+    // only what serde_json would collapse: a key twice).
+    if let Ok(v) = nvshim::json::parse_unique(config) {
+        let plain: serde_json::Value = serde_json::from_slice(config).expect("serde_json refused");
+        assert_eq!(v, plain);
+    }
     let Ok(mut bundle) = Bundle::from_bytes(Path::new("/nonexistent-bundle"), config.to_vec())
     else {
         return;

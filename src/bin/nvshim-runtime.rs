@@ -87,6 +87,9 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
             // just before `execv` replaces the whole address space was about 10% of a create's
             // instructions (callgrind, docs/benchmarks.md).
             Ok(plan) => std::mem::forget(plan),
+            Err(e) if create::passes_through_unparsed(&e, &config, &inv.bundle_dir()) => {
+                tracing::warn!("passed through unedited (asks for no GPU): {e}");
+            }
             Err(e) => return e.into(),
         }
     }
