@@ -21,10 +21,15 @@
 //! - An imported file's plugin section *replaces* the main file's section for that plugin
 //!   (`mergeConfig` in `services/server/config`: "Replace entire sections instead of merging
 //!   map's values"; containerd#6389). A drop-in holding only the `nvidia` runtime would wipe
-//!   `sandbox_image`, `SystemdCgroup` and every other CRI setting. So when the config uses
-//!   `imports`, the drop-in carries the whole effective CRI section (main file, then each
-//!   import in order) plus the runtime, as NVIDIA's 1.18 drop-ins do. A later edit of the CRI
-//!   section in the main file then needs `configure` again; `unconfigure` removes the drop-in.
+//!   `sandbox_image`, `SystemdCgroup` and every other CRI setting. So for containerd 1.x
+//!   (config version 2) with `imports`, the drop-in carries the whole effective CRI section
+//!   (main file, then each import in order) plus the runtime, as NVIDIA's 1.18 drop-ins do.
+//!
+//! containerd 2.x (config version 3 and 4) merges imports key by key instead (its
+//! `mergeConfig` no longer replaces plugin sections). There the drop-in holds the `nvidia`
+//! runtime alone: a copy of the whole section would silently override every later edit of the
+//! main file's CRI section (seen by hand with containerd 2.3.4's `config dump`: an admin's new
+//! `cdi_spec_dirs` in config.toml was lost behind the copy). `unconfigure` removes the drop-in.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -159,6 +164,9 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
     if opts.enable_cdi {
         enable_cdi(&drop_in, out.as_item_mut(), version, opts.engine_version)?;
     }
+    if merges_imports(version) {
+        out = runtime_only(&drop_in, &out, version, cri, opts)?;
+    }
     let drop_after = format!("{}{}", drop_in_header(opts), out);
     tomldoc::reparse(&drop_in, &drop_after)?;
 
@@ -178,8 +186,44 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
     Ok(Plan { changes, warnings })
 }
 
+/// containerd 2.x (config version 3 and later) merges an imported file into the config key by
+/// key (`mergeConfig` in `cmd/containerd/server/config`, mergo with override); containerd 1.x
+/// replaced each plugin section an import names (module comment).
+fn merges_imports(version: i64) -> bool {
+    version >= 3
+}
+
+/// The drop-in for a containerd that merges imports: the runtime's own table alone, with the
+/// options [`add_runtime`] carried over from the default runtime. Everything else stays where
+/// the admin wrote it, so a later edit of the main file's CRI section still takes effect
+/// (copying the whole section there would silently override it).
+fn runtime_only(
+    drop_in: &Path,
+    full: &DocumentMut,
+    version: i64,
+    cri: &str,
+    opts: &Options,
+) -> Result<DocumentMut, EngineError> {
+    let keys = ["plugins", cri, "containerd", "runtimes"];
+    let mut out = DocumentMut::new();
+    out.insert("version", toml_edit::value(version));
+    let runtimes = get(drop_in, full.as_item(), &keys)?;
+    if let Some(rt) = runtimes.and_then(|r| r.get(&opts.runtime_name)) {
+        let Some(rt) = rt.as_table_like() else {
+            return Err(shape_error(drop_in, &keys, "a table", rt));
+        };
+        let copy = tomldoc::fresh_copy(rt, false);
+        let parent = ensure(drop_in, out.as_item_mut(), &keys)?;
+        if let Some(t) = parent.as_table_like_mut() {
+            t.insert(&opts.runtime_name, copy);
+        }
+    }
+    Ok(out)
+}
+
 /// `options.BinaryName` of the runtime, from the main file and then each import in
-/// containerd's order (a later file's CRI section replaces an earlier one's).
+/// containerd's order (a later file's CRI section replaces an earlier one's in 1.x; in 2.x a
+/// later file's keys override).
 pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> {
     let path = &opts.config;
     let text = read_optional(path)?;
@@ -206,16 +250,17 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
         };
         let keys = ["plugins", cri, "containerd", "runtimes", &opts.runtime_name];
         if let Some(section) = get(file, doc.as_item(), &["plugins", cri])? {
-            // The section replaces the earlier files' one (module comment), `enable_cdi` too.
+            // containerd 1.x: the section replaces the earlier files' one (module comment),
+            // `enable_cdi` too; 2.x: only the keys it sets override.
             let set = section.get("enable_cdi").and_then(Item::as_bool);
-            if default_cdi.is_some() {
+            if default_cdi.is_some() && (set.is_some() || !merges_imports(version)) {
                 cdi_enabled = set.or(default_cdi);
                 cdi_setting = Some(match set {
                     Some(v) => format!("enable_cdi = {v} in {}", file.display()),
                     None => format!("no enable_cdi in {}", file.display()),
                 });
             }
-            binary = get(file, doc.as_item(), &keys)?.map(|rt| {
+            let found = get(file, doc.as_item(), &keys)?.map(|rt| {
                 rt.get("options")
                     .and_then(Item::as_table_like)
                     .and_then(|o| o.get("BinaryName"))
@@ -223,6 +268,9 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
                     .unwrap_or_default()
                     .to_string()
             });
+            if found.is_some() || !merges_imports(version) {
+                binary = found;
+            }
         }
     }
     Ok(super::Registration {
@@ -1091,16 +1139,81 @@ root = "/var/lib/containerd"
         text
     }
 
-    /// The config containerd runs with: the main file, each imported file's CRI section
-    /// replacing the main file's (see the module comment).
+    /// The config containerd runs with: the main file, then the drop-in: its CRI section
+    /// replacing the main file's (containerd 1.x), or merged into it key by key (2.x; see the
+    /// module comment).
     fn effective(o: &Options, cri: &str) -> toml::Table {
+        fn merge(into: &mut toml::Table, from: &toml::Table) {
+            for (k, v) in from {
+                match (into.get_mut(k), v) {
+                    (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+                    _ => {
+                        into.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
         let mut main = parsed(&fs::read_to_string(&o.config).unwrap());
         let drop_in = o.drop_in.clone().unwrap();
         if let Ok(text) = fs::read_to_string(&drop_in) {
-            let section = at(&parsed(&text), &["plugins", cri]).clone();
-            table_mut(&mut main, &["plugins"]).insert(cri.into(), section);
+            let imported = parsed(&text);
+            let section = at(&imported, &["plugins", cri]).clone();
+            let plugins = table_mut(&mut main, &["plugins"]);
+            match (cri, plugins.get_mut(cri), &section) {
+                (
+                    "io.containerd.cri.v1.runtime",
+                    Some(toml::Value::Table(t)),
+                    toml::Value::Table(from),
+                ) => merge(t, from),
+                _ => {
+                    plugins.insert(cri.into(), section);
+                }
+            }
         }
         main
+    }
+
+    /// containerd 2.3 (config version 4, `imports` of conf.d): the drop-in holds the `nvidia`
+    /// runtime alone, so an admin's later edit of the main file's CRI section still takes
+    /// effect (a whole-section copy in the drop-in would hide it).
+    #[test]
+    fn containerd_2_drop_in_holds_the_runtime_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = opts(dir.path());
+        install_fixture("containerd-2.3.4-default.toml", &o);
+        plan(&o).unwrap().apply().unwrap();
+        let cri = "io.containerd.cri.v1.runtime";
+        let drop_in = parsed(&fs::read_to_string(o.drop_in.clone().unwrap()).unwrap());
+        let section = at(&drop_in, &["plugins", cri]);
+        let keys =
+            |v: &toml::Value| -> Vec<String> { v.as_table().unwrap().keys().cloned().collect() };
+        assert_eq!(keys(section), ["containerd"], "{drop_in:#?}");
+        let runtimes = at(&drop_in, &["plugins", cri, "containerd", "runtimes"]);
+        assert_eq!(keys(runtimes), ["nvidia"], "{drop_in:#?}");
+        let nv = at(
+            &drop_in,
+            &["plugins", cri, "containerd", "runtimes", "nvidia"],
+        );
+        assert_eq!(nv["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+        // The admin edits the main file afterwards: the edit is what containerd runs with.
+        let main = fs::read_to_string(&o.config).unwrap();
+        let edited = main.replace(
+            "cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']",
+            "cdi_spec_dirs = ['/etc/cdi-admin']",
+        );
+        assert_ne!(edited, main, "the fixture has no cdi_spec_dirs line");
+        fs::write(&o.config, edited).unwrap();
+        let eff = effective(&o, cri);
+        assert_eq!(
+            at(&eff, &["plugins", cri])["cdi_spec_dirs"],
+            toml::Value::Array(vec!["/etc/cdi-admin".into()])
+        );
+        assert!(keys(at(&eff, &["plugins", cri, "containerd", "runtimes"]))
+            .contains(&"nvidia".to_string()));
+        assert_eq!(
+            registration(&o).unwrap().binary.as_deref(),
+            Some("/usr/bin/nvshim-runtime")
+        );
     }
 
     #[test]
