@@ -369,9 +369,41 @@ fn apply_cdi(
     Ok(())
 }
 
-/// Plans and, when anything changes, writes config.json atomically.
-pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, CreateError> {
-    let plan = plan(config, dir, tools)?;
+/// True when config.json's raw bytes could hold a GPU request: an `NVIDIA_` variable, a CDI
+/// annotation prefix, NVIDIA's legacy hook or the device plugin's mount root. Checked only
+/// when the document cannot be read: a bundle without any of these is not nvshim's business,
+/// whatever runc accepts in it (a JSON escape can hide a marker, but then the container only
+/// goes without GPUs, as it would under runc alone).
+pub fn may_request_gpus(bytes: &[u8], config: &Config) -> bool {
+    let has =
+        |needle: &[u8]| !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle);
+    has(b"NVIDIA_")
+        || has(request::DEVICE_MOUNT_ROOT.as_bytes())
+        || edits::LEGACY_HOOK_NAMES.iter().any(|n| has(n.as_bytes()))
+        || config
+            .cdi_annotation_prefixes
+            .iter()
+            .any(|p| has(p.as_bytes()))
+}
+
+/// Plans and, when anything changes, writes config.json atomically. `Ok(None)`: the bundle
+/// could not be read but asks for no GPU, so it is passed on untouched for runc to judge.
+pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>, CreateError> {
+    let plan = match plan(config, dir, tools) {
+        Ok(plan) => plan,
+        Err(e @ (CreateError::Bundle(_) | CreateError::Request { .. })) => {
+            let marked = match std::fs::read(dir.join("config.json")) {
+                Ok(bytes) => may_request_gpus(&bytes, config),
+                Err(_) => true,
+            };
+            if marked {
+                return Err(e);
+            }
+            tracing::info!(bundle = %dir.display(), "no GPU request in a config.json nvshim cannot read ({e}); passed on untouched");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     if plan.changes_bundle() {
         plan.bundle.save_spec(&plan.edited)?;
         tracing::info!(
@@ -383,5 +415,5 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, Create
             "edited config.json"
         );
     }
-    Ok(plan)
+    Ok(Some(plan))
 }

@@ -520,8 +520,11 @@ fn unknown_index_is_rejected_before_runc() {
 fn malformed_config_json_is_rejected_before_runc() {
     let w = World::with_shim_config("");
     let bundle = w.bundle("bundle");
+    // A GPU marker: without one, an unreadable config.json is runc's to judge.
     bundle
-        .write_config_bytes(b"{\"ociVersion\": \"1.0.2\", \"process\": {")
+        .write_config_bytes(
+            b"{\"ociVersion\": \"1.0.2\", \"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=0\"",
+        )
         .unwrap();
     assert_rejected(&w, &w.shim(), &bundle, &["config.json"]);
 }
@@ -701,4 +704,101 @@ fn docker_gpus_hook_spec_gives_the_same_view_as_the_env_alone() {
     assert_eq!(dests(&got), dests(&expected));
     let hooks = docker.config().unwrap()["hooks"]["prestart"].clone();
     assert_eq!(hooks, json!([]), "the legacy hook must be gone");
+}
+
+/// Security issue 16, item 2: a GPU bundle with a repeated key at any depth is refused, one
+/// line naming the key's JSON pointer, config.json untouched (runc merges what a rewrite would
+/// drop).
+#[test]
+fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
+    let w = World::with_shim_config("");
+    for (i, (from, to, pointer)) in [
+        ("{", "{\"linux\":{\"namespaces\":[]},", "/linux"),
+        (
+            "\"linux\":{",
+            "\"linux\":{\"maskedPaths\":[],",
+            "/linux/maskedPaths",
+        ),
+        ("{", "{\"process\":{},", "/process"),
+        ("\"env\":[", "\"env\":[],\"env\":[", "/process/env"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bundle = w.gpu_bundle(&format!("dup{i}"), "1");
+        let v: Value = serde_json::from_slice(&bundle.config_bytes().unwrap()).unwrap();
+        let text = serde_json::to_string(&v).unwrap().replacen(from, to, 1);
+        bundle.write_config_bytes(text.as_bytes()).unwrap();
+        assert_rejected(&w, &w.shim(), &bundle, &["duplicate key", pointer]);
+    }
+}
+
+/// Security issue 16, item 8: a bundle without any GPU marker that nvshim cannot read (but
+/// runc runs) is passed on untouched; the same oddity next to a GPU request is refused.
+#[test]
+fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
+    let w = World::with_shim_config("");
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let variants: Vec<(&str, String, String)> = vec![
+        (
+            "latin1",
+            "\"env\":[".into(),
+            "\"env\":[\"LANG_X=caf\u{e9}\",".into(),
+        ),
+        (
+            "surrogate",
+            "\"env\":[".into(),
+            "\"env\":[\"X=\\ud800\",".into(),
+        ),
+        ("deep", "{".into(), format!("{{\"org.example.ext\":{deep},")),
+        ("dup", "{".into(), "{\"hostname\":\"a\",".into()),
+    ];
+    for (name, from, to) in &variants {
+        for gpu in [false, true] {
+            let bundle = if gpu {
+                w.gpu_bundle(&format!("{name}-gpu"), "1")
+            } else {
+                w.bundle(name)
+            };
+            let mut v: Value = serde_json::from_slice(&bundle.config_bytes().unwrap()).unwrap();
+            // The harness's probe script greps for NVIDIA_ variables: a marker of its own.
+            v["process"]["args"] = serde_json::json!(["/bin/sh", "-c", "true"]);
+            let mut text = serde_json::to_string(&v)
+                .unwrap()
+                .replacen(from, to, 1)
+                .into_bytes();
+            if *name == "latin1" {
+                // One Latin-1 byte, not UTF-8.
+                let at = text
+                    .windows(4)
+                    .position(|w| w == "caf\u{e9}".as_bytes()[..4].as_ref())
+                    .unwrap();
+                text.splice(at + 3..at + 5, [0xe9u8]);
+            }
+            if *name == "dup" && !text.windows(10).any(|w| w == b"\"hostname\"") {
+                continue;
+            }
+            bundle.write_config_bytes(&text).unwrap();
+            if gpu {
+                assert_rejected(&w, &w.shim(), &bundle, &["config.json"]);
+                continue;
+            }
+            let rt = w.shim();
+            let id = unique_id("nvshim-e2e-odd");
+            let out = rt.create(&bundle, &id).unwrap();
+            assert!(
+                out.success(),
+                "{name}: create failed\n{out}\n{}\n{}",
+                w.shim_log(),
+                String::from_utf8_lossy(&text)
+            );
+            assert_eq!(
+                bundle.config_bytes().unwrap(),
+                text,
+                "{name}: config.json changed"
+            );
+            let del = rt.delete(&id, true).unwrap();
+            assert!(del.success(), "{del}");
+        }
+    }
 }
