@@ -393,6 +393,31 @@ mod tests {
         );
     }
 
+    /// The duplicate check's cost against serde_json's own `Value` parse, on the config.json
+    /// given in `NVSHIM_PARSE_COST` (e.g. what `runc spec` writes):
+    /// `NVSHIM_PARSE_COST=config.json cargo test -p nvshim --lib parse_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn parse_cost() {
+        let path = std::env::var("NVSHIM_PARSE_COST").unwrap();
+        let bytes = fs::read(path).unwrap();
+        let n = 20_000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(serde_json::from_slice::<Value>(&bytes).unwrap());
+        }
+        let plain = t.elapsed() / n;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(parse_faithful(&bytes).unwrap());
+        }
+        let faithful = t.elapsed() / n;
+        println!(
+            "{} bytes: serde_json Value {plain:?}, duplicate-checking {faithful:?}",
+            bytes.len()
+        );
+    }
+
     #[test]
     fn malformed_json_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
