@@ -341,12 +341,17 @@ fn apply_cdi(
     for e in registry.errors() {
         trace.warn(format!("skipping CDI spec: {e}"));
     }
-    let grouped = registry
-        .resolve_grouped(&names)
-        .map_err(|source| CreateError::Cdi {
-            path: path.clone(),
-            source,
-        })?;
+    let grouped = match registry.resolve_grouped(&names) {
+        Ok(g) => g,
+        Err(source) if plan.request.cdi_already_applied => {
+            trace.warn(format!(
+                "{}: NVIDIA_VISIBLE_DEVICES=void next to CDI annotations and {source}: assuming the engine applied them",
+                path.display()
+            ));
+            return Ok(());
+        }
+        Err(source) => return Err(CreateError::Cdi { path, source }),
+    };
     let mut edits = ContainerEdits::default();
     for (origin, group) in grouped {
         edits.append(&group);
@@ -362,6 +367,28 @@ fn apply_cdi(
     }
     for stale in cdi::registry::stale_device_nodes(&edits) {
         trace.warn(format!("stale CDI spec: {stale}"));
+    }
+    if plan.request.cdi_already_applied {
+        // Decided from the content, not from `void` (which an image can set itself): the
+        // engine applied the devices when every device node they bring is already there.
+        let present: std::collections::HashSet<&str> = plan
+            .edited
+            .pointer("/linux/devices")
+            .and_then(Value::as_array)
+            .map(|d| d.iter().filter_map(|x| x.get("path")?.as_str()).collect())
+            .unwrap_or_default();
+        if edits
+            .device_nodes
+            .iter()
+            .all(|d| present.contains(d.path.as_str()))
+        {
+            return Ok(());
+        }
+        trace.warn(format!(
+            "{}: NVIDIA_VISIBLE_DEVICES=void next to CDI annotations, but the engine has not applied {}: nvshim applies them",
+            path.display(),
+            names.join(", ")
+        ));
     }
     edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;

@@ -761,12 +761,8 @@ pub enum Route {
 /// pass would at best repeat it (the DRA driver sets `void` for exactly this reason:
 /// k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/cdi.go`).
 pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> {
-    if request.cdi_already_applied && config.mode != Mode::Legacy {
-        tracing::info!(
-            "{VISIBLE_DEVICES}=void next to CDI annotations: the engine has applied the CDI devices; nothing to do"
-        );
-        return Ok(Route::Nothing);
-    }
+    // `void` next to annotations no longer ends the request here: whether the engine applied
+    // the devices is decided from config.json's content when they are resolved (create.rs).
     let qualify = |id: &str| {
         if cdi_name::looks_qualified(id) {
             id.to_string()
@@ -1341,7 +1337,10 @@ mod tests {
         });
         let r = from_spec(&spec, &Config::default()).unwrap();
         assert!(r.cdi_already_applied);
-        assert_eq!(route(&r, &Config::default()), Ok(Route::Nothing));
+        assert_eq!(
+            route(&r, &Config::default()),
+            cdi(&["k8s.gpu.nvidia.com/device=gpu-0"])
+        );
         // Without `void`, the annotations are served.
         let spec = json!({
             "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
