@@ -210,7 +210,12 @@ fn malformed_config_json_is_named() {
     let w = World::new("");
     let dir = w.tmp.path().join("broken");
     fs::create_dir_all(&dir).unwrap();
-    fs::write(dir.join("config.json"), "{\"process\": ").unwrap();
+    // A GPU marker: a non-GPU config.json nvshim cannot read goes to runc untouched.
+    fs::write(
+        dir.join("config.json"),
+        "{\"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=0\"",
+    )
+    .unwrap();
     let msg = w.create_error(&dir);
     let path = dir.join("config.json");
     assert_has(
