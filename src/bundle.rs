@@ -5,13 +5,21 @@
 //! (nvidia-toolkit-behaviour.md §2.1 step 8): unknown fields are lost and a crash mid-write
 //! leaves a torn file. Here the document stays a `serde_json::Value` (with `preserve_order`),
 //! only the parts nvshim edits are touched, and the new file replaces the old one by `rename`.
+//!
+//! The document must be parsed faithfully before it is rewritten: runc (Go's encoding/json)
+//! merges an object that appears twice under one key, while `serde_json::Value` keeps only the
+//! last, so a rewrite would silently drop what runc would have applied (namespaces, masked
+//! paths). serde_json has no duplicate-key option, so [`Faithful`] is a small visitor that
+//! builds the same `Value` in the same single pass and refuses a repeated key, naming its
+//! JSON pointer.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -23,6 +31,11 @@ pub enum BundleError {
     },
     #[error("{path} is not valid JSON: {source}; whatever wrote the bundle wrote a broken file (check it with `jq . {path}`)")]
     Malformed {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: {source}; runc would merge the repeated members, which nvshim cannot edit faithfully: remove the duplicate key from config.json")]
+    DuplicateKey {
         path: PathBuf,
         source: serde_json::Error,
     },
@@ -78,11 +91,19 @@ impl Bundle {
     }
 
     fn parse(dir: &Path, config_path: PathBuf, original: Vec<u8>) -> Result<Bundle, BundleError> {
-        let spec: Value =
-            crate::json::parse_unique(&original).map_err(|source| BundleError::Malformed {
-                path: config_path.clone(),
-                source,
-            })?;
+        let spec = parse_faithful(&original).map_err(|source| {
+            if source.is_data() {
+                BundleError::DuplicateKey {
+                    path: config_path.clone(),
+                    source,
+                }
+            } else {
+                BundleError::Malformed {
+                    path: config_path.clone(),
+                    source,
+                }
+            }
+        })?;
         if !spec.is_object() {
             return Err(BundleError::NotASpec {
                 path: config_path,
@@ -194,6 +215,125 @@ impl Bundle {
     }
 }
 
+/// Parses JSON into a `Value` as `serde_json::from_slice` does, refusing duplicate keys at any
+/// depth (the only data error it raises; syntax errors stay syntax errors).
+pub fn parse_faithful(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = Faithful(At::ROOT).deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// Where a value sits, as a chain on the stack: a JSON pointer is only built for an error.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    seg: Seg<'a>,
+    parent: Option<&'a At<'a>>,
+}
+
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Root,
+    Key(&'a str),
+    Index(usize),
+}
+
+impl<'a> At<'a> {
+    const ROOT: At<'static> = At {
+        seg: Seg::Root,
+        parent: None,
+    };
+
+    /// RFC 6901 pointer (`/linux/namespaces/0`).
+    fn pointer(&self) -> String {
+        let mut segs = Vec::new();
+        let mut at = Some(self);
+        while let Some(a) = at {
+            match a.seg {
+                Seg::Root => {}
+                Seg::Key(k) => segs.push(k.replace('~', "~0").replace('/', "~1")),
+                Seg::Index(i) => segs.push(i.to_string()),
+            }
+            at = a.parent;
+        }
+        segs.iter().rev().fold(String::new(), |p, s| p + "/" + s)
+    }
+}
+
+/// Seed and visitor building a `Value` at [`At`].
+struct Faithful<'a>(At<'a>);
+
+impl<'de> DeserializeSeed<'de> for Faithful<'_> {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Faithful<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        // As serde_json's own Value visitor: JSON text cannot hold a non-finite number.
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        self.deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(v) = seq.next_element_seed(Faithful(At {
+            seg: Seg::Index(out.len()),
+            parent: Some(&self.0),
+        }))? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let at = At {
+                seg: Seg::Key(&key),
+                parent: Some(&self.0),
+            };
+            if out.contains_key(&key) {
+                return Err(de::Error::custom(format_args!(
+                    "duplicate key {key:?} at {}",
+                    at.pointer()
+                )));
+            }
+            let value = map.next_value_seed(Faithful(at))?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +347,75 @@ mod tests {
         let b = Bundle::load(dir.path()).unwrap();
         let back: Value = serde_json::from_slice(&b.render()).unwrap();
         assert_eq!(back, b.spec);
+    }
+
+    /// Item 2: a repeated key at any depth is refused with its JSON pointer, and the file is
+    /// left as it was.
+    #[test]
+    fn duplicate_keys_refused_at_any_depth() {
+        for (text, pointer) in [
+            (
+                r#"{"linux":{"namespaces":[]},"linux":{}}"#,
+                "\"linux\" at /linux",
+            ),
+            (r#"{"linux":{"a":1,"a":2}}"#, "\"a\" at /linux/a"),
+            (
+                r#"{"linux":{"namespaces":[{"type":"pid","type":"net"}]}}"#,
+                "\"type\" at /linux/namespaces/0/type",
+            ),
+            (
+                r#"{"process":{"env":[]},"process":{"env":[]}}"#,
+                "at /process",
+            ),
+            (r#"{"a/b~":{"x":1,"x":1}}"#, "at /a~1b~0/x"),
+            (r#"{"annotations":{"k":"v","k":"v"}}"#, "at /annotations/k"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join("config.json"), text).unwrap();
+            let err = Bundle::load(dir.path()).unwrap_err().to_string();
+            assert!(
+                err.contains("duplicate key \"")
+                    && err.contains(pointer)
+                    && err.contains("config.json")
+                    && !err.contains('\n'),
+                "{text}: {err}"
+            );
+            assert_eq!(
+                fs::read(dir.path().join("config.json")).unwrap(),
+                text.as_bytes()
+            );
+        }
+        // Same key in different objects is fine, and the Value equals serde_json's.
+        let ok = r#"{"a":{"x":1},"b":{"x":[1,{"x":null}]},"n":-3,"f":1.5e300,"s":"\u00e9"}"#;
+        assert_eq!(
+            parse_faithful(ok.as_bytes()).unwrap(),
+            serde_json::from_str::<Value>(ok).unwrap()
+        );
+    }
+
+    /// The duplicate check's cost against serde_json's own `Value` parse, on the config.json
+    /// given in `NVSHIM_PARSE_COST` (e.g. what `runc spec` writes):
+    /// `NVSHIM_PARSE_COST=config.json cargo test -p nvshim --lib parse_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn parse_cost() {
+        let path = std::env::var("NVSHIM_PARSE_COST").unwrap();
+        let bytes = fs::read(path).unwrap();
+        let n = 20_000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(serde_json::from_slice::<Value>(&bytes).unwrap());
+        }
+        let plain = t.elapsed() / n;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(parse_faithful(&bytes).unwrap());
+        }
+        let faithful = t.elapsed() / n;
+        println!(
+            "{} bytes: serde_json Value {plain:?}, duplicate-checking {faithful:?}",
+            bytes.len()
+        );
     }
 
     #[test]

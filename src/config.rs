@@ -78,6 +78,15 @@ pub struct Config {
     pub accept_envvar_unprivileged: bool,
     /// Honour `/var/run/nvidia-container-devices/<id>` volume-mount requests.
     pub accept_volume_mounts: bool,
+    /// Honour `NVIDIA_VISIBLE_DEVICES` from unprivileged containers that carry NVIDIA's legacy
+    /// prestart hook, as `docker run --gpus` adds it. Off by default: the hook's name proves
+    /// nothing (CRI-O adds NVIDIA's `oci-nvidia-hook.json` to every container when it is left
+    /// in hooks.d), so only the operator can say the hook means "dockerd's --gpus".
+    pub accept_docker_gpus_hook: bool,
+    /// Kinds of CDI devices a container may name in `NVIDIA_VISIBLE_DEVICES`; default: only
+    /// `cdi-default-kind`. Other kinds (IMEX channels, DRA claims, network devices) come only
+    /// from annotations the orchestrator sets.
+    pub cdi_env_kinds: Option<Vec<String>>,
     /// The host MPS control daemon's pipe directory (its `CUDA_MPS_PIPE_DIRECTORY`). When it
     /// exists, compute containers of legacy requests get it mounted at the same path with the
     /// variable set, so their CUDA clients reach the daemon.
@@ -109,6 +118,8 @@ impl Default for Config {
             log_level: LogLevel::Info,
             accept_envvar_unprivileged: true,
             accept_volume_mounts: false,
+            accept_docker_gpus_hook: false,
+            cdi_env_kinds: None,
             mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
             hook_path: None,
             mode: Mode::Auto,
@@ -121,6 +132,15 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The CDI kinds `NVIDIA_VISIBLE_DEVICES` may name (`cdi-env-kinds`, else
+    /// `cdi-default-kind`).
+    pub fn env_cdi_kinds(&self) -> Vec<&str> {
+        match &self.cdi_env_kinds {
+            Some(kinds) => kinds.iter().map(String::as_str).collect(),
+            None => vec![self.cdi_default_kind.as_str()],
+        }
+    }
+
     /// The config path: `$NVSHIM_CONFIG` (passed in by the binary) or the default.
     pub fn path_from_env(env_value: Option<std::ffi::OsString>) -> PathBuf {
         env_value

@@ -347,12 +347,17 @@ fn apply_cdi(
     for e in registry.errors() {
         trace.warn(format!("skipping CDI spec: {e}"));
     }
-    let grouped = registry
-        .resolve_grouped(&names)
-        .map_err(|source| CreateError::Cdi {
-            path: path.clone(),
-            source,
-        })?;
+    let grouped = match registry.resolve_grouped(&names) {
+        Ok(g) => g,
+        Err(source) if plan.request.cdi_already_applied => {
+            trace.warn(format!(
+                "{}: NVIDIA_VISIBLE_DEVICES=void next to CDI annotations and {source}: assuming the engine applied them",
+                path.display()
+            ));
+            return Ok(());
+        }
+        Err(source) => return Err(CreateError::Cdi { path, source }),
+    };
     let mut edits = ContainerEdits::default();
     for (origin, group) in grouped {
         edits.append(&group);
@@ -368,6 +373,28 @@ fn apply_cdi(
     }
     for stale in cdi::registry::stale_device_nodes(&edits) {
         trace.warn(format!("stale CDI spec: {stale}"));
+    }
+    if plan.request.cdi_already_applied {
+        // Decided from the content, not from `void` (which an image can set itself): the
+        // engine applied the devices when every device node they bring is already there.
+        let present: std::collections::HashSet<&str> = plan
+            .edited
+            .pointer("/linux/devices")
+            .and_then(Value::as_array)
+            .map(|d| d.iter().filter_map(|x| x.get("path")?.as_str()).collect())
+            .unwrap_or_default();
+        if edits
+            .device_nodes
+            .iter()
+            .all(|d| present.contains(d.path.as_str()))
+        {
+            return Ok(());
+        }
+        trace.warn(format!(
+            "{}: NVIDIA_VISIBLE_DEVICES=void next to CDI annotations, but the engine has not applied {}: nvshim applies them",
+            path.display(),
+            names.join(", ")
+        ));
     }
     edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;
@@ -394,36 +421,43 @@ fn check_hooks_exist(edits: &ContainerEdits, own_hook: &Path) -> Result<(), Crea
     Ok(())
 }
 
-/// True when `create` failed only because config.json could not be parsed faithfully (broken
-/// JSON, a duplicate key, an escape serde_json refuses) and its bytes hold nothing that could
-/// ask for a GPU: no `NVIDIA_*` env entry, no CDI annotation prefix, no Docker `--gpus` hook, no
-/// device-plugin mount. Such a container is runc's to accept or refuse, untouched: with nvshim
-/// as an engine's default runtime, containers that have nothing to do with GPUs must run as
-/// they do without it. A document that might ask for GPUs is refused (never started without
-/// them).
-pub fn passes_through_unparsed(err: &CreateError, config: &Config, dir: &Path) -> bool {
-    if !matches!(err, CreateError::Bundle(BundleError::Malformed { .. })) {
-        return false;
-    }
-    let Ok(bytes) = std::fs::read(dir.join("config.json")) else {
-        return false;
-    };
-    let contains = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+/// True when config.json's raw bytes could hold a GPU request: an `NVIDIA_*` env entry, a CDI
+/// annotation prefix, NVIDIA's legacy hook or the device plugin's mount root. Checked only
+/// when the document cannot be read: a bundle without any of these is not nvshim's business,
+/// whatever runc accepts in it (a JSON escape can hide a marker, but then the container only
+/// goes without GPUs, as it would under runc alone).
+pub fn may_request_gpus(bytes: &[u8], config: &Config) -> bool {
+    let has =
+        |needle: &[u8]| !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle);
     // Env entries are JSON strings: a request starts `"NVIDIA_` (the quote keeps a script in
-    // `process.args` that mentions the name from counting).
-    let mut markers: Vec<&[u8]> = vec![
-        b"\"NVIDIA_",
-        b"nvidia-container-runtime-hook",
-        b"nvidia-container-toolkit",
-        request::DEVICE_MOUNT_ROOT.as_bytes(),
-    ];
-    markers.extend(config.cdi_annotation_prefixes.iter().map(|p| p.as_bytes()));
-    !markers.iter().any(|m| contains(m))
+    // `process.args` that only mentions the names from counting).
+    has(b"\"NVIDIA_")
+        || has(request::DEVICE_MOUNT_ROOT.as_bytes())
+        || edits::LEGACY_HOOK_NAMES.iter().any(|n| has(n.as_bytes()))
+        || config
+            .cdi_annotation_prefixes
+            .iter()
+            .any(|p| has(p.as_bytes()))
 }
 
-/// Plans and, when anything changes, writes config.json atomically.
-pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, CreateError> {
-    let plan = plan(config, dir, tools)?;
+/// Plans and, when anything changes, writes config.json atomically. `Ok(None)`: the bundle
+/// could not be read but asks for no GPU, so it is passed on untouched for runc to judge.
+pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>, CreateError> {
+    let plan = match plan(config, dir, tools) {
+        Ok(plan) => plan,
+        Err(e @ (CreateError::Bundle(_) | CreateError::Request { .. })) => {
+            let marked = match std::fs::read(dir.join("config.json")) {
+                Ok(bytes) => may_request_gpus(&bytes, config),
+                Err(_) => true,
+            };
+            if marked {
+                return Err(e);
+            }
+            tracing::info!(bundle = %dir.display(), "no GPU request in a config.json nvshim cannot read ({e}); passed on untouched");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     if plan.changes_bundle() {
         plan.bundle.save_spec(&plan.edited)?;
         tracing::info!(
@@ -435,5 +469,5 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, Create
             "edited config.json"
         );
     }
-    Ok(plan)
+    Ok(Some(plan))
 }

@@ -15,7 +15,6 @@ pub mod edits;
 pub mod engine;
 pub mod explain;
 pub mod host;
-pub mod json;
 pub mod legacy;
 pub mod logging;
 pub mod nvidia;

@@ -21,7 +21,7 @@
 //!   `legacy`; `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`; `NVIDIA_IMEX_CHANNELS`
 //!   or `imex/<id>` mounts.
 
-use std::collections::BTreeSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 use thiserror::Error;
@@ -47,6 +47,15 @@ const DEVICE_MOUNT_SOURCE: &str = "/dev/null";
 /// The largest IMEX channel number: channel minors are 20 bits (NVIDIA's JIT-CDI check,
 /// nvidia-toolkit-behaviour.md §3.3).
 pub const MAX_IMEX_CHANNEL: u32 = (1 << 20) - 1;
+/// Most `process.env` entries read. A real container has tens; execve(2) takes at most a
+/// quarter of the 8 MiB default stack for argv and env together, i.e. under 700,000 of the
+/// shortest entries (`a=` and its NUL), so runc could not start a process with more anyway.
+pub const MAX_ENV_ENTRIES: usize = 1_000_000;
+/// Longest value of an `NVIDIA_*` variable read: a list of 10,000 MIG UUIDs is ~600 KiB.
+pub const MAX_NVIDIA_VALUE_BYTES: usize = 1 << 20;
+/// Most device names in one list (variable, mounts or annotations): a host has at most a few
+/// hundred GPUs, MIG devices or IMEX channels to name.
+pub const MAX_DEVICE_NAMES: usize = 10_000;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RequestError {
@@ -73,6 +82,18 @@ pub enum RequestError {
     BadCdiName(#[from] QualifiedNameError),
     #[error("{VISIBLE_DEVICES}={value:?} is how NVIDIA's device plugin (volume-mounts strategy) says the devices are mounts under {DEVICE_MOUNT_ROOT}, but {why}; set accept-volume-mounts = true in the nvshim config, or switch the device plugin to the envvar or CDI strategy")]
     VolumeMountSignal { value: String, why: &'static str },
+    #[error("process.env has {count} entries, more than the {MAX_ENV_ENTRIES} nvshim reads; trim the container's environment")]
+    TooManyEnvEntries { count: usize },
+    #[error("{var} is {len} bytes long, more than the {MAX_NVIDIA_VALUE_BYTES} nvshim reads; name fewer devices")]
+    ValueTooLong { var: String, len: usize },
+    #[error("{from} names {count} devices, more than the {MAX_DEVICE_NAMES} nvshim accepts in one request; name fewer devices")]
+    TooManyDeviceNames { from: String, count: usize },
+    #[error("{VISIBLE_DEVICES} names the CDI device {name:?} of kind {kind:?}, which the environment may not ask for (allowed: {allowed}); devices of other kinds come from the orchestrator's annotations, or add the kind to cdi-env-kinds in the nvshim config")]
+    EnvKindNotAllowed {
+        name: String,
+        kind: String,
+        allowed: String,
+    },
     #[error("{from} asks for IMEX channel {id:?}, which is not a channel number (0 to {MAX_IMEX_CHANNEL}); use a comma list such as 0,3")]
     BadImexChannel { from: String, id: String },
 }
@@ -112,7 +133,7 @@ pub fn parse_visible_devices(value: Option<&str>) -> VisibleDevices {
             return VisibleDevices::NoGpus;
         }
     }
-    let mut seen = BTreeSet::new();
+    let mut seen = HashSet::with_capacity(items.len());
     VisibleDevices::List(
         items
             .into_iter()
@@ -369,13 +390,27 @@ pub fn env_map(spec: &Value) -> Result<Vec<(&str, &str)>, RequestError> {
     let Some(env) = spec.pointer("/process/env").and_then(Value::as_array) else {
         return Ok(out);
     };
+    if env.len() > MAX_ENV_ENTRIES {
+        return Err(RequestError::TooManyEnvEntries { count: env.len() });
+    }
+    // Key -> slot in `out`: linear in the number of entries (a scan per entry was quadratic).
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(env.len());
     for entry in env.iter().filter_map(Value::as_str) {
         let (k, v) = entry
             .split_once('=')
-            .ok_or_else(|| RequestError::EnvWithoutEquals(entry.to_string()))?;
-        match out.iter_mut().find(|(key, _)| *key == k) {
-            Some(slot) => slot.1 = v,
-            None => out.push((k, v)),
+            .ok_or_else(|| RequestError::EnvWithoutEquals(entry.chars().take(200).collect()))?;
+        if k.starts_with("NVIDIA_") && v.len() > MAX_NVIDIA_VALUE_BYTES {
+            return Err(RequestError::ValueTooLong {
+                var: k.to_string(),
+                len: v.len(),
+            });
+        }
+        match index.get(k) {
+            Some(&i) => out[i].1 = v,
+            None => {
+                index.insert(k, out.len());
+                out.push((k, v));
+            }
         }
     }
     Ok(out)
@@ -434,6 +469,8 @@ fn mount_requests(spec: &Value) -> MountRequests {
         return out;
     };
     let prefix = format!("{DEVICE_MOUNT_ROOT}/");
+    let mut seen_destinations: HashSet<&str> = HashSet::new();
+    let mut seen_items: HashSet<(bool, String)> = HashSet::new();
     for m in mounts {
         let (Some(source), Some(destination)) = (
             m.get("source").and_then(Value::as_str),
@@ -448,9 +485,10 @@ fn mount_requests(spec: &Value) -> MountRequests {
         let Some(id) = cleaned.strip_prefix(&prefix) else {
             continue;
         };
-        if !out.destinations.iter().any(|d| d == destination) {
+        if seen_destinations.insert(destination) {
             out.destinations.push(destination.to_string());
         }
+        let is_imex = id.starts_with("imex/");
         let (list, item) = if let Some(channel) = id.strip_prefix("imex/") {
             (&mut out.imex, channel.to_string())
         } else if let Some(cdi) = id.strip_prefix("cdi/") {
@@ -466,7 +504,7 @@ fn mount_requests(spec: &Value) -> MountRequests {
         } else {
             (&mut out.devices, id.to_string())
         };
-        if !list.contains(&item) {
+        if seen_items.insert((is_imex, item.clone())) {
             list.push(item);
         }
     }
@@ -478,7 +516,14 @@ fn mount_requests(spec: &Value) -> MountRequests {
 /// ComputeDomains, so "every channel" is never granted by a variable (and toolkit 1.17.0,
 /// which failed on it instead, broke images that set it; field-lessons.md §2.10).
 fn parse_imex_channels(from: &str, items: &[&str]) -> Result<Vec<u32>, RequestError> {
+    if items.len() > MAX_DEVICE_NAMES {
+        return Err(RequestError::TooManyDeviceNames {
+            from: from.to_string(),
+            count: items.len(),
+        });
+    }
     let mut out = Vec::new();
+    let mut seen = HashSet::new();
     for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
         if ["all", "none", "void"]
             .iter()
@@ -497,7 +542,7 @@ fn parse_imex_channels(from: &str, items: &[&str]) -> Result<Vec<u32>, RequestEr
                 from: from.to_string(),
                 id: item.to_string(),
             })?;
-        if !out.contains(&id) {
+        if seen.insert(id) {
             out.push(id);
         }
     }
@@ -527,7 +572,11 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
     }
     // `docker run --gpus` is the operator's own request through dockerd's API, not an env var
     // an image could carry, so it is honoured for unprivileged containers too.
-    let env_accepted = privileged || config.accept_envvar_unprivileged || docker_gpus;
+    // The hook's name alone proves nothing (CRI-O can add it to every container), so it lifts
+    // the privilege rule only when the operator said so (`accept-docker-gpus-hook`).
+    let env_accepted = privileged
+        || config.accept_envvar_unprivileged
+        || (docker_gpus && config.accept_docker_gpus_hook);
     let mounts = if config.accept_volume_mounts {
         mount_requests(spec)
     } else {
@@ -570,12 +619,36 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
     if config.mode != Mode::Legacy {
         // Annotations come from the orchestrator (a device plugin or DRA driver), not from the
         // image, so no privilege rule applies (nvidia-toolkit-behaviour.md §3.1).
-        for a in annotations::parse(spec.get("annotations"), &config.cdi_annotation_prefixes)? {
-            let source = Source::Annotation(a.key.clone());
-            if !sources.contains(&source) {
-                sources.push(source);
+        if let Some(map) = spec.get("annotations").and_then(Value::as_object) {
+            for (key, value) in map {
+                let len = value.as_str().map_or(0, str::len);
+                let ours = config
+                    .cdi_annotation_prefixes
+                    .iter()
+                    .any(|p| !p.is_empty() && key.starts_with(p.as_str()));
+                if ours && len > MAX_NVIDIA_VALUE_BYTES {
+                    return Err(RequestError::ValueTooLong {
+                        var: format!("annotation {key}"),
+                        len,
+                    });
+                }
             }
-            if !annotation_devices.iter().any(|d| d.device == a.device) {
+        }
+        let parsed = annotations::parse(spec.get("annotations"), &config.cdi_annotation_prefixes)?;
+        if parsed.len() > MAX_DEVICE_NAMES {
+            return Err(RequestError::TooManyDeviceNames {
+                from: "the CDI annotations".into(),
+                count: parsed.len(),
+            });
+        }
+        // Hash sets keep both dedupes linear.
+        let mut seen_keys: HashSet<String> = HashSet::new();
+        let mut seen_devices: HashSet<String> = HashSet::new();
+        for a in parsed {
+            if seen_keys.insert(a.key.clone()) {
+                sources.push(Source::Annotation(a.key.clone()));
+            }
+            if seen_devices.insert(a.device.clone()) {
                 annotation_devices.push(a);
             }
         }
@@ -688,12 +761,8 @@ pub enum Route {
 /// pass would at best repeat it (the DRA driver sets `void` for exactly this reason:
 /// k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/cdi.go`).
 pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> {
-    if request.cdi_already_applied && config.mode != Mode::Legacy {
-        tracing::info!(
-            "{VISIBLE_DEVICES}=void next to CDI annotations: the engine has applied the CDI devices; nothing to do"
-        );
-        return Ok(Route::Nothing);
-    }
+    // `void` next to annotations no longer ends the request here: whether the engine applied
+    // the devices is decided from config.json's content when they are resolved (create.rs).
     let qualify = |id: &str| {
         if cdi_name::looks_qualified(id) {
             id.to_string()
@@ -758,10 +827,32 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
             }
         },
     };
+    if names.len() > MAX_DEVICE_NAMES {
+        return Err(RequestError::TooManyDeviceNames {
+            from: "the request".into(),
+            count: names.len(),
+        });
+    }
+    // Names from the image's environment are limited to the operator's kinds: an image must not
+    // reach another pod's DRA claim, an IMEX channel or a network device by naming it.
+    let from_env = request.annotation_devices.is_empty()
+        && request.sources.contains(&Source::Env(VISIBLE_DEVICES));
+    let allowed = config.env_cdi_kinds();
     let mut out: Vec<String> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
     for n in names {
         cdi_name::parse_qualified_name(&n)?;
-        if !out.contains(&n) {
+        if from_env {
+            let kind = n.split_once('=').map_or(n.as_str(), |(k, _)| k);
+            if !allowed.contains(&kind) {
+                return Err(RequestError::EnvKindNotAllowed {
+                    kind: kind.to_string(),
+                    name: n,
+                    allowed: allowed.join(", "),
+                });
+            }
+        }
+        if seen.insert(n.clone()) {
             out.push(n);
         }
     }
@@ -1246,7 +1337,10 @@ mod tests {
         });
         let r = from_spec(&spec, &Config::default()).unwrap();
         assert!(r.cdi_already_applied);
-        assert_eq!(route(&r, &Config::default()), Ok(Route::Nothing));
+        assert_eq!(
+            route(&r, &Config::default()),
+            cdi(&["k8s.gpu.nvidia.com/device=gpu-0"])
+        );
         // Without `void`, the annotations are served.
         let spec = json!({
             "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
@@ -1322,5 +1416,148 @@ mod tests {
         assert!(!r.sources.contains(&Source::Env(MIG_MONITOR_DEVICES)));
         // MIG ids are GPU ids to the router.
         assert_eq!(route(&r, &Config::default()), Ok(Route::Legacy));
+    }
+
+    /// Item 3: names from the environment are limited to the allowed kinds, in every mode and
+    /// spelling; annotations still reach any kind.
+    #[test]
+    fn env_cdi_names_limited_to_allowed_kinds() {
+        let env = |v: &str| json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}});
+        for mode in [Mode::Auto, Mode::Cdi] {
+            for name in [
+                "nvidia.com/imex-channel=0",
+                "k8s.gpu.nvidia.com/claim=abc-123",
+                "nvidia.com/gpu=0,k8s.gpu.nvidia.com/claim=x",
+                "example.com/net=eth1",
+                "nvidia.com/mig=0:1",
+            ] {
+                let err = route_of(env(name), mode).unwrap_err().to_string();
+                assert!(
+                    err.contains("cdi-env-kinds") && err.contains("allowed: nvidia.com/gpu"),
+                    "{mode:?} {name}: {err}"
+                );
+            }
+            assert_eq!(
+                route_of(env("nvidia.com/gpu=0,nvidia.com/gpu=all"), mode),
+                cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=all"])
+            );
+            // The same kinds through annotations are the orchestrator's choice.
+            let a = json!({"annotations": {"cdi.k8s.io/x": "nvidia.com/imex-channel=0,k8s.gpu.nvidia.com/claim=c"}});
+            assert_eq!(
+                route_of(a, mode),
+                cdi(&["nvidia.com/imex-channel=0", "k8s.gpu.nvidia.com/claim=c"])
+            );
+        }
+        let cfg = Config {
+            cdi_env_kinds: Some(vec!["nvidia.com/gpu".into(), "nvidia.com/mig".into()]),
+            ..Config::default()
+        };
+        let spec = env("nvidia.com/mig=0:1");
+        assert_eq!(
+            route(&from_spec(&spec, &cfg).unwrap(), &cfg),
+            cdi(&["nvidia.com/mig=0:1"])
+        );
+    }
+
+    /// Item 4: a hook named like NVIDIA's does not lift the privilege rule unless the operator
+    /// set accept-docker-gpus-hook.
+    #[test]
+    fn legacy_hook_name_does_not_lift_privilege_rule() {
+        let with_hook = |path: &str, args: Value| {
+            json!({
+                "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]},
+                "hooks": {"prestart": [{"path": path, "args": args}]},
+            })
+        };
+        let strict = Config {
+            accept_envvar_unprivileged: false,
+            ..Config::default()
+        };
+        for spec in [
+            with_hook(
+                "/usr/bin/nvidia-container-runtime-hook",
+                json!(["nvidia-container-runtime-hook", "prestart"]),
+            ),
+            with_hook(
+                "/usr/local/bin/nvidia-container-runtime-hook",
+                json!(["x", "prestart"]),
+            ),
+            with_hook(
+                "/usr/bin/nvidia-container-toolkit",
+                json!(["nvidia-container-toolkit", "prestart"]),
+            ),
+        ] {
+            let r = from_spec(&spec, &strict).unwrap();
+            assert!(!r.wants_gpus(), "{spec}");
+            let trusting = Config {
+                accept_docker_gpus_hook: true,
+                ..strict.clone()
+            };
+            let r = from_spec(&spec, &trusting).unwrap();
+            if r.sources.contains(&Source::DockerGpusHook) {
+                assert!(r.wants_gpus(), "{spec}");
+            }
+        }
+    }
+
+    /// Item 6: dedupes are linear and sizes are bounded.
+    #[test]
+    fn large_requests_are_linear_and_bounded() {
+        let n = 150_000;
+        let mut env: Vec<String> = (0..n).map(|i| format!("K{i}=v")).collect();
+        env.push("NVIDIA_VISIBLE_DEVICES=all".into());
+        let spec = json!({"process": {"env": env}});
+        let t = std::time::Instant::now();
+        assert_eq!(env_map(&spec).unwrap().len(), n + 1);
+        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
+        // Duplicated keys: last wins, still linear.
+        let dup: Vec<String> = (0..n).map(|i| format!("K{}={i}", i % 1000)).collect();
+        let spec = json!({"process": {"env": dup}});
+        let t = std::time::Instant::now();
+        let m = env_map(&spec).unwrap();
+        assert_eq!(m.len(), 1000);
+        assert_eq!(lookup(&m, "K0"), Some(&*format!("{}", n - 1000)));
+        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
+
+        let names: Vec<String> = (0..200_000)
+            .map(|i| format!("nvidia.com/gpu={i}"))
+            .collect();
+        let spec = json!({"annotations": {"cdi.k8s.io/x": names.join(",")}});
+        let t = std::time::Instant::now();
+        let err = route_of(spec, Mode::Auto).unwrap_err().to_string();
+        assert!(err.contains("annotation cdi.k8s.io/x is"), "{err}");
+        // Under the size bound, the name count bounds it.
+        let names: Vec<String> = (0..50_000).map(|i| format!("x.io/g={i}")).collect();
+        let spec = json!({"annotations": {"cdi.k8s.io/x": names.join(",")}});
+        let err = route_of(spec, Mode::Auto).unwrap_err().to_string();
+        assert!(
+            err.contains("50000 devices") && err.contains("10000"),
+            "{err}"
+        );
+        assert!(t.elapsed().as_secs_f64() < 2.0, "{:?}", t.elapsed());
+
+        let long = format!("NVIDIA_VISIBLE_DEVICES={}", "0,".repeat(600_000));
+        let err = route_of(json!({"process": {"env": [long]}}), Mode::Auto)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("NVIDIA_VISIBLE_DEVICES is 1200000 bytes"),
+            "{err}"
+        );
+        let err = route_of(
+            json!({"annotations": {"cdi.k8s.io/x": "a".repeat(2 << 20)}}),
+            Mode::Auto,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("annotation cdi.k8s.io/x is"), "{err}");
+        // Many distinct ids below the value limit: bounded by the name count.
+        let ids: Vec<String> = (0..20_000).map(|i| format!("GPU-{i}")).collect();
+        let spec =
+            json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={}", ids.join(","))]}});
+        let t = std::time::Instant::now();
+        let r = from_spec(&spec, &Config::default()).unwrap();
+        assert!(t.elapsed().as_secs_f64() < 2.0);
+        let _ = r;
     }
 }

@@ -24,8 +24,20 @@ pub enum RuntimeError {
     NulInArgument(OsString),
 }
 
-/// runc's global flags that take a value (`runc --help`, runc 1.1: main.go).
-const GLOBAL_VALUE_FLAGS: &[&str] = &["log", "log-format", "root", "criu", "rootless"];
+/// Global flags that take a value, of runc (main.go: `--log`, `--log-format`, `--root`,
+/// `--criu`, `--rootless`) and of crun (src/crun.c argp options: also `--cgroup-manager`,
+/// `--log-level`, `--handler`). Both accept `--flag value` as well as `--flag=value`: a flag
+/// missing here makes its value look like the subcommand, so the bundle would pass unedited.
+const GLOBAL_VALUE_FLAGS: &[&str] = &[
+    "log",
+    "log-format",
+    "log-level",
+    "root",
+    "criu",
+    "rootless",
+    "cgroup-manager",
+    "handler",
+];
 /// Value flags of `create` and `run` besides `--bundle` (runc create.go, run.go).
 const CREATE_VALUE_FLAGS: &[&str] = &["console-socket", "pid-file", "preserve-fds", "pidfd-socket"];
 
@@ -318,6 +330,60 @@ mod tests {
         assert!(!inv.edits_bundle());
         let inv = scan(&["--log=create", "state", "create"]);
         assert_eq!(inv.subcommand.as_deref(), Some("state"));
+    }
+
+    /// Every value-taking global flag of runc and crun, in both spellings, before `create` or
+    /// `run` with the bundle flag in every position (security issue 16, item 7).
+    #[test]
+    fn global_value_flags_table() {
+        let globals: &[(&str, &str)] = &[
+            ("--root", "/run/runc"),
+            ("--log", "/tmp/l.json"),
+            ("--log-format", "json"),
+            ("--log-level", "debug"),
+            ("--criu", "/usr/sbin/criu"),
+            ("--rootless", "false"),
+            ("--cgroup-manager", "cgroupfs"),
+            ("--cgroup-manager", "systemd"),
+            ("--handler", "wasm"),
+            ("-root", "/run/runc"),
+        ];
+        for (flag, value) in globals {
+            let joined = format!("{flag}={value}");
+            let forms: Vec<Vec<&str>> = vec![vec![flag, value], vec![joined.as_str()]];
+            for form in &forms {
+                for sub in ["create", "run"] {
+                    for bflag in ["--bundle", "-b", "--bundle=", "-b="] {
+                        let b = format!("{bflag}/bundles/x");
+                        let bundle_args: Vec<&str> = if bflag.ends_with('=') {
+                            vec![b.as_str()]
+                        } else {
+                            vec![bflag, "/bundles/x"]
+                        };
+                        // Bundle flag first, after another create flag, and last.
+                        let positions: [Vec<&str>; 3] = [
+                            [bundle_args.clone(), vec!["--pid-file", "/p", "id"]].concat(),
+                            [vec!["--pid-file", "/p"], bundle_args.clone(), vec!["id"]].concat(),
+                            [vec!["--pid-file", "/p", "id"], bundle_args.clone()].concat(),
+                        ];
+                        for tail in &positions {
+                            let mut argv: Vec<&str> = vec!["--debug"];
+                            argv.extend(form.iter());
+                            argv.push(sub);
+                            argv.extend(tail.iter());
+                            let inv = scan(&argv);
+                            assert_eq!(inv.subcommand.as_deref(), Some(sub), "{argv:?}");
+                            assert_eq!(
+                                inv.bundle.as_deref(),
+                                Some(Path::new("/bundles/x")),
+                                "{argv:?}"
+                            );
+                            assert!(inv.edits_bundle(), "{argv:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

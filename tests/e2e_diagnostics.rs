@@ -798,15 +798,33 @@ fn explain_cdi_request_groups_by_device_and_spec() {
 fn explain_says_when_the_engine_applied_cdi_already() {
     let w = World::new();
     w.generate();
-    let b = w.bundle("applied", &[("NVIDIA_VISIBLE_DEVICES", "void")]);
+    // What the engine writes: the device applied (explain's `result` is the config.json with
+    // it), and the spec's NVIDIA_VISIBLE_DEVICES=void in the env.
+    let b = w.bundle("applied", &[]);
     b.edit(|c| {
         c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"});
         Ok(())
     })
     .unwrap();
+    let (_, before) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let applied = before["result"].clone();
+    assert!(applied.is_object(), "{before:#}");
+    b.edit(move |c| {
+        *c = applied;
+        Ok(())
+    })
+    .unwrap();
+    assert!(b
+        .config()
+        .unwrap()
+        .pointer("/process/env")
+        .and_then(|e| e.as_array())
+        .is_some_and(|e| e.iter().any(|v| v == "NVIDIA_VISIBLE_DEVICES=void")));
     let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(0), "{e:#}");
-    assert_eq!(e["route"]["mode"], "none", "{e:#}");
+    // Whether the engine applied the devices is decided from config.json's content (its
+    // device nodes are there), not from the variable alone: the devices resolve, and applying
+    // them again changes nothing.
     assert_eq!(e["requests"][0]["source"], "annotation");
     assert_eq!(e["requests"][0]["honoured"], false, "{e:#}");
     assert!(

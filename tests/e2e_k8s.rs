@@ -1201,3 +1201,32 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
         &["arch>=8.0", "NVML", "NVIDIA_DISABLE_REQUIRE"],
     );
 }
+
+/// Security issue 16, item 7b: an image's own `NVIDIA_VISIBLE_DEVICES=void` next to CDI
+/// annotations, on an engine that did not apply CDI, still gets the annotated devices: whether
+/// the engine applied them is read from config.json (their device nodes), not from `void`.
+#[test]
+fn void_from_the_image_next_to_unapplied_cdi_annotations_still_gets_the_devices() {
+    let w = World::new(2);
+    let claim_uid = "c1d6a7a2-6f0e-4a43-9c52-2f1d0e6f3c12";
+    let mps = MpsDirs::new(&w, claim_uid);
+    write_specs(&w.cdi_dir, &dra_specs(&w, claim_uid, &mps));
+    let gpu = w.gpu(1);
+    let devices = vec!["k8s.gpu.nvidia.com/device=gpu-1".to_string()];
+    for (name, value) in [
+        ("void", "void"),
+        ("void-list", "0,void"),
+        ("void-space", " void "),
+    ] {
+        let b = w.annotated_bundle(name, claim_annotations(claim_uid, &devices));
+        b.set_env("NVIDIA_VISIBLE_DEVICES", value).unwrap();
+        let r = w.run(&b);
+        let p = gpu_container_problems(&r, &w.host, &[gpu]);
+        assert_no_problems(&format!("image NVIDIA_VISIBLE_DEVICES={value:?}"), &p, &r);
+        assert!(
+            w.shim_log().contains("engine has not applied"),
+            "no warning in the log:\n{}",
+            w.shim_log()
+        );
+    }
+}

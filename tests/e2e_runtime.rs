@@ -533,6 +533,7 @@ fn unknown_index_is_rejected_before_runc() {
 fn malformed_config_json_is_rejected_before_runc() {
     let w = World::with_shim_config("");
     let bundle = w.bundle("bundle");
+    // A GPU marker: without one, an unreadable config.json is runc's to judge.
     bundle
         .write_config_bytes(
             b"{\"ociVersion\": \"1.0.2\", \"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=0\"",
@@ -549,7 +550,7 @@ fn malformed_config_json_is_rejected_before_runc() {
         .unwrap();
     assert!(!out.success(), "runc accepted a broken config.json\n{out}");
     assert!(
-        w.shim_log().contains("passed through unedited"),
+        w.shim_log().contains("passed on untouched"),
         "nvshim did not pass it to runc:\n{}",
         w.shim_log()
     );
@@ -962,100 +963,99 @@ fn rhel_layout_gives_the_same_driver_in_its_own_paths() {
     assert_no_problems("RHEL layout", &sorted(p), &r);
 }
 
-// ---------------------------------------------------------------------------------------------
-// config.json that nvshim cannot parse faithfully.
-// ---------------------------------------------------------------------------------------------
-
-/// config.json with `key` given a second time at the top of the document, as `"key": value`,
-/// after the first: runc (Go) merges the two, serde_json would keep only the second.
-fn with_duplicate(bundle: &Bundle, key: &str, value: &str) {
-    let text = String::from_utf8(bundle.config_bytes().unwrap()).unwrap();
-    let body = text.trim_end().strip_suffix('}').unwrap();
-    let doubled = format!("{body},\n  \"{key}\": {value}\n}}\n");
-    bundle.write_config_bytes(doubled.as_bytes()).unwrap();
-}
-
-/// A duplicate key anywhere in a GPU container's config.json is refused, naming the key and
-/// its place, with config.json untouched and runc not run: written back, the last copy alone
-/// would have dropped what runc merges (a second `"linux"` without namespaces ran the
-/// container in the host's namespaces).
+/// Security issue 16, item 2: a GPU bundle with a repeated key at any depth is refused, one
+/// line naming the key's JSON pointer, config.json untouched (runc merges what a rewrite would
+/// drop).
 #[test]
-fn duplicate_keys_in_a_gpu_config_are_refused() {
+fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
     let w = World::with_shim_config("");
-    // The second "linux" drops every namespace and masked path; the second "process" keeps
-    // the request (so nvshim sees a GPU request in either copy).
-    for (key, value, needle) in [
+    for (i, (from, to, pointer)) in [
+        ("{", "{\"linux\":{\"namespaces\":[]},", "/linux"),
         (
-            "linux",
-            r#"{"namespaces": []}"#,
-            r#"duplicate key "linux" in the object at /"#,
+            "\"linux\":{",
+            "\"linux\":{\"maskedPaths\":[],",
+            "/linux/maskedPaths",
         ),
-        (
-            "process",
-            r#"{"args": ["sh"], "cwd": "/", "env": ["NVIDIA_VISIBLE_DEVICES=1"]}"#,
-            r#"duplicate key "process" in the object at /"#,
-        ),
-        ("hooks", "{}", r#"duplicate key "hooks" in the object at /"#),
-    ] {
-        let bundle = w.gpu_bundle(&format!("dup-{key}"), "1");
-        if key == "hooks" {
-            bundle
-                .edit(|c| {
-                    c["hooks"] = json!({});
-                    Ok(())
-                })
-                .unwrap();
-        }
-        with_duplicate(&bundle, key, value);
-        assert_rejected(&w, &w.shim(), &bundle, &[needle]);
+        ("{", "{\"process\":{},", "/process"),
+        ("\"env\":[", "\"env\":[],\"env\":[", "/process/env"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bundle = w.gpu_bundle(&format!("dup{i}"), "1");
+        let v: Value = serde_json::from_slice(&bundle.config_bytes().unwrap()).unwrap();
+        let text = serde_json::to_string(&v).unwrap().replacen(from, to, 1);
+        bundle.write_config_bytes(text.as_bytes()).unwrap();
+        assert_rejected(&w, &w.shim(), &bundle, &["duplicate key", pointer]);
     }
-    // Deeper in the document: a namespace list given twice.
-    let bundle = w.gpu_bundle("dup-nested", "1");
-    let text = String::from_utf8(bundle.config_bytes().unwrap()).unwrap();
-    let doubled = text.replacen(
-        "\"namespaces\":",
-        "\"namespaces\": [],\n    \"namespaces\":",
-        1,
-    );
-    assert_ne!(doubled, text, "the bundle has no namespaces to double");
-    bundle.write_config_bytes(doubled.as_bytes()).unwrap();
-    assert_rejected(
-        &w,
-        &w.shim(),
-        &bundle,
-        &[r#"duplicate key "namespaces" in the object at /linux"#],
-    );
 }
 
-/// A container that asks for no GPU reaches runc unedited whatever nvshim can parse of its
-/// config.json (a duplicate key, a lone surrogate escape that Go accepts): with nvshim as an
-/// engine's default runtime, unrelated containers run as they would without it.
+/// Security issue 16, item 8: a bundle without any GPU marker that nvshim cannot read (but
+/// runc runs) is passed on untouched; the same oddity next to a GPU request is refused.
 #[test]
-fn unparsable_configs_without_a_gpu_request_pass_through_to_runc() {
+fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
     let w = World::with_shim_config("");
-    type Break = fn(&Bundle);
-    let cases: [(&str, Break); 2] = [
-        ("duplicate", |b| with_duplicate(b, "hostname", "\"second\"")),
-        ("surrogate", |b| {
-            b.edit(|c| {
-                c["annotations"] = json!({"org.example/note": "PLACEHOLDER"});
-                Ok(())
-            })
-            .unwrap();
-            let text = String::from_utf8(b.config_bytes().unwrap()).unwrap();
-            b.write_config_bytes(text.replace("PLACEHOLDER", "\\ud800").as_bytes())
-                .unwrap();
-        }),
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let variants: Vec<(&str, String, String)> = vec![
+        (
+            "latin1",
+            "\"env\":[".into(),
+            "\"env\":[\"LANG_X=caf\u{e9}\",".into(),
+        ),
+        (
+            "surrogate",
+            "\"env\":[".into(),
+            "\"env\":[\"X=\\ud800\",".into(),
+        ),
+        ("deep", "{".into(), format!("{{\"org.example.ext\":{deep},")),
+        ("dup", "{".into(), "{\"hostname\":\"a\",".into()),
     ];
-    for (name, break_it) in cases {
-        let bundle = w.bundle(name);
-        break_it(&bundle);
-        let before = bundle.config_bytes().unwrap();
-        let id = unique_id("nvshim-e2e-pass");
-        let out = w.shim().run(&bundle, &id).unwrap();
-        assert!(out.success(), "{name}: runc should have run it\n{out}");
-        let r = ProbeReport::parse(&out.stdout);
-        assert!(r.complete, "{name}: {out}");
-        assert_eq!(bundle.config_bytes().unwrap(), before, "{name}: edited");
+    for (name, from, to) in &variants {
+        for gpu in [false, true] {
+            let bundle = if gpu {
+                w.gpu_bundle(&format!("{name}-gpu"), "1")
+            } else {
+                w.bundle(name)
+            };
+            let mut v: Value = serde_json::from_slice(&bundle.config_bytes().unwrap()).unwrap();
+            // The harness's probe script greps for NVIDIA_ variables: a marker of its own.
+            v["process"]["args"] = serde_json::json!(["/bin/sh", "-c", "true"]);
+            let mut text = serde_json::to_string(&v)
+                .unwrap()
+                .replacen(from, to, 1)
+                .into_bytes();
+            if *name == "latin1" {
+                // One Latin-1 byte, not UTF-8.
+                let at = text
+                    .windows(4)
+                    .position(|w| w == "caf\u{e9}".as_bytes()[..4].as_ref())
+                    .unwrap();
+                text.splice(at + 3..at + 5, [0xe9u8]);
+            }
+            if *name == "dup" && !text.windows(10).any(|w| w == b"\"hostname\"") {
+                continue;
+            }
+            bundle.write_config_bytes(&text).unwrap();
+            if gpu {
+                assert_rejected(&w, &w.shim(), &bundle, &["config.json"]);
+                continue;
+            }
+            let rt = w.shim();
+            let id = unique_id("nvshim-e2e-odd");
+            let out = rt.create(&bundle, &id).unwrap();
+            assert!(
+                out.success(),
+                "{name}: create failed\n{out}\n{}\n{}",
+                w.shim_log(),
+                String::from_utf8_lossy(&text)
+            );
+            assert_eq!(
+                bundle.config_bytes().unwrap(),
+                text,
+                "{name}: config.json changed"
+            );
+            let del = rt.delete(&id, true).unwrap();
+            assert!(del.success(), "{del}");
+        }
     }
 }

@@ -118,6 +118,19 @@ exit, the error text on stderr, the same text as a `{\"level\":\"error\",\"msg\"
 const DOC_TAIL: &str = "
 The fuzzing half of the hardening work (targets, corpus, how long CI runs them, what was found)
 is in `docs/benchmarks.md` § Fuzzing and `scripts/fuzz.sh`.
+
+## Security issue 16: request parsing classes (bundle, runtime argv, env, annotations)
+
+Each class is closed for every variant, not only the reported case; the tests named try several.
+
+| class | what closes it | tests |
+|---|---|---|
+| Duplicate JSON keys (runc merges them, a rewrite drops them) | config.json is parsed in one pass by a visitor that refuses a repeated key at any depth, naming its JSON pointer (`duplicate key \"linux\" at /linux`); a document not parsed faithfully is never rewritten | `bundle::tests::duplicate_keys_refused_at_any_depth`, e2e `duplicate_keys_in_a_gpu_bundle_are_refused_untouched` |
+| Unreadable config.json of a non-GPU container (Latin-1 byte, lone `\\ud800`, 200-deep field) | when the parse or the request read fails, the raw bytes are searched for a GPU marker (`NVIDIA_`, a CDI annotation prefix, NVIDIA's legacy hook names, the device plugin's mount root); without one the bundle goes to runc untouched, with one the create fails with one line | e2e `unreadable_non_gpu_bundles_pass_to_runc_untouched`, `malformed_config_json_is_rejected_before_runc` |
+| Env naming CDI devices of any kind | names from `NVIDIA_VISIBLE_DEVICES` must be of a kind in `cdi-env-kinds` (default: `cdi-default-kind`); IMEX channels, DRA claims and other kinds come only from annotations | `request::tests::env_cdi_names_limited_to_allowed_kinds` |
+| Privilege rule lifted by a hook's name | NVIDIA's legacy hook lifts the rule only with `accept-docker-gpus-hook = true` (the operator's word that dockerd's `--gpus` adds it); CRI-O's hooks.d can add it to any container | `request::tests::legacy_hook_name_does_not_lift_privilege_rule` |
+| Quadratic dedupes and unbounded sizes | env, device, mount, IMEX and annotation dedupes use hash sets (linear); at most 1,000,000 env entries (above what execve accepts), 1 MiB per `NVIDIA_*` value or CDI annotation value, 10,000 device names per request; fuzz targets `request_env_list` and `request_annotations` assert a 2 s bound per input | `request::tests::large_requests_are_linear_and_bounded` |
+| Value-taking global flags unknown to the argv scan | runc's and crun's value-taking global flags (`--root`, `--log`, `--log-format`, `--log-level`, `--criu`, `--rootless`, `--cgroup-manager`, `--handler`), both `--flag value` and `--flag=value` | `runtime::tests::global_value_flags_table` |
 ";
 
 // ---- a world: fake host, config, bundles -----------------------------------------------------

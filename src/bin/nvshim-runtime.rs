@@ -86,10 +86,8 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
             // The plan holds the parsed and the edited config.json; freeing them node by node
             // just before `execv` replaces the whole address space was about 10% of a create's
             // instructions (callgrind, docs/benchmarks.md).
+            // `None`: config.json asks for no GPU and nvshim cannot read it: runc's to judge.
             Ok(plan) => std::mem::forget(plan),
-            Err(e) if create::passes_through_unparsed(&e, &config, &inv.bundle_dir()) => {
-                tracing::warn!("passed through unedited (asks for no GPU): {e}");
-            }
             Err(e) => return e.into(),
         }
     }
