@@ -44,9 +44,24 @@ dpkg-query -W -f='${Conffiles}\n' nvshim | grep -q '/etc/nvshim/config.toml' \
 for f in /usr/share/man/man1/nvshim.1.gz /usr/share/man/man1/nvshim-runtime-configure.1.gz \
     /usr/share/man/man8/nvshim-runtime.8.gz /usr/share/bash-completion/completions/nvshim \
     /usr/share/zsh/vendor-completions/_nvshim /usr/share/fish/vendor_completions.d/nvshim.fish \
-    /usr/lib/udev/rules.d/71-nvshim-dev-char.rules; do
+    /usr/lib/udev/rules.d/71-nvshim-dev-char.rules /usr/lib/udev/rules.d/71-nvshim-cdi-refresh.rules \
+    /usr/lib/systemd/system/nvshim-cdi-refresh.service /usr/lib/systemd/system/nvshim-cdi-refresh.path \
+    /usr/lib/systemd/system/nvshim-cdi-refresh.timer /usr/share/man/man1/nvshim-cdi-refresh.1.gz; do
     [ -e "$f" ] || fail "$f not installed"
 done
+# The units as systemd reads them (their commands exist, their man page is installed), and
+# enabled by the postinst.
+if command -v systemd-analyze > /dev/null; then
+    systemd-analyze verify /usr/lib/systemd/system/nvshim-cdi-refresh.{service,path,timer} \
+        || fail "systemd-analyze verify rejects the nvshim-cdi-refresh units"
+fi
+if command -v systemctl > /dev/null; then
+    for u in nvshim-cdi-refresh.service nvshim-cdi-refresh.path nvshim-cdi-refresh.timer; do
+        [ "$(systemctl is-enabled "$u" 2> /dev/null)" = enabled ] || fail "$u is not enabled"
+    done
+fi
+[ "$(grep -c '^ACTION==' /usr/lib/udev/rules.d/71-nvshim-cdi-refresh.rules)" = 2 ] \
+    || fail "71-nvshim-cdi-refresh.rules lost a rule"
 nvshim --version
 nvshim config > /dev/null
 
@@ -62,4 +77,21 @@ NVSHIM_CONFIG="$work/config.toml" /usr/bin/nvshim-runtime --root "$work/state" \
 cat "$work/out"
 [ "$(grep '^nvidia[0-9]' "$work/out")" = nvidia1 ] || fail "expected exactly /dev/nvidia1 in the container"
 grep -q '^GPU 0: ' "$work/out" || fail "nvidia-smi -L listed no GPU"
+# The node spec through the installed binary: written once, then left alone while the host
+# does not change (what the 30 s timer does).
+spec="$work/cdi/nvidia.yaml"
+NVSHIM_CONFIG="$work/config.toml" nvshim cdi refresh --output "$spec" 2> "$work/refresh.err" \
+    || { cat "$work/refresh.err" >&2; fail "nvshim cdi refresh failed"; }
+grep -q "wrote $spec" "$work/refresh.err" || { cat "$work/refresh.err" >&2; fail "no spec written"; }
+nvshim cdi validate "$spec" | grep -q "kind nvidia.com/gpu" || fail "the refreshed spec is not valid"
+grep -q /usr/bin/nvshim-hook "$spec" || fail "the spec does not name the installed hook"
+NVSHIM_CONFIG="$work/config.toml" nvshim cdi refresh --output "$spec" 2> "$work/refresh.err"
+[ ! -s "$work/refresh.err" ] || { cat "$work/refresh.err" >&2; fail "a current spec was regenerated"; }
+# Removal disables the units; the spec of another directory is not ours to remove.
+dpkg --remove nvshim > /dev/null
+if command -v systemctl > /dev/null; then
+    [ ! -e /etc/systemd/system/timers.target.wants/nvshim-cdi-refresh.timer ] \
+        || fail "removal left nvshim-cdi-refresh.timer enabled"
+fi
+[ -f "$spec" ] || fail "removal deleted a spec outside /var/run/cdi"
 echo "package-smoke-test: ok"

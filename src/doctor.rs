@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::cdi::freshness::{self, HostView};
 use crate::cdi::{self, Registry};
 use crate::config::Config;
 use crate::create;
@@ -153,7 +154,12 @@ pub fn run(opts: &Options) -> Vec<Check> {
         }
     }
     let host_gpus = host.gpus().unwrap_or_default();
-    out.extend(cdi_checks(&opts.config, loaded.as_deref(), &host_gpus));
+    out.extend(cdi_checks(
+        &opts.config,
+        &host,
+        loaded.as_deref(),
+        &host_gpus,
+    ));
     for engine in Engine::ALL {
         out.push(engine_check(engine, opts));
     }
@@ -548,14 +554,29 @@ fn libraries_check(host: &Host, version: &str) -> Check {
     }
 }
 
-fn cdi_checks(config: &Config, driver_version: Option<&str>, gpus: &[Gpu]) -> Vec<Check> {
+fn cdi_checks(
+    config: &Config,
+    host: &Host,
+    driver_version: Option<&str>,
+    gpus: &[Gpu],
+) -> Vec<Check> {
     let registry = Registry::load(&config.cdi_spec_dirs);
     let target = config
         .cdi_spec_dirs
         .last()
         .map_or_else(|| PathBuf::from("/var/run/cdi"), Clone::clone)
         .join("nvidia.yaml");
-    let generate = |path: &Path| format!("nvshim cdi generate --output {}", path.display());
+    // The node's own spec is `cdi refresh`'s to keep; others are regenerated where they are.
+    let regenerate = |path: &Path| {
+        if path == target {
+            format!(
+                "nvshim cdi refresh --output {} (the packages' nvshim-cdi-refresh.timer keeps it current: systemctl enable --now nvshim-cdi-refresh.timer)",
+                path.display()
+            )
+        } else {
+            format!("nvshim cdi generate --output {}", path.display())
+        }
+    };
     let mut out = Vec::new();
     for e in registry.errors() {
         out.push(check(
@@ -565,34 +586,23 @@ fn cdi_checks(config: &Config, driver_version: Option<&str>, gpus: &[Gpu]) -> Ve
             Some(format!(
                 "fix or remove {}, or regenerate it: {}",
                 e.path().display(),
-                generate(e.path())
+                regenerate(e.path())
             )),
         ));
     }
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let view = HostView {
+        driver_version: driver_version.map(str::to_string),
+        gpus: gpus.to_vec(),
+        mig_instances: host.mig_instances(),
+        mig_minors: host.mig_minors().unwrap_or_default(),
+    };
     let mut nvidia_specs = 0;
     for loaded in registry.specs() {
         let spec = &loaded.spec;
-        let mut stale = cdi::registry::stale_spec(spec, driver_version);
         if spec.kind.starts_with("nvidia.com/") {
             nvidia_specs += 1;
-            if !gpus.is_empty() {
-                let names: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
-                let by_uuid = names.iter().any(|n| n.starts_with("GPU-"));
-                for n in names.iter().filter(|n| n.starts_with("GPU-")) {
-                    if !uuids.contains(n) {
-                        stale.push(format!("has device {n}, a GPU this host does not have"));
-                    }
-                }
-                if by_uuid && spec.kind == "nvidia.com/gpu" {
-                    for u in &uuids {
-                        if !names.contains(u) {
-                            stale.push(format!("lacks this host's GPU {u}"));
-                        }
-                    }
-                }
-            }
         }
+        let stale = freshness::stale_reasons(spec, &view);
         let path = loaded.path.display();
         if stale.is_empty() {
             out.push(check(
@@ -622,7 +632,7 @@ fn cdi_checks(config: &Config, driver_version: Option<&str>, gpus: &[Gpu]) -> Ve
                     "{path} is stale: {}{more}; containers given its devices fail or get the wrong libraries",
                     shown.join("; ")
                 ),
-                Some(generate(&loaded.path)),
+                Some(regenerate(&loaded.path)),
             ));
         }
     }
@@ -639,7 +649,7 @@ fn cdi_checks(config: &Config, driver_version: Option<&str>, gpus: &[Gpu]) -> Ve
                 "no CDI spec for nvidia.com devices in {}: CDI requests (Kubernetes device plugins, Docker's --gpus since 29.2) fail with \"unresolvable CDI devices\"",
                 dirs.join(", ")
             ),
-            Some(generate(&target)),
+            Some(regenerate(&target)),
         ));
     }
     out

@@ -901,3 +901,205 @@ fn broken_etc_cdi_and_a_fifo_do_not_stop_create() {
         "{log}"
     );
 }
+
+// ---- refresh ----------------------------------------------------------------------------------
+
+impl World {
+    /// `nvshim cdi refresh --output <run-cdi>/nvidia.yaml ARGS`; asserts success, returns
+    /// stderr.
+    fn refresh(&self, extra: &[&str], env: &[(&str, &Path)]) -> String {
+        let out_path = self.run_cdi.join("nvidia.yaml");
+        let mut args = vec!["cdi", "refresh", "--output", out_path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = self.nvshim(&args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "nvshim cdi refresh failed: {stderr}");
+        stderr
+    }
+
+    /// (inode, modification time) of the refreshed spec: what a directory watcher sees change.
+    fn spec_identity(&self) -> (u64, std::time::SystemTime) {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(self.run_cdi.join("nvidia.yaml")).unwrap();
+        (m.ino(), m.modified().unwrap())
+    }
+}
+
+/// A claim spec as NVIDIA's DRA driver leaves it beside the node spec (kind
+/// `k8s.gpu.nvidia.com/claim`, file named by `cdiapi.GenerateTransientSpecName`, as in
+/// e2e_k8s.rs): refresh must never touch it.
+fn dra_claim_spec(w: &World) -> (PathBuf, Vec<u8>) {
+    let path = w
+        .run_cdi
+        .join("k8s.gpu.nvidia.com-claim_b0d6a7a2-6f0e-4a43-9c52-2f1d0e6f3c11.yaml");
+    let text = format!(
+        "cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: b0d6a7a2-6f0e-4a43-9c52-2f1d0e6f3c11-gpu-0\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia{}\n      hostPath: {}\n",
+        w.gpu(0).minor,
+        w.host.root().join(format!("dev/nvidia{}", w.gpu(0).minor)).display()
+    );
+    fs::write(&path, &text).unwrap();
+    (path, text.into_bytes())
+}
+
+#[test]
+fn refresh_writes_the_spec_once_then_only_when_the_gpus_change() {
+    let w = World::new(2);
+    let (claim, claim_text) = dra_claim_spec(&w);
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+
+    let stderr = w.refresh(&[], &[]);
+    assert!(
+        stderr.contains(&format!("wrote {}", spec_path.display())),
+        "{stderr}"
+    );
+    // The same spec `cdi generate` writes.
+    let generated = w.tmp.path().join("generated.yaml");
+    let out = w.nvshim(
+        &["cdi", "generate", "--output", generated.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(fs::read(&spec_path).unwrap(), fs::read(&generated).unwrap());
+    let spec = spec::read_file(&spec_path).unwrap();
+    let (g0, g1) = (w.gpu(0).clone(), w.gpu(1).clone());
+    let mut want = vec!["0", "1", "all", g0.uuid.as_str(), g1.uuid.as_str()];
+    want.sort();
+    assert_eq!(device_names(&spec), want);
+
+    // Nothing changed: silent, and the file is not rewritten (no event for the watchers).
+    let before = w.spec_identity();
+    assert_eq!(w.refresh(&[], &[]), "");
+    assert_eq!(w.spec_identity(), before);
+    // --force regenerates, and still writes nothing for the same bytes.
+    let stderr = w.refresh(&["--force"], &[]);
+    assert!(stderr.contains("content unchanged"), "{stderr}");
+    assert_eq!(w.spec_identity(), before);
+
+    // The GPU at bus index 1 falls off the bus.
+    w.host.unplug_gpu(&g1.bus_id).unwrap();
+    let stderr = w.refresh(&[], &[]);
+    assert!(
+        stderr.contains(&format!("updated {}", spec_path.display()))
+            && stderr.contains(&format!(
+                "has device {}, a GPU this host does not have",
+                g1.uuid
+            )),
+        "{stderr}"
+    );
+    let spec = spec::read_file(&spec_path).unwrap();
+    let mut want = vec!["0", "all", g0.uuid.as_str()];
+    want.sort();
+    assert_eq!(device_names(&spec), want);
+
+    // The DRA driver's spec is as its producer wrote it, and no temp file is left behind.
+    assert_eq!(fs::read(&claim).unwrap(), claim_text);
+    let mut files: Vec<String> = fs::read_dir(&w.run_cdi)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            claim.file_name().unwrap().to_string_lossy().into_owned(),
+            "nvidia.yaml".to_string()
+        ]
+    );
+}
+
+#[test]
+fn refresh_follows_a_mig_reconfiguration() {
+    let w = World::new(8);
+    let mut topology = mig_topology(&w.host);
+    // The instances NVML reports, as the driver lists them under /proc and in mig-minors.
+    let instances: Vec<(u32, u32, u32)> = topology
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig_devices
+                .iter()
+                .map(|m| (g.minor, m.gpu_instance_id, m.compute_instance_id))
+        })
+        .collect();
+    w.host.add_mig_caps(&instances).unwrap();
+    let topo_file = w.install_fake_nvml(&topology);
+    let env: &[(&str, &Path)] = &[(TOPOLOGY_ENV, &topo_file)];
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+
+    let stderr = w.refresh(&[], env);
+    assert!(stderr.contains("wrote"), "{stderr}");
+    let names = device_names(&spec::read_file(&spec_path).unwrap());
+    for n in ["2:0", "2:1", "5:0", "5:1", "5:2"] {
+        assert!(names.contains(&n.to_string()), "{n} in {names:?}");
+    }
+    assert_eq!(w.refresh(&[], env), "", "a current MIG layout is fresh");
+
+    // The operator destroys GPU instance 3 on the GPU at bus index 5 (`nvidia-smi mig -dci -gi
+    // 3; nvidia-smi mig -dgi -gi 3`): NVML and /proc both stop listing it.
+    let gpu5 = topology.gpus[5].minor;
+    let gone = topology.gpus[5].mig_devices.pop().unwrap();
+    assert_eq!(gone.gpu_instance_id, 3);
+    fs::write(&topo_file, serde_json::to_string_pretty(&topology).unwrap()).unwrap();
+    w.host.destroy_mig_instance(gpu5, 3).unwrap();
+    let stderr = w.refresh(&[], env);
+    assert!(
+        stderr.contains("updated")
+            && stderr.contains(&format!(
+                "has MIG device gpu{gpu5}/gi3/ci0, which no longer exists"
+            )),
+        "{stderr}"
+    );
+    let names = device_names(&spec::read_file(&spec_path).unwrap());
+    assert!(
+        !names.contains(&"5:2".to_string()) && !names.contains(&gone.uuid),
+        "{names:?}"
+    );
+    assert!(names.contains(&"5:1".to_string()), "{names:?}");
+    assert_eq!(w.refresh(&[], env), "");
+}
+
+#[test]
+fn refresh_waits_for_the_driver_and_does_nothing_without_it() {
+    let w = World::new(2);
+    let version = w.host.proc_root().join("driver/nvidia/version");
+    let banner = fs::read(&version).unwrap();
+    w.host.unload_driver().unwrap();
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+
+    // Not loaded: nothing written, exit 0 (the boot unit must not fail a node without GPUs).
+    let stderr = w.refresh(&[], &[]);
+    assert!(stderr.contains("driver is not loaded"), "{stderr}");
+    assert!(!spec_path.exists());
+    // A spec from before stays (a running pod's devices are not taken away).
+    fs::write(
+        &spec_path,
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n",
+    )
+    .unwrap();
+    w.refresh(&[], &[]);
+    assert_eq!(
+        fs::read_to_string(&spec_path).unwrap(),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n"
+    );
+
+    // At boot the GPUs are on the PCI bus (sysfs vendor 0x10de) before the module loads: the
+    // unit waits for it, bounded, so the engines started after it find a spec.
+    let loader = {
+        let version = version.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            fs::write(version, banner).unwrap();
+        })
+    };
+    let stderr = w.refresh(&["--wait-for-driver", "60"], &[]);
+    loader.join().unwrap();
+    assert!(
+        stderr.contains("updated") && stderr.contains("has no devices"),
+        "{stderr}"
+    );
+    assert_eq!(
+        device_names(&spec::read_file(&spec_path).unwrap()).len(),
+        5,
+        "0, 1, their UUIDs and all"
+    );
+}

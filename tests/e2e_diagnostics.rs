@@ -392,7 +392,7 @@ fn doctor_reports_a_spec_whose_device_major_moved() {
         "cdi-spec",
         "error",
         &["/dev/nvidia-uvm is 508:0 in the spec but 511:0 on the host"],
-        &[&format!("nvshim cdi generate --output {}", spec.display())],
+        &[&format!("nvshim cdi refresh --output {}", spec.display())],
     );
     // The links now lead to nodes with other numbers: 511:0 and 511:1 are missing.
     d.assert(
@@ -402,6 +402,47 @@ fn doctor_reports_a_spec_whose_device_major_moved() {
         &["create-dev-char-symlinks"],
     );
     d.others_fine(&["cdi-spec", "dev-char"]);
+}
+
+#[test]
+fn doctor_reports_a_missing_and_an_empty_node_spec_with_the_refresh_command() {
+    let w = World::healthy();
+    let spec = w.run_cdi.join("nvidia.yaml");
+    let refresh = format!("nvshim cdi refresh --output {}", spec.display());
+    fs::remove_file(&spec).unwrap();
+    let d = w.doctor();
+    d.assert(
+        "cdi-spec",
+        "warning",
+        &[
+            "no CDI spec for nvidia.com devices",
+            "unresolvable CDI devices",
+        ],
+        &[&refresh, "nvshim-cdi-refresh.timer"],
+    );
+    // What a producer that found no GPU leaves: consumers refuse a spec without devices, so
+    // the node has none.
+    fs::write(
+        &spec,
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n",
+    )
+    .unwrap();
+    let d = w.doctor();
+    let checks = d.checks("cdi-spec");
+    let empty = checks
+        .iter()
+        .find(|c| c["message"].as_str().unwrap().contains("no devices"))
+        .unwrap_or_else(|| panic!("{:#}", d.report));
+    assert_eq!(empty["status"], "error");
+    assert!(
+        empty["fix"].as_str().unwrap().contains(&refresh),
+        "{empty:#}"
+    );
+    assert!(checks.iter().any(|c| c["status"] == "warning"
+        && c["message"]
+            .as_str()
+            .unwrap()
+            .contains("no CDI spec for nvidia.com devices")));
 }
 
 #[test]

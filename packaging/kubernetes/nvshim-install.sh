@@ -6,10 +6,14 @@
 #
 # install    copies nvshim, nvshim-runtime and nvshim-hook to <host>$NVSHIM_INSTALL_DIR/bin,
 #            writes the host's /etc/nvshim/config.toml (from the ConfigMap), runs `nvshim runtime
-#            configure --runtime containerd`, creates the /dev/char links, restarts containerd.
+#            configure --runtime containerd`, creates the /dev/char links, writes the node's CDI
+#            spec (`nvshim cdi refresh --force`), restarts containerd.
 # uninstall  undoes all of that (the config and binaries only if this installer wrote them) and
 #            restarts containerd again.
-# run        install, then wait; on SIGTERM (pod deleted, DaemonSet removed) uninstall and exit.
+# run        install, then keep the node's CDI spec current (`nvshim cdi refresh` every
+#            CDI_REFRESH_INTERVAL seconds: a few /proc reads while nothing changed; it follows
+#            driver reloads and MIG reconfigurations); on SIGTERM (pod deleted, DaemonSet
+#            removed) uninstall and exit.
 #
 # nvshim itself runs chrooted into the host's root, so every path it reads and writes (the
 # containerd config, its drop-in, the runtime path it registers) is a host path. That needs
@@ -25,6 +29,10 @@
 #                             it on where it is off, as on containerd 1.7, for DRA claims) [true]
 #   CREATE_DEV_CHAR_SYMLINKS  false: skip `nvshim system create-dev-char-symlinks`        [true]
 #   RESTART_CONTAINERD        systemd (systemctl in the host's PID 1 namespaces) or none [systemd]
+#   CDI_SPEC                  the node's CDI spec, kept by `nvshim cdi refresh`; none: no
+#                             spec (a DRA driver or device plugin writes its own)
+#                                                               [/var/run/cdi/nvidia.yaml]
+#   CDI_REFRESH_INTERVAL      seconds between refreshes while running                    [30]
 set -eu
 
 host=${HOST_ROOT:-/host}
@@ -32,6 +40,8 @@ dir=${NVSHIM_INSTALL_DIR:-/usr/local/nvshim}
 config_src=${NVSHIM_CONFIG_SOURCE:-/config/config.toml}
 containerd_config=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 restart=${RESTART_CONTAINERD:-systemd}
+cdi_spec=${CDI_SPEC:-/var/run/cdi/nvidia.yaml}
+refresh_interval=${CDI_REFRESH_INTERVAL:-30}
 ready=/tmp/nvshim-ready
 # Marks what this installer wrote, so uninstall never removes a package's files.
 marker="$host$dir/.installed-by-nvshim-install"
@@ -88,9 +98,18 @@ install() {
         on_host nvshim system create-dev-char-symlinks --create-all \
             || log "warning: no /dev/char links (is the NVIDIA driver loaded?)"
     fi
+    # The spec names this installer's hook; --force: an upgraded nvshim may write another spec.
+    refresh_cdi_spec --force
     restart_containerd
     touch "$ready"
     log "installed in $dir; containerd runtime \"nvidia\" registered"
+}
+
+# Optional: without a driver (not loaded yet) it does nothing and says so.
+refresh_cdi_spec() {
+    [ "$cdi_spec" = none ] && return 0
+    on_host nvshim cdi refresh --output "$cdi_spec" "$@" \
+        || log "warning: could not refresh $cdi_spec (see above)"
 }
 
 uninstall() {
@@ -106,6 +125,10 @@ uninstall() {
         return 1
     fi
     restart_containerd || log "warning: could not restart containerd"
+    # The node spec names $dir's hook, which goes now; nothing else in its directory is touched.
+    if [ "$cdi_spec" != none ] && grep -qs "$dir/bin/nvshim-hook" "$host$cdi_spec"; then
+        rm -f "$host$cdi_spec"
+    fi
     if grep -qx config "$marker"; then
         rm -f "$host/etc/nvshim/config.toml"
         rmdir "$host/etc/nvshim" 2> /dev/null || true
@@ -122,8 +145,9 @@ case "${1:-run}" in
         install
         # `wait` returns when a trapped signal arrives; the trap then exits.
         while :; do
-            sleep 3600 &
+            sleep "$refresh_interval" &
             wait $! || true
+            refresh_cdi_spec
         done
         ;;
     *) log "usage: nvshim-install [run|install|uninstall]"; exit 2 ;;

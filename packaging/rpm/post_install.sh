@@ -4,3 +4,19 @@ ln -sf nvshim-hook /usr/bin/nvidia-cdi-hook
 # nvidia-container-runtime-hook: the hook dockerd adds for `docker run --gpus`; nvshim-runtime
 # drops it and serves the request itself.
 ln -sf nvshim-hook /usr/bin/nvidia-container-runtime-hook
+# The CDI refresh units (nvshim-cdi-refresh.service, .path, .timer): enabled on install and
+# upgrade, started where systemd runs. `enable` works without a running systemd (it makes links).
+if command -v systemctl > /dev/null 2>&1; then
+    systemctl enable nvshim-cdi-refresh.service nvshim-cdi-refresh.path \
+        nvshim-cdi-refresh.timer > /dev/null 2>&1 \
+        || echo "nvshim: warning: could not enable the nvshim-cdi-refresh units" >&2
+    if [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+        systemctl start nvshim-cdi-refresh.path nvshim-cdi-refresh.timer \
+            || echo "nvshim: warning: could not start the nvshim-cdi-refresh units" >&2
+    fi
+fi
+# The node's CDI spec now; --force: an upgraded nvshim may write a different spec. Without a
+# loaded driver this does nothing and says so.
+/usr/bin/nvshim cdi refresh --force \
+    || echo "nvshim: warning: the CDI spec was not refreshed (see above); run 'nvshim cdi refresh' once the driver works" >&2

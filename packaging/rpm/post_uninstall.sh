@@ -6,3 +6,8 @@ if [ "$1" = 0 ]; then
         fi
     done
 fi
+# On erase the node spec nvshim wrote goes too (its hooks name /usr/bin/nvshim-hook, now gone);
+# specs of other producers are not touched.
+if [ "$1" = 0 ] && grep -qs /usr/bin/nvshim-hook /var/run/cdi/nvidia.yaml; then
+    rm -f /var/run/cdi/nvidia.yaml
+fi

@@ -389,6 +389,11 @@ enum CdiCommand {
     /// device) under each naming strategy, and `all`. GPUs come from NVML when the driver
     /// root's libnvidia-ml.so.1 loads, else from /proc (no MIG).
     Generate(GenerateArgs),
+    /// Keep the node's spec current: regenerate it when the driver version, the GPU set, the
+    /// MIG layout or a device node or library it names no longer matches the host, and write it
+    /// (atomically) only when its content changed. Nothing is done while the driver is not
+    /// loaded. The packages run it at boot, on driver load and every 30 s (systemd units).
+    Refresh(RefreshArgs),
     /// List the devices the spec directories (cdi-spec-dirs) provide, and every spec that
     /// failed to load with its error.
     List,
@@ -408,6 +413,17 @@ struct GenerateArgs {
     /// Output format [default: json for a .json --output, else yaml].
     #[arg(long, value_parser = ["yaml", "json"])]
     format: Option<String>,
+    /// What to describe: auto (GPUs and MIG devices, from NVML or /proc), imex (the IMEX
+    /// channels under <dev-root>/dev/nvidia-caps-imex-channels, kind nvidia.com/imex-channel).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "imex"])]
+    mode: String,
+    #[command(flatten)]
+    naming: NamingArgs,
+}
+
+/// How generated devices are named (`generate` and `refresh`).
+#[derive(Debug, clap::Args)]
+struct NamingArgs {
     /// How devices are named: index (0, MIG 0:1), uuid (GPU-…, MIG-…), type-index (gpu0,
     /// mig0:1); repeat or comma-separate [default: index,uuid].
     #[arg(
@@ -422,42 +438,64 @@ struct GenerateArgs {
     /// The class part of the kind [default: gpu; imex-channel with --mode imex].
     #[arg(long)]
     class: Option<String>,
-    /// What to describe: auto (GPUs and MIG devices, from NVML or /proc), imex (the IMEX
-    /// channels under <dev-root>/dev/nvidia-caps-imex-channels, kind nvidia.com/imex-channel).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "imex"])]
-    mode: String,
     /// Leave out the `all` device.
     #[arg(long)]
     no_all_device: bool,
+}
+
+impl NamingArgs {
+    fn options(
+        &self,
+        config: &Config,
+        default_class: &str,
+    ) -> anyhow::Result<nvshim::cdi::generate::Options> {
+        let mut opts = nvshim::cdi::generate::Options {
+            vendor: self.vendor.clone(),
+            class: self
+                .class
+                .clone()
+                .unwrap_or_else(|| default_class.to_string()),
+            all_device: !self.no_all_device,
+            hook_path: nvshim::create::hook_path(config, std::env::current_exe().ok().as_deref()),
+            ..Default::default()
+        };
+        if !self.strategies.is_empty() {
+            opts.strategies = self
+                .strategies
+                .iter()
+                .map(|s| s.parse())
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(opts)
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct RefreshArgs {
+    /// The spec this node keeps current; nothing else in its directory is touched.
+    #[arg(long, short, value_name = "FILE", default_value = nvshim::cdi::refresh::DEFAULT_OUTPUT)]
+    output: PathBuf,
+    /// Regenerate even when the spec matches the host (after an nvshim upgrade).
+    #[arg(long)]
+    force: bool,
+    /// With an NVIDIA GPU on the PCI bus and the driver not loaded yet, wait this many seconds
+    /// for it (boot, before the engines start); 0 does not wait.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    wait_for_driver: u64,
+    #[command(flatten)]
+    naming: NamingArgs,
 }
 
 fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
     use nvshim::cdi::{generate, spec, Registry};
     match cmd {
         CdiCommand::Generate(args) => {
-            let mut opts = generate::Options {
-                vendor: args.vendor,
-                class: args.class.unwrap_or_else(|| {
-                    if args.mode == "imex" {
-                        generate::IMEX_CLASS.to_string()
-                    } else {
-                        "gpu".to_string()
-                    }
-                }),
-                all_device: !args.no_all_device,
-                hook_path: nvshim::create::hook_path(
-                    config,
-                    std::env::current_exe().ok().as_deref(),
-                ),
-                ..Default::default()
+            let default_class = if args.mode == "imex" {
+                generate::IMEX_CLASS
+            } else {
+                "gpu"
             };
-            if !args.strategies.is_empty() {
-                opts.strategies = args
-                    .strategies
-                    .iter()
-                    .map(|s| s.parse())
-                    .collect::<Result<_, _>>()?;
-            }
+            let opts = args.naming.options(config, default_class)?;
             let format = match (args.format.as_deref(), &args.output) {
                 (Some("json"), _) => spec::Format::Json,
                 (Some(_), _) | (None, None) => spec::Format::Yaml,
@@ -506,6 +544,48 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                     );
                 }
                 None => print!("{text}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CdiCommand::Refresh(args) => {
+            use nvshim::cdi::refresh::{self, Outcome};
+            let opts = refresh::Options {
+                generate: args.naming.options(config, "gpu")?,
+                output: args.output,
+                force: args.force,
+                wait: std::time::Duration::from_secs(args.wait_for_driver),
+            };
+            let host = nvshim::create::host_from(config);
+            let mut progress = diagnostics::TermProgress::new();
+            let outcome = refresh::refresh(&host, &opts, &mut |m| progress.step(m))?;
+            progress.clear();
+            let path = opts.output.display();
+            let why = |reasons: &[String]| {
+                if reasons.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", reasons.join("; "))
+                }
+            };
+            match outcome {
+                Outcome::DriverNotLoaded { .. } => eprintln!(
+                    "nvshim: the NVIDIA driver is not loaded ({} does not exist); {path} left as it is",
+                    host.roots().proc_root.join("driver/nvidia/version").display()
+                ),
+                // Silent: the timer runs this every 30 s.
+                Outcome::Fresh => {}
+                Outcome::Unchanged { reasons } => {
+                    eprintln!("nvshim: {path} regenerated, content unchanged{}", why(&reasons))
+                }
+                Outcome::Written {
+                    reasons,
+                    devices,
+                    created,
+                } => eprintln!(
+                    "nvshim: {} {path} ({devices} devices){}",
+                    if created { "wrote" } else { "updated" },
+                    why(&reasons)
+                ),
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -8,7 +8,8 @@
 //!   ([`spec`]), the library's name grammar ([`name`]), spec-dir priorities and conflicts
 //!   ([`registry`]), and YAML 1.1 decoding as Go's `sigs.k8s.io/yaml` does it ([`yaml`]), all as
 //!   shared/reference/cdi-conformance.md describes and `conformance.rs` tests.
-//! - Producer ([`generate`]): `nvshim cdi generate`, GPUs from NVML ([`nvml`]) or `/proc`.
+//! - Producer ([`generate`]): `nvshim cdi generate`, GPUs from NVML ([`nvml`]) or `/proc`;
+//!   [`refresh`] keeps the node's spec current, regenerating only what [`freshness`] finds stale.
 //!
 //! # Why not the `container-device-interface` crate
 //!
@@ -41,9 +42,11 @@
 //! YAML timestamps stay strings.
 
 pub mod annotations;
+pub mod freshness;
 pub mod generate;
 pub mod name;
 pub mod nvml;
+pub mod refresh;
 pub mod registry;
 pub mod spec;
 pub mod yaml;

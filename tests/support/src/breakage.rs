@@ -1,7 +1,7 @@
 //! Breaking a fake host the ways real GPU hosts break, for the tests of
 //! `nvshim doctor` and `nvshim explain`: a device node that is gone, a driver that is not
-//! loaded, a dynamic major that moved with a driver reload, and a CDI spec written for another
-//! driver version.
+//! loaded, a dynamic major that moved with a driver reload, a GPU gone from the bus, a MIG
+//! instance destroyed, and a CDI spec written for another driver version.
 
 use std::fs;
 use std::path::Path;
@@ -25,6 +25,23 @@ impl FakeHost {
     pub fn unload_driver(&self) -> Result<()> {
         let path = self.proc_root().join("driver/nvidia/version");
         fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))
+    }
+
+    /// Makes a GPU disappear from the driver, as when it falls off the bus (Xid 79) or is
+    /// unbound: removes `proc/driver/nvidia/gpus/<bus id>`.
+    pub fn unplug_gpu(&self, bus_id: &str) -> Result<()> {
+        let path = self.proc_root().join("driver/nvidia/gpus").join(bus_id);
+        fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))
+    }
+
+    /// Destroys a MIG GPU instance with its compute instances, as `nvidia-smi mig -dci` and
+    /// `-dgi` do: the driver stops listing `capabilities/gpu<minor>/mig/gi<gi>` (the
+    /// `nvidia-cap` nodes stay, as nvidia-modprobe made them).
+    pub fn destroy_mig_instance(&self, gpu_minor: u32, gi: u32) -> Result<()> {
+        let path = self.proc_root().join(format!(
+            "driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"
+        ));
+        fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))
     }
 
     /// Moves `nvidia-uvm` to another dynamic major, as a driver reload can: `/proc/devices` and

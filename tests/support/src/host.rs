@@ -10,7 +10,7 @@
 //!                                                (see [`KernelModules`])
 //! proc/driver/nvidia/params                      the driver's parameters (ModifyDeviceFiles: 1)
 //! proc/driver/nvidia/gpus/<bus id>/information   Model, IRQ, GPU UUID, ..., Bus Location, Device Minor
-//! sys/bus/pci/devices/<bus id>/drm/{cardN,renderDN}   beside proc, as /sys is beside /proc
+//! sys/bus/pci/devices/<bus id>/{vendor,class,drm/{cardN,renderDN}}   beside proc, as /sys is beside /proc
 //! dev/nvidia<minor> (195:minor), dev/nvidiactl (195:255), dev/nvidia-modeset (195:254),
 //! dev/nvidia-uvm (uvm:0), dev/nvidia-uvm-tools (uvm:1)        real nodes (mknod), mode 0666
 //! dev/dri/card0 (a non-NVIDIA display), cardN and renderDN per GPU (226:*, 0660, groups
@@ -1281,6 +1281,15 @@ impl FakeHost {
             .with_context(|| format!("linking by-path for {name}"))?;
             let d = sys.join(&bus).join("drm").join(&name);
             fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+            // The PCI ids as sysfs prints them: NVIDIA's vendor and the 3D-controller class of
+            // data-centre GPUs; the BMC an ASPEED VGA device.
+            let (vendor, class) = if bus == BMC_BUS {
+                ("0x1a03", "0x030000")
+            } else {
+                ("0x10de", "0x030200")
+            };
+            write(&sys.join(&bus).join("vendor"), &format!("{vendor}\n"))?;
+            write(&sys.join(&bus).join("class"), &format!("{class}\n"))?;
         }
         Ok(())
     }
