@@ -33,6 +33,11 @@ pub enum CreateError {
         path: PathBuf,
         source: cdi::ResolveError,
     },
+    #[error("{path}: {source}")]
+    MountIntoBindMount {
+        path: PathBuf,
+        source: crate::rootfs::IntoBindMount,
+    },
     #[error("the hook binary {hook} does not exist, so the container would die in runc with `fork/exec {hook}: no such file or directory`; install nvshim-hook there (`cargo build --release` builds it beside nvshim-runtime), or set hook-path in the nvshim config to where it is")]
     HookMissing { hook: String },
     #[error("the hook binary {hook} named by a CDI spec does not exist, so the container would die in runc; install it, or regenerate the spec (`nvshim cdi generate`)")]
@@ -293,6 +298,14 @@ pub fn plan_bundle(
         }
     }
     check_hooks_exist(&plan.edits, &tools.hook)?;
+    if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
+        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, &plan.edits.mounts).map_err(
+            |source| CreateError::MountIntoBindMount {
+                path: plan.bundle.config_path().to_path_buf(),
+                source,
+            },
+        )?;
+    }
     plan.warnings = trace.warnings.clone();
     Ok(plan)
 }

@@ -20,5 +20,6 @@ pub mod logging;
 pub mod nvidia;
 pub mod report;
 pub mod request;
+pub mod rootfs;
 pub mod runtime;
 pub mod system;

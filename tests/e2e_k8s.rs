@@ -1230,3 +1230,43 @@ fn void_from_the_image_next_to_unapplied_cdi_annotations_still_gets_the_devices(
         );
     }
 }
+
+#[test]
+fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
+    // The red team's image: its library directory is a symlink to where the DRA claim mounts
+    // the MPS pipe directory read-write from the host. runc would create a mountpoint file in
+    // that host directory for every library; nvshim refuses the container before runc runs.
+    let w = World::new(2);
+    let claim_uid = "0e4f9d2c-7a1b-4c3d-9e8f-5a6b7c8d9e0f";
+    let mps = MpsDirs::new(&w, claim_uid);
+    write_specs(&w.cdi_dir, &dra_specs(&w, claim_uid, &mps));
+    let devices = vec![
+        "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
+        format!("k8s.gpu.nvidia.com/claim={claim_uid}-gpu-1"),
+    ];
+    let b = w.annotated_bundle("symlinked-libdir", claim_annotations(claim_uid, &devices));
+    let lib_dir = b.rootfs().path().join(LIB_DIR.trim_start_matches('/'));
+    let _ = fs::remove_dir_all(&lib_dir);
+    fs::create_dir_all(lib_dir.parent().unwrap()).unwrap();
+    symlink("/tmp/nvidia-mps", &lib_dir).unwrap();
+    let before = b.config_bytes().unwrap();
+
+    let rt = w.shim();
+    let id = unique_id("k8s-e2e-symlinked");
+    let out = rt.create(&b, &id).unwrap();
+    rt.force_delete(&id);
+    assert!(!out.success(), "the container was created:\n{out}");
+    for want in [
+        "resolves, through the image's symlinks, to /tmp/nvidia-mps/",
+        "inside the bind mount at /tmp/nvidia-mps",
+        "on the host",
+    ] {
+        assert!(out.stderr.contains(want), "stderr lacks {want:?}:\n{out}");
+    }
+    assert_eq!(b.config_bytes().unwrap(), before, "the bundle was edited");
+    assert_eq!(
+        fs::read_dir(&mps.pipe).unwrap().count(),
+        0,
+        "files were made in the host's MPS pipe directory"
+    );
+}

@@ -9,8 +9,13 @@
 //! renamed over LINK, which replaces a file or symlink atomically and fails on a directory
 //! (NVIDIA's v1.19.1 fix for the TOCTOU race, `3e9bab5e`).
 //!
-//! Unlike update-ldcache's writes below `/etc`, resolution may cross into other mounts: NVIDIA's
-//! specs put links in `/dev/dri/by-path`, on the runtime's `/dev` tmpfs.
+//! Resolution never crosses into another mount, with one exception: a link below `/dev` is
+//! resolved from the container's `/dev` (the runtime's tmpfs, where NVIDIA's specs put
+//! `/dev/dri/by-path` links), which must itself be a directory, not an image symlink. Any other
+//! mount below the root is a volume or a host directory mounted read-write (the MPS pipe
+//! directory, a socket directory), and an image symlink such as
+//! `usr/lib/x86_64-linux-gnu -> /tmp/nvidia-mps` would otherwise have the hook create directories
+//! and links on the host, as root.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -27,6 +32,8 @@ pub enum SymlinkError {
     NoName(String),
     #[error(transparent)]
     Root(#[from] RootError),
+    #[error("--link {0:?}: {1}: the link's directory is on another mount than the container's root (a volume or host directory mounted into it, reached through the image's own paths); links are only made in the root filesystem and /dev, so nothing is written on the host: fix the image's symlink or the mount")]
+    OtherMount(String, RootError),
     #[error("{path}: {source}")]
     Link {
         path: String,
@@ -67,6 +74,38 @@ pub struct Report {
     pub unchanged: Vec<String>,
 }
 
+/// `parent` relative to `/dev` when it is `/dev` or below (`.` and empty components aside; a
+/// `..` anywhere keeps it on the root's rules).
+fn dev_relative(parent: &str) -> Option<&str> {
+    let trimmed = parent.trim_start_matches('/');
+    let below = trimmed.strip_prefix("dev")?;
+    if !(below.is_empty() || below.starts_with('/')) || parent.split('/').any(|c| c == "..") {
+        return None;
+    }
+    Some(if below.is_empty() { "/" } else { below })
+}
+
+/// The container's `/dev` as a root of its own; made in the root filesystem when missing (an
+/// unpacked image before its runtime mounts `/dev`).
+fn dev_root(root: &Root) -> Result<Root, SymlinkError> {
+    match root.child("dev") {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            root.mkdir_all("/dev", 0o755, true)?;
+            Ok(root.child("dev")?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// EXDEV said in words: the link's directory is on another mount.
+fn crossing(e: RootError, spec: &str) -> SymlinkError {
+    if e.raw_os_error() == Some(libc::EXDEV) {
+        SymlinkError::OtherMount(spec.to_string(), e)
+    } else {
+        SymlinkError::Root(e)
+    }
+}
+
 /// Creates the links below `root`. Stops at the first error.
 pub fn run(root: &Root, links: &[Link]) -> Result<Report, SymlinkError> {
     let mut report = Report::default();
@@ -79,7 +118,11 @@ pub fn run(root: &Root, links: &[Link]) -> Result<Report, SymlinkError> {
         let spec = format!("{}::{}", l.target, l.link);
         let (parent, name) =
             root::split_parent(&l.link).ok_or_else(|| SymlinkError::NoName(spec.clone()))?;
-        let dir = root.mkdir_all(parent, 0o755, false)?;
+        let dir = match dev_relative(parent) {
+            Some(below) => dev_root(root)?.mkdir_all(below, 0o755, true),
+            None => root.mkdir_all(parent, 0o755, true),
+        }
+        .map_err(|e| crossing(e, &spec))?;
         let display = root.display(&l.link);
         let current =
             root::symlink_target(dir.as_fd(), name).map_err(|source| SymlinkError::Link {
@@ -172,6 +215,69 @@ mod tests {
                 .unwrap()
                 .next()
                 .is_none());
+        }
+    }
+
+    #[test]
+    fn dev_relative_paths() {
+        assert_eq!(dev_relative("/dev/dri/by-path"), Some("/dri/by-path"));
+        assert_eq!(dev_relative("dev"), Some("/"));
+        assert_eq!(dev_relative("/dev/"), Some("/"));
+        assert_eq!(dev_relative("/devices/x"), None);
+        assert_eq!(dev_relative("/dev/../etc"), None);
+        assert_eq!(dev_relative("/usr/dev"), None);
+    }
+
+    #[test]
+    fn a_symlinked_dev_is_refused() {
+        for resolver in [Resolver::Openat2, Resolver::Walk] {
+            let host = tempfile::tempdir().unwrap();
+            let outside = host.path().join("outside");
+            let rootdir = host.path().join("root");
+            std::fs::create_dir_all(rootdir.join("run")).unwrap();
+            std::fs::create_dir(&outside).unwrap();
+            // An image whose dev is a symlink to a directory a volume is mounted on.
+            symlink("/run", rootdir.join("dev")).unwrap();
+            let root = Root::open(&rootdir).unwrap();
+            root.set_resolver(resolver);
+            assert!(run(&root, &[link("../card1", "/dev/dri/by-path/x")]).is_err());
+            assert!(!rootdir.join("run/dri").exists());
+        }
+    }
+
+    #[test]
+    fn links_are_not_made_through_an_image_symlink_into_a_mounted_host_directory() {
+        // The red team's image: its library directory is a symlink to where the DRA driver
+        // mounts the MPS pipe directory read-write from the host.
+        for resolver in [Resolver::Openat2, Resolver::Walk] {
+            let host = tempfile::tempdir().unwrap();
+            let pipe = host.path().join("mps-pipe");
+            let rootdir = host.path().join("root");
+            std::fs::create_dir_all(&pipe).unwrap();
+            std::fs::create_dir_all(rootdir.join("tmp/nvidia-mps")).unwrap();
+            std::fs::create_dir_all(rootdir.join("usr/lib")).unwrap();
+            symlink("/tmp/nvidia-mps", rootdir.join("usr/lib/x86_64-linux-gnu")).unwrap();
+            let Some(_mount) =
+                crate::root::tests::BindMount::new(&pipe, &rootdir.join("tmp/nvidia-mps"))
+            else {
+                eprintln!("skipped: bind mounts need root");
+                return;
+            };
+            let root = Root::open(&rootdir).unwrap();
+            root.set_resolver(resolver);
+            for l in [
+                "/usr/lib/x86_64-linux-gnu/libcuda.so",
+                "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so",
+            ] {
+                let err = run(&root, &[link("libcuda.so.1", l)]).unwrap_err();
+                assert!(matches!(err, SymlinkError::OtherMount(..)), "{err}");
+                assert!(err.to_string().contains("another mount"), "{err}");
+            }
+            assert_eq!(
+                std::fs::read_dir(&pipe).unwrap().count(),
+                0,
+                "nothing on the host"
+            );
         }
     }
 

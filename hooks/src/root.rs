@@ -13,11 +13,15 @@
 //! also implemented in user space, used when openat2 answers ENOSYS: a walk one component at a
 //! time with `O_PATH|O_NOFOLLOW`, reading each symlink with `readlinkat` and restarting at the
 //! root fd for absolute targets, `..` popping a stack of directory fds that never goes above the
-//! root. Magic links are read as plain strings there, so they resolve inside the root too. Two
-//! differences from the kernel, both harmless in a createContainer hook: `no_xdev` compares
-//! `st_dev` (the kernel compares mounts, which also catches a bind mount of the same filesystem),
-//! and the walk does not notice a directory being renamed out of the root under it (openat2
-//! answers EAGAIN); while the hook runs, the container's only process is its blocked init.
+//! root. Magic links are read as plain strings there, so they resolve inside the root too.
+//! `no_xdev` compares mount ids, as the kernel does (`statx` `STATX_MNT_ID` from Linux 5.8, else
+//! `mnt_id:` in `/proc/self/fdinfo`, there since 3.15): comparing `st_dev` instead would let
+//! the walk into a bind mount of the host filesystem the root itself lives on (a rootfs on the
+//! host's `/var` with a host directory from `/var` mounted into it), and a write there lands on
+//! the host. Only where neither source answers is `st_dev` compared. One difference from the
+//! kernel remains, harmless in a createContainer hook: the walk does not notice a directory
+//! being renamed out of the root under it (openat2 answers EAGAIN); while the hook runs, the
+//! container's only process is its blocked init.
 //!
 //! Written here rather than taken from the `pathrs` crate: the hooks need a handful of
 //! operations, and a short-lived hook should not pay for libpathrs' procfs handles at start-up.
@@ -92,6 +96,8 @@ pub struct DirEnt {
 pub struct Root {
     fd: OwnedFd,
     dev: u64,
+    /// The root's mount ([`mount_id`]); `None` where the kernel tells no mount ids.
+    mnt: Option<u64>,
     display: String,
     resolver: Cell<Resolver>,
 }
@@ -231,13 +237,54 @@ impl Root {
         .map_err(io_err)?;
         // SAFETY: open returned a new fd that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let st = fstat(fd.as_fd()).map_err(io_err)?;
+        Root::from_fd(
+            fd,
+            display.trim_end_matches('/').to_string(),
+            Resolver::Openat2,
+        )
+        .map_err(io_err)
+    }
+
+    fn from_fd(fd: OwnedFd, display: String, resolver: Resolver) -> io::Result<Root> {
+        let st = fstat(fd.as_fd())?;
         Ok(Root {
+            mnt: mount_id(fd.as_fd()),
             fd,
             dev: st.st_dev,
-            display: display.trim_end_matches('/').to_string(),
-            resolver: Cell::new(Resolver::Openat2),
+            display,
+            resolver: Cell::new(resolver),
         })
+    }
+
+    /// The directory `name` directly below the root, as a root of its own: the one way across a
+    /// mount boundary that the hooks take, for the container's `/dev` (the runtime's tmpfs,
+    /// where CDI specs put `/dev/dri/by-path` links). `name` itself must be a real directory,
+    /// not a symlink: an image's `dev -> /run/some-volume` is refused (ENOTDIR).
+    pub fn child(&self, name: &str) -> Result<Root, RootError> {
+        let display = format!("{}/{name}", self.display);
+        let io_err = |source| RootError::Io {
+            path: display.clone(),
+            source,
+        };
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(io_err(io::Error::from_raw_os_error(libc::EINVAL)));
+        }
+        let fd = openat(
+            self.fd.as_fd(),
+            name.as_bytes(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+        .map_err(io_err)?;
+        Root::from_fd(fd, display.clone(), self.resolver.get()).map_err(io_err)
+    }
+
+    /// Whether `fd` (with `st`, its `fstat`) is on the root's mount.
+    fn same_mount(&self, fd: BorrowedFd, st: &libc::stat) -> bool {
+        match (self.mnt, mount_id(fd)) {
+            (Some(root), Some(here)) => root == here,
+            _ => st.st_dev == self.dev,
+        }
     }
 
     /// Chooses the resolver (tests run every escape fixture through both).
@@ -394,7 +441,7 @@ impl Root {
                 pending.extend(components(&target).rev().map(<[u8]>::to_vec));
                 continue;
             }
-            if no_xdev && st.st_dev != self.dev {
+            if no_xdev && !self.same_mount(fd.as_fd(), &st) {
                 return Err(io::Error::from_raw_os_error(libc::EXDEV));
             }
             if last {
@@ -605,6 +652,35 @@ fn reopen(
         return Err(io::Error::from_raw_os_error(libc::EAGAIN));
     }
     Ok(fd)
+}
+
+/// The id of the mount `fd` is on: `statx` with `STATX_MNT_ID` (Linux 5.8), else the `mnt_id:`
+/// line of `/proc/self/fdinfo/<fd>` (Linux 3.15); `None` when neither answers.
+pub fn mount_id(fd: BorrowedFd) -> Option<u64> {
+    // SAFETY: an all-zero statx is a valid value of the plain C struct the kernel fills.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a live fd, an empty C string with AT_EMPTY_PATH (the fd itself), a valid buffer.
+    let ret = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut stx,
+        )
+    };
+    if ret == 0 && stx.stx_mask & libc::STATX_MNT_ID != 0 {
+        return Some(stx.stx_mnt_id);
+    }
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    fdinfo_mount_id(&text)
+}
+
+/// `mnt_id:` of an fdinfo file.
+fn fdinfo_mount_id(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// ENOENT, or ENOTDIR from a path through a regular file: "not there".
@@ -886,7 +962,7 @@ pub fn split_parent(path: &str) -> Option<(&str, &str)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
@@ -894,6 +970,100 @@ mod tests {
         for r in [Resolver::Openat2, Resolver::Walk] {
             root.set_resolver(r);
             f(root);
+        }
+    }
+
+    #[test]
+    fn mount_ids_from_statx_and_fdinfo_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        let fdinfo =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", root.fd().as_raw_fd()))
+                .unwrap();
+        assert_eq!(mount_id(root.fd()), fdinfo_mount_id(&fdinfo));
+        assert!(mount_id(root.fd()).is_some());
+        assert_eq!(
+            fdinfo_mount_id("pos:\t0\nflags:\t012100000\nmnt_id:\t1542\nino:\t7\n"),
+            Some(1542)
+        );
+        assert_eq!(fdinfo_mount_id("pos:\t0\n"), None);
+    }
+
+    /// Unmounts on drop (also when the test fails).
+    pub(crate) struct BindMount(std::path::PathBuf);
+
+    impl BindMount {
+        /// Bind-mounts `src` on `dst`; `None` without the privilege to mount (tests not run as
+        /// root).
+        pub(crate) fn new(src: &Path, dst: &Path) -> Option<BindMount> {
+            let c = |p: &Path| cstring(p.as_os_str().as_encoded_bytes()).unwrap();
+            let (s, d) = (c(src), c(dst));
+            // SAFETY: valid C strings; a bind mount takes no fstype or data.
+            let ret = unsafe {
+                libc::mount(
+                    s.as_ptr(),
+                    d.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                )
+            };
+            (ret == 0).then(|| BindMount(dst.to_path_buf()))
+        }
+    }
+
+    impl Drop for BindMount {
+        fn drop(&mut self) {
+            let d = cstring(self.0.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: a valid C string.
+            unsafe { libc::umount2(d.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    #[test]
+    fn no_xdev_refuses_a_bind_mount_of_the_root_s_own_filesystem() {
+        // The red team's case: a rootfs and a host directory on the same filesystem (same
+        // st_dev), the directory mounted read-write into the container. The image's
+        // `usr/lib/x86_64-linux-gnu -> /vol` leads there.
+        let host = tempfile::tempdir().unwrap();
+        let hostdir = host.path().join("hostdir");
+        let rootdir = host.path().join("root");
+        std::fs::create_dir_all(&hostdir).unwrap();
+        std::fs::create_dir_all(rootdir.join("vol")).unwrap();
+        std::fs::create_dir_all(rootdir.join("usr/lib")).unwrap();
+        symlink("/vol", rootdir.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        let Some(_mount) = BindMount::new(&hostdir, &rootdir.join("vol")) else {
+            eprintln!("skipped: bind mounts need root");
+            return;
+        };
+        let root = Root::open(&rootdir).unwrap();
+        both(&root, |root| {
+            for path in ["/vol/x", "/usr/lib/x86_64-linux-gnu/x"] {
+                let err = root.mkdir_all(path, 0o755, true).unwrap_err();
+                assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{path}: {err}");
+            }
+            // Without no_xdev (reads of mounted files) the path resolves.
+            root.mkdir_all("/vol", 0o755, false).unwrap();
+        });
+        assert_eq!(
+            std::fs::read_dir(&hostdir).unwrap().count(),
+            0,
+            "nothing made on the host"
+        );
+    }
+
+    #[test]
+    fn child_roots_refuse_a_symlink() {
+        let host = tempfile::tempdir().unwrap();
+        let rootdir = host.path().join("root");
+        std::fs::create_dir_all(rootdir.join("dev/dri")).unwrap();
+        symlink("/run", rootdir.join("dev2")).unwrap();
+        let root = Root::open(&rootdir).unwrap();
+        let dev = root.child("dev").unwrap();
+        assert!(dev.mkdir_all("/dri/by-path", 0o755, true).is_ok());
+        assert!(rootdir.join("dev/dri/by-path").is_dir());
+        for bad in ["dev2", "..", "dev/dri", ""] {
+            assert!(root.child(bad).is_err(), "{bad}");
         }
     }
 

@@ -1,0 +1,328 @@
+//! Where runc will put the mounts nvshim adds: each destination resolved inside the bundle's
+//! root filesystem, as runc resolves it (symlinks followed, absolute targets and `..` kept
+//! inside the root), so `create` can refuse a destination that the image's own symlinks lead
+//! into a bind mount.
+//!
+//! runc makes a missing mountpoint (an empty file or directory) at the resolved destination
+//! before mounting. With an image whose `/usr/lib/x86_64-linux-gnu` is a symlink to
+//! `/tmp/nvidia-mps`, where a DRA claim mounts the MPS pipe directory read-write from the host,
+//! every library nvshim mounts would have runc create a root-owned file in that host directory.
+//! A library there is useless to the container anyway; the container is refused with the
+//! destination, the symlink's result and the mount named.
+//!
+//! Read-only and by file descriptor: the root is opened once and each component is looked up
+//! with `fstatat(AT_SYMLINK_NOFOLLOW)`/`readlinkat` relative to the directory resolved so far,
+//! which holds no symlink by construction; no process runs in the container yet. Parents are
+//! resolved once per distinct directory (the driver's libraries share a handful), so the check
+//! costs a few dozen syscalls on a create that mounts the whole driver.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode, SFlag};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::edits::Mount;
+
+/// Symlinks followed in one resolution, as the kernel's `MAXSYMLINKS`.
+const MAX_SYMLINKS: u32 = 40;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("mount destination {destination} resolves, through the image's symlinks, to {resolved}, inside the bind mount at {bind} ({source_path}): runc would create its mountpoint there, on the host; fix the image's symlink (or the mount), or remove the volume from the container")]
+pub struct IntoBindMount {
+    pub destination: String,
+    pub resolved: String,
+    pub bind: String,
+    pub source_path: String,
+}
+
+/// The root filesystem, opened once.
+pub struct RootFs {
+    fd: OwnedFd,
+    /// Resolved directories, by container path.
+    dirs: HashMap<String, String>,
+}
+
+impl RootFs {
+    /// Opens `path`; `None` when it cannot be opened (no rootfs yet: nothing to check against).
+    pub fn open(path: &Path) -> Option<RootFs> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        // SAFETY: open returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Some(RootFs {
+            fd,
+            dirs: HashMap::new(),
+        })
+    }
+
+    /// `path` with every symlink resolved inside the root; components that do not exist are
+    /// taken as they are (runc creates them as directories).
+    pub fn resolve(&mut self, path: &str) -> String {
+        let (parent, name) = match path.trim_end_matches('/').rsplit_once('/') {
+            Some((p, n)) => (p, n),
+            None => ("", path),
+        };
+        let dir = self.resolve_dir(parent, 0);
+        if name.is_empty() || name == "." {
+            return dir;
+        }
+        self.step(&dir, name, 0)
+    }
+
+    fn resolve_dir(&mut self, dir: &str, depth: u32) -> String {
+        let key = dir.trim_end_matches('/');
+        if key.is_empty() {
+            return "/".into();
+        }
+        if let Some(r) = self.dirs.get(key) {
+            return r.clone();
+        }
+        let resolved = self.resolve_from("/", key, depth);
+        self.dirs.insert(key.to_string(), resolved.clone());
+        resolved
+    }
+
+    /// Resolves `rest` from the resolved directory `base`.
+    fn resolve_from(&mut self, base: &str, rest: &str, depth: u32) -> String {
+        let mut cur = base.to_string();
+        for comp in rest.split('/').filter(|c| !c.is_empty() && *c != ".") {
+            cur = self.step(&cur, comp, depth);
+        }
+        cur
+    }
+
+    /// One component below the resolved directory `cur`.
+    fn step(&mut self, cur: &str, comp: &str, depth: u32) -> String {
+        if comp == ".." {
+            return match cur.rsplit_once('/') {
+                Some((p, _)) if !p.is_empty() => p.to_string(),
+                _ => "/".into(),
+            };
+        }
+        let next = join(cur, comp);
+        let relative = next.trim_start_matches('/');
+        let is_link = fstatat(
+            Some(self.fd.as_raw_fd()),
+            relative,
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK);
+        if !is_link || depth >= MAX_SYMLINKS {
+            return next;
+        }
+        let Ok(target) = readlinkat(Some(self.fd.as_raw_fd()), relative) else {
+            return next;
+        };
+        let target = target.to_string_lossy().into_owned();
+        let base = if target.starts_with('/') { "/" } else { cur };
+        let base = base.to_string();
+        self.resolve_from(&base, &target, depth + 1)
+    }
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir == "/" {
+        format!("/{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// `path` made absolute, with `.`, `..` and repeated `/` removed (`..` stops at `/`).
+fn clean(path: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+fn is_bind(m: &Value) -> bool {
+    m.get("type").and_then(Value::as_str) == Some("bind")
+        || m.get("options")
+            .and_then(Value::as_array)
+            .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
+}
+
+fn is_within(path: &str, dir: &str) -> bool {
+    let dir = dir.trim_end_matches('/');
+    dir.is_empty() || path == dir || path.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
+}
+
+/// Refuses the first of `added` (mounts nvshim adds; already in `spec`'s `mounts`) whose
+/// destination resolves inside another bind mount of `spec`, with the root filesystem at
+/// `rootfs`.
+pub fn check_added_mounts(
+    spec: &Value,
+    rootfs: &Path,
+    added: &[Mount],
+) -> Result<(), IntoBindMount> {
+    let binds: Vec<(&str, &str)> = spec
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|m| is_bind(m))
+        .filter_map(|m| {
+            Some((
+                m.get("destination")?.as_str()?,
+                m.get("source").and_then(Value::as_str).unwrap_or(""),
+            ))
+        })
+        .collect();
+    if binds.is_empty() || added.is_empty() {
+        return Ok(());
+    }
+    let Some(mut root) = RootFs::open(rootfs) else {
+        return Ok(());
+    };
+    let binds: Vec<(String, &str, &str)> = binds
+        .into_iter()
+        .map(|(dest, source)| (root.resolve(dest), dest, source))
+        .collect();
+    for m in added {
+        let resolved = root.resolve(&m.container_path);
+        // A destination written inside a volume is the operator's choice; only the image's
+        // symlinks leading there are refused.
+        if resolved == clean(&m.container_path) {
+            continue;
+        }
+        // Every bind but the mount itself (a spec's own volumes, such as a DRA claim's MPS
+        // directory, count: they are mounted from the host too).
+        let into = binds
+            .iter()
+            .find(|(r, dest, _)| *dest != m.container_path && is_within(&resolved, r));
+        if let Some((_, bind, source)) = into {
+            return Err(IntoBindMount {
+                destination: m.container_path.clone(),
+                resolved,
+                bind: bind.to_string(),
+                source_path: source.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The root filesystem of a config.json in `bundle_dir` (`root.path`, relative to the bundle).
+pub fn rootfs_path(spec: &Value, bundle_dir: &Path) -> Option<PathBuf> {
+    let p = spec.pointer("/root/path")?.as_str()?;
+    Some(bundle_dir.join(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::os::unix::fs::symlink;
+
+    fn lib(dest: &str) -> Mount {
+        Mount {
+            host_path: format!(
+                "/usr/lib/x86_64-linux-gnu/{}",
+                dest.rsplit('/').next().unwrap()
+            ),
+            container_path: dest.into(),
+            kind: Some("bind".into()),
+            options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+        }
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir_all(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        symlink("usr/lib", r.join("lib")).unwrap();
+        symlink("/../../..", r.join("usr/up")).unwrap();
+        symlink("loop2", r.join("loop1")).unwrap();
+        symlink("loop1", r.join("loop2")).unwrap();
+        let mut root = RootFs::open(r).unwrap();
+        assert_eq!(
+            root.resolve("/lib/x86_64-linux-gnu/libcuda.so.1"),
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+        );
+        assert_eq!(root.resolve("/usr/up/etc/x"), "/etc/x");
+        assert_eq!(root.resolve("/../../etc/x"), "/etc/x");
+        assert_eq!(root.resolve("/missing/dir/x"), "/missing/dir/x");
+        // A loop stops at the bound and leaves the rest as written.
+        assert!(root.resolve("/loop1/x").ends_with("/x"));
+    }
+
+    #[test]
+    fn a_library_led_into_a_bind_mount_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir_all(r.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(r.join("tmp/nvidia-mps")).unwrap();
+        symlink("/tmp/nvidia-mps", r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        let added = vec![lib("/usr/lib/x86_64-linux-gnu/libcuda.so.1")];
+        let spec = json!({"root": {"path": "rootfs"}, "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/tmp/nvidia-mps", "type": "bind",
+             "source": "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/x/pipe",
+             "options": ["rw", "nosuid", "nodev", "bind"]},
+            // The added mount itself, as edits::apply wrote it.
+            {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
+             "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]},
+        ]});
+        let err = check_added_mounts(&spec, r, &added).unwrap_err();
+        assert_eq!(err.resolved, "/tmp/nvidia-mps/libcuda.so.1");
+        assert_eq!(err.bind, "/tmp/nvidia-mps");
+        assert!(err.to_string().contains("on the host"), "{err}");
+
+        // The same image without the volume, or with the directory real: fine.
+        let no_volume = json!({"mounts": [spec["mounts"][0], spec["mounts"][2]]});
+        assert_eq!(check_added_mounts(&no_volume, r, &added), Ok(()));
+        std::fs::remove_file(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        std::fs::create_dir(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        assert_eq!(check_added_mounts(&spec, r, &added), Ok(()));
+    }
+
+    #[test]
+    fn a_destination_written_inside_a_volume_is_the_operator_s_choice() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir_all(r.join("usr/local/nvidia/lib64")).unwrap();
+        let added = vec![lib("/usr/local/nvidia/lib64/libcuda.so.1")];
+        let spec = json!({"mounts": [
+            {"destination": "/usr/local/nvidia", "type": "bind", "source": "/home/kubernetes/bin/nvidia",
+             "options": ["rbind", "ro"]},
+        ]});
+        assert_eq!(check_added_mounts(&spec, r, &added), Ok(()));
+        assert_eq!(clean("/a/./b//../c/"), "/a/c");
+        assert_eq!(clean("/../x"), "/x");
+    }
+
+    #[test]
+    fn merged_usr_images_are_fine() {
+        // Debian and Ubuntu images: /lib -> usr/lib; Docker's file binds in /etc.
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir_all(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        std::fs::create_dir_all(r.join("etc")).unwrap();
+        symlink("usr/lib", r.join("lib")).unwrap();
+        let added = vec![lib("/lib/x86_64-linux-gnu/libcuda.so.1")];
+        let spec = json!({"mounts": [
+            {"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/docker/x/hosts",
+             "options": ["rbind", "rprivate"]},
+            {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/docker/x/resolv.conf",
+             "options": ["rbind", "rprivate"]},
+        ]});
+        assert_eq!(check_added_mounts(&spec, r, &added), Ok(()));
+    }
+}
