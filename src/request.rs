@@ -436,17 +436,7 @@ fn parse_bool(v: &str) -> bool {
 /// Lexically cleans an absolute path as Go's `filepath.Clean` does for the mount paths NVIDIA
 /// compares (`..` cannot climb above `/`).
 fn clean_path(p: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for c in p.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    format!("/{}", parts.join("/"))
+    crate::edits::go_clean(&format!("/{p}"))
 }
 
 /// What the device plugin's `/dev/null` mounts ask for.
