@@ -3,6 +3,14 @@
 //! simulated GPU host; the configure command's file handling; `nvshim system
 //! create-dev-char-symlinks`.
 //!
+//! The engines are whichever are first on `PATH`: scripts/test.sh runs this file with Debian
+//! 12's (containerd 1.6, Docker 20.10, runc 1.1.5), then with Debian 13's (containerd 1.7,
+//! Docker 26, runc 1.1.15, crun 1.21) and sid's (containerd 2.1, Docker 28.5, runc 1.3, crun
+//! 1.28) from scripts/install-engines.sh. What differs by release is asked of the installed
+//! engine (`dockerd_version`, `containerd_version`, the config version it prints), never
+//! assumed: Docker's CDI (`features.cdi`, `--device nvidia.com/gpu=0` from 25), containerd's
+//! CDI (`CDI_devices` from 1.7) and its config layout (version 3 from 2.0).
+//!
 //! Each engine runs from its Debian package, in its own temp dirs. Every daemon gets its own
 //! directories and socket under the test's temp dir and its own session, and a [`Daemon`] guard
 //! stops it, kills what it left (shims, container processes) and unmounts everything below its
@@ -128,6 +136,23 @@ fn run(cmd: &mut Command, timeout: Duration) -> Out {
 
 fn nvshim(args: &[&str]) -> Out {
     run(Command::new(NVSHIM).args(args), Duration::from_secs(30))
+}
+
+/// The release of the dockerd on PATH (Debian 12's 20.10, or the newer ones CI puts first).
+fn dockerd_version() -> (u64, u64) {
+    nvshim::engine::detect_version(
+        nvshim::engine::Engine::Docker,
+        std::env::var_os("PATH").as_deref(),
+    )
+    .expect("dockerd --version")
+}
+
+/// `Some(true)` where `runtime configure` turns Docker's CDI on (`features.cdi`: Docker 25 to
+/// 27 have it off by default; before 25 there is none, from 28 it is on).
+fn docker_cdi_turned_on() -> Option<bool> {
+    ((25, 0)..(28, 0))
+        .contains(&dockerd_version())
+        .then_some(true)
 }
 
 fn s(p: &Path) -> &str {
@@ -358,6 +383,13 @@ impl World {
         World { tmp, host, config }
     }
 
+    /// The CDI spec directories of this world's nvshim config.
+    fn config_cdi_dirs(&self) -> Vec<PathBuf> {
+        nvshim::config::Config::load(&self.config)
+            .unwrap()
+            .cdi_spec_dirs
+    }
+
     fn dir(&self, name: &str) -> PathBuf {
         let d = self.tmp.path().join(name);
         fs::create_dir_all(&d).unwrap();
@@ -561,15 +593,17 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     .expect_ok();
     let v: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
-    assert_eq!(
-        keys,
-        [
-            "log-driver",
-            "runtimes",
-            "storage-driver",
-            "default-runtime"
-        ]
-    );
+    // The installed dockerd decides `features.cdi` (see docker_cdi_turned_on).
+    let mut want = vec![
+        "log-driver",
+        "runtimes",
+        "storage-driver",
+        "default-runtime",
+    ];
+    if docker_cdi_turned_on().is_some() {
+        want.push("features");
+    }
+    assert_eq!(keys, want);
     assert_eq!(v["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
     assert_eq!(v["runtimes"]["nvidia"], json!({"path": SHIM, "args": []}));
     assert_eq!(v["default-runtime"], "nvidia");
@@ -684,8 +718,7 @@ fn configure_containerd_config_dump_shows_the_runtime() {
     .stdout
     .contains("nothing to change"));
     let dumped = dump(&path);
-    let nvidia =
-        &dumped["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["nvidia"];
+    let nvidia = &cri_runtime(&dumped)["containerd"]["runtimes"]["nvidia"];
     assert_eq!(
         nvidia["runtime_type"].as_str(),
         Some("io.containerd.runc.v2")
@@ -728,12 +761,8 @@ fn configure_containerd_config_dump_shows_the_runtime() {
         "the main file stays as it was"
     );
     let dumped = dump(&main);
-    let cri = &dumped["plugins"]["io.containerd.grpc.v1.cri"];
-    assert_eq!(
-        cri["sandbox_image"].as_str(),
-        Some("site/pause:9"),
-        "{cri:#?}"
-    );
+    let cri = cri_runtime(&dumped);
+    assert_eq!(sandbox_image(&dumped), Some("site/pause:9"), "{dumped:#?}");
     assert_eq!(
         cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"].as_bool(),
         Some(true)
@@ -763,17 +792,57 @@ fn dump(config: &Path) -> toml::Table {
     toml::from_str(&out.stdout).unwrap()
 }
 
+/// The CRI runtime section of a containerd config (or of `config dump`): version 3's
+/// `io.containerd.cri.v1.runtime` (containerd 2.x dumps every config in that layout), else
+/// version 2's CRI plugin.
+fn cri_runtime(config: &toml::Table) -> &toml::Value {
+    let plugins = &config["plugins"];
+    plugins
+        .get("io.containerd.cri.v1.runtime")
+        .unwrap_or(&plugins["io.containerd.grpc.v1.cri"])
+}
+
+/// The sandbox (pause) image of a dumped config, in either layout.
+fn sandbox_image(config: &toml::Table) -> Option<&str> {
+    let plugins = &config["plugins"];
+    match plugins.get("io.containerd.cri.v1.images") {
+        Some(images) => images["pinned_images"]["sandbox"].as_str(),
+        None => plugins["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
+    }
+}
+
+/// The release of the containerd on PATH (Debian 12's 1.6, or the newer ones CI puts first).
+fn containerd_version() -> (u64, u64) {
+    nvshim::engine::detect_version(
+        nvshim::engine::Engine::Containerd,
+        std::env::var_os("PATH").as_deref(),
+    )
+    .expect("containerd --version")
+}
+
 /// The default configs of containerd 1.6 and 1.7 (tests/fixtures/engine-configs/; the
 /// installed containerd reads their version 2), configured through a chain of two links
 /// (absolute, then relative) as `--config`: `containerd config dump` reads the runtime, the
-/// links stay, and unconfigure gives the text back. The 1.7 one gets `enable_cdi = true`.
+/// links stay, and unconfigure gives the text back. The 1.7 one gets `enable_cdi = true`. Where
+/// the installed containerd reads them, the 2.1 and 2.3 defaults (versions 3 and 4) go through
+/// the same steps.
 #[test]
 fn configure_containerd_fixtures_through_links_config_dump() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine-configs");
-    for (name, release) in [
+    // The installed containerd dumps them: 1.6 and 1.7 read version 2, 2.0 to 2.2 versions
+    // 2 and 3, 2.3 also 4.
+    let installed = containerd_version();
+    let mut fixtures_read = vec![
         ("containerd-1.6.20-default.toml", "1.6"),
         ("containerd-1.7.34-default.toml", "1.7"),
-    ] {
+    ];
+    if installed >= (2, 0) {
+        fixtures_read.push(("containerd-2.1.9-default.toml", "2.1"));
+    }
+    if installed >= (2, 3) {
+        fixtures_read.push(("containerd-2.3.4-default.toml", "2.3"));
+    }
+    for (name, release) in fixtures_read {
         let tmp = tempfile::tempdir().unwrap();
         let real = tmp.path().join("cm/containerd.toml");
         fs::create_dir_all(real.parent().unwrap()).unwrap();
@@ -806,12 +875,14 @@ fn configure_containerd_fixtures_through_links_config_dump() {
             .file_type()
             .is_symlink());
         let written = fs::read_to_string(&real).unwrap();
+        // Only 1.7 has CDI off by default (2.x prints `enable_cdi = true`, 1.6 has no CDI).
         assert_eq!(
-            written.contains("enable_cdi = true"),
+            written.contains("enable_cdi = true # set by"),
             release == "1.7",
             "{name}: {written}"
         );
-        let cri = &dump(&config)["plugins"]["io.containerd.grpc.v1.cri"];
+        let dumped = dump(&config);
+        let cri = cri_runtime(&dumped);
         let nvidia = &cri["containerd"]["runtimes"]["nvidia"];
         assert_eq!(
             nvidia["options"]["BinaryName"].as_str(),
@@ -986,7 +1057,13 @@ fn dev_char_symlinks_for_the_fake_host() {
 #[test]
 fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     let _one_engine = serial();
-    let w = World::new("");
+    let w =
+        World::with_config(|tmp| format!("cdi-spec-dirs = [\"{}\"]\n", tmp.join("cdi").display()));
+    let cdi_dir = w.tmp.path().join("cdi");
+    w.write_cdi_spec(&cdi_dir);
+    // Docker 25 and later read CDI specs (`--device nvidia.com/gpu=0`); older ones refuse the
+    // key.
+    let docker_cdi = dockerd_version() >= (25, 0);
     let d = w.dir("dk");
     let sock = d.join("docker.sock");
     let daemon_json = d.join("daemon.json");
@@ -995,20 +1072,19 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     fs::create_dir_all(managed.parent().unwrap()).unwrap();
     symlink("managed/daemon.json", d.join("daemon-link.json")).unwrap();
     symlink(d.join("daemon-link.json"), &daemon_json).unwrap();
-    fs::write(
-        &managed,
-        serde_json::to_vec_pretty(&json!({
-            "data-root": d.join("data"),
-            "exec-root": d.join("x"),
-            "pidfile": d.join("docker.pid"),
-            "hosts": [format!("unix://{}", sock.display())],
-            "iptables": false,
-            "ip-masq": false,
-            "bridge": "none",
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    let mut daemon_conf = json!({
+        "data-root": d.join("data"),
+        "exec-root": d.join("x"),
+        "pidfile": d.join("docker.pid"),
+        "hosts": [format!("unix://{}", sock.display())],
+        "iptables": false,
+        "ip-masq": false,
+        "bridge": "none",
+    });
+    if docker_cdi {
+        daemon_conf["cdi-spec-dirs"] = json!([cdi_dir]);
+    }
+    fs::write(&managed, serde_json::to_vec_pretty(&daemon_conf).unwrap()).unwrap();
     nvshim(&[
         "runtime",
         "configure",
@@ -1022,9 +1098,13 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     assert_eq!(conf["runtimes"]["nvidia"]["path"], SHIM);
     assert_eq!(conf["bridge"], "none");
     // nvshim-runtime is the default runtime, so `--gpus` works without `--runtime`; dockerd
-    // 20.10 has no CDI, so no `features.cdi`.
+    // before 25 has no CDI (no `features.cdi`), 25 to 27 have it off (turned on), 28 on.
     assert_eq!(conf["default-runtime"], "nvidia");
-    assert!(conf.get("features").is_none(), "{conf:#}");
+    assert_eq!(
+        conf.pointer("/features/cdi").and_then(Value::as_bool),
+        docker_cdi_turned_on(),
+        "{conf:#}"
+    );
     assert!(fs::symlink_metadata(&daemon_json)
         .unwrap()
         .file_type()
@@ -1101,6 +1181,15 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     let what = "docker run --gpus device=1 (default runtime)";
     let r = w.report(what, &docker_run(&["--gpus", "device=1"]));
     w.assert_gpus(what, &r, &[w.gpu(1)]);
+    let what = "docker run --gpus all (default runtime)";
+    let r = w.report(what, &docker_run(&["--gpus", "all"]));
+    w.assert_gpus(what, &r, &[w.gpu(0), w.gpu(1)]);
+    if docker_cdi {
+        // Docker's own CDI resolves the device; the default runtime then finds it applied.
+        let what = "docker run --device nvidia.com/gpu=0 (Docker's CDI)";
+        let r = w.report(what, &docker_run(&["--device", "nvidia.com/gpu=0"]));
+        w.assert_gpus(what, &r, &[w.gpu(0)]);
+    }
     let what = "docker run (default runtime, no request)";
     let r = w.report(what, &docker_run(&[]));
     w.assert_gpus(what, &r, &[]);
@@ -1177,47 +1266,82 @@ impl Containerd {
         doc["state"] = p("state");
         doc["grpc"]["address"] = toml_edit::value(s(&sock));
         doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = p("opt");
-        let cri = &mut doc["plugins"]["io.containerd.grpc.v1.cri"];
-        cri["sandbox_image"] = toml_edit::value(PAUSE);
-        cri["stream_server_port"] = toml_edit::value("0");
+        // containerd 2.x prints version 3: the CRI settings split into `cri.v1.runtime` and
+        // `cri.v1.images`, with the streaming server left in the CRI plugin.
+        let v3 = doc.get("version").and_then(toml_edit::Item::as_integer) >= Some(3);
+        if v3 {
+            doc["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] =
+                toml_edit::value(PAUSE);
+            doc["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_port"] =
+                toml_edit::value("0");
+        }
+        let cri = if v3 {
+            &mut doc["plugins"]["io.containerd.cri.v1.runtime"]
+        } else {
+            let cri = &mut doc["plugins"]["io.containerd.grpc.v1.cri"];
+            cri["sandbox_image"] = toml_edit::value(PAUSE);
+            cri["stream_server_port"] = toml_edit::value("0");
+            cri
+        };
         cri["disable_apparmor"] = toml_edit::value(true);
         // These machines refuse lowering oom_score_adj (the sandbox's -998 fails in runc's
         // nsexec): clamp to containerd's own, as for rootless or nested nodes.
         cri["restrict_oom_score_adj"] = toml_edit::value(true);
         cri["cni"]["conf_dir"] = p("cni");
-        cri["cni"]["bin_dir"] = p("cni-bin");
+        if v3 {
+            cri["cni"]["bin_dirs"] =
+                toml_edit::value(toml_edit::Array::from_iter([s(&d.join("cni-bin"))]));
+        } else {
+            cri["cni"]["bin_dir"] = p("cni-bin");
+        }
         // runc's state for CRI containers, carried over to the nvidia runtime by configure.
         cri["containerd"]["runtimes"]["runc"]["options"]["Root"] = p("runc");
+        // containerd 1.7 and 2.x print their CDI spec directories: where the operator keeps
+        // specs elsewhere, containerd is told so too.
+        if cri.get("cdi_spec_dirs").is_some() {
+            cri["cdi_spec_dirs"] = toml_edit::value(
+                w.config_cdi_dirs()
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<toml_edit::Array>(),
+            );
+        }
         // Kept elsewhere by "config management", config.toml a relative link to it: configure
         // writes through the link.
         let managed = d.join("managed/config.toml");
         fs::create_dir_all(managed.parent().unwrap()).unwrap();
         fs::write(&managed, doc.to_string()).unwrap();
         symlink("managed/config.toml", &config).unwrap();
-        // `--engine-version 1.7`: the CDI settings nvshim writes when it cannot ask containerd
-        // its release; this containerd (1.6, no CDI) must still start with them.
-        nvshim(&[
-            "runtime",
-            "configure",
-            "--runtime",
-            "containerd",
-            "--config",
-            s(&config),
-            "--engine-version",
-            "1.7",
-        ])
-        .expect_ok();
+        // Version 2 with `--engine-version 1.7`: the CDI settings nvshim writes when it cannot
+        // ask containerd its release; Debian 12's containerd (1.6, no CDI) must still start
+        // with them. Version 3 (2.x, CDI on by default): the release as detected.
+        let mut configure = Command::new(NVSHIM);
+        configure
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+                s(&config),
+            ])
+            .env("NVSHIM_CONFIG", &w.config);
+        if !v3 {
+            configure.args(["--engine-version", "1.7"]);
+        }
+        run(&mut configure, Duration::from_secs(30)).expect_ok();
         assert!(fs::symlink_metadata(&config)
             .unwrap()
             .file_type()
             .is_symlink());
         let written = fs::read_to_string(&managed).unwrap();
-        assert!(
+        assert_eq!(
             written.contains("enable_cdi = true # set by `nvshim runtime configure`"),
+            !v3,
             "{written}"
         );
-        let nvidia = &dump(&config)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
-            ["runtimes"]["nvidia"];
+        let dumped = dump(&config);
+        let nvidia = &cri_runtime(&dumped)["containerd"]["runtimes"]["nvidia"];
         assert_eq!(
             nvidia["options"]["BinaryName"].as_str(),
             Some(SHIM),
@@ -1508,6 +1632,7 @@ mod cri {
             script: &str,
             envs: &[(&str, &str)],
             annotations: &[(&str, &str)],
+            cdi_devices: &[&str],
         ) -> Result<String, String> {
             let log_name = format!("{name}.log");
             let config = ContainerConfig {
@@ -1534,6 +1659,11 @@ mod cri {
                     .collect(),
                 log_path: log_name.clone(),
                 linux: Some(LinuxContainerConfig::default()),
+                // What the kubelet sends for DRA claims (CRI `CDI_devices`, Kubernetes 1.28+).
+                cdi_devices: cdi_devices
+                    .iter()
+                    .map(|n| CdiDevice { name: (*n).into() })
+                    .collect(),
                 ..Default::default()
             };
             let created = self
@@ -1648,7 +1778,7 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
 
         let what = "CRI container, handler nvidia, NVIDIA_VISIBLE_DEVICES=1";
         let env = pod
-            .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[])
+            .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], &[])
             .await;
         let stdout = env.unwrap_or_else(|e| {
             panic!(
@@ -1667,6 +1797,7 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
                 &script,
                 &[],
                 &[("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")],
+                &[],
             )
             .await;
         let stdout = cdi.unwrap_or_else(|e| {
@@ -1678,6 +1809,24 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
         });
         let r = ProbeReport::parse(&stdout);
         w.assert_gpus(what, &r, &[w.gpu(0)]);
+
+        // CRI `CDI_devices` (DRA claims): containerd 1.7 (CDI turned on by configure) and 2.x
+        // resolve them; 1.6 has no CDI and drops the field.
+        if containerd_version() >= (1, 7) {
+            let what = "CRI container, handler nvidia, CDI_devices nvidia.com/gpu=1";
+            let cdi = pod
+                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"])
+                .await;
+            let stdout = cdi.unwrap_or_else(|e| {
+                panic!(
+                    "{what}: {e}\n--- nvshim.log ---\n{}\n--- containerd ---\n{}",
+                    World::log_of(&w.config),
+                    ctd.log_tail()
+                )
+            });
+            let r = ProbeReport::parse(&stdout);
+            w.assert_gpus(what, &r, &[w.gpu(1)]);
+        }
 
         pod.remove().await;
     });
@@ -1823,10 +1972,19 @@ fn installer_image_installs_and_uninstalls_on_a_host_root() {
         fs::read_to_string(host.join("etc/nvshim/config.toml")).unwrap(),
         fs::read_to_string(root().join("packaging/config.toml")).unwrap()
     );
-    let configured: toml::Table =
-        toml::from_str(&fs::read_to_string(&containerd_config).unwrap()).unwrap();
-    let nvidia =
-        &configured["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["nvidia"];
+    // containerd 2.x: the runtime is in the drop-in beside config.toml (its `imports` name
+    // the host's path, so it is read here rather than dumped).
+    let drop_in = host.join("etc/containerd/conf.d/99-nvshim.toml");
+    let configured: toml::Table = toml::from_str(
+        &fs::read_to_string(if drop_in.exists() {
+            &drop_in
+        } else {
+            &containerd_config
+        })
+        .unwrap(),
+    )
+    .unwrap();
+    let nvidia = &cri_runtime(&configured)["containerd"]["runtimes"]["nvidia"];
     assert_eq!(
         nvidia["options"]["BinaryName"].as_str(),
         Some("/usr/local/nvshim/bin/nvshim-runtime"),

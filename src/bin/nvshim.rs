@@ -184,7 +184,7 @@ enum SystemCommand {
 /// from being configured or unconfigured.
 fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
     match &cli.command {
-        Command::Runtime(cmd) => Some(runtime_command(cmd)),
+        Command::Runtime(cmd) => Some(runtime_command(cmd, cli.config.as_deref())),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "nvshim", &mut std::io::stdout());
@@ -201,7 +201,10 @@ fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
     }
 }
 
-fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
+fn runtime_command(
+    cmd: &RuntimeCommand,
+    config_path: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
     use nvshim::engine::{self, Options};
     let (args, configure) = match cmd {
         RuntimeCommand::Configure(a) => (a, true),
@@ -231,6 +234,18 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
         _ => args.set_as_default,
     };
     opts.enable_cdi = !args.no_cdi;
+    // The engine's CDI reads the spec directories nvshim reads. Best effort: a config that does
+    // not load leaves the defaults (the engine's own) and stops nothing.
+    let nvshim_config = config_path
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| Config::path_from_env(std::env::var_os(CONFIG_ENV)));
+    match Config::load(&nvshim_config) {
+        Ok(c) => opts.cdi_spec_dirs = c.cdi_spec_dirs,
+        Err(e) if opts.enable_cdi => eprintln!(
+            "nvshim: warning: {e}; the engine's CDI spec directories are left at their defaults"
+        ),
+        Err(_) => {}
+    }
     opts.engine_version = args.engine_version.or_else(|| {
         let path = std::env::var_os("PATH");
         engine::detect_version(args.runtime, path.as_deref())

@@ -124,7 +124,7 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         }
         add_runtime(path, doc.as_item_mut(), version, opts)?;
         if opts.enable_cdi {
-            enable_cdi(path, doc.as_item_mut(), version, opts.engine_version)?;
+            enable_cdi(path, doc.as_item_mut(), version, opts)?;
         }
         let after = doc.to_string();
         tomldoc::reparse(path, &after)?;
@@ -162,7 +162,7 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
     }
     add_runtime(&drop_in, out.as_item_mut(), version, opts)?;
     if opts.enable_cdi {
-        enable_cdi(&drop_in, out.as_item_mut(), version, opts.engine_version)?;
+        enable_cdi(&drop_in, out.as_item_mut(), version, opts)?;
     }
     if merges_imports(version) {
         out = runtime_only(&drop_in, &out, version, cri, opts)?;
@@ -316,9 +316,6 @@ pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
 const CDI_SET_MARK: &str = "set by `nvshim runtime configure`";
 /// The same, on an `enable_cdi` that was `false` before.
 const CDI_WAS_FALSE: &str = "(was false)";
-/// Where containerd looks for CDI specs by default; written next to `enable_cdi` where the
-/// file has no list, so the setting is visible in the file.
-const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// Whether CDI is on when the CRI section does not set `enable_cdi`; `None` when this
 /// containerd has no CDI support (1.6). Without a known release the config version tells:
@@ -332,14 +329,17 @@ fn cdi_default(version: i64, engine_version: Option<(u64, u64)>) -> Option<bool>
 }
 
 /// Turns on the CRI plugin's CDI support where it is off: the CDI devices the kubelet passes
-/// over the CRI (DRA claims, device plugins' CDI devices) are dropped while it is off.
+/// over the CRI (DRA claims, device plugins' CDI devices) are dropped while it is off. Where
+/// the file has no `cdi_spec_dirs`, nvshim's spec directories are written beside it (the
+/// defaults are containerd's own, `/etc/cdi` and `/var/run/cdi`), so the setting is visible in
+/// the file and containerd reads the specs nvshim reads.
 fn enable_cdi(
     path: &Path,
     root: &mut Item,
     version: i64,
-    engine_version: Option<(u64, u64)>,
+    opts: &Options,
 ) -> Result<(), EngineError> {
-    let Some(default) = cdi_default(version, engine_version) else {
+    let Some(default) = cdi_default(version, opts.engine_version) else {
         return Ok(());
     };
     let cri_keys = ["plugins", cri_plugin(version)];
@@ -382,8 +382,10 @@ fn enable_cdi(
         }
     }
     if !t.contains_key("cdi_spec_dirs") {
-        let mut dirs: Value = CDI_SPEC_DIRS
-            .into_iter()
+        let mut dirs: Value = opts
+            .cdi_spec_dirs
+            .iter()
+            .map(|d| d.display().to_string())
             .collect::<toml_edit::Array>()
             .into();
         dirs.decor_mut().set_prefix(" ");

@@ -160,6 +160,9 @@ pub struct Options {
     /// on when the config does not say (containerd 2.x, Docker 28+) or not supported at all
     /// (containerd 1.6, Docker before 25).
     pub engine_version: Option<(u64, u64)>,
+    /// The spec directories written with the engine CDI that `enable_cdi` turns on
+    /// (containerd's `cdi_spec_dirs`): nvshim's own, so that both read the same specs.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Options {
@@ -176,6 +179,7 @@ impl Options {
             set_as_default: false,
             enable_cdi: false,
             engine_version: None,
+            cdi_spec_dirs: crate::config::Config::default().cdi_spec_dirs,
         }
     }
 }

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Fetches the container engines of newer Debian releases, from Debian's own registry, for the
+# engine end-to-end tests (scripts/test.sh runs tests/e2e_engines.rs once per set):
+#
+#   scripts/install-engines.sh [SUITE...]        (default: trixie sid)
+#
+# trixie (Debian 13): containerd 1.7.24, docker.io 26.1, runc 1.1.15, crun 1.21
+# sid:                containerd 2.1.x, docker.io 28.5.x, runc 1.3.x, crun 1.28
+#
+# Each suite gets its own apt sources list and state under $NVSHIM_ENGINES_DIR/<suite>
+# (default /var/cache/nvshim-engines), so Debian 12's apt configuration and package database
+# stay as they are; the packages are unpacked with `dpkg-deb -x`, never installed, and
+# $NVSHIM_ENGINES_DIR/<suite>/bin holds links to their binaries, to put first on PATH.
+#
+# dockerd, containerd, its shim and the CLIs run on Debian 12 as they are (Go, no newer glibc
+# symbols). runc and crun of both suites need glibc 2.38 or later: their copies in bin/ have
+# their ELF interpreter and RPATH pointed at the suite's own glibc (libc6 and the libraries
+# they link, unpacked beside them, with patchelf), so the suite's runc and crun code runs with
+# the suite's libraries on this kernel. Re-running does nothing for a suite already fetched.
+set -euo pipefail
+
+suites=("$@")
+[ ${#suites[@]} -gt 0 ] || suites=(trixie sid)
+base=${NVSHIM_ENGINES_DIR:-/var/cache/nvshim-engines}
+
+if [ "$(id -u)" != 0 ]; then
+    echo "install-engines: needs root (apt, and the cache in $base)" >&2
+    exit 1
+fi
+command -v patchelf > /dev/null || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patchelf > /dev/null
+}
+
+for suite in "${suites[@]}"; do
+    dir=$base/$suite
+    if [ -x "$dir/bin/runc" ] && [ -x "$dir/bin/containerd" ]; then
+        continue
+    fi
+    echo "install-engines: fetching $suite's engines into $dir" >&2
+    rm -rf "$dir"
+    mkdir -p "$dir/etc" "$dir/lists/partial" "$dir/debs" "$dir/root" "$dir/bin" "$dir/patched"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+        > "$dir/etc/sources.list"
+    apt_opts=(
+        -o "Dir::Etc::SourceList=$dir/etc/sources.list"
+        -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$dir/lists"
+        -o "Dir::State::Status=/dev/null"
+        -o "APT::Sandbox::User=root"
+    )
+    apt-get -qq "${apt_opts[@]}" update
+    # The engines, and what runc and crun link (libc6 for their loader and libc).
+    packages=(containerd docker.io docker-cli runc crun libc6 libseccomp2 libsystemd0 libcap2)
+    case "$suite" in
+        trixie) packages+=(libyajl2) ;;
+        *) packages+=(libblake3-0 libjson-c5) ;;
+    esac
+    (cd "$dir/debs" && apt-get -qq "${apt_opts[@]}" download "${packages[@]}")
+    for deb in "$dir"/debs/*.deb; do
+        dpkg-deb -x "$deb" "$dir/root"
+    done
+    root=$dir/root
+    for b in usr/bin/containerd usr/bin/containerd-shim-runc-v2 usr/bin/ctr usr/sbin/dockerd \
+        usr/bin/docker usr/sbin/docker-proxy; do
+        [ -e "$root/$b" ] || { echo "install-engines: $suite has no $b" >&2; exit 1; }
+        ln -sfn "$root/$b" "$dir/bin/"
+    done
+    for b in usr/sbin/runc usr/bin/crun; do
+        name=$(basename "$b")
+        cp "$root/$b" "$dir/patched/$name"
+        # --force-rpath: DT_RPATH, which (unlike RUNPATH) also serves the libraries' own
+        # dependencies (libsystemd's libm).
+        patchelf --set-interpreter "$root/usr/lib64/ld-linux-x86-64.so.2" --force-rpath \
+            --set-rpath "$root/usr/lib/x86_64-linux-gnu" "$dir/patched/$name"
+        ln -sfn "$dir/patched/$name" "$dir/bin/$name"
+    done
+    for b in containerd dockerd runc crun; do
+        "$dir/bin/$b" --version | head -n1 | sed "s/^/install-engines: $suite: /" >&2
+    done
+done
