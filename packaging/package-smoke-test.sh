@@ -24,8 +24,24 @@ rpm=$(ls -t target/generate-rpm/nvshim-*.rpm | head -n1)
 echo "package-smoke-test: built $deb and $rpm"
 
 work=$(mktemp -d)
+stop_dockerd() {  # $1: its directory
+    if [ -f "$1/docker.pid" ]; then
+        kill "$(cat "$1/docker.pid")" 2> /dev/null || true
+        for _ in $(seq 100); do
+            kill -0 "$(cat "$1/docker.pid")" 2> /dev/null || break
+            sleep 0.2
+        done
+    fi
+    # Its containerd, shims and container processes name the directory; then its mounts.
+    pkill -9 -f "$1/" 2> /dev/null || true
+    awk -v d="$1/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r \
+        | xargs -r -n1 umount -l 2> /dev/null || true
+}
 cleanup() {
     runc --root "$work/state" delete -f nvshim-smoke > /dev/null 2>&1 || true
+    for d in "$work"/docker-*; do
+        [ -d "$d" ] && stop_dockerd "$d"
+    done
     dpkg --purge nvshim > /dev/null 2>&1 || true
     rm -rf "$work"
 }
@@ -87,6 +103,57 @@ nvshim cdi validate "$spec" | grep -q "kind nvidia.com/gpu" || fail "the refresh
 grep -q /usr/bin/nvshim-hook "$spec" || fail "the spec does not name the installed hook"
 NVSHIM_CONFIG="$work/config.toml" nvshim cdi refresh --output "$spec" 2> "$work/refresh.err"
 [ ! -s "$work/refresh.err" ] || { cat "$work/refresh.err" >&2; fail "a current spec was regenerated"; }
+# Docker as users type it, through the installed package, with Debian 12's engines and with
+# Debian 13's and sid's (scripts/install-engines.sh; NVSHIM_ENGINE_SUITES as in
+# scripts/test.sh): `nvshim runtime configure --runtime docker` (nvshim-runtime becomes the
+# default runtime), then plain `docker run --gpus all`, `--gpus device=1` and, on Docker 25
+# and later, `--device nvidia.com/gpu=0` from the refreshed spec (Docker's own CDI).
+tar --numeric-owner -C "$work/bundle/rootfs" -cf "$work/rootfs.tar" .
+docker_check() {  # $1: label, $2: a directory to put first on PATH, or ""
+    local label=$1 d="$work/docker-$1" path=$PATH
+    [ -z "$2" ] || path="$2:$PATH"
+    mkdir -p "$d"
+    local version cdi=""
+    version=$(PATH=$path dockerd --version | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p')
+    [ "$version" -ge 25 ] && cdi=", \"cdi-spec-dirs\": [\"$work/cdi\"]"
+    printf '%s\n' "{\"data-root\": \"$d/data\", \"exec-root\": \"$d/x\", \"pidfile\": \"$d/docker.pid\"," \
+        " \"hosts\": [\"unix://$d/docker.sock\"], \"iptables\": false, \"ip-masq\": false, \"bridge\": \"none\"$cdi}" \
+        > "$d/daemon.json"
+    PATH=$path nvshim runtime configure --runtime docker --config "$d/daemon.json" > /dev/null
+    PATH=$path NVSHIM_CONFIG="$work/config.toml" setsid dockerd --config-file "$d/daemon.json" \
+        > "$d/dockerd.log" 2>&1 < /dev/null &
+    local docker=(env "PATH=$path" docker -H "unix://$d/docker.sock")
+    for _ in $(seq 150); do
+        "${docker[@]}" version > /dev/null 2>&1 && break
+        sleep 0.2
+    done
+    "${docker[@]}" import "$work/rootfs.tar" nvshim.smoke/busybox:1 > /dev/null \
+        || { tail -20 "$d/dockerd.log" >&2; fail "$label: dockerd did not start"; }
+    run_gpus() {  # the nvidia<minor> nodes a container sees
+        "${docker[@]}" run --rm --network none "$@" nvshim.smoke/busybox:1 \
+            sh -c 'ls /dev | grep "^nvidia[0-9]" | tr "\n" " "' 2> "$d/run.err" \
+            || { cat "$d/run.err" "$work/nvshim.log" >&2; fail "$label: docker run $* failed"; }
+    }
+    # Index 0 is /dev/nvidia1 and index 1 /dev/nvidia0 on this host (see above).
+    [ "$(run_gpus --gpus all)" = "nvidia0 nvidia1 " ] || fail "$label: --gpus all"
+    [ "$(run_gpus --gpus device=1)" = "nvidia0 " ] || fail "$label: --gpus device=1"
+    if [ -n "$cdi" ]; then
+        [ "$(run_gpus --device nvidia.com/gpu=0)" = "nvidia1 " ] \
+            || fail "$label: --device nvidia.com/gpu=0"
+    fi
+    echo "package-smoke-test: $label: Docker $version: --gpus all, --gpus device=1${cdi:+, --device nvidia.com/gpu=0}: ok"
+    stop_dockerd "$d"
+}
+docker_check debian12 ""
+suites=${NVSHIM_ENGINE_SUITES-trixie sid}
+if [ -n "$suites" ]; then
+    # shellcheck disable=SC2086
+    scripts/install-engines.sh $suites
+    for suite in $suites; do
+        docker_check "$suite" "${NVSHIM_ENGINES_DIR:-/var/cache/nvshim-engines}/$suite/bin"
+    done
+fi
+
 # Removal disables the units; the spec of another directory is not ours to remove.
 dpkg --remove nvshim > /dev/null
 if command -v systemctl > /dev/null; then
