@@ -77,6 +77,8 @@ impl RootFs {
         self.step(&dir, name, 0)
     }
 
+    /// `dir` resolved, each of its prefixes looked up once per root (the driver's files share
+    /// a handful of directories).
     fn resolve_dir(&mut self, dir: &str, depth: u32) -> String {
         let key = dir.trim_end_matches('/');
         if key.is_empty() {
@@ -85,7 +87,13 @@ impl RootFs {
         if let Some(r) = self.dirs.get(key) {
             return r.clone();
         }
-        let resolved = self.resolve_from("/", key, depth);
+        let (parent, name) = key.rsplit_once('/').unwrap_or(("", key));
+        let base = self.resolve_dir(parent, depth);
+        let resolved = if name.is_empty() || name == "." {
+            base
+        } else {
+            self.step(&base, name, depth)
+        };
         self.dirs.insert(key.to_string(), resolved.clone());
         resolved
     }
@@ -136,11 +144,19 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
-fn is_bind(m: &Value) -> bool {
-    m.get("type").and_then(Value::as_str) == Some("bind")
+/// A bind mount whose host source is a directory (or cannot be told): only those can hold a
+/// mountpoint runc creates. File binds (Docker's and the kubelet's `/etc/hosts`,
+/// `/etc/resolv.conf`, `/dev/termination-log`) cannot, so a container with nothing else skips
+/// the check.
+fn is_dir_bind(m: &Value) -> bool {
+    let bind = m.get("type").and_then(Value::as_str) == Some("bind")
         || m.get("options")
             .and_then(Value::as_array)
-            .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
+            .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"));
+    bind && m
+        .get("source")
+        .and_then(Value::as_str)
+        .is_none_or(|src| std::fs::metadata(src).map_or(true, |md| md.is_dir()))
 }
 
 fn is_within(path: &str, dir: &str) -> bool {
@@ -161,7 +177,7 @@ pub fn check_added_mounts(
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter(|m| is_bind(m))
+        .filter(|m| is_dir_bind(m))
         .filter_map(|m| {
             Some((
                 m.get("destination")?.as_str()?,
