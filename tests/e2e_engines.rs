@@ -1776,56 +1776,39 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;
 
-        let what = "CRI container, handler nvidia, NVIDIA_VISIBLE_DEVICES=1";
-        let env = pod
-            .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], &[])
-            .await;
-        let stdout = env.unwrap_or_else(|e| {
-            panic!(
-                "{what}: {e}\n--- nvshim.log ---\n{}\n--- containerd ---\n{}",
-                World::log_of(&w.config),
-                ctd.log_tail()
-            )
-        });
-        let r = ProbeReport::parse(&stdout);
-        w.assert_gpus(what, &r, &[w.gpu(1)]);
-
-        let what = "CRI container, handler nvidia, annotation cdi.k8s.io/gpu: nvidia.com/gpu=0";
-        let cdi = pod
-            .run_container(
-                "cdi",
-                &script,
-                &[],
-                &[("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")],
-                &[],
-            )
-            .await;
-        let stdout = cdi.unwrap_or_else(|e| {
-            panic!(
-                "{what}: {e}\n--- nvshim.log ---\n{}\n--- containerd ---\n{}",
-                World::log_of(&w.config),
-                ctd.log_tail()
-            )
-        });
-        let r = ProbeReport::parse(&stdout);
-        w.assert_gpus(what, &r, &[w.gpu(0)]);
-
-        // CRI `CDI_devices` (DRA claims): containerd 1.7 (CDI turned on by configure) and 2.x
-        // resolve them; 1.6 has no CDI and drops the field.
-        if containerd_version() >= (1, 7) {
-            let what = "CRI container, handler nvidia, CDI_devices nvidia.com/gpu=1";
-            let cdi = pod
-                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"])
-                .await;
-            let stdout = cdi.unwrap_or_else(|e| {
+        // A container's probe report, or a failure with both logs.
+        let report = |what: &str, out: Result<String, String>| {
+            let stdout = out.unwrap_or_else(|e| {
                 panic!(
                     "{what}: {e}\n--- nvshim.log ---\n{}\n--- containerd ---\n{}",
                     World::log_of(&w.config),
                     ctd.log_tail()
                 )
             });
-            let r = ProbeReport::parse(&stdout);
-            w.assert_gpus(what, &r, &[w.gpu(1)]);
+            ProbeReport::parse(&stdout)
+        };
+
+        let what = "CRI container, handler nvidia, NVIDIA_VISIBLE_DEVICES=1";
+        let out = pod
+            .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], &[])
+            .await;
+        w.assert_gpus(what, &report(what, out), &[w.gpu(1)]);
+
+        let what = "CRI container, handler nvidia, annotation cdi.k8s.io/gpu: nvidia.com/gpu=0";
+        let annotations = [("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")];
+        let out = pod
+            .run_container("cdi", &script, &[], &annotations, &[])
+            .await;
+        w.assert_gpus(what, &report(what, out), &[w.gpu(0)]);
+
+        // CRI `CDI_devices` (DRA claims): containerd 1.7 (CDI turned on by configure) and 2.x
+        // resolve them; 1.6 has no CDI and drops the field.
+        if containerd_version() >= (1, 7) {
+            let what = "CRI container, handler nvidia, CDI_devices nvidia.com/gpu=1";
+            let out = pod
+                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"])
+                .await;
+            w.assert_gpus(what, &report(what, out), &[w.gpu(1)]);
         }
 
         pod.remove().await;
