@@ -904,6 +904,48 @@ fn configure_containerd_fixtures_through_links_config_dump() {
     }
 }
 
+/// Where configure turns containerd 1.7's CDI on and the file names no spec directories, it
+/// writes nvshim's own (`$NVSHIM_CONFIG`'s `cdi-spec-dirs`), so both read the same specs; the
+/// engine's `--config` is never taken for nvshim's.
+#[test]
+fn configure_containerd_gives_engine_cdi_nvshim_s_spec_dirs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("config.toml");
+    fs::write(&config, "version = 2\n").unwrap();
+    let nvshim_config = tmp.path().join("nvshim.toml");
+    fs::write(
+        &nvshim_config,
+        "cdi-spec-dirs = [\"/srv/cdi\", \"/var/run/cdi\"]\n",
+    )
+    .unwrap();
+    let out = run(
+        Command::new(NVSHIM)
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+            ])
+            .arg(&config)
+            .args(["--engine-version", "1.7"])
+            .env("NVSHIM_CONFIG", &nvshim_config),
+        Duration::from_secs(30),
+    )
+    .expect_ok();
+    assert!(!out.stderr.contains("warning"), "{out}");
+    let written: toml::Table = toml::from_str(&fs::read_to_string(&config).unwrap()).unwrap();
+    let cri = &written["plugins"]["io.containerd.grpc.v1.cri"];
+    assert_eq!(cri["enable_cdi"].as_bool(), Some(true));
+    assert_eq!(
+        cri["cdi_spec_dirs"].as_array().unwrap(),
+        &[
+            toml::Value::from("/srv/cdi"),
+            toml::Value::from("/var/run/cdi")
+        ]
+    );
+}
+
 /// README's "From source" installs what the .deb installs (Cargo.toml's
 /// `package.metadata.deb` assets): every destination, both hook links among them, so that
 /// `docker run --runtime=nvidia --gpus` works after a source install.

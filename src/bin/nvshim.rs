@@ -184,7 +184,7 @@ enum SystemCommand {
 /// from being configured or unconfigured.
 fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
     match &cli.command {
-        Command::Runtime(cmd) => Some(runtime_command(cmd, cli.config.as_deref())),
+        Command::Runtime(cmd) => Some(runtime_command(cmd)),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(*shell, &mut cmd, "nvshim", &mut std::io::stdout());
@@ -201,10 +201,7 @@ fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
     }
 }
 
-fn runtime_command(
-    cmd: &RuntimeCommand,
-    config_path: Option<&std::path::Path>,
-) -> anyhow::Result<ExitCode> {
+fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
     use nvshim::engine::{self, Options};
     let (args, configure) = match cmd {
         RuntimeCommand::Configure(a) => (a, true),
@@ -235,10 +232,9 @@ fn runtime_command(
     };
     opts.enable_cdi = !args.no_cdi;
     // The engine's CDI reads the spec directories nvshim reads. Best effort: a config that does
-    // not load leaves the defaults (the engine's own) and stops nothing.
-    let nvshim_config = config_path
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| Config::path_from_env(std::env::var_os(CONFIG_ENV)));
+    // not load leaves the defaults (the engine's own) and stops nothing. Here `--config` is the
+    // engine's file, so nvshim's own comes from $NVSHIM_CONFIG or its default path only.
+    let nvshim_config = Config::path_from_env(std::env::var_os(CONFIG_ENV));
     match Config::load(&nvshim_config) {
         Ok(c) => opts.cdi_spec_dirs = c.cdi_spec_dirs,
         Err(e) if opts.enable_cdi => eprintln!(
