@@ -585,9 +585,13 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 ),
                 // Silent: the timer runs this every 30 s.
                 Outcome::Fresh => {}
-                Outcome::Unchanged { reasons } => {
+                // Said when asked for (--force); from the timer it would repeat every 30 s
+                // while a finding cannot change the content (MIG devices without NVML), which
+                // `nvshim doctor` reports instead.
+                Outcome::Unchanged { reasons } if opts.force => {
                     eprintln!("nvshim: {path} regenerated, content unchanged{}", why(&reasons))
                 }
+                Outcome::Unchanged { .. } => {}
                 Outcome::Written {
                     reasons,
                     devices,
