@@ -741,7 +741,54 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
             }
         }
     }
+    if let (Some(true), Some(engine_dirs)) = (reg.cdi_enabled, &reg.cdi_spec_dirs) {
+        // The engine resolves CDI names itself (containerd: CRI CDI devices and `cdi.k8s.io/*`
+        // annotations; Docker: `--device`, `--gpus` from 29.2) from its own directories.
+        let unread = opts.config.cdi_spec_dirs.iter().find_map(|d| {
+            let spec = first_cdi_spec(std::slice::from_ref(d))?;
+            (!engine_dirs.iter().any(|e| same_dir(e, d))).then_some(spec)
+        });
+        if let Some(spec) = unread {
+            let list: Vec<String> = engine_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            let key = match engine {
+                Engine::Docker => "cdi-spec-dirs",
+                _ => "cdi_spec_dirs",
+            };
+            let why = format!(
+                "{engine}'s own CDI reads specs from {} only, so the devices of {} (in nvshim's cdi-spec-dirs) fail there with \"unresolvable CDI devices\"",
+                list.join(", "),
+                spec.display()
+            );
+            let dir_fix = format!(
+                "add {} to {key} in {}, then restart {engine}",
+                spec.parent().unwrap_or(Path::new("/")).display(),
+                config.display()
+            );
+            if c.status == Status::Ok {
+                c.status = Status::Warning;
+                c.message = why;
+                c.fix = Some(dir_fix);
+            } else {
+                c.message.push_str(&format!("; {why}"));
+            }
+        }
+    }
     c
+}
+
+/// Whether two directory paths name the same directory (`/var/run/cdi` is `/run/cdi` where
+/// `/var/run` links to `/run`); lexically when either cannot be resolved.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => {
+            crate::edits::go_clean(&a.to_string_lossy())
+                == crate::edits::go_clean(&b.to_string_lossy())
+        }
+    }
 }
 
 /// The first CDI spec file (`.yaml`, `.yml`, `.json`) in `dirs`: a DRA driver's or a device

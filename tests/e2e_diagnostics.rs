@@ -152,6 +152,18 @@ impl World {
 
     /// Registers nvshim-runtime with every engine, in this world's engine configs.
     fn configure_engines(&self) {
+        // Docker's CDI told where this world's specs are, as an operator with specs outside
+        // /etc/cdi and /var/run/cdi does (configure writes it only for a Docker it knows is
+        // 25 or later; none is installed here).
+        fs::create_dir_all(self.docker.parent().unwrap()).unwrap();
+        fs::write(
+            &self.docker,
+            serde_json::to_string(
+                &serde_json::json!({"cdi-spec-dirs": [self.etc_cdi, self.run_cdi]}),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         for (engine, config) in [
             ("docker", &self.docker),
             ("containerd", &self.containerd),
@@ -446,6 +458,34 @@ fn doctor_reports_a_missing_and_an_empty_node_spec_with_the_refresh_command() {
 }
 
 #[test]
+fn doctor_reports_engine_cdi_reading_other_directories() {
+    // Docker's own CDI (on: configure set `features.cdi`) told to read /etc/cdi only, while
+    // nvshim's node spec is in this world's run-cdi: Docker's `--device nvidia.com/gpu=0` (and
+    // `--gpus` from 29.2) would not find it.
+    let w = World::healthy();
+    let mut conf: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&w.docker).unwrap()).unwrap();
+    conf["cdi-spec-dirs"] = serde_json::json!(["/etc/cdi"]);
+    fs::write(&w.docker, conf.to_string()).unwrap();
+    let d = w.doctor();
+    d.assert(
+        "engine-docker",
+        "warning",
+        &[
+            "docker's own CDI reads specs from /etc/cdi only",
+            &w.run_cdi.join("nvidia.yaml").display().to_string(),
+            "unresolvable CDI devices",
+        ],
+        &[&format!(
+            "add {} to cdi-spec-dirs in {}",
+            w.run_cdi.display(),
+            w.docker.display()
+        )],
+    );
+    d.others_fine(&["engine-docker"]);
+}
+
+#[test]
 fn doctor_reports_a_missing_device_node() {
     let w = World::healthy();
     w.host.remove_device_node("nvidia0").unwrap();
@@ -534,9 +574,17 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
     ] {
         let w = World::healthy();
         let conf_d = w.containerd.with_file_name("conf.d");
+        // The operator's spec directories are this world's (containerd prints its defaults).
+        let dirs = format!(
+            "cdi_spec_dirs = ['{}', '{}']",
+            w.etc_cdi.display(),
+            w.run_cdi.display()
+        );
         let text = fs::read_to_string(format!("{fixtures}/{name}"))
             .unwrap()
-            .replace("/etc/containerd/conf.d", conf_d.to_str().unwrap());
+            .replace("/etc/containerd/conf.d", conf_d.to_str().unwrap())
+            .replace("cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]", &dirs)
+            .replace("cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']", &dirs);
         fs::write(&w.containerd, text).unwrap();
         let mut args = vec![
             "runtime",

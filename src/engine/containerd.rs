@@ -237,6 +237,7 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
     let default_cdi = cdi_default(version, opts.engine_version);
     let mut cdi_enabled = default_cdi;
     let mut cdi_setting = None;
+    let mut cdi_dirs: Option<Vec<PathBuf>> = None;
     for file in &files {
         let imported;
         let doc = if file == path {
@@ -253,6 +254,18 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
             // containerd 1.x: the section replaces the earlier files' one (module comment),
             // `enable_cdi` too; 2.x: only the keys it sets override.
             let set = section.get("enable_cdi").and_then(Item::as_bool);
+            let dirs = section
+                .get("cdi_spec_dirs")
+                .and_then(Item::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str())
+                        .map(PathBuf::from)
+                        .collect()
+                });
+            if dirs.is_some() || !merges_imports(version) {
+                cdi_dirs = dirs;
+            }
             if default_cdi.is_some() && (set.is_some() || !merges_imports(version)) {
                 cdi_enabled = set.or(default_cdi);
                 cdi_setting = Some(match set {
@@ -280,6 +293,9 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
         cdi_setting: (cdi_enabled == Some(false))
             .then_some(cdi_setting)
             .flatten(),
+        cdi_spec_dirs: cdi_enabled.map(|_| {
+            cdi_dirs.unwrap_or_else(|| super::ENGINE_CDI_SPEC_DIRS.map(PathBuf::from).to_vec())
+        }),
         warnings,
     })
 }

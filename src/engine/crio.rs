@@ -135,6 +135,7 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
         binary,
         cdi_enabled: None,
         cdi_setting: None,
+        cdi_spec_dirs: None,
         warnings: Vec::new(),
     })
 }

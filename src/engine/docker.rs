@@ -70,6 +70,23 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         remember(&mut state, "features.cdi", features.get("cdi").cloned());
         features.insert("cdi".into(), Value::Bool(true));
     }
+    // Docker's CDI reads /etc/cdi and /var/run/cdi unless told otherwise: where nvshim reads
+    // other directories, Docker is told the same. Only on a Docker known to have the key
+    // (25+): an older dockerd refuses to start on a key it does not know.
+    let defaults = super::ENGINE_CDI_SPEC_DIRS.map(PathBuf::from);
+    if opts.enable_cdi
+        && opts.engine_version.is_some_and(|v| v >= (25, 0))
+        && !doc.contains_key("cdi-spec-dirs")
+        && opts.cdi_spec_dirs.as_slice() != defaults.as_slice()
+    {
+        remember(&mut state, "cdi-spec-dirs", None);
+        let dirs = opts
+            .cdi_spec_dirs
+            .iter()
+            .map(|d| Value::String(d.to_string_lossy().into_owned()))
+            .collect();
+        doc.insert("cdi-spec-dirs".into(), Value::Array(dirs));
+    }
     let mut changes = finish(path, before, &original, &doc);
     if state != state_original {
         changes.extend(change(
@@ -170,6 +187,17 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
             }
         }
     }
+    // `cdi-spec-dirs` goes only if nvshim wrote it and it still says what nvshim wrote.
+    if state.get("cdi-spec-dirs").is_some() {
+        let ours: Vec<Value> = opts
+            .cdi_spec_dirs
+            .iter()
+            .map(|d| Value::String(d.to_string_lossy().into_owned()))
+            .collect();
+        if doc.get("cdi-spec-dirs") == Some(&Value::Array(ours)) {
+            doc.shift_remove("cdi-spec-dirs");
+        }
+    }
     let mut changes = finish(path, before, &original, &doc);
     if let Some(text) = state_text {
         changes.extend(change(&state_file, Some(text), None));
@@ -199,11 +227,22 @@ pub fn registration(opts: &Options) -> Result<super::Registration, EngineError> 
                 .unwrap_or_default()
                 .to_string()
         });
+    let cdi_spec_dirs = cdi.map(
+        |_| match doc.get("cdi-spec-dirs").and_then(Value::as_array) {
+            Some(dirs) => dirs
+                .iter()
+                .filter_map(Value::as_str)
+                .map(PathBuf::from)
+                .collect(),
+            None => super::ENGINE_CDI_SPEC_DIRS.map(PathBuf::from).to_vec(),
+        },
+    );
     Ok(super::Registration {
         files: vec![path.clone()],
         binary,
         cdi_enabled: cdi,
         cdi_setting,
+        cdi_spec_dirs,
         warnings: Vec::new(),
     })
 }
@@ -441,6 +480,56 @@ mod tests {
         let plan = plan_configure(&o).unwrap();
         assert_eq!(plan.changes.len(), 1);
         assert_eq!(after(&plan)["default-runtime"], "crun");
+    }
+
+    #[test]
+    fn cdi_spec_dirs_follow_nvshim_s_on_docker_25_and_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.enable_cdi = true;
+        o.cdi_spec_dirs = vec![PathBuf::from("/srv/cdi")];
+        for (release, want) in [
+            (Some((26, 1)), Some(serde_json::json!(["/srv/cdi"]))),
+            (Some((28, 5)), Some(serde_json::json!(["/srv/cdi"]))),
+            // Before 25 dockerd refuses the key; an unknown release might be such a one.
+            (Some((20, 10)), None),
+            (None, None),
+        ] {
+            o.engine_version = release;
+            std::fs::write(&o.config, "{}").unwrap();
+            plan_configure(&o).unwrap().apply().unwrap();
+            assert_eq!(
+                read(&o.config).get("cdi-spec-dirs"),
+                want.as_ref(),
+                "{release:?}"
+            );
+            let reg = crate::engine::registration(&o).unwrap();
+            if want.is_some() {
+                assert_eq!(reg.cdi_spec_dirs, Some(vec![PathBuf::from("/srv/cdi")]));
+            }
+            plan_unconfigure(&o).unwrap().apply().unwrap();
+            assert_eq!(read(&o.config), serde_json::json!({}), "{release:?}");
+        }
+        // nvshim's defaults are Docker's: nothing written; an admin's own list is kept.
+        o.engine_version = Some((26, 1));
+        o.cdi_spec_dirs = crate::engine::ENGINE_CDI_SPEC_DIRS
+            .map(PathBuf::from)
+            .to_vec();
+        std::fs::write(&o.config, "{}").unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        assert_eq!(read(&o.config).get("cdi-spec-dirs"), None);
+        o.cdi_spec_dirs = vec![PathBuf::from("/srv/cdi")];
+        std::fs::write(&o.config, r#"{"cdi-spec-dirs": ["/etc/cdi"]}"#).unwrap();
+        plan_configure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&o.config)["cdi-spec-dirs"],
+            serde_json::json!(["/etc/cdi"])
+        );
+        plan_unconfigure(&o).unwrap().apply().unwrap();
+        assert_eq!(
+            read(&o.config)["cdi-spec-dirs"],
+            serde_json::json!(["/etc/cdi"])
+        );
     }
 
     #[test]

@@ -285,6 +285,9 @@ impl From<Vec<FileChange>> for Plan {
     }
 }
 
+/// Where containerd and Docker read CDI specs when their config does not say.
+pub const ENGINE_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
 /// How an engine's config files register a runtime, read the way the engine reads them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registration {
@@ -299,6 +302,9 @@ pub struct Registration {
     pub cdi_enabled: Option<bool>,
     /// The file and key that turn CDI off (for messages), when `cdi_enabled == Some(false)`.
     pub cdi_setting: Option<String>,
+    /// Where the engine's own CDI reads specs (containerd's `cdi_spec_dirs`, Docker's
+    /// `cdi-spec-dirs`, else their default `/etc/cdi`, `/var/run/cdi`), when it has CDI.
+    pub cdi_spec_dirs: Option<Vec<PathBuf>>,
     /// What the caller should tell the operator (a config version newer than nvshim knows).
     pub warnings: Vec<String>,
 }
