@@ -18,7 +18,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+version=$(awk -F'"' '/^version = /{print $2; exit}' Cargo.toml)
 bin_dir=target/release
 name="nvshim-installer:${version}"
 out="target/nvshim-installer-${version}.oci.tar"

@@ -4,7 +4,7 @@
 #
 #   scripts/install-engines.sh [SUITE...]        (default: trixie sid)
 #
-# trixie (Debian 13): containerd 1.7.24, docker.io 26.1, runc 1.1.15, crun 1.21
+# trixie (Debian 13): containerd 1.7.24, docker.io 26.1, runc 1.1.15, crun 1.21, podman 5.4
 # sid:                containerd 2.1.x, docker.io 28.5.x, runc 1.3.x, crun 1.28
 #
 # Each suite gets its own apt sources list and state under $NVSHIM_ENGINES_DIR/<suite>
@@ -17,6 +17,11 @@
 # their ELF interpreter and RPATH pointed at the suite's own glibc (libc6 and the libraries
 # they link, unpacked beside them, with patchelf), so the suite's runc and crun code runs with
 # the suite's libraries on this kernel. Re-running does nothing for a suite already fetched.
+#
+# trixie's podman 5 (with its conmon and netavark, patched the same way) is the CDI consumer the
+# CDI tests compare nvshim with for spec versions Debian 12's podman 4.3 cannot read:
+# <suite>/bin/podman runs it with its own containers.conf (where conmon and netavark are). It
+# reads specs from /etc/cdi and /var/run/cdi only (podman 5.4 ignores cdi_spec_dirs).
 set -euo pipefail
 
 suites=("$@")
@@ -33,7 +38,8 @@ command -v patchelf > /dev/null || {
 
 for suite in "${suites[@]}"; do
     dir=$base/$suite
-    if [ -x "$dir/bin/runc" ] && [ -x "$dir/bin/containerd" ]; then
+    if [ -x "$dir/bin/runc" ] && [ -x "$dir/bin/containerd" ] \
+        && { [ "$suite" != trixie ] || [ -x "$dir/bin/podman" ]; }; then
         continue
     fi
     echo "install-engines: fetching $suite's engines into $dir" >&2
@@ -52,7 +58,10 @@ for suite in "${suites[@]}"; do
     # The engines, and what runc and crun link (libc6 for their loader and libc).
     packages=(containerd docker.io docker-cli runc crun libc6 libseccomp2 libsystemd0 libcap2)
     case "$suite" in
-        trixie) packages+=(libyajl2) ;;
+        trixie)
+            packages+=(libyajl2 podman conmon netavark libassuan9 libgpg-error0 libsqlite3-0
+                libglib2.0-0t64 libgpgme11t64 libsubid5)
+            ;;
         *) packages+=(libblake3-0 libjson-c5) ;;
     esac
     (cd "$dir/debs" && apt-get -qq "${apt_opts[@]}" download "${packages[@]}")
@@ -65,16 +74,31 @@ for suite in "${suites[@]}"; do
         [ -e "$root/$b" ] || { echo "install-engines: $suite has no $b" >&2; exit 1; }
         ln -sfn "$root/$b" "$dir/bin/"
     done
-    for b in usr/sbin/runc usr/bin/crun; do
+    patched=(usr/sbin/runc usr/bin/crun)
+    [ "$suite" != trixie ] || patched+=(usr/bin/podman usr/bin/conmon usr/lib/podman/netavark)
+    for b in "${patched[@]}"; do
         name=$(basename "$b")
         cp "$root/$b" "$dir/patched/$name"
         # --force-rpath: DT_RPATH, which (unlike RUNPATH) also serves the libraries' own
         # dependencies (libsystemd's libm).
         patchelf --set-interpreter "$root/usr/lib64/ld-linux-x86-64.so.2" --force-rpath \
             --set-rpath "$root/usr/lib/x86_64-linux-gnu" "$dir/patched/$name"
-        ln -sfn "$dir/patched/$name" "$dir/bin/$name"
+        case "$name" in
+            runc | crun) ln -sfn "$dir/patched/$name" "$dir/bin/$name" ;;
+        esac
     done
+    if [ "$suite" = trixie ]; then
+        mkdir -p "$dir/podman/helpers"
+        mv "$dir/patched/netavark" "$dir/podman/helpers/"
+        printf '[engine]\nconmon_path = ["%s"]\nhelper_binaries_dir = ["%s"]\n' \
+            "$dir/patched/conmon" "$dir/podman/helpers" > "$dir/podman/containers.conf"
+        printf '#!/bin/sh\n# %s\nexport CONTAINERS_CONF="%s" PODMAN_IGNORE_CGROUPSV1_WARNING=1\nexec "%s" "$@"\n' \
+            "$suite's podman with its own conmon and netavark (scripts/install-engines.sh)" \
+            "$dir/podman/containers.conf" "$dir/patched/podman" > "$dir/bin/podman"
+        chmod +x "$dir/bin/podman"
+        "$dir/bin/podman" --version | sed "s/^/install-engines: $suite: /" >&2
+    fi
     for b in containerd dockerd runc crun; do
-        "$dir/bin/$b" --version | head -n1 | sed "s/^/install-engines: $suite: /" >&2
+        "$dir/bin/$b" --version | sed -n "1s/^/install-engines: $suite: /p" >&2
     done
 done

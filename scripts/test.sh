@@ -11,21 +11,28 @@ cd "$(dirname "$0")/.."
 
 scripts/install-deps.sh
 
+# The engines of newer Debian releases (Debian 13's and sid's containerd, dockerd, runc and crun,
+# and Debian 13's podman 5; scripts/install-engines.sh). Set NVSHIM_ENGINE_SUITES="" to skip
+# them, or to a list of suites.
+suites=${NVSHIM_ENGINE_SUITES-trixie sid}
+engines=${NVSHIM_ENGINES_DIR:-/var/cache/nvshim-engines}
+if [ -n "$suites" ]; then
+  # shellcheck disable=SC2086
+  scripts/install-engines.sh $suites
+fi
+# The CDI tests compare nvshim with podman 5 for the spec versions Debian 12's podman 4.3
+# cannot read.
+if [ -z "${NVSHIM_PODMAN:-}" ] && [ -x "$engines/trixie/bin/podman" ]; then
+  export NVSHIM_PODMAN=$engines/trixie/bin/podman
+fi
+
 # The e2e tests run the built binaries of every workspace member (nvshim-runtime,
 # nvshim-hook, nvshim, the fake host builder), so build them all first.
 cargo build --workspace --all-targets
 cargo test --workspace -- "$@"
 
-# The engine end-to-end tests again, against the engines of newer Debian releases (Debian 13's
-# and sid's containerd, dockerd, runc and crun; scripts/install-engines.sh). Set
-# NVSHIM_ENGINE_SUITES="" to skip them, or to a list of suites.
-suites=${NVSHIM_ENGINE_SUITES-trixie sid}
-if [ -n "$suites" ]; then
-  # shellcheck disable=SC2086
-  scripts/install-engines.sh $suites
-  for suite in $suites; do
-    echo "test: tests/e2e_engines.rs with Debian $suite's engines" >&2
-    PATH="${NVSHIM_ENGINES_DIR:-/var/cache/nvshim-engines}/$suite/bin:$PATH" \
-      cargo test --test e2e_engines -- "$@"
-  done
-fi
+# The engine end-to-end tests again, with each newer release's engines first on PATH.
+for suite in $suites; do
+  echo "test: tests/e2e_engines.rs with Debian $suite's engines" >&2
+  PATH="$engines/$suite/bin:$PATH" cargo test --test e2e_engines -- "$@"
+done

@@ -1103,3 +1103,413 @@ fn refresh_waits_for_the_driver_and_does_nothing_without_it() {
         "0, 1, their UUIDs and all"
     );
 }
+
+// ---- producers: specs as the world writes them -----------------------------------------------
+
+/// A spec a real producer writes (tests/fixtures/cdi/producers/README.md says whose and from
+/// which of its sources), and the devices a container asks for from it.
+struct Producer {
+    file: &'static str,
+    devices: &'static [&'static str],
+}
+
+const PRODUCERS: &[Producer] = &[
+    Producer {
+        file: "nvidia-ctk-0.5.0-driver-container.yaml",
+        devices: &["nvidia.com/gpu=0"],
+    },
+    Producer {
+        file: "nvidia-device-plugin-0.6.0.json",
+        devices: &["k8s.device-plugin.nvidia.com/gpu=@GPU1_UUID@"],
+    },
+    Producer {
+        file: "nvidia-ctk-0.7.0-graphics.yaml",
+        devices: &["nvidia.com/gpu=0"],
+    },
+    Producer {
+        file: "cdi-current-version-0.8.0.yaml",
+        devices: &["nvidia.com/gpu=1"],
+    },
+    Producer {
+        file: "dra-gpu-claim-mig.yaml",
+        devices: &["k8s.gpu.nvidia.com/claim=4f0c3f4e-9f0a-4d3e-8a7f-2b1c0d9e8f7a-gpu-0-mig-1-0"],
+    },
+    Producer {
+        file: "dra-compute-domain-channel.yaml",
+        devices: &[
+            "k8s.compute-domain.nvidia.com/claim=0b6f2d3c-1a2b-4c5d-9e8f-7a6b5c4d3e2f-channel-0",
+        ],
+    },
+    Producer {
+        file: "dra-compute-domain-daemon-base.yaml",
+        devices: &["k8s.compute-domain.nvidia.com/device=all"],
+    },
+    Producer {
+        file: "dra-compute-domain-daemon-claim.yaml",
+        devices: &[
+            "k8s.compute-domain.nvidia.com/claim=7c1e5a9b-3d2f-4e6a-8b0c-1d2e3f4a5b6c-daemon",
+        ],
+    },
+    Producer {
+        file: "dra-vfio.yaml",
+        devices: &["k8s.gpu.nvidia.com/claim=2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a-vfio-0"],
+    },
+    Producer {
+        file: "dra-vfio-iommufd.yaml",
+        devices: &["k8s.gpu.nvidia.com/claim=2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a-vfio-1"],
+    },
+    Producer {
+        file: "amd-ctk-0.6.0.json",
+        devices: &["amd.com/gpu=0"],
+    },
+    Producer {
+        file: "intel-gaudi-dra.yaml",
+        devices: &[
+            "intel.com/gaudi=0000-4d-00-0-0x1020",
+            "intel.com/gaudi=5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
+        ],
+    },
+];
+
+/// The nodes the fixtures' producers find on a real host that the simulated one lacks: VFIO's
+/// container (misc 10:196), a VFIO group, iommufd (misc, dynamic minor) and a device cdev, and a
+/// Gaudi's accel nodes (the accel major 261). Numbers as such hosts show them.
+const EXTRA_NODES: &[(&str, u64, u64)] = &[
+    ("dev/vfio/vfio", 10, 196),
+    ("dev/vfio/42", 509, 0),
+    ("dev/iommu", 10, 123),
+    ("dev/vfio/devices/vfio0", 508, 0),
+    ("dev/accel/accel0", 261, 0),
+    ("dev/accel/accel_controlD0", 261, 64),
+];
+
+/// What a user of the spec checks from inside the container, keyed by what it is about:
+/// `node:<path>` → `<major>:<minor>` (and `present:<path>` for every node of the GPU and
+/// accelerator families, so that an extra one shows), `cgroup:<type>_<major>:<minor>` → access,
+/// `env:<key>` → value, `mount:<path>` → `ro`/`rw`,
+/// `link:<path>` → target, `gid:<n>` → `member`, `ldcache:<dir>` → `yes` when `ldconfig -p`
+/// lists a library there, `hook:<name>` → how many times a createRuntime hook ran.
+type View = std::collections::BTreeMap<String, String>;
+
+/// The substitutions that put a fixture on this world's simulated host.
+fn producer_vars(w: &World, hooks: &Path, state: &Path) -> Vec<(&'static str, String)> {
+    let g0 = w.gpu(0);
+    let g1 = w.gpu(1);
+    let drm = drm_paths(&w.host, g0);
+    let card = drm.iter().find(|p| p.contains("card")).unwrap();
+    let render = drm.iter().find(|p| p.contains("render")).unwrap();
+    vec![
+        ("@DRIVER_ROOT@", w.host.root().display().to_string()),
+        ("@DEV_ROOT@", w.host.dev_root().display().to_string()),
+        ("@HOOKS@", hooks.display().to_string()),
+        ("@STATE@", state.display().to_string()),
+        ("@VERSION@", w.host.driver_version().to_string()),
+        ("@GPU0_MINOR@", g0.minor.to_string()),
+        ("@GPU1_MINOR@", g1.minor.to_string()),
+        ("@GPU0_UUID@", g0.uuid.clone()),
+        ("@GPU1_UUID@", g1.uuid.clone()),
+        (
+            "@GPU0_CARD@",
+            card.trim_start_matches("/dev/dri/").to_string(),
+        ),
+        (
+            "@GPU0_RENDER@",
+            render.trim_start_matches("/dev/dri/").to_string(),
+        ),
+        ("@CAPS_MAJOR@", w.host.spec().caps_major.to_string()),
+        ("@IMEX_MAJOR@", w.host.spec().caps_imex_major.to_string()),
+    ]
+}
+
+fn substitute(text: &str, vars: &[(&str, String)]) -> String {
+    vars.iter()
+        .fold(text.to_string(), |t, (k, v)| t.replace(k, v))
+}
+
+/// The edits that apply to `devices` of `spec` (theirs and the spec's own), as JSON.
+fn applied_edits(spec: &serde_json::Value, devices: &[String]) -> Vec<serde_json::Value> {
+    let mut edits = vec![spec["containerEdits"].clone()];
+    for d in spec["devices"].as_array().unwrap() {
+        let name = d["name"].as_str().unwrap();
+        if devices.iter().any(|q| q.rsplit('=').next() == Some(name)) {
+            edits.push(d["containerEdits"].clone());
+        }
+    }
+    edits
+}
+
+/// What the spec says a container asking for `devices` must see (the view), and the probe
+/// script that prints it.
+fn expected_view(spec: &serde_json::Value, devices: &[String]) -> (View, String) {
+    let mut want = View::new();
+    let mut script = String::new();
+    let arr = |v: &serde_json::Value| v.as_array().cloned().unwrap_or_default();
+    for e in applied_edits(spec, devices) {
+        for n in arr(&e["deviceNodes"]) {
+            let path = n["path"].as_str().unwrap().to_string();
+            let (major, minor) = match (n["major"].as_u64(), n["minor"].as_u64()) {
+                (Some(a), Some(b)) => (a, b),
+                _ => {
+                    let host = n["hostPath"].as_str().unwrap_or(&path);
+                    let rdev = nix::sys::stat::stat(host).unwrap().st_rdev;
+                    (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev))
+                }
+            };
+            want.insert(format!("node:{path}"), format!("{major:x}:{minor:x}"));
+            want.insert(format!("present:{path}"), "yes".into());
+            let access = n["permissions"].as_str().unwrap_or("rwm");
+            want.insert(format!("cgroup:c_{major}:{minor}"), access.to_string());
+            script.push_str(&format!(
+                "echo \"node:{path} $([ -c {path} ] && stat -c '%t:%T' {path})\"\n"
+            ));
+        }
+        for kv in arr(&e["env"]) {
+            let (k, v) = kv.as_str().unwrap().split_once('=').unwrap();
+            want.insert(format!("env:{k}"), v.to_string());
+            script.push_str(&format!("echo \"env:{k} ${{{k}}}\"\n"));
+        }
+        for m in arr(&e["mounts"]) {
+            let dest = m["containerPath"].as_str().unwrap();
+            let ro = arr(&m["options"]).iter().any(|o| o == "ro");
+            want.insert(format!("mount:{dest}"), if ro { "ro" } else { "rw" }.into());
+            // The last mount on the path is the one the container sees.
+            script.push_str(&format!(
+                "echo \"mount:{dest} $(awk -v p={dest} '$5 == p {{ split($6, o, \",\"); m = o[1] }} END {{ print m }}' /proc/self/mountinfo)\"\n"
+            ));
+        }
+        for g in arr(&e["additionalGids"]) {
+            want.insert(format!("gid:{g}"), "member".into());
+            script.push_str(&format!(
+                "for g in $(id -G); do [ \"$g\" = {g} ] && echo \"gid:{g} member\"; done\n"
+            ));
+        }
+        for h in arr(&e["hooks"]) {
+            let args: Vec<String> = arr(&h["args"])
+                .iter()
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect();
+            for pair in args.windows(2) {
+                if pair[0] == "--link" {
+                    let (target, link) = pair[1].split_once("::").unwrap();
+                    want.insert(format!("link:{link}"), target.to_string());
+                    script.push_str(&format!("echo \"link:{link} $(readlink {link})\"\n"));
+                }
+                if pair[0] == "--folder" {
+                    let dir = &pair[1];
+                    want.insert(format!("ldcache:{dir}"), "yes".into());
+                    script.push_str(&format!(
+                        "/sbin/ldconfig -p | grep -q '=> {dir}/' && echo \"ldcache:{dir} yes\"\n"
+                    ));
+                }
+            }
+            if h["hookName"] == "createRuntime" {
+                want.insert(format!("hook:{}", args[0]), "1".into());
+            }
+        }
+    }
+    // Nothing of these device families beyond what the spec gives (NVIDIA_VISIBLE_DEVICES=void
+    // keeps an NVIDIA runtime from adding the GPUs).
+    script.push_str(&format!(
+        "for f in {DEVICE_FAMILIES}; do [ -c \"$f\" ] && echo \"present:$f yes\"; done\n"
+    ));
+    script.push_str("echo PRODUCER_DONE\n");
+    (want, script)
+}
+
+/// The device nodes a GPU, accelerator or passthrough spec may give.
+const DEVICE_FAMILIES: &str = "/dev/nvidia* /dev/nvidia-caps/* /dev/nvidia-caps-imex-channels/* /dev/dri/* /dev/vfio/* /dev/vfio/devices/* /dev/iommu /dev/kfd /dev/accel/*";
+
+/// The probe's lines as a view (`hook:` entries are added by the caller, from the host).
+fn parse_view(stdout: &str) -> View {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once(' ').or(Some((l, ""))))
+        .filter(|(k, _)| k.contains(':'))
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The cgroup device rules a container got (`/sys/fs/cgroup/devices/devices.list`, cgroup v1),
+/// as `cgroup:<type>_<major>:<minor> <access>` lines.
+const CGROUP_PROBE: &str = "[ -r /sys/fs/cgroup/devices/devices.list ] && sed 's/^\\([a-z]\\) \\([^ ]*\\) /cgroup:\\1_\\2 /' /sys/fs/cgroup/devices/devices.list\n";
+
+#[test]
+fn producer_specs_through_nvshim_runtime_and_podman() {
+    let w = World::new(2);
+    // The hook binaries where the producers put them: NVIDIA's as links to nvshim-hook (what
+    // nvshim's packages install) or, as the DRA driver does, a copy under the kubelet's plugin
+    // dir; Habana's a script that counts its runs.
+    let hooks = w.tmp.path().join("hooks");
+    let state = w.tmp.path().join("state");
+    for link in [
+        "usr/bin/nvidia-ctk",
+        "usr/bin/nvidia-cdi-hook",
+        "usr/local/nvidia/toolkit/nvidia-ctk",
+    ] {
+        let path = hooks.join(link);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(hook_path(), &path).unwrap();
+    }
+    let copied = hooks.join("var/lib/kubelet/plugins/compute-domain.nvidia.com/nvidia-cdi-hook");
+    fs::create_dir_all(copied.parent().unwrap()).unwrap();
+    fs::copy(hook_path(), &copied).unwrap();
+    let habana_runs = state.join("habana-container-hook.runs");
+    let habana = hooks.join("usr/bin/habana-container-hook");
+    fs::create_dir_all(state.join("domains/9a8b7c6d-5e4f-4a3b-2c1d-0e9f8a7b6c5d")).unwrap();
+    fs::write(
+        &habana,
+        format!(
+            "#!/bin/sh\ncat > /dev/null\necho \"$*\" >> {}\n",
+            habana_runs.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&habana, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for (path, major, minor) in EXTRA_NODES {
+        let path = w.host.dev_root().join(path);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        mknod(
+            &path,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(*major, *minor),
+        )
+        .unwrap();
+    }
+    let vars = producer_vars(&w, &hooks, &state);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cdi/producers");
+    let podman_dir = w.tmp.path().join("podman");
+    let image = format!("localhost/nvshim-e2e-producers:{}", std::process::id());
+    let mut podman: Option<Podman> = None;
+    let mut compared = Vec::new();
+    let mut problems = Vec::new();
+    for (i, p) in PRODUCERS.iter().enumerate() {
+        let text = substitute(&fs::read_to_string(fixtures.join(p.file)).unwrap(), &vars);
+        let devices: Vec<String> = p.devices.iter().map(|d| substitute(d, &vars)).collect();
+        let spec: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+        let version = spec["cdiVersion"].as_str().unwrap().to_string();
+        // The spec alone in the spec dirs: two fixtures may define the same device.
+        for dir in [&w.etc_cdi, &w.run_cdi] {
+            fs::remove_dir_all(dir).unwrap();
+            fs::create_dir_all(dir).unwrap();
+        }
+        let path = w.run_cdi.join(p.file);
+        fs::write(&path, &text).unwrap();
+        let out = w.nvshim(&["cdi", "validate", path.to_str().unwrap()], &[]);
+        if !out.status.success() {
+            problems.push(format!(
+                "{}: nvshim cdi validate refused it: {}{}",
+                p.file,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            continue;
+        }
+        let (want, script) = expected_view(&spec, &devices);
+        let script = format!("{script}{CGROUP_PROBE}");
+
+        // nvshim-runtime over runc, the devices by annotation as the kubelet writes them.
+        let _ = fs::remove_file(&habana_runs);
+        let b = Bundle::new(&w.tmp.path().join(format!("p{i}")), &["sh", "-c", &script]).unwrap();
+        // A spec saying NVIDIA_VISIBLE_DEVICES=void means it for images that ask for every GPU
+        // (nvidia/cuda images carry NVIDIA_VISIBLE_DEVICES=all): the spec's value wins, and no
+        // GPU beyond the spec's appears.
+        if want.get("env:NVIDIA_VISIBLE_DEVICES").map(String::as_str) == Some("void") {
+            b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
+        }
+        let joined = devices.join(",");
+        b.edit(move |c| {
+            c["annotations"] = json!({"cdi.k8s.io/producer": joined});
+            Ok(())
+        })
+        .unwrap();
+        let out = w.shim().run(&b, &unique_id("producer")).unwrap();
+        if !out.success() || !out.stdout.contains("PRODUCER_DONE") {
+            problems.push(format!(
+                "{}: nvshim-runtime did not run it: {out}\n--- nvshim.log ---\n{}",
+                p.file,
+                w.shim_log()
+            ));
+            continue;
+        }
+        let hook_runs = |v: &mut View| {
+            if let Ok(t) = fs::read_to_string(&habana_runs) {
+                v.insert(
+                    "hook:habana-container-hook".into(),
+                    t.lines().count().to_string(),
+                );
+            }
+            let _ = fs::remove_file(&habana_runs);
+        };
+        // Of the cgroup rules, those for the spec's nodes (the engines add their defaults).
+        let of_spec = |mut v: View| {
+            v.retain(|k, _| !k.starts_with("cgroup:") || want.contains_key(k));
+            v
+        };
+        let mut shim_view = of_spec(parse_view(&out.stdout));
+        hook_runs(&mut shim_view);
+        if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
+            eprintln!("{}: {shim_view:#?}", p.file);
+        }
+        if shim_view != want {
+            problems.push(format!(
+                "{}: nvshim-runtime's container differs from the spec\nwant: {want:#?}\ngot: {shim_view:#?}",
+                p.file
+            ));
+        }
+
+        // The same devices through podman, which reads the spec with its own CDI library.
+        let Some(pm) = podman_reading(&version, &podman_dir, &image, &mut podman) else {
+            eprintln!(
+                "{}: no podman here reads CDI {version}; compared with the spec only",
+                p.file
+            );
+            continue;
+        };
+        let _guard = pm.put_spec(p.file, &text).unwrap();
+        let args = ["sh", "-c", script.as_str()];
+        let names: Vec<&str> = devices.iter().map(String::as_str).collect();
+        let out = pm.run(&image, &names, &args).unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() || !stdout.contains("PRODUCER_DONE") {
+            problems.push(format!(
+                "{}: podman did not run it: {}\n{stdout}",
+                p.file,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            continue;
+        }
+        let mut pm_view = of_spec(parse_view(&stdout));
+        hook_runs(&mut pm_view);
+        if pm_view != shim_view {
+            problems.push(format!(
+                "{}: podman and nvshim-runtime disagree\npodman: {pm_view:#?}\nnvshim: {shim_view:#?}",
+                p.file
+            ));
+        }
+        compared.push(p.file);
+    }
+    eprintln!("compared with podman: {compared:?}");
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// A podman that reads CDI `version` (imported image `image`, made once): the newer podman of
+/// `$NVSHIM_PODMAN` when there is one (scripts/test.sh points it at Debian 13's podman 5), else
+/// Debian 12's system podman 4.3 for the versions it knows.
+fn podman_reading<'a>(
+    version: &str,
+    dir: &Path,
+    image: &str,
+    cached: &'a mut Option<Podman>,
+) -> Option<&'a Podman> {
+    if cached.is_none() {
+        let p = match Podman::newer(dir).unwrap() {
+            Some(p) => p,
+            None => Podman::new(dir).unwrap(),
+        };
+        p.import_busybox(image).unwrap();
+        *cached = Some(p);
+    }
+    cached.as_ref().filter(|p| p.reads_cdi(version))
+}

@@ -2,8 +2,10 @@
 //! directory, runc as its runtime, a busybox image imported from a [`Rootfs`], and cleanup of
 //! everything it left (containers, then mounts under its dirs) when dropped.
 //!
-//! podman 4.3 reads CDI specs from `/etc/cdi` and `/var/run/cdi` only, so a test puts its specs
-//! there with a [`SystemSpec`] guard. On the CI machines podman needs
+//! Debian 12's podman 4.3 is the system one; [`Podman::newer`] is the podman 5 of
+//! `$NVSHIM_PODMAN` (Debian 13's, from scripts/install-engines.sh), for the CDI versions 4.3
+//! cannot read. Both read CDI specs from `/etc/cdi` and `/var/run/cdi` only (podman 5.4 ignores
+//! `cdi_spec_dirs`), so a test puts its specs there with a [`SystemSpec`] guard. On the CI machines podman needs
 //! `--ulimit nofile=1024:1024 --ulimit nproc=1024:1024` (the default rlimits are refused) and
 //! runc (crun 1.8 refuses these machines' hybrid cgroups: "cgroups in hybrid mode not
 //! supported").
@@ -20,30 +22,81 @@ use crate::rootfs::Rootfs;
 #[derive(Debug)]
 pub struct Podman {
     dir: PathBuf,
+    program: PathBuf,
+    /// The major release (`podman --version`).
+    major: u32,
 }
 
 impl Podman {
-    /// Fails when podman is not installed, saying how to install it.
+    /// The system podman. Fails when podman is not installed, saying how to install it.
     pub fn new(dir: &Path) -> Result<Podman> {
-        let out = Command::new("podman")
+        Podman::with_program(dir, Path::new("podman"))
+    }
+
+    /// The podman of `$NVSHIM_PODMAN`, when that is set.
+    pub fn newer(dir: &Path) -> Result<Option<Podman>> {
+        match std::env::var_os("NVSHIM_PODMAN") {
+            Some(p) => Podman::with_program(dir, Path::new(&p)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether this podman's CDI library reads specs of `version`: 4.x (CDI 0.5) up to 0.5.0,
+    /// 5.x (CDI 0.8 and later) up to 0.8.0, the newest version the tests' fixtures use.
+    pub fn reads_cdi(&self, version: &str) -> bool {
+        let newest = if self.major >= 5 { (0, 8) } else { (0, 5) };
+        let mut parts = version
+            .split('.')
+            .map(|p| p.parse::<u32>().unwrap_or(u32::MAX));
+        let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (a, b) <= newest
+    }
+
+    /// Writes spec `name` where this podman reads it (`/var/run/cdi`); removed when the guard
+    /// drops.
+    pub fn put_spec(&self, name: &str, text: &str) -> Result<SystemSpec> {
+        SystemSpec::write(
+            Path::new("/var/run/cdi"),
+            &format!("nvshim-e2e-{name}"),
+            text,
+        )
+    }
+
+    fn with_program(dir: &Path, program: &Path) -> Result<Podman> {
+        let out = Command::new(program)
             .arg("--version")
             .output()
-            .context("podman is not installed (apt-get install podman): this test needs it")?;
+            .with_context(|| {
+                format!(
+                    "{} is not installed (apt-get install podman): this test needs it",
+                    program.display()
+                )
+            })?;
         if !out.status.success() {
             bail!(
                 "podman --version failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        // "podman version 5.4.2"
+        let version = String::from_utf8_lossy(&out.stdout);
+        let major = version
+            .split_whitespace()
+            .last()
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse().ok())
+            .with_context(|| format!("{}: unexpected --version: {version}", program.display()))?;
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Podman {
             dir: dir.to_path_buf(),
+            program: program.to_path_buf(),
+            major,
         })
     }
 
     /// `podman` with this instance's global flags.
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new("podman");
+        let mut c = Command::new(&self.program);
         c.arg("--root")
             .arg(self.dir.join("root"))
             .arg("--runroot")
