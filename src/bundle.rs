@@ -13,9 +13,8 @@
 //! builds the same `Value` in the same single pass and refuses a repeated key, naming its
 //! JSON pointer.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -174,13 +173,11 @@ impl Bundle {
     }
 
     /// Writes `spec` (an edited copy of the document; no clone of the bundle needed) to
-    /// config.json atomically: a temporary file in the bundle directory, `fsync`, then `rename`
-    /// over config.json, so a reader (runc), a shim killed half way, or a host that loses power
-    /// sees the old file or the new one, never a torn or empty one. Without the `fsync`, a
-    /// rename can reach the disk before the data does (XFS, ext4 with `noauto_da_alloc`), and
-    /// a power loss leaves an empty config.json. The directory is not synced: losing the
-    /// rename itself leaves the old, intact config.json. On any error the temporary file is
-    /// removed and the original is untouched.
+    /// config.json with [`crate::atomic::write`], its data flushed ([`Durability::Data`]): a
+    /// reader (runc), a shim killed half way, or a host that loses power sees the old file or
+    /// the new one, never a torn or empty one. The mode of the old file is kept.
+    ///
+    /// [`Durability::Data`]: crate::atomic::Durability::Data
     ///
     /// Cost: one flush where the bundle is on disk (podman keeps bundles under
     /// /var/lib/containers; docs/benchmarks.md measures it), nothing on the tmpfs under /run
@@ -194,24 +191,12 @@ impl Bundle {
         let mode = fs::metadata(&self.config_path)
             .map(|m| m.permissions().mode() & 0o7777)
             .unwrap_or(0o644);
-        let tmp = self
-            .dir
-            .join(format!(".config.json.nvshim-{}", std::process::id()));
-        let result = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(mode)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_data()?;
-            fs::rename(&tmp, &self.config_path)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result.map_err(err)
+        let opts = crate::atomic::Options {
+            mode,
+            owner: None,
+            durability: crate::atomic::Durability::Data,
+        };
+        crate::atomic::write(&self.config_path, &bytes, &opts).map_err(err)
     }
 }
 
@@ -463,7 +448,7 @@ mod tests {
         // A directory where the temp file would go makes the create fail.
         fs::create_dir(
             dir.path()
-                .join(format!(".config.json.nvshim-{}", std::process::id())),
+                .join(format!(".config.json.nvshim-{}.tmp", std::process::id())),
         )
         .unwrap();
         assert!(b.save().is_err());

@@ -6,6 +6,7 @@
 //! [`edits::apply`] writes them into the document and [`bundle`] saves it atomically; then
 //! [`runtime::exec`] hands the unchanged argv to runc.
 
+pub mod atomic;
 pub mod bundle;
 pub mod cdi;
 pub mod config;

@@ -16,7 +16,6 @@
 //! Discovery is NVML when the driver root's `libnvidia-ml.so.1` loads and answers; otherwise
 //! `/proc/driver/nvidia` (no MIG), with the reason reported.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -557,41 +556,23 @@ pub fn generate_imex(host: &Host, opts: &Options) -> Result<Spec, GenerateError>
     Ok(spec)
 }
 
-/// Writes `text` to `path` atomically (a temp file in the same directory, fsync, rename), mode
-/// 0644 as NVIDIA writes specs: a consumer scanning the directory never reads half a spec.
+/// Writes `text` to `path` with [`crate::atomic::write`] (its temporary name never ends in
+/// `.json` or `.yaml`, so a consumer scanning the directory meanwhile skips it), data flushed,
+/// mode 0644 as NVIDIA writes specs: a consumer never reads half a spec.
 pub fn write_atomically(path: &Path, text: &str) -> Result<(), GenerateError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let err = |source| GenerateError::Write {
         path: path.to_path_buf(),
         source,
     };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&dir).map_err(err)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // The temp name must not end in .json/.yaml: a consumer scanning now must skip it.
-    let tmp = dir.join(format!(".{name}.nvshim-{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        // The umask may have narrowed the creation mode.
-        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
     }
-    result.map_err(err)
+    let opts = crate::atomic::Options {
+        mode: 0o644,
+        owner: None,
+        durability: crate::atomic::Durability::Data,
+    };
+    crate::atomic::write(path, text.as_bytes(), &opts).map_err(err)
 }
 
 /// Serialises a generated spec.

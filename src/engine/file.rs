@@ -1,8 +1,7 @@
 //! Reading, backing up, diffing and atomically replacing engine config files.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::{EngineError, FileChange};
@@ -136,44 +135,21 @@ pub fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
     )))
 }
 
-/// Writes a temp file in the same directory, fsyncs it and renames it over `path`, so the
-/// engine (or a crash) never sees a half-written config. `path` is never a symlink here.
+/// Replaces the engine's file ([`crate::atomic::write`]), flushed with its directory: the
+/// engine (or a crash) never sees a half-written config, and a written config survives a power
+/// loss. `path` is never a symlink here.
 fn write_atomic(
     path: &Path,
     bytes: &[u8],
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(path.file_name().unwrap_or_default());
-    tmp_name.push(format!(".nvshim-tmp-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        if let Some((uid, gid)) = owner {
-            // Before the mode: a chown clears set-id bits.
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
-        }
-        // `mode()` is filtered by the umask; the engine's file keeps its own mode.
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Ok(d) = fs::File::open(dir) {
-            d.sync_all()?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let opts = crate::atomic::Options {
+        mode,
+        owner,
+        durability: crate::atomic::Durability::DataAndDirectory,
+    };
+    crate::atomic::write(path, bytes, &opts)
 }
 
 #[cfg(test)]

@@ -520,7 +520,10 @@ mod tests {
                     .unwrap()
                     .flatten()
                     .map(|e| e.file_name())
-                    .filter(|n| n.to_string_lossy().contains("nvshim-tmp"))
+                    .filter(|n| {
+                        let n = n.to_string_lossy();
+                        n.starts_with('.') && n.ends_with(".tmp")
+                    })
                     .collect();
                 assert!(leftovers.is_empty(), "{what}: {leftovers:?}");
                 if engine != Engine::Crio {
