@@ -97,6 +97,10 @@ pub struct Config {
     pub mode: Mode,
     /// CDI spec directories, lowest priority first.
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
+    /// CDI request reads only the specs that define its devices; empty: no index (every CDI
+    /// `create` reads every spec). Made 0700 on first use; a read-only one only costs the index.
+    pub cache_dir: PathBuf,
     /// Annotation key prefixes read as CDI device requests.
     pub cdi_annotation_prefixes: Vec<String>,
     /// Kind used for unqualified device names in `cdi` mode.
@@ -124,6 +128,7 @@ impl Default for Config {
             hook_path: None,
             mode: Mode::Auto,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
+            cache_dir: PathBuf::from("/run/nvshim"),
             cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
             cdi_default_kind: "nvidia.com/gpu".into(),
             disable_require: false,

@@ -347,8 +347,9 @@ fn group_legacy(gpus: &[Gpu], edits: &ContainerEdits) -> Vec<EditGroup> {
     groups
 }
 
-/// Serves a CDI request from the spec directories: reads the spec files and nothing else of
-/// the host (no NVML, no /proc), so a CDI create costs one directory scan.
+/// Serves a CDI request from the spec directories: reads the spec files that define the
+/// requested devices (through the index in `cache-dir`) and nothing else of the host (no NVML,
+/// no /proc).
 fn apply_cdi(
     config: &Config,
     plan: &mut Plan,
@@ -356,7 +357,11 @@ fn apply_cdi(
     trace: &mut Trace,
 ) -> Result<(), CreateError> {
     let path = plan.bundle.config_path().to_path_buf();
-    let registry = cdi::Registry::load(&config.cdi_spec_dirs);
+    let registry = if config.cache_dir.as_os_str().is_empty() {
+        cdi::Registry::load(&config.cdi_spec_dirs)
+    } else {
+        cdi::Registry::load_for(&config.cdi_spec_dirs, &names, &config.cache_dir)
+    };
     for e in registry.errors() {
         trace.warn(format!("skipping CDI spec: {e}"));
     }

@@ -130,6 +130,7 @@ Each class is closed for every variant, not only the reported case; the tests na
 | Env naming CDI devices of any kind | names from `NVIDIA_VISIBLE_DEVICES` must be of a kind in `cdi-env-kinds` (default: `cdi-default-kind`); IMEX channels, DRA claims and other kinds come only from annotations | `request::tests::env_cdi_names_limited_to_allowed_kinds` |
 | Privilege rule lifted by a hook's name | NVIDIA's legacy hook lifts the rule only with `accept-docker-gpus-hook = true` (the operator's word that dockerd's `--gpus` adds it); CRI-O's hooks.d can add it to any container | `request::tests::legacy_hook_name_does_not_lift_privilege_rule` |
 | Quadratic dedupes and unbounded sizes | env, device, mount, IMEX and annotation dedupes use hash sets (linear); at most 1,000,000 env entries (above what execve accepts), 1 MiB per `NVIDIA_*` value or CDI annotation value, 10,000 device names per request; fuzz targets `request_env_list` and `request_annotations` assert a 2 s bound per input | `request::tests::large_requests_are_linear_and_bounded` |
+| Writes through image symlinks into host directories mounted into the container | `create` resolves each mount nvshim adds inside the rootfs (by fd, as runc will) and refuses one that the image's symlinks lead into another bind mount, naming the destination, where it leads and the mount, before runc makes any mountpoint; the hooks resolve with `no_xdev` by mount id (`statx` `STATX_MNT_ID`, else fdinfo `mnt_id`), never `st_dev`, so the pre-5.6 walk stops at a bind mount of the rootfs's own filesystem; `create-symlinks` crosses no mount except into the container's `/dev` (itself a real directory, not an image symlink) | `rootfs::tests::*`, `root::tests::no_xdev_refuses_a_bind_mount_of_the_root_s_own_filesystem`, `create_symlinks::tests::links_are_not_made_through_an_image_symlink_into_a_mounted_host_directory`, `a_symlinked_dev_is_refused`, e2e `an_image_whose_library_directory_leads_into_the_mps_mount_is_refused` |
 | Value-taking global flags unknown to the argv scan | runc's and crun's value-taking global flags (`--root`, `--log`, `--log-format`, `--log-level`, `--criu`, `--rootless`, `--cgroup-manager`, `--handler`), both `--flag value` and `--flag=value` | `runtime::tests::global_value_flags_table` |
 ";
 
@@ -423,6 +424,131 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
             tried: "50 GPU containers created and started at once through nvshim-runtime on one 8-GPU host, one runc state dir",
             how: "50 threads released by a barrier, each `create` + `start` of a busybox bundle asking for a different non-empty GPU subset (by index, UUID or bus id, one in three each); the in-container probe lists /dev/nvidia*, the devices cgroup and mknod results",
             happened: "all 50 ran to completion; each saw exactly its own GPUs (nodes, cgroup rules, mknod EPERM for the others); every config.json is valid JSON with exactly its GPUs' nodes and its request unchanged; no temporary file, no container left",
+        },
+        w.path(),
+    );
+}
+
+/// A DRA claim spec (tests/fixtures/cdi/producers): one device, `<uid>-gpu-0`, with `V=<v>`.
+fn claim_spec(uid: &str, v: u32) -> String {
+    format!(
+        "cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: {uid}-gpu-0\n  containerEdits:\n    env:\n    - NVIDIA_VISIBLE_DEVICES=void\n    - CLAIM={uid}\n    - V={v}\n"
+    )
+}
+
+/// Replaces `path` as a DRA driver does (a temporary file renamed over it).
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn fifty_concurrent_cdi_creates_while_claim_specs_come_and_go() {
+    // The CDI index (cache-dir) under load: 200 claim specs, a writer rewriting them (V=1, V=2)
+    // and removing and re-adding others, and 50 creates at once, each first writing its own new
+    // claim spec: every create must find its claim (a file added just before), a whole version
+    // of every claim it names, and none that was removed.
+    let w = World::new(
+        2,
+        "low-level-runtimes = [\"/bin/true\"]\ncdi-env-kinds = [\"k8s.gpu.nvidia.com/claim\"]\n",
+    );
+    let cdi = w.path().join("cdi");
+    fs::create_dir_all(&cdi).unwrap();
+    w.configure(&format!(
+        "low-level-runtimes = [\"/bin/true\"]\ncdi-env-kinds = [\"k8s.gpu.nvidia.com/claim\"]\ncdi-spec-dirs = [\"{}\"]\n",
+        cdi.display()
+    ));
+    let uid = |i: usize| format!("{i:08x}-0000-4000-8000-000000000000");
+    let file = |i: usize| cdi.join(format!("k8s.gpu.nvidia.com-claim_{}.yaml", uid(i)));
+    for i in 0..200 {
+        fs::write(file(i), claim_spec(&uid(i), 1)).unwrap();
+    }
+    // Let the specs age past the index's racy window (src/cdi/index.rs, RACY_NS), so that the
+    // index trusts the ones nobody touches below, then warm it once.
+    std::thread::sleep(Duration::from_millis(2100));
+    let warm = w.bundle(
+        "warm",
+        Some(&format!("k8s.gpu.nvidia.com/claim={}-gpu-0", uid(0))),
+    );
+    let log = w.path().join("runc-log.json");
+    assert!(run_create(&w.shim(&log), warm.dir(), "warm").success());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let barrier = Barrier::new(51);
+    let outcomes: Vec<(usize, RunOutput, Vec<String>)> = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            barrier.wait();
+            let mut round = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for i in (0..100).step_by(7) {
+                    replace(&file(i), &claim_spec(&uid(i), round % 2 + 1));
+                }
+                // Claims 100..150 come and go (never named by a create below).
+                let gone = 100 + (round as usize % 50);
+                let _ = fs::remove_file(file(gone));
+                fs::write(
+                    file(100 + (round as usize + 25) % 50),
+                    claim_spec(&uid(gone), 1),
+                )
+                .ok();
+                round += 1;
+            }
+        });
+        let handles: Vec<_> = (0..50)
+            .map(|k| {
+                let (w, barrier, log) = (&w, &barrier, &log);
+                s.spawn(move || {
+                    let mine = 1000 + k;
+                    let other = (k * 7) % 100;
+                    let names = format!(
+                        "k8s.gpu.nvidia.com/claim={}-gpu-0,k8s.gpu.nvidia.com/claim={}-gpu-0",
+                        uid(mine),
+                        uid(other)
+                    );
+                    let b = w.bundle(&format!("c{k:02}"), Some(&names));
+                    barrier.wait();
+                    fs::write(file(mine), claim_spec(&uid(mine), 1)).unwrap();
+                    let out = run_create(&w.shim(log), b.dir(), &unique_id(&format!("cdi{k:02}")));
+                    (k, out, b.env().unwrap())
+                })
+            })
+            .collect();
+        let outcomes = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        writer.join().unwrap();
+        outcomes
+    });
+    let mut problems = Vec::new();
+    for (k, out, env) in &outcomes {
+        if !out.success() {
+            problems.push(format!("create {k} failed:\n{out}"));
+            continue;
+        }
+        let claims: Vec<&String> = env.iter().filter(|e| e.starts_with("CLAIM=")).collect();
+        let versions: Vec<&String> = env.iter().filter(|e| e.starts_with("V=")).collect();
+        if claims.len() != 1 || versions.len() != 1 {
+            // Two claims, each with CLAIM and V: the env holds one value per key (the later
+            // device's), so exactly one of each.
+            problems.push(format!("create {k}: env {env:?}"));
+        }
+        if !env.contains(&format!("CLAIM={}", uid((k * 7) % 100))) {
+            problems.push(format!(
+                "create {k}: the second claim's env is missing: {env:?}"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{}\n--- nvshim.log ---\n{}",
+        problems.join("\n"),
+        w.shim_log()
+    );
+    record(
+        Row {
+            id: "L02-cdi-index-load",
+            tried: "50 CDI creates at once against 200+ DRA claim specs while the specs are rewritten, removed and added (the CDI index in cache-dir)",
+            how: "50 threads released by a barrier with a writer thread; each writes a new claim spec and at once runs `nvshim-runtime create` (low-level runtime /bin/true) naming it and one claim the writer keeps replacing (rename, V=1/V=2); claims nobody names are removed and re-added meanwhile",
+            happened: "all 50 creates succeeded; each found the claim written just before it (an added file is always seen) and a whole version of the rewritten one",
         },
         w.path(),
     );

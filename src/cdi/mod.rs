@@ -44,6 +44,7 @@
 pub mod annotations;
 pub mod freshness;
 pub mod generate;
+pub mod index;
 pub mod name;
 pub mod nvml;
 pub mod refresh;

@@ -23,6 +23,10 @@ pub enum ScanError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    /// A spec file's failure as the CDI index recorded it (`index.rs`): the same text as when
+    /// it was read.
+    #[error("{message}")]
+    Cached { path: PathBuf, message: String },
     #[error("{}: conflicting device {name:?} (specs {:?}, {:?})", path.display(), first.display(), second.display())]
     Conflict {
         path: PathBuf,
@@ -38,6 +42,7 @@ impl ScanError {
         match self {
             ScanError::Spec(e) => &e.path,
             ScanError::Dir { dir, .. } => dir,
+            ScanError::Cached { path, .. } => path,
             ScanError::Conflict { path, .. } => path,
         }
     }
@@ -84,7 +89,7 @@ pub struct Registry {
 }
 
 /// `filepath.Clean` for the directory names (lexical; `..` at the root stays at the root).
-fn clean(p: &Path) -> PathBuf {
+pub(super) fn clean(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {
@@ -103,7 +108,7 @@ fn clean(p: &Path) -> PathBuf {
     out
 }
 
-fn is_spec_file(name: &str) -> bool {
+pub(super) fn is_spec_file(name: &str) -> bool {
     // `filepath.Ext` is exactly `.json` or `.yaml`: not `.yml`, not `.JSON`.
     name.ends_with(".json") || name.ends_with(".yaml")
 }
@@ -161,12 +166,35 @@ impl Registry {
                 }
             }
         }
-        // A name defined twice at one priority is dropped, even where a higher-priority spec
-        // also defines it (cache.go `refresh`, cdi-conformance.md §4.3).
-        for name in reg.conflicts.keys() {
-            reg.devices.remove(name);
-        }
+        reg.drop_conflicts();
         reg
+    }
+
+    /// [`Registry::load`] for resolving `names` only, through the index of the spec
+    /// directories kept in `cache_dir` ([`super::index`]): the same answer, with only the spec
+    /// files that define those names read.
+    pub fn load_for(dirs: &[PathBuf], names: &[String], cache_dir: &Path) -> Registry {
+        super::index::load_for(dirs, names, cache_dir)
+    }
+
+    /// No specs yet, for `dirs` (already cleaned).
+    pub(super) fn empty(dirs: &[PathBuf]) -> Registry {
+        Registry {
+            dirs: dirs.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    pub(super) fn push_error(&mut self, e: ScanError) {
+        self.errors.push(e);
+    }
+
+    /// A name defined twice at one priority is dropped, even where a higher-priority spec also
+    /// defines it (cache.go `refresh`, cdi-conformance.md §4.3).
+    pub(super) fn drop_conflicts(&mut self) {
+        for name in self.conflicts.keys() {
+            self.devices.remove(name);
+        }
     }
 
     fn dir_error(&mut self, dir: &Path, source: std::io::Error) {
@@ -179,7 +207,7 @@ impl Registry {
     }
 
     /// Adds one loaded spec's devices, resolving conflicts against those already there.
-    fn add(&mut self, loaded: LoadedSpec) {
+    pub(super) fn add(&mut self, loaded: LoadedSpec) {
         let index = self.specs.len();
         for (d, device) in loaded.spec.devices.iter().enumerate() {
             let qualified = format!("{}={}", loaded.spec.kind, device.name);
@@ -371,7 +399,12 @@ impl Registry {
         let failed: Vec<String> = self
             .errors
             .iter()
-            .filter(|e| matches!(e, ScanError::Spec(_) | ScanError::Dir { .. }))
+            .filter(|e| {
+                matches!(
+                    e,
+                    ScanError::Spec(_) | ScanError::Dir { .. } | ScanError::Cached { .. }
+                )
+            })
             .map(|e| e.to_string())
             .collect();
         if !failed.is_empty() {

@@ -266,14 +266,19 @@ pub fn parse(bytes: &[u8]) -> Result<Spec, ParseError> {
 
 /// Reads, decodes and validates one spec file.
 pub fn read_file(path: &Path) -> Result<Spec, SpecFileError> {
+    read_file_with_meta(path).map(|(spec, _)| spec)
+}
+
+/// [`read_file`], with the `fstat` of the file it read (what [`super::index`] keys it by).
+pub fn read_file_with_meta(path: &Path) -> Result<(Spec, std::fs::Metadata), SpecFileError> {
     let wrap = |source| SpecFileError {
         path: path.to_path_buf(),
         source: Box::new(source),
     };
-    let bytes = read_bytes(path).map_err(wrap)?;
+    let (bytes, meta) = read_bytes_with_meta(path).map_err(wrap)?;
     let spec = parse(&bytes).map_err(|e| wrap(e.into()))?;
     spec.validate().map_err(|e| wrap(e.into()))?;
-    Ok(spec)
+    Ok((spec, meta))
 }
 
 /// Reads a spec file without trusting what the directory holds: opened non-blocking (a FIFO
@@ -281,6 +286,10 @@ pub fn read_file(path: &Path) -> Result<Spec, SpecFileError> {
 /// open file: regular files only (symlinks followed, as the reference reads them), at most
 /// [`MAX_SPEC_BYTES`].
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
+    read_bytes_with_meta(path).map(|(bytes, _)| bytes)
+}
+
+fn read_bytes_with_meta(path: &Path) -> Result<(Vec<u8>, std::fs::Metadata), LoadError> {
     use std::io::Read;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
@@ -315,7 +324,7 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
     if bytes.len() as u64 > MAX_SPEC_BYTES {
         return Err(LoadError::TooLarge(bytes.len() as u64));
     }
-    Ok(bytes)
+    Ok((bytes, meta))
 }
 
 fn version_rank(v: &str) -> Option<usize> {

@@ -975,7 +975,7 @@ impl FakeHost {
             .parent()
             .with_context(|| format!("config path {} has no parent", path.display()))?;
         let root = self.root.to_string_lossy();
-        let defaults: [(&str, String); 7] = [
+        let defaults: [(&str, String); 8] = [
             ("low-level-runtimes", "[\"runc\"]".to_string()),
             ("driver-root", toml_string(&root)),
             ("dev-root", toml_string(&self.dev_root.to_string_lossy())),
@@ -989,6 +989,11 @@ impl FakeHost {
             ),
             ("log-level", toml_string("debug")),
             ("accept-envvar-unprivileged", "true".to_string()),
+            // The CDI index next to the config, not in the machine's /run/nvshim.
+            (
+                "cache-dir",
+                toml_string(&dir.join("cache").to_string_lossy()),
+            ),
         ];
         let mut out = format!(
             "# nvshim configuration for the fake GPU host at {root} (written by nvshim-testsupport)\n"
