@@ -16,6 +16,8 @@
 #   4. nvshim-hook update-ldcache on a rootfs with the driver's libraries, against /bin/true
 #      (and ldconfig -r, roughly what NVIDIA's hook runs);
 #   5. nvshim cdi generate (fake NVML, 8 GPUs) and nvshim cdi list;
+#   7. CDI create against spec directories of 2, 50, 500 and 1,000 files (a DRA driver's one
+#      spec per claim beside the node spec), with the index in cache-dir and without it;
 #   6. peak memory (GNU time %M) of each.
 # and prints one table: each figure, its baseline, the difference, the ratio, the goal.
 #
@@ -114,6 +116,7 @@ dev-root = "$host"
 proc-root = "$host/proc"
 hook-path = "$bin/nvshim-hook"
 cdi-spec-dirs = ["$work/cdi"]
+cache-dir = "$work/run/cache"
 EOF
 }
 config "$work/true.toml" /bin/true
@@ -142,6 +145,33 @@ if grep -q 'NVML not used' "$work/generate.err"; then
     echo "bench: cdi generate did not use the fake NVML:" >&2; cat "$work/generate.err" >&2; exit 1
 fi
 
+# Spec directories as a busy DRA node has them: the node spec and one claim spec per prepared
+# claim (k8s-dra-driver-gpu's transient specs; tests/fixtures/cdi/producers). A create asks for
+# one base device and the last claim's device. Each count has its own config and index dir.
+claim_uid() { printf '%08x-0000-4000-8000-%012x' "$1" "$1"; }
+for n in 2 50 500 1000; do
+    d="$work/cdi-$n"
+    mkdir -p "$d"
+    cp "$work/cdi/nvidia.yaml" "$d/nvidia.yaml"
+    for i in $(seq 1 $((n - 1))); do
+        uid=$(claim_uid "$i")
+        printf 'cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: %s-gpu-0\n  containerEdits:\n    env:\n    - NVIDIA_VISIBLE_DEVICES=void\n    - CLAIM=%s\n' \
+            "$uid" "$uid" > "$d/k8s.gpu.nvidia.com-claim_$uid.yaml"
+    done
+    for index in "$work/run/cache-$n" ""; do
+        cat > "$work/cdi-$n${index:+-indexed}.toml" <<EOF
+low-level-runtimes = ["/bin/true"]
+driver-root = "$host"
+dev-root = "$host"
+proc-root = "$host/proc"
+hook-path = "$bin/nvshim-hook"
+cdi-spec-dirs = ["$d"]
+cdi-env-kinds = ["nvidia.com/gpu", "k8s.gpu.nvidia.com/claim"]
+cache-dir = "$index"
+EOF
+    done
+done
+
 # ---- bundles --------------------------------------------------------------------------------
 say "bundles"
 bundle() { # NAME VISIBLE-DEVICES-or-empty CMD...
@@ -155,6 +185,9 @@ bundle legacy "0,3" /bin/true
 bundle cdi "nvidia.com/gpu=0,nvidia.com/gpu=3" /bin/true
 bundle plain "" /bin/true
 bundle full "0,3" true
+for n in 2 50 500 1000; do
+    bundle "cdi$n" "nvidia.com/gpu=0,k8s.gpu.nvidia.com/claim=$(claim_uid $((n - 1)))-gpu-0" /bin/true
+done
 # The same GPU bundle on disk (podman keeps bundles under /var/lib/containers).
 mkdir -p "$work/disk"
 cp -a "$work/run/legacy" "$work/disk/legacy"
@@ -165,6 +198,13 @@ NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run
 grep -q '/dev/nvidia' "$work/run/full-edited/config.json" || { echo "bench: the shim did not edit the bundle" >&2; exit 1; }
 # A second copy for a control: runc alone against runc alone shows this figure's noise.
 cp -a "$work/run/full-edited" "$work/run/full-edited2"
+for n in 2 50 500 1000; do
+    for c in "$work/cdi-$n-indexed.toml" "$work/cdi-$n.toml"; do
+        NVSHIM_CONFIG="$c" "$bin/nvshim-runtime" create --bundle "$work/run/cdi$n" x
+        grep -q 'CLAIM=' "$work/run/cdi$n/config.json" || { echo "bench: cdi$n was not edited ($c)" >&2; exit 1; }
+        cp "$work/run/cdi$n.orig.json" "$work/run/cdi$n/config.json"
+    done
+done
 for b in legacy cdi; do
     NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/$b" x
     cmp -s "$work/run/$b/config.json" "$work/run/$b.orig.json" && { echo "bench: $b was not edited" >&2; exit 1; }
@@ -238,7 +278,13 @@ cat > "$spec" <<EOF
   {"name":"ldconfig","steps":[["/sbin/ldconfig","-r","$R/hook/rootfs-ldconfig"]],
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs-ldconfig/etc/ld.so.cache"]]},
   {"name":"cdi-generate","steps":[["$bin/nvshim","cdi","generate","--output","$work/generated.yaml"]],"env":{"NVSHIM_CONFIG":"$work/true.toml","NVSHIM_FAKE_NVML_TOPOLOGY":"$topo"}},
-  {"name":"cdi-list","steps":[["$bin/nvshim","cdi","list"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}}
+  {"name":"cdi-list","steps":[["$bin/nvshim","cdi","list"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}},
+  $(create_cmd create-cdi-2 "$bin/nvshim-runtime" "$R/cdi2" "$work/cdi-2-indexed.toml"),
+  $(create_cmd create-cdi-50 "$bin/nvshim-runtime" "$R/cdi50" "$work/cdi-50-indexed.toml"),
+  $(create_cmd create-cdi-500 "$bin/nvshim-runtime" "$R/cdi500" "$work/cdi-500-indexed.toml"),
+  $(create_cmd create-cdi-1000 "$bin/nvshim-runtime" "$R/cdi1000" "$work/cdi-1000-indexed.toml"),
+  $(create_cmd create-cdi-2-noindex "$bin/nvshim-runtime" "$R/cdi2" "$work/cdi-2.toml"),
+  $(create_cmd create-cdi-500-noindex "$bin/nvshim-runtime" "$R/cdi500" "$work/cdi-500.toml")
  ],
  "rows": [
   {"figure":"1. create, legacy request (2 of 8 GPUs)","cmd":"create-legacy","baseline":"floor","goal_ms":0.25},
@@ -265,9 +311,19 @@ cat > "$spec" <<EOF
   {"figure":"6. peak RSS: update-ldcache","cmd":"hook","metric":"rss","baseline":"true-stdin"},
   {"figure":"6. peak RSS: ldconfig -r","cmd":"ldconfig","metric":"rss","baseline":"true-stdin"},
   {"figure":"6. peak RSS: cdi generate","cmd":"cdi-generate","metric":"rss","baseline":"true"},
-  {"figure":"6. peak RSS: cdi list","cmd":"cdi-list","metric":"rss","baseline":"true"}
+  {"figure":"6. peak RSS: cdi list","cmd":"cdi-list","metric":"rss","baseline":"true"},
+  {"figure":"7. create, CDI, 2 spec files (node spec + 1 claim)","cmd":"create-cdi-2","baseline":"floor","goal_ms":0.25},
+  {"figure":"7. create, CDI, 50 spec files, against 2","cmd":"create-cdi-50","baseline":"create-cdi-2","goal_ms":0.25},
+  {"figure":"7. create, CDI, 500 spec files, against 2","cmd":"create-cdi-500","baseline":"create-cdi-2","goal_ms":0.25},
+  {"figure":"7. create, CDI, 1,000 spec files, against 2","cmd":"create-cdi-1000","baseline":"create-cdi-2","goal_ms":0.25},
+  {"figure":"7. create, CDI, 2 spec files, no index (cache-dir = \"\")","cmd":"create-cdi-2-noindex","baseline":"create-cdi-2"},
+  {"figure":"7. create, CDI, 500 spec files, no index, against 2 with the index","cmd":"create-cdi-500-noindex","baseline":"create-cdi-2"},
+  {"figure":"6. peak RSS: create, CDI, 1,000 spec files","cmd":"create-cdi-1000","metric":"rss","baseline":"true","goal_kib":3072}
  ]}
 EOF
+# Spec files written in the last 2 s are read again on every create until they age (the index's
+# racy-file rule, src/cdi/index.rs): let them age before timing.
+sleep 2
 # The `create c1` calls leave no state (the runtime is /bin/true); `state`/`delete` go to
 # /bin/true as well, so no container is needed for them.
 {
