@@ -107,7 +107,7 @@ mkdir -p "$work/cdi" "$work/run"
 # under the bundle is part of what create costs, and /run is tmpfs on their hosts.
 mount -t tmpfs -o size=256m,mode=0755 tmpfs "$work/run"
 
-config() { # FILE RUNTIME
+config() { # FILE RUNTIME [SPEC-DIR CACHE-DIR EXTRA-LINE]
     cat > "$1" <<EOF
 # The shipped defaults (packaging/config.toml: no log file), pointed at the fake host.
 low-level-runtimes = ["$2"]
@@ -115,8 +115,9 @@ driver-root = "$host"
 dev-root = "$host"
 proc-root = "$host/proc"
 hook-path = "$bin/nvshim-hook"
-cdi-spec-dirs = ["$work/cdi"]
-cache-dir = "$work/run/cache"
+cdi-spec-dirs = ["${3:-$work/cdi}"]
+cache-dir = "${4-$work/run/cache}"
+${5:-}
 EOF
 }
 config "$work/true.toml" /bin/true
@@ -159,16 +160,8 @@ for n in 2 50 500 1000; do
             "$uid" "$uid" > "$d/k8s.gpu.nvidia.com-claim_$uid.yaml"
     done
     for index in "$work/run/cache-$n" ""; do
-        cat > "$work/cdi-$n${index:+-indexed}.toml" <<EOF
-low-level-runtimes = ["/bin/true"]
-driver-root = "$host"
-dev-root = "$host"
-proc-root = "$host/proc"
-hook-path = "$bin/nvshim-hook"
-cdi-spec-dirs = ["$d"]
-cdi-env-kinds = ["nvidia.com/gpu", "k8s.gpu.nvidia.com/claim"]
-cache-dir = "$index"
-EOF
+        config "$work/cdi-$n${index:+-indexed}.toml" /bin/true "$d" "$index" \
+            'cdi-env-kinds = ["nvidia.com/gpu", "k8s.gpu.nvidia.com/claim"]'
     done
 done
 
