@@ -357,11 +357,7 @@ fn apply_cdi(
     trace: &mut Trace,
 ) -> Result<(), CreateError> {
     let path = plan.bundle.config_path().to_path_buf();
-    let registry = if config.cache_dir.as_os_str().is_empty() {
-        cdi::Registry::load(&config.cdi_spec_dirs)
-    } else {
-        cdi::Registry::load_for(&config.cdi_spec_dirs, &names, &config.cache_dir)
-    };
+    let registry = cdi::Registry::load_for(&config.cdi_spec_dirs, &names, &config.cache_dir);
     for e in registry.errors() {
         trace.warn(format!("skipping CDI spec: {e}"));
     }

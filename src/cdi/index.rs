@@ -198,7 +198,11 @@ pub fn index_path(cache_dir: &Path, dirs: &[PathBuf]) -> PathBuf {
 /// Its [`Registry::errors`] are the spec files that failed to load and conflicts among the
 /// files read; conflicts between other specs are not looked for (`nvshim cdi validate` and
 /// doctor report them).
+/// An empty `cache_dir` (`cache-dir = ""`) means no index: a full scan.
 pub fn load_for(dirs: &[PathBuf], names: &[String], cache_dir: &Path) -> Registry {
+    if cache_dir.as_os_str().is_empty() {
+        return Registry::load(dirs);
+    }
     load_at(dirs, names, cache_dir, now_ns()).0
 }
 

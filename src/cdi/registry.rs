@@ -1,8 +1,11 @@
 //! The spec directories as one registry of devices: scanning, priorities, conflicts, and the
 //! resolution of requested names into one [`ContainerEdits`] (cdi-conformance.md §4, §5.1).
 //!
-//! nvshim is one-shot: each `create` that asks for CDI devices scans the directories once; no
-//! watcher and no cache survive the process (§4.4).
+//! nvshim is one-shot: no watcher survives the process (§4.4). [`Registry::load`] scans the
+//! directories and parses every spec (`nvshim cdi list|validate`, doctor); a `create` uses
+//! [`Registry::load_for`], which parses only the specs that define the requested devices,
+//! found through an index that is checked against every spec file's identity on each use
+//! ([`super::index`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
