@@ -17,7 +17,6 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -664,7 +663,7 @@ fn on_path(path_var: Option<&OsString>, name: &str) -> Option<PathBuf> {
 }
 
 fn is_executable(p: &Path) -> bool {
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    crate::runtime::is_executable_file(p).is_some()
 }
 
 fn engine_check(engine: Engine, opts: &Options) -> Check {

@@ -181,7 +181,8 @@ const DEFAULT_SEARCH_DIRS: &[&str] = &[
     "/bin",
 ];
 
-fn is_executable_file(path: &Path) -> Option<std::fs::Metadata> {
+/// `path`'s metadata when it is a regular file (symlinks followed) with an execute bit.
+pub fn is_executable_file(path: &Path) -> Option<std::fs::Metadata> {
     let meta = std::fs::metadata(path).ok()?;
     (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(meta)
 }

@@ -24,21 +24,11 @@ use std::os::raw::{c_char, c_int};
 use nvshim::config::{Config, CONFIG_ENV};
 use nvshim::{create, logging, runtime};
 
-/// Opens `/dev/null` on whichever of fds 0, 1 and 2 is closed, as Rust's runtime does before
-/// `main` (and so as the shim always did: runc sees the same fds as before).
-fn ensure_std_fds() {
-    for fd in 0..3 {
-        // SAFETY: F_GETFD only queries the descriptor.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
-            // SAFETY: a constant C string; the lowest free fd is the one that was closed.
-            unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) };
-        }
-    }
-}
-
 #[no_mangle]
 pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
-    ensure_std_fds();
+    // `/dev/null` on a closed fd 0, 1 or 2, as Rust's runtime does before `main` (and so as
+    // the shim always did: runc sees the same fds as before).
+    nvshim_hook::cli::ensure_std_fds();
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     // A command line nvshim cannot scan is runc's to reject, unless nvshim had to edit.
     let inv = runtime::parse_args(&args).unwrap_or_default();
