@@ -126,7 +126,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if hyperfine --help | grep -q -- '--input'; then
+# grep -c, not -q: it reads the whole help text, so pipefail never sees a SIGPIPE'd writer.
+if hyperfine --help | grep -c -- '--input' > /dev/null; then
     feed=(--input "$state"); spec=()
 else
     feed=(); spec=(--container-spec "$state")
@@ -138,7 +139,8 @@ true_cmd="/bin/true ${spec[*]}"
 "$work/reset.sh"
 $hook_cmd < "$state"
 $hook_cmd < "$state"
-/sbin/ldconfig -r "$rootfs" -p | grep -q "libcuda.so.1 " || { echo "bench-hooks: libcuda.so.1 not in the cache" >&2; exit 1; }
+# grep -c, not -q: it reads all of ldconfig's output, so pipefail never sees a SIGPIPE'd writer.
+/sbin/ldconfig -r "$rootfs" -p | grep -c "libcuda.so.1 " > /dev/null || { echo "bench-hooks: libcuda.so.1 not in the cache" >&2; exit 1; }
 cp -a "$image" "$work/rootfs-ldconfig"
 
 common=(-N --warmup 5 --runs 100 --style basic)

@@ -226,7 +226,8 @@ printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":
     "$work/run/hook" > "$work/run/hook/state.json"
 cp -a "$rootfs" "$work/run/hook/rootfs-ldconfig"
 "$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu < "$work/run/hook/state.json"
-/sbin/ldconfig -r "$rootfs" -p | grep -q 'libcuda.so.1 ' || { echo "bench: the hook did not index libcuda" >&2; exit 1; }
+# grep -c, not -q: it reads all of ldconfig's output, so pipefail never sees a SIGPIPE'd writer.
+/sbin/ldconfig -r "$rootfs" -p | grep -c 'libcuda.so.1 ' > /dev/null || { echo "bench: the hook did not index libcuda" >&2; exit 1; }
 
 # ---- the spec for the harness -----------------------------------------------------------------
 say "timing: $runs rounds (+$warmup warm-up), interleaved and shuffled; memory: $mem_runs runs each"

@@ -31,7 +31,8 @@ while getopts "o:b:t:" opt; do
     esac
 done
 busybox=${BUSYBOX:-/bin/busybox}
-if ! "$busybox" --list 2> /dev/null | grep -qx nsenter || ldd "$busybox" > /dev/null 2>&1; then
+# grep -c, not -q: it reads the whole applet list, so pipefail never sees a SIGPIPE'd writer.
+if ! "$busybox" --list 2> /dev/null | grep -cx nsenter > /dev/null || ldd "$busybox" > /dev/null 2>&1; then
     echo "$busybox must be a static busybox with nsenter and chroot (Debian: busybox-static)" >&2
     exit 1
 fi

@@ -656,12 +656,6 @@ fn cdi_checks(
 
 // ---- engines ---------------------------------------------------------------------------------
 
-fn on_path(path_var: Option<&OsString>, name: &str) -> Option<PathBuf> {
-    std::env::split_paths(path_var?)
-        .map(|d| d.join(name))
-        .find(|p| is_executable(p))
-}
-
 fn is_executable(p: &Path) -> bool {
     crate::runtime::is_executable_file(p).is_some()
 }
@@ -673,7 +667,8 @@ fn engine_check(engine: Engine, opts: &Options) -> Check {
         Engine::Crio => (&opts.crio_config, "crio", "crio"),
     };
     let name = format!("engine-{engine}");
-    let installed = config.exists() || on_path(opts.path_var.as_ref(), daemon).is_some();
+    let installed =
+        config.exists() || crate::runtime::find_on_path(opts.path_var.as_deref(), daemon).is_some();
     if !installed {
         return check(
             &name,

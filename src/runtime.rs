@@ -187,6 +187,13 @@ pub fn is_executable_file(path: &Path) -> Option<std::fs::Metadata> {
     (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(meta)
 }
 
+/// The first executable file `name` in the directories of `path_var` (a `$PATH` value).
+pub fn find_on_path(path_var: Option<&OsStr>, name: &str) -> Option<PathBuf> {
+    std::env::split_paths(path_var?)
+        .map(|d| d.join(name))
+        .find(|p| is_executable_file(p).is_some())
+}
+
 /// Finds the first low-level runtime from `candidates` (names searched on `path_var` then the
 /// default dirs, or absolute paths). `self_exe` is skipped, so an nvshim installed under the
 /// name `runc` never execs itself in a loop.
