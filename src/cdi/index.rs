@@ -311,7 +311,12 @@ fn refresh(dirs: &[PathBuf], old: Option<Index>, read_at: i64) -> Option<(Index,
             }
         };
         for entry in &mut same {
-            let old = by_name.remove(&entry.name);
+            // Unchanged directory: no map to look in (no hash of every name on the hot path).
+            let old = if by_name.is_empty() {
+                None
+            } else {
+                by_name.remove(&entry.name)
+            };
             let stat = nix::sys::stat::fstatat(
                 Some(dir_fd.as_raw_fd()),
                 std::ffi::OsStr::from_bytes(&entry.name),
@@ -509,23 +514,20 @@ fn encode(index: &Index) -> Vec<u8> {
             key_fields(&f.key, &mut out);
             let _ = write!(out, " {} ", u8::from(f.trusted));
             escape(&f.name, &mut out);
-            let (tag, text) = match &f.content {
-                Content::Spec(line) => (b" S ", line),
-                Content::Error(m) => (b" E ", m),
-            };
-            out.extend_from_slice(tag);
-            // Space-separated for a spec (its words hold no space), one escaped field for an
-            // error message.
+            // Space-separated words for a spec (a word holds no space), one escaped field for
+            // an error message.
             match &f.content {
-                Content::Spec(_) => {
-                    for (i, word) in text.split(' ').enumerate() {
-                        if i > 0 {
-                            out.push(b' ');
-                        }
+                Content::Spec(line) => {
+                    out.extend_from_slice(b" S");
+                    for word in line.split(' ') {
+                        out.push(b' ');
                         escape(word.as_bytes(), &mut out);
                     }
                 }
-                Content::Error(_) => escape(text.as_bytes(), &mut out),
+                Content::Error(m) => {
+                    out.extend_from_slice(b" E ");
+                    escape(m.as_bytes(), &mut out);
+                }
             }
             out.push(b'\n');
         }
@@ -597,11 +599,7 @@ fn decode(bytes: &[u8], dirs: usize) -> Option<Index> {
     {
         return None;
     }
-    let mut lines = body.split(|&b| b == b'\n');
-    if lines.next()? != MAGIC.as_bytes() {
-        return None;
-    }
-    let rest = &body[MAGIC.len() + 1..];
+    let rest = body.strip_prefix(MAGIC.as_bytes())?.strip_prefix(b"\n")?;
     let mut index = Index::default();
     let mut start = 0;
     for end in memchr::memchr_iter(b'\n', rest) {
