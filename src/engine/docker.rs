@@ -80,12 +80,7 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         && opts.cdi_spec_dirs.as_slice() != defaults.as_slice()
     {
         remember(&mut state, "cdi-spec-dirs", None);
-        let dirs = opts
-            .cdi_spec_dirs
-            .iter()
-            .map(|d| Value::String(d.to_string_lossy().into_owned()))
-            .collect();
-        doc.insert("cdi-spec-dirs".into(), Value::Array(dirs));
+        doc.insert("cdi-spec-dirs".into(), spec_dirs_value(&opts.cdi_spec_dirs));
     }
     let mut changes = finish(path, before, &original, &doc);
     if state != state_original {
@@ -96,6 +91,15 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         ));
     }
     Ok(changes)
+}
+
+/// nvshim's CDI spec directories as daemon.json's `cdi-spec-dirs` holds them.
+fn spec_dirs_value(dirs: &[PathBuf]) -> Value {
+    Value::Array(
+        dirs.iter()
+            .map(|d| Value::String(d.to_string_lossy().into_owned()))
+            .collect(),
+    )
 }
 
 /// Where nvshim keeps the values it replaced in `daemon.json`: `<file>.nvshim-state.json`
@@ -188,15 +192,10 @@ pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         }
     }
     // `cdi-spec-dirs` goes only if nvshim wrote it and it still says what nvshim wrote.
-    if state.get("cdi-spec-dirs").is_some() {
-        let ours: Vec<Value> = opts
-            .cdi_spec_dirs
-            .iter()
-            .map(|d| Value::String(d.to_string_lossy().into_owned()))
-            .collect();
-        if doc.get("cdi-spec-dirs") == Some(&Value::Array(ours)) {
-            doc.shift_remove("cdi-spec-dirs");
-        }
+    if state.get("cdi-spec-dirs").is_some()
+        && doc.get("cdi-spec-dirs") == Some(&spec_dirs_value(&opts.cdi_spec_dirs))
+    {
+        doc.shift_remove("cdi-spec-dirs");
     }
     let mut changes = finish(path, before, &original, &doc);
     if let Some(text) = state_text {
