@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-GPU check: on a host with an NVIDIA driver loaded (driver-root "/"), run containers
+# Real-GPU check: on a host with an NVIDIA driver loaded (driver root $DRIVER_ROOT, default /), run containers
 # through nvshim-runtime over runc that list their GPUs with the mounted nvidia-smi and make a
 # CUDA call through the mounted libcuda. Needs root, the built binaries (target/release or
 # $NVSHIM_BIN), a runc binary ($RUNC, else on PATH) and nothing else: the rootfs is made here
@@ -7,6 +7,7 @@
 #
 #   sudo scripts/gpu-check.sh            # NVIDIA_VISIBLE_DEVICES=all
 #   sudo GPUS=0 scripts/gpu-check.sh     # one GPU
+#   sudo DRIVER_ROOT=/run/nvidia/driver scripts/gpu-check.sh   # a driver container's root
 set -euo pipefail
 # shellcheck source=scripts/lib/as-root.sh
 . "$(dirname "$0")/lib/as-root.sh"
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 BIN=${NVSHIM_BIN:-$PWD/target/release}
 RUNC=${RUNC:-$(command -v runc || true)}
 GPUS=${GPUS:-all}
+DRIVER_ROOT=${DRIVER_ROOT:-/}
 step() { printf '\n== %s\n' "$*"; }
 
 [ -x "$RUNC" ] || { echo "gpu-check: no runc (set RUNC=/path/to/runc)" >&2; exit 1; }
@@ -57,7 +59,7 @@ echo "$(find "$rootfs" -type f | wc -l) files"
 
 cat >"$work/config.toml" <<TOML
 low-level-runtimes = ["$RUNC"]
-driver-root = "/"
+driver-root = "$DRIVER_ROOT"
 dev-root = "/"
 proc-root = "/proc"
 hook-path = "$BIN/nvshim-hook"
@@ -84,9 +86,16 @@ write_config() { # args: env-json annotations-json argv-json
 JSON
 }
 
-run() { # name
-  "$BIN/nvshim-runtime" --root "$state" run --bundle "$work/bundle" "gpu-check-$1-$$"
+failed=()
+run() { # name: every step runs; the failures are listed at the end
+  if ! "$BIN/nvshim-runtime" --root "$state" run --bundle "$work/bundle" "gpu-check-$1-$$"; then
+    echo "gpu-check: step $1 FAILED"
+    failed+=("$1")
+  fi
 }
+
+step "nvshim doctor"
+"$BIN/nvshim" doctor || failed+=(doctor)
 
 step "nvidia-smi -L in a container (NVIDIA_VISIBLE_DEVICES=$GPUS)"
 write_config "\"NVIDIA_VISIBLE_DEVICES=$GPUS\",\"NVIDIA_DRIVER_CAPABILITIES=compute,utility\"" '{}' '["/usr/bin/nvidia-smi","-L"]'
@@ -99,8 +108,8 @@ run cuda
 step "CDI: nvshim cdi generate on the real driver, then a container asking nvidia.com/gpu=$GPUS"
 if "$BIN/nvshim" cdi --help >/dev/null 2>&1; then
   mkdir -p "$work/cdi"
-  "$BIN/nvshim" cdi generate --output "$work/cdi/nvidia.yaml"
-  "$BIN/nvshim" cdi list
+  "$BIN/nvshim" cdi generate --output "$work/cdi/nvidia.yaml" || failed+=(cdi-generate)
+  "$BIN/nvshim" cdi list || failed+=(cdi-list)
   write_config '"NVIDIA_DRIVER_CAPABILITIES=compute,utility"' "{\"cdi.k8s.io/gpu-check\":\"nvidia.com/gpu=$GPUS\"}" '["/usr/bin/nvidia-smi","-L"]'
   run cdi-smi
   write_config '"NVIDIA_DRIVER_CAPABILITIES=compute,utility"' "{\"cdi.k8s.io/gpu-check\":\"nvidia.com/gpu=$GPUS\"}" '["/bin/cuda-probe"]'
@@ -109,4 +118,9 @@ else
   echo "(this build has no 'nvshim cdi')"
 fi
 
+if [ ${#failed[@]} -gt 0 ]; then
+  step "FAILED: ${failed[*]}; nvshim's log:"
+  tail -n 40 "$work/nvshim.log" 2>/dev/null || true
+  exit 1
+fi
 step "ok"

@@ -133,6 +133,31 @@ pub struct Host {
     roots: HostRoots,
 }
 
+/// Where [`Host::ld_cache`] looks for libraries under a driver root without an ld.so.cache:
+/// NVIDIA's library locator's search paths (nvidia-container-toolkit
+/// `internal/lookup/library.go`), then the 32-bit and plain `lib` directories a driver
+/// directory keeps its 32-bit libraries in (ldconfig tells the word sizes apart by ELF class).
+pub const NO_CACHE_LIBRARY_DIRS: &[&str] = &[
+    "/",
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
+    "/glibc/lib",
+    "/lib",
+    "/usr/lib",
+    "/lib32",
+    "/usr/lib32",
+    "/lib/i386-linux-gnu",
+    "/usr/lib/i386-linux-gnu",
+];
+
 /// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
 /// The paths come from the host's own files (ld.so.cache, the driver's /proc), never from a
 /// container.
@@ -285,14 +310,74 @@ impl Host {
         out
     }
 
-    /// The host's ld.so.cache under the driver root.
+    /// The host's ld.so.cache under the driver root. A driver root that has none (a driver
+    /// directory rather than a whole system: GKE's `/home/kubernetes/bin/nvidia`, the
+    /// `/usr/local/nvidia` of CUDA images, with `lib64/`, `lib/` and `bin/`) gets the cache
+    /// `ldconfig -r <driver-root>` would write for [`NO_CACHE_LIBRARY_DIRS`], built read-only
+    /// (no SONAME links made) by the hook crate's port of ldconfig's directory scan. Only a
+    /// root where that finds no library at all is an error.
     pub fn ld_cache(&self) -> Result<LdCache, HostError> {
         let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
-        let bytes = fs::read(&path).map_err(|source| HostError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return match self.scanned_ld_cache() {
+                    Some(cache) if !cache.entries.is_empty() => Ok(cache),
+                    _ => Err(HostError::Read { path, source }),
+                };
+            }
+            Err(source) => return Err(HostError::Read { path, source }),
+        };
         LdCache::parse(&bytes).map_err(|source| HostError::LdCache { path, source })
+    }
+
+    /// The libraries of [`NO_CACHE_LIBRARY_DIRS`] under the driver root, as cache entries in
+    /// ldconfig's order. `None` where the root cannot be opened or the architecture has no
+    /// ldconfig rules here.
+    fn scanned_ld_cache(&self) -> Option<LdCache> {
+        use nvshim_hook::ldconfig::{Config, Dir, Scan, Scanner};
+        let root = nvshim_hook::root::Root::open(&self.roots.driver_root).ok()?;
+        let scanner = Scanner {
+            root: &root,
+            arch: nvshim_hook::elf::Arch::host()?,
+            make_links: false,
+        };
+        let mut config = Config::default();
+        let mut scan = Scan::default();
+        for dir in NO_CACHE_LIBRARY_DIRS {
+            let Ok(Some(st)) = root.stat(dir) else {
+                continue;
+            };
+            // A directory reached twice (`lib64 -> lib`) is scanned once, as ldconfig does.
+            if config.find(st.st_dev, st.st_ino).is_some() {
+                continue;
+            }
+            config.dirs.push(Dir {
+                path: dir.to_string(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                flag: -1,
+                hwcaps: None,
+            });
+            let index = config.dirs.len() - 1;
+            scanner.search_dir(&mut config, index, false, &mut scan);
+        }
+        let mut entries: Vec<_> = scan.entries.into_iter().map(|(e, _, _)| e).collect();
+        entries.sort_by(nvshim_hook::ldcache::compare);
+        Some(LdCache {
+            entries: entries
+                .into_iter()
+                .map(|e| LdCacheEntry {
+                    flags: e.flags,
+                    name: e.name,
+                    path: e.path,
+                    os_version: e.os_version,
+                    hwcap: e.hwcap,
+                })
+                .collect(),
+            generator: None,
+            hwcaps: Vec::new(),
+        })
     }
 
     /// The canonical in-root path of a regular file: every symlink on the way, the directories'
@@ -547,18 +632,32 @@ impl Host {
         out
     }
 
-    /// Finds driver binaries under the driver root's standard bin directories.
-    pub fn binaries(&self, names: &[&str]) -> Vec<HostFile> {
+    /// Finds driver binaries under the driver root: in its standard bin directories, then in
+    /// the `bin/` beside each `lib`/`lib64` directory the driver's libraries were found in
+    /// (`lib_dirs`, in-root), where driver directories keep them (`/usr/local/nvidia/bin` of
+    /// CUDA images and GKE nodes, whose ld.so.cache names `/usr/local/nvidia/lib64`). Each is
+    /// mounted at `/usr/bin/<name>`, where libnvidia-container puts every driver binary, so
+    /// it is on every image's `PATH` wherever the host keeps it.
+    pub fn binaries(&self, names: &[&str], lib_dirs: &[String]) -> Vec<HostFile> {
         const DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
+        let mut dirs: Vec<String> = DIRS.iter().map(|d| d.to_string()).collect();
+        for lib in lib_dirs {
+            let Some((prefix, last)) = lib.rsplit_once('/') else {
+                continue;
+            };
+            let bin = format!("{prefix}/bin");
+            if matches!(last, "lib" | "lib64") && !dirs.contains(&bin) {
+                dirs.push(bin);
+            }
+        }
         let mut out = Vec::new();
         for name in names {
-            for dir in DIRS {
-                let container_path = format!("{dir}/{name}");
-                let host_path = under_root(&self.roots.driver_root, &container_path);
+            for dir in &dirs {
+                let host_path = under_root(&self.roots.driver_root, &format!("{dir}/{name}"));
                 if fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
                     out.push(HostFile {
                         host_path,
-                        container_path,
+                        container_path: format!("/usr/bin/{name}"),
                     });
                     break;
                 }

@@ -688,7 +688,7 @@ pub fn driver_files(
         WordSize::Bits32,
     ));
     let mut files: Vec<HostFile> = out.libs.iter().map(|l| l.file.clone()).collect();
-    files.extend(host.binaries(&nvidia::executables_for(caps)));
+    files.extend(host.binaries(&nvidia::executables_for(caps), &lib_dirs));
     files.extend(
         host.data_files(
             nvidia::DATA_FILES

@@ -475,6 +475,9 @@ pub fn capability_table() -> String {
          which NVIDIA's legacy runtime applies; `nvidia-ctk` = files NVIDIA's CDI generator (1.20) \
          mounts that those lists predate; `nvshim` = a deliberate difference, with the reason.\n\n\
          ## Libraries\n\n\
+         Found through the driver root's ld.so.cache; a driver root without one (a driver \
+         directory such as GKE's `/home/kubernetes/bin/nvidia`) is scanned as `ldconfig -r` \
+         would scan NVIDIA's library search directories and `lib`, `lib32`. \
          Mounted read-only at their host paths, with their SONAME links and the container's \
          ld.so.cache updated by the hooks. `compat32` adds the 32-bit build of each library marked \
          32-bit, for the capabilities that bring it.\n\n\
@@ -511,7 +514,14 @@ pub fn capability_table() -> String {
             f.note
         ));
     }
-    out.push_str("\n## Executables\n\n| executable | brought by | source |\n|---|---|---|\n");
+    out.push_str(
+        "\n## Executables\n\nLooked for in the driver root's `/usr/bin`, `/usr/sbin`, `/bin`, `/sbin`, \
+         `/usr/local/bin`, then in the `bin/` beside the `lib`/`lib64` directory the libraries \
+         are in (a driver directory such as `/usr/local/nvidia`); mounted read-only at \
+         `/usr/bin/<name>`, where libnvidia-container puts them, so they are on the image's \
+         `PATH` wherever the host keeps them.\n\n\
+         | executable | brought by | source |\n|---|---|---|\n",
+    );
     for (name, by, source) in EXECUTABLES {
         out.push_str(&format!(
             "| `{name}` | {} | {} |\n",

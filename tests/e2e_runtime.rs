@@ -963,6 +963,62 @@ fn rhel_layout_gives_the_same_driver_in_its_own_paths() {
     assert_no_problems("RHEL layout", &sorted(p), &r);
 }
 
+/// A driver directory, as NVIDIA's CUDA images and the lent GPU machines keep it
+/// (`/usr/local/nvidia/{lib64,lib,bin}`, listed in ld.so.conf.d): with driver-root `/` the
+/// libraries come through the host's ld.so.cache and nvidia-smi from the `bin/` beside them;
+/// with the directory itself as driver root (GKE's `/home/kubernetes/bin/nvidia`), which has
+/// no ld.so.cache, the same files are found by scanning its `lib64/` and `lib/`. In both,
+/// nvidia-smi is at `/usr/bin` and runs, and the container's ld cache resolves libcuda.
+#[test]
+fn driver_directory_layouts_give_the_driver_with_or_without_an_ld_cache() {
+    let mut spec = FakeHostSpec::with_gpus(2);
+    spec.layout = Layout::UsrLocalNvidia;
+    for gke in [false, true] {
+        let w = World::with_spec(&spec);
+        let v = w.host.driver_version().to_string();
+        let driver_dir = w.host.root().join("usr/local/nvidia");
+        assert!(!driver_dir.join("etc/ld.so.cache").exists());
+        let (case, w, lib64, lib32) = if gke {
+            let extra = format!("driver-root = \"{}\"\n", driver_dir.display());
+            (
+                "driver-root = the driver directory",
+                w.configured(&extra),
+                "/lib64",
+                "/lib",
+            )
+        } else {
+            let (lib64, lib32) = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib");
+            ("driver-root /", w.configured(""), lib64, lib32)
+        };
+        let bundle = w.gpu_bundle("bundle", "1");
+        bundle
+            .set_env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility,compat32")
+            .unwrap();
+        let r = w.probe(&w.shim(), &bundle, false);
+        let mut p = r.gpu_problems(&w.host, &[w.gpu(1)]);
+        for path in [
+            format!("{lib64}/libcuda.so.{v}"),
+            format!("{lib64}/libnvidia-ml.so.{v}"),
+            format!("{lib32}/libcuda.so.{v}"),
+            "/usr/bin/nvidia-smi".to_string(),
+        ] {
+            if !r.files.contains(&path) {
+                p.push(format!("{path} missing"));
+            }
+        }
+        for (arch, dir) in [("libc6,x86-64", lib64), ("libc6", lib32)] {
+            let want = format!("libcuda.so.1 ({arch}) => {dir}/libcuda.so.1");
+            if !r.ldconfig_lines.iter().any(|l| l.trim() == want) {
+                p.push(format!("ldconfig -p lacks {want:?}"));
+            }
+        }
+        if r.smi_rc != Some(0) {
+            p.push(format!("nvidia-smi exited {:?}: {:?}", r.smi_rc, r.smi));
+        }
+        assert_no_problems(case, &sorted(p), &r);
+    }
+}
+
 /// Security issue 16, item 2: a GPU bundle with a repeated key at any depth is refused, one
 /// line naming the key's JSON pointer, config.json untouched (runc merges what a rewrite would
 /// drop).

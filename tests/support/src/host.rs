@@ -118,6 +118,12 @@ pub enum Layout {
     /// RHEL, Fedora, SUSE: `usr/lib64` and (32-bit) `usr/lib`, X.Org modules in
     /// `usr/lib64/xorg/modules/{drivers,extensions}` (the RPM Fusion 580 packages' paths).
     Rhel,
+    /// A driver directory on an Ubuntu system, as NVIDIA's CUDA images and the lent GPU
+    /// machines keep it (seen there on 2026-11-25: `/usr/local/nvidia/{lib64,lib,bin}`, a
+    /// read-only mount, listed in `/etc/ld.so.conf.d`, nvidia-smi in its `bin/`). The same
+    /// directory as a driver root of its own, with no `etc/ld.so.cache`, is GKE's
+    /// `/home/kubernetes/bin/nvidia`.
+    UsrLocalNvidia,
 }
 
 impl Layout {
@@ -126,6 +132,7 @@ impl Layout {
         match self {
             Layout::Debian => LIB_DIR,
             Layout::Rhel => "usr/lib64",
+            Layout::UsrLocalNvidia => "usr/local/nvidia/lib64",
         }
     }
 
@@ -134,15 +141,24 @@ impl Layout {
         match self {
             Layout::Debian => LIB_DIR_32,
             Layout::Rhel => "usr/lib",
+            Layout::UsrLocalNvidia => "usr/local/nvidia/lib",
+        }
+    }
+
+    /// Where the driver's binaries are, relative to the root.
+    pub fn bin_dir(self) -> &'static str {
+        match self {
+            Layout::Debian | Layout::Rhel => "usr/bin",
+            Layout::UsrLocalNvidia => "usr/local/nvidia/bin",
         }
     }
 
     /// The X.Org modules, relative to the root: (driver, GLX server module).
     fn xorg_modules(self, v: &str) -> (String, String) {
         match self {
-            Layout::Debian => (
-                format!("{LIB_DIR}/nvidia/xorg/nvidia_drv.so"),
-                format!("{LIB_DIR}/nvidia/xorg/libglxserver_nvidia.so.{v}"),
+            Layout::Debian | Layout::UsrLocalNvidia => (
+                format!("{}/nvidia/xorg/nvidia_drv.so", self.lib_dir()),
+                format!("{}/nvidia/xorg/libglxserver_nvidia.so.{v}", self.lib_dir()),
             ),
             Layout::Rhel => (
                 "usr/lib64/xorg/modules/drivers/nvidia_drv.so".into(),
@@ -170,6 +186,14 @@ impl Layout {
                 "etc/ld.so.conf.d/00-system-dirs.conf",
                 "/lib64\n/usr/lib64\n/lib\n/usr/lib\n",
             )],
+            Layout::UsrLocalNvidia => {
+                let mut files = Layout::Debian.ld_conf();
+                files.push((
+                    "etc/ld.so.conf.d/nvidia.conf",
+                    "/usr/local/nvidia/lib64\n/usr/local/nvidia/lib\n",
+                ));
+                files
+            }
         }
     }
 }
@@ -1348,7 +1372,7 @@ impl FakeHost {
     }
 
     fn install_binaries(&self) -> Result<()> {
-        let bin = self.root.join("usr/bin");
+        let bin = self.root.join(self.spec.layout.bin_dir());
         let v = &self.spec.driver_version;
         write_executable(&bin.join("nvidia-smi"), &self.nvidia_smi_script())?;
         for (name, _) in DRIVER_BINS.iter().filter(|(n, _)| *n != "nvidia-smi") {

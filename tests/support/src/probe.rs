@@ -88,6 +88,7 @@ for f in /usr/lib/x86_64-linux-gnu/* /usr/lib/x86_64-linux-gnu/vdpau/* /usr/lib6
          /usr/lib/x86_64-linux-gnu/gbm/* /usr/lib/x86_64-linux-gnu/nvidia/xorg/* \
          /usr/lib64/gbm/* /usr/lib64/vdpau/* /usr/lib64/xorg/modules/*/* \
          /usr/lib/i386-linux-gnu/* /usr/lib/i386-linux-gnu/vdpau/* /usr/lib/* /usr/lib/vdpau/* \
+         /usr/local/nvidia/lib64/* /usr/local/nvidia/lib/* /lib64/* /lib/* \
          /usr/bin/nvidia* /lib/firmware/nvidia/*/* /usr/lib/firmware/nvidia/*/* \
          /usr/share/glvnd/egl_vendor.d/* /usr/share/egl/egl_external_platform.d/* \
          /etc/vulkan/icd.d/* /etc/vulkan/implicit_layer.d/* /usr/share/vulkansc/icd.d/* \
