@@ -506,6 +506,15 @@ fn libraries_check(host: &Host, version: &str) -> Check {
             return check("libraries", Status::Error, e.to_string(), Some(ldconfig));
         }
     };
+    // A driver directory has no ld.so.cache: `Host::ld_cache` scanned it instead.
+    let through = if cache_path.exists() {
+        cache_path.display().to_string()
+    } else {
+        format!(
+            "a scan of {}'s library directories (it has no etc/ld.so.cache)",
+            root.display()
+        )
+    };
     // The two every GPU container needs: CUDA's and NVML's.
     let wanted: Vec<&crate::nvidia::Library> = crate::nvidia::LIBRARIES
         .iter()
@@ -534,7 +543,7 @@ fn libraries_check(host: &Host, version: &str) -> Check {
         check(
             "libraries",
             Status::Ok,
-            format!("{} (through {})", files.join(", "), cache_path.display()),
+            format!("{} (through {through})", files.join(", ")),
             None,
         )
     } else {
@@ -542,9 +551,8 @@ fn libraries_check(host: &Host, version: &str) -> Check {
             "libraries",
             Status::Error,
             format!(
-                "{} not found through {}: GPU containers would get no driver library of version {version}",
+                "{} not found through {through}: GPU containers would get no driver library of version {version}",
                 missing.join(", "),
-                cache_path.display()
             ),
             Some(format!(
                 "{ldconfig} (or reinstall the driver's user-space libraries for {version})"

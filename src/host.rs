@@ -632,15 +632,17 @@ impl Host {
         out
     }
 
-    /// Finds driver binaries under the driver root: in its standard bin directories, then in
-    /// the `bin/` beside each `lib`/`lib64` directory the driver's libraries were found in
-    /// (`lib_dirs`, in-root), where driver directories keep them (`/usr/local/nvidia/bin` of
-    /// CUDA images and GKE nodes, whose ld.so.cache names `/usr/local/nvidia/lib64`). Each is
-    /// mounted at `/usr/bin/<name>`, where libnvidia-container puts every driver binary, so
-    /// it is on every image's `PATH` wherever the host keeps it.
+    /// Finds driver binaries under the driver root: first in the `bin/` beside each
+    /// `lib`/`lib64` directory the driver's libraries were found in (`lib_dirs`, in-root),
+    /// where a driver directory keeps them (`/usr/local/nvidia/bin` of CUDA images and GKE
+    /// nodes, whose ld.so.cache names `/usr/local/nvidia/lib64`), then in the standard bin
+    /// directories. The driver's own directory comes first because the lent GPU machine also
+    /// has a `/usr/local/bin/nvidia-smi` of its own, not the driver's. Each is mounted at
+    /// `/usr/bin/<name>`, where libnvidia-container puts every driver binary, so it is on every
+    /// image's `PATH` wherever the host keeps it.
     pub fn binaries(&self, names: &[&str], lib_dirs: &[String]) -> Vec<HostFile> {
         const DIRS: &[&str] = &["/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin"];
-        let mut dirs: Vec<String> = DIRS.iter().map(|d| d.to_string()).collect();
+        let mut dirs: Vec<String> = Vec::new();
         for lib in lib_dirs {
             let Some((prefix, last)) = lib.rsplit_once('/') else {
                 continue;
@@ -648,6 +650,11 @@ impl Host {
             let bin = format!("{prefix}/bin");
             if matches!(last, "lib" | "lib64") && !dirs.contains(&bin) {
                 dirs.push(bin);
+            }
+        }
+        for dir in DIRS {
+            if !dirs.iter().any(|d| d == dir) {
+                dirs.push(dir.to_string());
             }
         }
         let mut out = Vec::new();

@@ -12,6 +12,7 @@
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
+use std::process::Command;
 
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
@@ -22,6 +23,7 @@ use serde_json::{json, Value};
 use tempfile::TempDir;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
 
 /// `nvshim-hook` next to the built binaries.
 fn hook_path() -> PathBuf {
@@ -1014,6 +1016,26 @@ fn driver_directory_layouts_give_the_driver_with_or_without_an_ld_cache() {
         }
         if r.smi_rc != Some(0) {
             p.push(format!("nvidia-smi exited {:?}: {:?}", r.smi_rc, r.smi));
+        }
+        // doctor finds the same libraries and says how.
+        let doctor = Command::new(NVSHIM)
+            .args(["doctor", "--format", "json"])
+            .env("NVSHIM_CONFIG", &w.config)
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+        let libraries = report["checks"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["name"] == "libraries"))
+            .cloned()
+            .unwrap_or_default();
+        let how = if gke { "a scan of" } else { "/etc/ld.so.cache" };
+        let message = libraries["message"].as_str().unwrap_or_default();
+        if libraries["status"] != "ok"
+            || !message.contains(&format!("{lib64}/libcuda.so.{v}"))
+            || !message.contains(how)
+        {
+            p.push(format!("doctor's libraries check: {libraries}"));
         }
         assert_no_problems(case, &sorted(p), &r);
     }
