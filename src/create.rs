@@ -68,6 +68,8 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// config.json after the edits.
     pub edited: Value,
+    /// The `apply-cuda-memory-limits` hook added (also in `edits`): [`crate::memory_limits`].
+    pub memory_limit_hook: Option<edits::Hook>,
 }
 
 /// What caused a group of edits.
@@ -82,6 +84,8 @@ pub enum Cause {
     CdiSpec { path: PathBuf, kind: String },
     /// A requested CDI device's own edits.
     CdiDevice { name: String, path: PathBuf },
+    /// `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT`: the hook that applies them.
+    GpuMemoryLimits,
 }
 
 /// Edits and their cause.
@@ -111,10 +115,26 @@ impl Trace {
 impl Plan {
     /// The edits grouped by what caused them (what `nvshim explain` shows).
     pub fn groups(&self) -> Vec<EditGroup> {
-        match self.route {
-            Route::Legacy => group_legacy(&self.gpus, &self.edits),
+        let mut groups = match self.route {
+            Route::Legacy => {
+                let mut edits = self.edits.clone();
+                edits
+                    .hooks
+                    .retain(|h| Some(h) != self.memory_limit_hook.as_ref());
+                group_legacy(&self.gpus, &edits)
+            }
             _ => self.cdi_groups.clone(),
+        };
+        if let Some(hook) = &self.memory_limit_hook {
+            groups.push(EditGroup {
+                cause: Cause::GpuMemoryLimits,
+                edits: ContainerEdits {
+                    hooks: vec![hook.clone()],
+                    ..Default::default()
+                },
+            });
         }
+        groups
     }
 
     pub fn changes_bundle(&self) -> bool {
@@ -279,6 +299,7 @@ pub fn plan_bundle(
         removed_hooks: trace.removed_hooks.clone(),
         warnings: Vec::new(),
         edited,
+        memory_limit_hook: None,
     };
     match route {
         Route::Nothing => {}
@@ -297,6 +318,7 @@ pub fn plan_bundle(
             plan.edits = edits;
         }
     }
+    add_memory_limit_hook(config, &mut plan, tools, trace)?;
     check_hooks_exist(&plan.edits, &tools.hook)?;
     if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
         crate::rootfs::check_added_mounts(&plan.edited, &rootfs, &plan.edits.mounts).map_err(
@@ -308,6 +330,38 @@ pub fn plan_bundle(
     }
     plan.warnings = trace.warnings.clone();
     Ok(plan)
+}
+
+/// Adds the `apply-cuda-memory-limits` hook when the container asks for GPU memory limits
+/// ([`crate::memory_limits`]); one scan of the env otherwise.
+fn add_memory_limit_hook(
+    config: &Config,
+    plan: &mut Plan,
+    tools: &Tools,
+    trace: &mut Trace,
+) -> Result<(), CreateError> {
+    if !crate::memory_limits::requested(&plan.edited) {
+        return Ok(());
+    }
+    let host = host_from(config);
+    let (hook, warnings) = crate::memory_limits::hook(config, &host, plan, &tools.hook)?;
+    for w in warnings {
+        trace.warn(w);
+    }
+    let Some(hook) = hook else {
+        return Ok(());
+    };
+    let added = ContainerEdits {
+        hooks: vec![hook.clone()],
+        ..Default::default()
+    };
+    edits::apply(&mut plan.edited, &added).map_err(|source| CreateError::Edit {
+        path: plan.bundle.config_path().to_path_buf(),
+        source,
+    })?;
+    plan.edits.hooks.push(hook.clone());
+    plan.memory_limit_hook = Some(hook);
+    Ok(())
 }
 
 /// The prestart hooks of a spec (to tell which ones [`edits::remove_legacy_hooks`] removed).

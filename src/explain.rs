@@ -155,6 +155,7 @@ pub enum CauseItem {
         device: String,
         spec: PathBuf,
     },
+    GpuMemoryLimits,
 }
 
 /// An env entry added, and the entry it replaces.
@@ -488,6 +489,7 @@ fn describe_group(group: &EditGroup, base: &Value, original: &Value) -> GroupIte
     let cause = match &group.cause {
         Cause::Gpu(g) => CauseItem::Gpu { gpu: g.into() },
         Cause::Driver => CauseItem::Driver,
+        Cause::GpuMemoryLimits => CauseItem::GpuMemoryLimits,
         Cause::CdiSpec { path, kind } => CauseItem::CdiSpec {
             spec: path.clone(),
             kind: kind.clone(),
@@ -700,6 +702,9 @@ fn cause_title(c: &CauseItem) -> String {
         ),
         CauseItem::Driver => {
             "driver (for any GPU request: control nodes, libraries, binaries, hooks)".into()
+        }
+        CauseItem::GpuMemoryLimits => {
+            "GPU memory limits (NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT): applied through NVML at createRuntime".into()
         }
         CauseItem::CdiSpec { spec, kind } => {
             format!(

@@ -18,6 +18,7 @@ pub mod explain;
 pub mod host;
 pub mod legacy;
 pub mod logging;
+pub mod memory_limits;
 pub mod nvidia;
 pub mod report;
 pub mod request;

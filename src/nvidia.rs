@@ -562,8 +562,43 @@ pub fn capability_table() -> String {
          `/proc/driver/nvidia`) warns and lets the container start. Specs written by others \
          keep NVIDIA's separate hooks, which `nvshim-hook` answers under NVIDIA's names.\n",
     );
+    out.push_str(GPU_MEMORY_LIMITS);
     out
 }
+
+/// The "GPU memory limits" section of docs/capabilities.md: NVIDIA's `apply-cuda-memory-limits`
+/// hook and nvshim's (`crate::memory_limits`, `nvshim_hook::apply_cuda_memory_limits`).
+const GPU_MEMORY_LIMITS: &str = r#"
+## GPU memory limits
+
+NVIDIA's toolkit added a createRuntime hook in September 2026 (nvidia-container-toolkit PR
+#2075, `cmd/nvidia-cdi-hook/apply-cuda-memory-limits`): `nvidia-cdi-hook
+apply-cuda-memory-limits --driver-root R --gpu-id ID ...` (the GPU UUIDs; `--container-spec F`
+names the OCI state, stdin when empty or `-`). It reads the state's bundle and pid, then
+`NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT` from the bundle's config.json
+`process.env`, and does nothing unless both are there. Both are whole MiB, and a request above
+the limit is an error. It requires cgroup v2 (`statfs("/sys/fs/cgroup")` is `CGROUP2_SUPER_MAGIC`)
+and takes the container's cgroup directory from the `0::` line of `/proc/<pid>/cgroup`, joined
+to `/sys/fs/cgroup`. It loads `libnvidia-ml.so.1` under the driver root, `nvmlInit_v2`, and for
+each id `nvmlDeviceGetHandleByUUID` and `nvmlDeviceSetMemoryLimits_v1(device, &limits)` with
+`nvmlSetMemoryLimits_v1_t { const char *nameSpace; unsigned long long softLimit, hardLimit; }`
+(24 bytes): the cgroup directory, the request and the limit in bytes; then `nvmlShutdown`. Any
+failure fails the hook. The call is in NVML from the R615 driver (CUDA 13.4); driver 580 does
+not export it.
+
+nvshim answers the same command line (`nvshim-hook apply-cuda-memory-limits`, and under
+`nvidia-cdi-hook` and `nvidia-ctk hook`) with the same errors, and one difference: a driver
+that does not offer the call (no symbol, or `NVML_ERROR_NOT_SUPPORTED` /
+`NVML_ERROR_FUNCTION_NOT_FOUND`) and a host without cgroup v2 at `/sys/fs/cgroup` get one
+warning naming the driver version, and the container starts without a limit. It also accepts
+MIG UUIDs and NVML indices as ids, and `--log-file F` to append the warning to nvshim's log
+(runc drops a successful hook's stderr). nvshim-runtime adds the hook itself, at createRuntime
+with `--driver-root` and the selected GPUs' UUIDs, when a GPU container's final env has both
+variables and no such hook yet (`src/memory_limits.rs` says which ids; MIG devices not named by
+MIG UUID get none). The released `nvshim-hook` is static and runs the NVML calls through the
+dynamically linked `nvshim nvml-set-memory-limits` beside it
+(`hooks/src/apply_cuda_memory_limits.rs`).
+"#;
 
 #[cfg(test)]
 mod tests {

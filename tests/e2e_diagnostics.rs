@@ -221,6 +221,7 @@ impl World {
             driver_version: self.host.driver_version().to_string(),
             cuda_driver_version: 13000,
             gpus,
+            ..Default::default()
         };
         let lib = self
             .host

@@ -791,6 +791,7 @@ fn mig_topology(host: &FakeHost) -> Topology {
         driver_version: host.driver_version().to_string(),
         cuda_driver_version: 13000,
         gpus,
+        ..Default::default()
     }
 }
 

@@ -8,7 +8,8 @@
 //!   `enable-cuda-compat --host-driver-version V [--host-cuda-version X.Y]
 //!   [--cuda-compat-container-root DIR]`, `disable-device-node-modification` (hidden
 //!   `--host-params FILE`), `update-application-profile`, `chmod --mode M --path P`, and the
-//!   hidden `noop`. An unknown hook, or no hook at all, warns and exits 0, as NVIDIA's does for
+//!   hidden `noop`, and the createRuntime hook `apply-cuda-memory-limits --driver-root R
+//!   --gpu-id ID ...` ([`crate::apply_cuda_memory_limits`]). An unknown hook, or no hook at all, warns and exits 0, as NVIDIA's does for
 //!   forward compatibility.
 //! - `nvidia-ctk hook HOOK ...`: the same hooks as the older command line that specs generated
 //!   by `nvidia-ctk cdi generate` before `nvidia-cdi-hook` existed name (`/usr/bin/nvidia-ctk`
@@ -29,6 +30,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::apply_cuda_memory_limits as memory_limits;
 use crate::create_symlinks::{self, Link};
 use crate::root::Root;
 use crate::state::State;
@@ -54,6 +56,9 @@ subcommands:
                                             libraries when they are newer than the driver
   disable-device-node-modification          show the container ModifyDeviceFiles: 0
   update-application-profile                limit EGL and Vulkan to the container's GPUs
+  apply-cuda-memory-limits --driver-root R --gpu-id ID ... [--log-file F]
+                                            (createRuntime) NVIDIA_GPU_MEMORY_REQUEST/LIMIT
+                                            of config.json as NVML limits of the cgroup
   fixups [--link T::L ...] [--host-driver-version V] [--folder DIR ...]
          [--disable-device-node-modification] [--update-application-profile]
                                             all of the above in one process, in that order
@@ -123,6 +128,11 @@ pub enum Command {
     Chmod {
         mode: u32,
         paths: Vec<String>,
+        spec: Option<String>,
+    },
+    /// NVIDIA's createRuntime hook: the container's GPU memory limits through NVML.
+    ApplyCudaMemoryLimits {
+        options: memory_limits::Options,
         spec: Option<String>,
     },
     /// All of nvshim's container fix-ups in one process (one exec, one open of the root), in
@@ -215,7 +225,8 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             | "update-ldcache"
             | "enable-cuda-compat"
             | "disable-device-node-modification"
-            | "update-application-profile",
+            | "update-application-profile"
+            | "apply-cuda-memory-limits",
         ) => {}
         (Dialect::Nvshim, "fixups") => {}
         (Dialect::Nvidia, "chmod" | "noop") => {}
@@ -233,6 +244,7 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
     let mut mode: Option<String> = None;
     let mut paths = Vec::new();
     let mut fixups = Fixups::default();
+    let mut memory = memory_limits::Options::default();
     let mut spec = global_spec;
     while let Some(a) = it.next() {
         let Some((name, inline)) = flag(&a) else {
@@ -285,6 +297,15 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             ("fixups", "update-application-profile") if inline.is_none() => {
                 fixups.application_profile = true
             }
+            ("apply-cuda-memory-limits", "driver-root") => {
+                memory.driver_root = value(inline, &mut it, name)?
+            }
+            ("apply-cuda-memory-limits", "gpu-id") => {
+                memory.gpu_ids.push(value(inline, &mut it, name)?)
+            }
+            ("apply-cuda-memory-limits", "log-file") => {
+                memory.log_file = Some(PathBuf::from(value(inline, &mut it, name)?))
+            }
             ("chmod", "mode") => mode = Some(value(inline, &mut it, name)?),
             ("chmod", "path") => paths.push(value(inline, &mut it, name)?),
             _ => return Err(Usage(format!("{sub}: unknown flag {a}"))),
@@ -292,6 +313,10 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
     }
     Ok(match sub.as_str() {
         "create-symlinks" => Command::CreateSymlinks { links, spec },
+        "apply-cuda-memory-limits" => Command::ApplyCudaMemoryLimits {
+            options: memory,
+            spec,
+        },
         "update-ldcache" => Command::UpdateLdcache {
             folders,
             ldconfig_path,
@@ -361,16 +386,21 @@ fn value(
     }
 }
 
-/// Reads the state (from `spec`, or stdin for `None`, `""` or `-`) and opens the root.
-fn open_root(spec: Option<&str>, stdin: impl Read) -> Result<Root, String> {
-    let state = match spec.filter(|s| !s.is_empty() && *s != "-") {
+/// Reads the state from `spec`, or stdin for `None`, `""` or `-`.
+fn read_state(spec: Option<&str>, stdin: impl Read) -> Result<State, String> {
+    match spec.filter(|s| !s.is_empty() && *s != "-") {
         Some(path) => {
             let file = File::open(path).map_err(|e| format!("{path}: {e}"))?;
             State::read(file, path)
         }
         None => State::read(stdin, "stdin"),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())
+}
+
+/// Reads the state (see [`read_state`]) and opens the root.
+fn open_root(spec: Option<&str>, stdin: impl Read) -> Result<Root, String> {
+    let state = read_state(spec, stdin)?;
     let root = state.container_root().map_err(|e| e.to_string())?;
     Root::open(&root).map_err(|e| e.to_string())
 }
@@ -468,6 +498,11 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
         Command::Fixups(f) => {
             open_root(f.spec.as_deref(), stdin).and_then(|root| run_fixups(&root, &f))
         }
+        Command::ApplyCudaMemoryLimits { options, spec } => read_state(spec.as_deref(), stdin)
+            .and_then(|state| {
+                memory_limits::run(&state, &options, &memory_limits::HostPaths::default())
+                    .map_err(|e| format!("apply-cuda-memory-limits: {e}"))
+            }),
         Command::Chmod { mode, paths, spec } => {
             if paths.is_empty() {
                 return 0;
@@ -757,17 +792,56 @@ mod tests {
             p(&["nvidia-cdi-hook", "fixups"]),
             Ok(Command::Skip(_))
         ));
-        // NVIDIA's newer createRuntime hook: accepted and skipped with a warning (the stage is
-        // the spec's business; nvshim applies no GPU memory limit).
-        assert!(matches!(
+        // NVIDIA's createRuntime hook, as the toolkit writes it: an empty driver root, GPU
+        // UUIDs; nvshim's name takes the same flags and its own --log-file.
+        let memory = |ids: &[&str], root: &str, log: Option<&str>| Command::ApplyCudaMemoryLimits {
+            options: memory_limits::Options {
+                driver_root: root.into(),
+                gpu_ids: ids.iter().map(|s| s.to_string()).collect(),
+                log_file: log.map(PathBuf::from),
+            },
+            spec: None,
+        };
+        assert_eq!(
             p(&[
-                "nvidia-cdi-hook",
+                "/usr/bin/nvidia-cdi-hook",
                 "apply-cuda-memory-limits",
-                "--memory-limit",
-                "1G"
-            ]),
-            Ok(Command::Skip(_))
-        ));
+                "--driver-root",
+                "",
+                "--gpu-id",
+                "GPU-4f0b7a5e-6c2d-4a59-8e3a-6b1d0c9f1a21",
+            ])
+            .unwrap(),
+            memory(&["GPU-4f0b7a5e-6c2d-4a59-8e3a-6b1d0c9f1a21"], "", None)
+        );
+        assert_eq!(
+            p(&[
+                "nvshim-hook",
+                "apply-cuda-memory-limits",
+                "--driver-root=/run/nvidia/driver",
+                "--gpu-id",
+                "GPU-a",
+                "--gpu-id=MIG-b",
+                "-gpu-id",
+                "3",
+                "--log-file",
+                "/var/log/nvshim.log",
+            ])
+            .unwrap(),
+            memory(
+                &["GPU-a", "MIG-b", "3"],
+                "/run/nvidia/driver",
+                Some("/var/log/nvshim.log")
+            )
+        );
+        assert!(p(&[
+            "nvidia-cdi-hook",
+            "apply-cuda-memory-limits",
+            "--memory-limit",
+            "1G"
+        ])
+        .is_err());
+        assert!(p(&["nvidia-cdi-hook", "apply-cuda-memory-limits", "--gpu-id"]).is_err());
         assert!(matches!(p(&["nvidia-cdi-hook"]), Ok(Command::Skip(_))));
         assert!(matches!(
             p(&[
@@ -815,6 +889,28 @@ mod tests {
             Ok(Command::Skip(_))
         ));
         assert!(matches!(p(&["nvidia-ctk", "hook"]), Ok(Command::Skip(_))));
+        assert_eq!(
+            p(&[
+                "nvidia-ctk",
+                "hook",
+                "apply-cuda-memory-limits",
+                "--driver-root",
+                "",
+                "--gpu-id",
+                "GPU-a",
+                "--container-spec",
+                "-",
+            ])
+            .unwrap(),
+            Command::ApplyCudaMemoryLimits {
+                options: memory_limits::Options {
+                    driver_root: String::new(),
+                    gpu_ids: vec!["GPU-a".into()],
+                    log_file: None,
+                },
+                spec: Some("-".into()),
+            }
+        );
         for other in [
             &["nvidia-ctk", "cdi", "generate"][..],
             &["nvidia-ctk", "runtime", "configure"],
@@ -865,6 +961,47 @@ mod tests {
             "{msg}"
         );
         assert!(msg.contains("29.2"), "{msg}");
+        // GPU memory limits: nothing asked, nothing done; a bad value is one line naming it.
+        let bundle = tempfile::tempdir().unwrap();
+        let state = format!(
+            r#"{{"id":"c","pid":1,"bundle":"{}"}}"#,
+            bundle.path().display()
+        );
+        let memory = |env: &[&str]| {
+            std::fs::write(
+                bundle.path().join("config.json"),
+                serde_json::json!({"process": {"env": env}}).to_string(),
+            )
+            .unwrap();
+            let v: Vec<OsString> = [
+                "nvidia-cdi-hook",
+                "apply-cuda-memory-limits",
+                "--driver-root",
+                "",
+                "--gpu-id",
+                "GPU-a",
+            ]
+            .iter()
+            .map(OsString::from)
+            .collect();
+            let mut err = Vec::new();
+            let code = run(&v, state.as_bytes(), &mut err);
+            (code, String::from_utf8(err).unwrap())
+        };
+        assert_eq!(memory(&["PATH=/bin"]), (0, String::new()));
+        let (code, msg) = memory(&[
+            "NVIDIA_GPU_MEMORY_REQUEST=1Gi",
+            "NVIDIA_GPU_MEMORY_LIMIT=2048",
+        ]);
+        assert_eq!(code, EXIT_FAILURE);
+        assert_eq!(msg.lines().count(), 1, "{msg}");
+        assert!(msg.contains("NVIDIA_GPU_MEMORY_REQUEST=\"1Gi\""), "{msg}");
+        let (code, msg) = memory(&[
+            "NVIDIA_GPU_MEMORY_REQUEST=4096",
+            "NVIDIA_GPU_MEMORY_LIMIT=2048",
+        ]);
+        assert_eq!(code, EXIT_FAILURE);
+        assert!(msg.contains("exceeds memory limit (2048 MiB"), "{msg}");
         // A bad state is one line naming where it came from.
         let (code, msg) = run_args(&["nvshim-hook", "update-ldcache", "--folder", "/x"]);
         assert_eq!(code, EXIT_FAILURE);

@@ -6,8 +6,10 @@
 //! dynamic linker's cache natively ([`ldconfig`], [`ldcache`], [`elf`]) and falls back to the
 //! host's ldconfig, isolated, only on machines the native writer does not know ([`fallback`]).
 //! NVIDIA's other hooks, under its `nvidia-cdi-hook` name: [`enable_cuda_compat`],
-//! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`].
+//! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`], and the
+//! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 
+pub mod apply_cuda_memory_limits;
 pub mod chmod;
 pub mod cli;
 pub mod create_symlinks;

@@ -64,11 +64,25 @@ pub struct State {
     /// crun's extension.
     #[serde(default)]
     pub root: Option<String>,
+    /// The container's init process (0 or absent before it exists).
+    #[serde(default)]
+    pub pid: Option<i64>,
 }
 
 #[derive(Deserialize)]
 struct Config {
     root: Option<ConfigRoot>,
+}
+
+#[derive(Deserialize)]
+struct ConfigProcess {
+    process: Option<ProcessEnv>,
+}
+
+#[derive(Deserialize)]
+struct ProcessEnv {
+    #[serde(default)]
+    env: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -102,6 +116,27 @@ impl State {
             from: from.to_string(),
             source,
         })
+    }
+
+    /// `process.env` of the bundle's config.json (empty when it has none).
+    pub fn process_env(&self) -> Result<Vec<String>, StateError> {
+        if self.bundle.is_empty() {
+            return Err(StateError::NoBundle {
+                from: format!("state of container {:?}", self.id),
+            });
+        }
+        let path = Path::new(&self.bundle).join("config.json");
+        let file = File::open(&path).map_err(|source| StateError::Config {
+            path: path.clone(),
+            source,
+        })?;
+        let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
+        let config: ConfigProcess =
+            serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(config.process.map(|p| p.env).unwrap_or_default())
     }
 
     /// The container's root filesystem on the host.
@@ -164,6 +199,8 @@ mod tests {
         );
         let s = State::read(state.as_bytes(), "stdin").unwrap();
         assert_eq!(s.container_root().unwrap(), dir.path().join("rootfs"));
+        assert_eq!(s.pid, Some(42));
+        assert_eq!(s.process_env().unwrap(), ["X=1"]);
     }
 
     #[test]

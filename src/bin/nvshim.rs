@@ -57,6 +57,23 @@ enum Command {
         #[arg(long)]
         lib: PathBuf,
     },
+    /// Set NVML GPU memory limits for a cgroup and print the outcome as JSON (what the
+    /// statically linked nvshim-hook asks for in `apply-cuda-memory-limits`).
+    #[command(hide = true, name = "nvml-set-memory-limits")]
+    NvmlSetMemoryLimits {
+        /// The libnvidia-ml.so.1 to load.
+        #[arg(long)]
+        lib: PathBuf,
+        /// The container's cgroup v2 directory.
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        request_mib: u64,
+        #[arg(long)]
+        limit_mib: u64,
+        #[arg(long = "gpu-id")]
+        gpu_ids: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -95,7 +112,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Runtime(_)
         | Command::Completions { .. }
         | Command::GenerateMan { .. }
-        | Command::NvmlQuery { .. } => {}
+        | Command::NvmlQuery { .. }
+        | Command::NvmlSetMemoryLimits { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -197,6 +215,25 @@ fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
                 .and_then(|inventory| Ok(serde_json::to_writer(std::io::stdout(), &inventory)?))
                 .map(|()| ExitCode::SUCCESS),
         ),
+        Command::NvmlSetMemoryLimits {
+            lib,
+            namespace,
+            request_mib,
+            limit_mib,
+            gpu_ids,
+        } => {
+            use nvshim_hook::apply_cuda_memory_limits::{helper, set_limits, Limits};
+            let limits = Limits {
+                request_mib: *request_mib,
+                limit_mib: *limit_mib,
+            };
+            // The answer, errors included, is the JSON line the hook reads.
+            println!(
+                "{}",
+                helper::answer(&set_limits(lib, namespace, &limits, gpu_ids))
+            );
+            Some(Ok(ExitCode::SUCCESS))
+        }
         _ => None,
     }
 }

@@ -15,16 +15,33 @@
 //! `NVML_ERROR_NOT_FOUND` for unused slots; a GPU without `migEnabled` answers
 //! `NVML_ERROR_NOT_SUPPORTED` to MIG queries, as a GPU without MIG support does.
 //!
+//! Where the topology comes from: the file named by [`TOPOLOGY_ENV`] when the variable is set,
+//! else [`TOPOLOGY_FILE`] in the directory of the library itself (its path as loaded, found
+//! with `dladdr` on one of its own functions). The second form serves processes that get no
+//! environment from the test: OCI hooks, which runc runs with the hook's explicit `env` only
+//! (`nvshim-hook apply-cuda-memory-limits` loading the fake host's libnvidia-ml). Tests put the
+//! file beside the copy of this library they install ([`topology_file_beside`]).
+//!
+//! GPU memory limits (`nvmlDeviceSetMemoryLimits_v1`, CUDA 13.4's nvml.h): a topology with
+//! `memoryLimits: false` plays a driver that does not offer them (the call answers
+//! `NVML_ERROR_FUNCTION_NOT_FOUND`); otherwise each successful call is appended as one JSON
+//! line ([`MemoryLimitCall`]) to the topology's `memoryLimitLog` file, so tests can check what
+//! a hook asked for.
+//!
 //! As an `rlib` it gives tests the [`Topology`] types to write the JSON with.
 
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use nvml_wrapper_sys::bindings::{
     nvmlDeviceAttributes_t, nvmlDevice_t,
     nvmlEnableState_enum_NVML_FEATURE_DISABLED as NVML_FEATURE_DISABLED,
     nvmlEnableState_enum_NVML_FEATURE_ENABLED as NVML_FEATURE_ENABLED, nvmlEnableState_t,
-    nvmlMemory_t, nvmlPciInfo_t, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
+    nvmlMemory_t, nvmlPciInfo_t,
+    nvmlReturn_enum_NVML_ERROR_FUNCTION_NOT_FOUND as FUNCTION_NOT_FOUND,
+    nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE as INSUFFICIENT_SIZE,
     nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
     nvmlReturn_enum_NVML_ERROR_NOT_FOUND as NOT_FOUND,
     nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED,
@@ -36,6 +53,36 @@ use serde::{Deserialize, Serialize};
 
 /// The environment variable naming the topology JSON file.
 pub const TOPOLOGY_ENV: &str = "NVSHIM_FAKE_NVML_TOPOLOGY";
+
+/// The topology file's name beside the library, read when [`TOPOLOGY_ENV`] is not set.
+pub const TOPOLOGY_FILE: &str = "nvshim-fake-nvml-topology.json";
+
+/// Where the library installed at `lib` looks for its topology without [`TOPOLOGY_ENV`].
+pub fn topology_file_beside(lib: &Path) -> PathBuf {
+    lib.with_file_name(TOPOLOGY_FILE)
+}
+
+/// One successful `nvmlDeviceSetMemoryLimits_v1` call, as appended to `memoryLimitLog`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryLimitCall {
+    /// The device's UUID (`GPU-...` or `MIG-...`).
+    pub uuid: String,
+    pub name_space: String,
+    /// Bytes.
+    pub soft_limit: u64,
+    /// Bytes.
+    pub hard_limit: u64,
+}
+
+/// The calls recorded in a `memoryLimitLog` file (none when it does not exist).
+pub fn memory_limit_calls(log: &Path) -> Vec<MemoryLimitCall> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
 
 /// MIG slots NVML reports for a MIG-enabled GPU (an A100/H100 has at most 7 instances).
 pub const MAX_MIG_DEVICES: u32 = 7;
@@ -51,6 +98,14 @@ pub struct Topology {
     pub cuda_driver_version: i32,
     /// In NVML index order (PCI bus order on a real host).
     pub gpus: Vec<Gpu>,
+    /// Whether the driver offers `nvmlDeviceSetMemoryLimits_v1` (R615 and later); `None` is
+    /// yes. `Some(false)` answers `NVML_ERROR_FUNCTION_NOT_FOUND`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limits: Option<bool>,
+    /// The file each successful `nvmlDeviceSetMemoryLimits_v1` call is appended to, one
+    /// [`MemoryLimitCall`] JSON line each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_log: Option<PathBuf>,
 }
 
 /// One physical GPU.
@@ -141,9 +196,37 @@ struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
+/// The path this library was loaded from, through `dladdr` on one of its own functions.
+fn own_path() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let addr = nvmlInit_v2 as *const libc::c_void;
+    // SAFETY: `addr` is an address in this library and `info` a writable Dl_info.
+    if unsafe { libc::dladdr(addr, info.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded, so it filled `info`.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the dynamic linker.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes())))
+}
+
 fn load() -> Result<Topology, String> {
-    let path =
-        std::env::var_os(TOPOLOGY_ENV).ok_or_else(|| format!("{TOPOLOGY_ENV} is not set"))?;
+    let path = match std::env::var_os(TOPOLOGY_ENV) {
+        Some(p) => PathBuf::from(p),
+        None => own_path()
+            .map(|lib| topology_file_beside(&lib))
+            .filter(|p| p.exists())
+            .ok_or_else(|| {
+                format!(
+                    "{TOPOLOGY_ENV} is not set and there is no {TOPOLOGY_FILE} beside the library"
+                )
+            })?,
+    };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read {}: {e}", path.to_string_lossy()))?;
     Topology::parse(&text).map_err(|e| format!("{}: {e}", path.to_string_lossy()))
@@ -268,6 +351,7 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
         INVALID_ARGUMENT => b"Invalid Argument\0",
         NOT_SUPPORTED => b"Not Supported\0",
         NOT_FOUND => b"Not Found\0",
+        FUNCTION_NOT_FOUND => b"Function Not Found\0",
         INSUFFICIENT_SIZE => b"Insufficient Size\0",
         _ => b"Unknown Error\0",
     };
@@ -336,6 +420,104 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
             Some(r) => unsafe { put(device, handle_of(r)) },
             None => INVALID_ARGUMENT,
         }
+    })
+}
+
+/// `nvmlDeviceGetHandleByUUID`: a GPU or MIG device by its UUID.
+///
+/// # Safety
+/// `uuid` must be a NUL-terminated string and `device` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    if uuid.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: forwarded caller contract.
+    let wanted = unsafe { CStr::from_ptr(uuid) }.to_string_lossy();
+    with_state(|s| {
+        let found = s.records.iter().find(|r| {
+            let g = &s.topology.gpus[r.gpu];
+            match r.mig {
+                None => g.uuid == wanted,
+                Some(m) => g.mig_devices[m].uuid == wanted,
+            }
+        });
+        match found {
+            // SAFETY: forwarded caller contract.
+            Some(r) => unsafe { put(device, handle_of(r)) },
+            None => NOT_FOUND,
+        }
+    })
+}
+
+/// `nvmlSetMemoryLimits_v1_t` (CUDA 13.4's nvml.h; nvml-wrapper-sys predates it).
+#[repr(C)]
+pub struct SetMemoryLimitsV1 {
+    pub name_space: *const c_char,
+    pub soft_limit: u64,
+    pub hard_limit: u64,
+}
+
+/// `nvmlDeviceSetMemoryLimits_v1`: recorded in `memoryLimitLog`, or
+/// `NVML_ERROR_FUNCTION_NOT_FOUND` where the topology's driver does not offer it.
+///
+/// # Safety
+/// `limits` must be null or point to a valid struct whose `name_space` is null or a
+/// NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
+    device: nvmlDevice_t,
+    limits: *mut SetMemoryLimitsV1,
+) -> nvmlReturn_t {
+    if limits.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, and valid by the caller's contract.
+    let l = unsafe { &*limits };
+    if l.name_space.is_null() || l.soft_limit > l.hard_limit {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let name_space = unsafe { CStr::from_ptr(l.name_space) }
+        .to_string_lossy()
+        .into_owned();
+    let (offered, log) = match STATE.lock() {
+        Ok(guard) => match guard.as_ref() {
+            Some(s) => (
+                s.topology.memory_limits.unwrap_or(true),
+                s.topology.memory_limit_log.clone(),
+            ),
+            None => return UNINITIALIZED,
+        },
+        Err(_) => return UNKNOWN,
+    };
+    if !offered {
+        return FUNCTION_NOT_FOUND;
+    }
+    let (soft_limit, hard_limit) = (l.soft_limit, l.hard_limit);
+    with_device(device, |g, mig| {
+        let call = MemoryLimitCall {
+            uuid: mig.map_or(g.uuid.clone(), |(_, m)| m.uuid.clone()),
+            name_space,
+            soft_limit,
+            hard_limit,
+        };
+        if let Some(log) = &log {
+            let line = serde_json::to_string(&call).unwrap_or_default();
+            let written = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .and_then(|mut f| writeln!(f, "{line}"));
+            if let Err(e) = written {
+                eprintln!("nvshim-fake-nvml: {}: {e}", log.display());
+                return UNKNOWN;
+            }
+        }
+        SUCCESS
     })
 }
 
@@ -792,6 +974,8 @@ mod tests {
                 compute_capability: Some("9.0".into()),
                 brand: Some("tesla".into()),
             }],
+            memory_limits: Some(false),
+            memory_limit_log: Some("/tmp/calls.jsonl".into()),
         };
         let text = serde_json::to_string(&t).unwrap();
         assert_eq!(Topology::parse(&text).unwrap(), t);

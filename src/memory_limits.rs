@@ -1,0 +1,217 @@
+//! GPU memory limits: the `apply-cuda-memory-limits` hook nvshim-runtime adds to a GPU
+//! container that asks for one.
+//!
+//! When a create gives the container GPUs (legacy `NVIDIA_VISIBLE_DEVICES`, or CDI devices
+//! through nvshim-runtime) and the container's final `process.env` (after the edits, so a CDI
+//! spec's env counts) has both `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT`, one
+//! `createRuntime` hook is added:
+//! `nvshim-hook apply-cuda-memory-limits --driver-root R --gpu-id ID ... [--log-file F]`, with
+//! nvshim's minimal hook environment. The hook reads the values from config.json and applies
+//! them through NVML ([`nvshim_hook::apply_cuda_memory_limits`]; docs/capabilities.md, "GPU
+//! memory limits"). Without both variables nothing here reads the host: the check is one scan
+//! of the env. `--log-file` is nvshim's log file, so that a driver that cannot apply the limit
+//! leaves its warning where an operator looks (runc drops a successful hook's stderr).
+//!
+//! Which ids the hook gets:
+//! - Legacy: the UUIDs of the whole GPUs the request selects, from the host snapshot
+//!   (`/proc/driver/nvidia/gpus/*/information`), and MIG devices named by `MIG-<uuid>` as
+//!   named. MIG devices named `G:M` or `MIG-GPU-<uuid>/<gi>/<ci>` are skipped with a warning:
+//!   their MIG UUID is known only to NVML, which create does not load for this.
+//! - CDI: a requested device's `/dev/nvidia<N>` node names the host GPU with minor `N`, whose
+//!   UUID the snapshot knows. A device that also brings `/dev/nvidia-caps` nodes is a MIG
+//!   device, and one whose GPU the snapshot lacks cannot be named: both skipped with a
+//!   warning. A device with no GPU node (an IMEX channel, another vendor's device) is not a
+//!   GPU and is passed over.
+//! - Nothing is added when config.json already has an `apply-cuda-memory-limits` hook (specs
+//!   written by NVIDIA's generator carry their own).
+
+use std::path::Path;
+
+use nvshim_hook::apply_cuda_memory_limits::{LIMIT_ENV, REQUEST_ENV};
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::create::{Cause, Plan};
+use crate::edits::Hook;
+use crate::host::{Gpu, Host, HostError};
+use crate::legacy::{self, MigId};
+use crate::nvidia::HOOK_ENV;
+use crate::request::Route;
+
+/// The hook's subcommand.
+pub const SUBCOMMAND: &str = "apply-cuda-memory-limits";
+
+/// True when the spec's `process.env` sets both variables.
+pub fn requested(spec: &Value) -> bool {
+    let Some(env) = spec.pointer("/process/env").and_then(Value::as_array) else {
+        return false;
+    };
+    let has = |var: &str| {
+        env.iter()
+            .filter_map(Value::as_str)
+            .any(|e| e.split_once('=').is_some_and(|(k, _)| k == var))
+    };
+    has(REQUEST_ENV) && has(LIMIT_ENV)
+}
+
+/// True when the spec already runs the hook (NVIDIA's CDI specs add it themselves).
+fn has_hook(spec: &Value) -> bool {
+    spec.pointer("/hooks/createRuntime")
+        .and_then(Value::as_array)
+        .is_some_and(|hooks| {
+            hooks.iter().any(|h| {
+                h.get("args")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(SUBCOMMAND)))
+            })
+        })
+}
+
+/// The GPU ids of a legacy request, and the warnings for the MIG devices skipped.
+fn legacy_ids(plan: &Plan, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
+    let (gpu_ids, mig_ids) = legacy::split_mig_ids(&plan.request.devices);
+    let mut ids: Vec<String> = legacy::select_gpus(&gpu_ids, all)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.uuid)
+        .collect();
+    let mut warnings = Vec::new();
+    for (id, mig) in mig_ids {
+        match mig {
+            MigId::Uuid(_) => ids.push(id),
+            _ => warnings.push(format!(
+                "{LIMIT_ENV}: MIG device {id:?} gets no GPU memory limit (its MIG UUID is known \
+                 only to NVML); name it as MIG-<uuid> for one"
+            )),
+        }
+    }
+    (ids, warnings)
+}
+
+/// The minor of a `/dev/nvidia<N>` path.
+fn gpu_minor(path: &str) -> Option<u32> {
+    let n = path.strip_prefix("/dev/nvidia")?;
+    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| n.parse().ok())
+        .flatten()
+}
+
+/// The GPU ids of a CDI request, and the warnings for the devices skipped.
+fn cdi_ids(plan: &Plan, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
+    let mut ids = Vec::new();
+    let mut warnings = Vec::new();
+    for group in &plan.cdi_groups {
+        let Cause::CdiDevice { name, .. } = &group.cause else {
+            continue;
+        };
+        let nodes = &group.edits.device_nodes;
+        let Some(minor) = nodes.iter().find_map(|d| gpu_minor(&d.path)) else {
+            continue;
+        };
+        if nodes
+            .iter()
+            .any(|d| d.path.starts_with("/dev/nvidia-caps/"))
+        {
+            warnings.push(format!(
+                "{LIMIT_ENV}: CDI device {name} is a MIG device, which gets no GPU memory limit \
+                 from nvshim-runtime (its MIG UUID is known only to NVML)"
+            ));
+            continue;
+        }
+        match all.iter().find(|g| g.minor == minor) {
+            Some(g) if !ids.contains(&g.uuid) => ids.push(g.uuid.clone()),
+            Some(_) => {}
+            None => warnings.push(format!(
+                "{LIMIT_ENV}: CDI device {name} brings /dev/nvidia{minor}, which is not a GPU of \
+                 this host's /proc/driver/nvidia/gpus, so it gets no GPU memory limit"
+            )),
+        }
+    }
+    (ids, warnings)
+}
+
+/// The hook for `plan` (after its edits), if the container asks for limits on GPUs it gets,
+/// and the warnings for devices that cannot be named.
+pub fn hook(
+    config: &Config,
+    host: &Host,
+    plan: &Plan,
+    hook_path: &Path,
+) -> Result<(Option<Hook>, Vec<String>), HostError> {
+    if !requested(&plan.edited) || has_hook(&plan.edited) {
+        return Ok((None, Vec::new()));
+    }
+    let (ids, warnings) = match plan.route {
+        Route::Legacy if !plan.gpus.is_empty() => legacy_ids(plan, &host.gpus()?),
+        Route::Cdi(_) if !plan.cdi_devices.is_empty() => cdi_ids(plan, &host.gpus()?),
+        _ => return Ok((None, Vec::new())),
+    };
+    if ids.is_empty() {
+        return Ok((None, warnings));
+    }
+    let mut args = vec![
+        "nvshim-hook".to_string(),
+        SUBCOMMAND.to_string(),
+        "--driver-root".to_string(),
+        config.driver_root.to_string_lossy().into_owned(),
+    ];
+    for id in ids {
+        args.push("--gpu-id".into());
+        args.push(id);
+    }
+    if let Some(log) = config
+        .log_file
+        .as_deref()
+        .filter(|l| *l != Path::new("/dev/null"))
+    {
+        args.push("--log-file".into());
+        args.push(log.to_string_lossy().into_owned());
+    }
+    Ok((
+        Some(Hook {
+            hook_name: "createRuntime".into(),
+            path: hook_path.to_string_lossy().into_owned(),
+            args,
+            env: Some(vec![HOOK_ENV.to_string()]),
+            timeout: None,
+        }),
+        warnings,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn requested_needs_both_variables() {
+        let spec = |env: &[&str]| json!({"process": {"env": env}});
+        assert!(!requested(&json!({})));
+        assert!(!requested(&spec(&["NVIDIA_GPU_MEMORY_LIMIT=2048"])));
+        assert!(!requested(&spec(&["NVIDIA_GPU_MEMORY_REQUEST=1"])));
+        assert!(requested(&spec(&[
+            "NVIDIA_GPU_MEMORY_REQUEST=1024",
+            "PATH=/bin",
+            "NVIDIA_GPU_MEMORY_LIMIT=2048"
+        ])));
+    }
+
+    #[test]
+    fn an_existing_hook_is_kept_alone() {
+        let spec = json!({"hooks": {"createRuntime": [
+            {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", ""]}
+        ]}});
+        assert!(has_hook(&spec));
+        assert!(!has_hook(&json!({"hooks": {"createContainer": []}})));
+    }
+
+    #[test]
+    fn gpu_minors() {
+        assert_eq!(gpu_minor("/dev/nvidia0"), Some(0));
+        assert_eq!(gpu_minor("/dev/nvidia12"), Some(12));
+        assert_eq!(gpu_minor("/dev/nvidiactl"), None);
+        assert_eq!(gpu_minor("/dev/nvidia-uvm"), None);
+        assert_eq!(gpu_minor("/dev/nvidia"), None);
+    }
+}
