@@ -18,6 +18,8 @@
 #   5. nvshim cdi generate (fake NVML, 8 GPUs) and nvshim cdi list;
 #   7. CDI create against spec directories of 2, 50, 500 and 1,000 files (a DRA driver's one
 #      spec per claim beside the node spec), with the index in cache-dir and without it;
+#   8. legacy create of `all` on a MIG host (8 GPUs x 7 MIG devices: every device's caps
+#      nodes, from /proc, no NVML);
 #   6. peak memory (GNU time %M) of each.
 # and prints one table: each figure, its baseline, the difference, the ratio, the goal.
 #
@@ -42,7 +44,7 @@ while [ $# -gt 0 ]; do
         --quick) runs=10 warmup=2 mem_runs=2; shift ;;
         --keep) keep=1; shift ;;
         --out) out="$2"; shift 2 ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 1 ;;
     esac
 done
@@ -102,6 +104,7 @@ fi
 say "fake 8-GPU host, configs, CDI spec"
 host="$work/host"
 "$bin/nvshim-fake-host" "$host" --gpus 8 >/dev/null
+"$bin/nvshim-fake-host" "$work/mighost" --gpus 8 --mig 7 >/dev/null
 mkdir -p "$work/cdi" "$work/run"
 # Bundles on a tmpfs, as containerd, Docker and CRI-O keep them (/run/...): the file system
 # under the bundle is part of what create costs, and /run is tmpfs on their hosts.
@@ -122,6 +125,8 @@ EOF
 }
 config "$work/true.toml" /bin/true
 config "$work/runc.toml" runc
+config "$work/mig.toml" /bin/true
+sed -i "s|\"$host|\"$work/mighost|" "$work/mig.toml"
 
 # Fake NVML for `cdi generate`: the cdylib in place of the host's libnvidia-ml, answering from
 # a topology written from the fake host's /proc (GPU directories sort in bus order = NVML's).
@@ -175,6 +180,7 @@ bundle() { # NAME VISIBLE-DEVICES-or-empty CMD...
     cp "$work/run/$name/config.json" "$work/run/$name.orig.json"
 }
 bundle legacy "0,3" /bin/true
+bundle migall all /bin/true
 bundle cdi "nvidia.com/gpu=0,nvidia.com/gpu=3" /bin/true
 bundle plain "" /bin/true
 bundle full "0,3" true
@@ -198,6 +204,9 @@ for n in 2 50 500 1000; do
         cp "$work/run/cdi$n.orig.json" "$work/run/cdi$n/config.json"
     done
 done
+NVSHIM_CONFIG="$work/mig.toml" "$bin/nvshim-runtime" create --bundle "$work/run/migall" x
+grep -c 'nvidia-caps/nvidia-cap' "$work/run/migall/config.json" > /dev/null || { echo "bench: migall got no MIG caps nodes" >&2; exit 1; }
+cp "$work/run/migall.orig.json" "$work/run/migall/config.json"
 for b in legacy cdi; do
     NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/$b" x
     cmp -s "$work/run/$b/config.json" "$work/run/$b.orig.json" && { echo "bench: $b was not edited" >&2; exit 1; }
@@ -250,6 +259,7 @@ cat > "$spec" <<EOF
   {"name":"floor","steps":[["$bin/floor","--root","$st","create","--bundle","$R/legacy","c1"]],"prepare":[["cp","$R/legacy.orig.json","$R/legacy/config.json"]]}
   $musl_cmd,
   $(create_cmd create-legacy "$bin/nvshim-runtime" "$R/legacy" "$work/true.toml"),
+  $(create_cmd create-mig-all "$bin/nvshim-runtime" "$R/migall" "$work/mig.toml"),
   $(create_cmd create-cdi "$bin/nvshim-runtime" "$R/cdi" "$work/true.toml"),
   $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
   $(create_cmd create-legacy-dynamic "$bin/nvshim-runtime-dynamic" "$R/legacy" "$work/true.toml"),
@@ -284,6 +294,7 @@ cat > "$spec" <<EOF
   {"figure":"1. create, legacy request (2 of 8 GPUs)","cmd":"create-legacy","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, CDI request (2 of 8 GPUs)","cmd":"create-cdi","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, no GPU request","cmd":"create-plain","baseline":"floor","goal_ms":0.25},
+  {"figure":"8. create, legacy, all on a MIG host (8 GPUs x 7 MIG devices, no NVML)","cmd":"create-mig-all","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
   {"figure":"1. create, legacy, dynamically linked build (reference, not shipped)","cmd":"create-legacy-dynamic","baseline":"floor"},
   {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},

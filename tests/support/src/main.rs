@@ -1,8 +1,10 @@
 //! `nvshim-fake-host DIR [--gpus N] [--driver-version V] [--frontend-name NAME]
-//!                  [--kernel-modules open|proprietary] [--config FILE]`
+//!                  [--kernel-modules open|proprietary] [--mig N] [--config FILE]`
 //!
 //! Builds a simulated GPU host in DIR (for the demo and the benchmarks) and prints its layout.
-//! With `--config FILE`, also writes an nvshim config.toml pointing at it. Needs root and gcc.
+//! With `--mig N`, every GPU has N MIG devices (GPU instances 1..=N, compute instance 0 each:
+//! their capability nodes and the driver's `mig-minors` table). With `--config FILE`, also
+//! writes an nvshim config.toml pointing at it. Needs root and gcc.
 //!
 //! `nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...`
 //!
@@ -17,7 +19,7 @@ use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec, KernelModules};
 
 const USAGE: &str = "usage: nvshim-fake-host DIR [--gpus N] [--driver-version V] \
                      [--frontend-name nvidia|nvidia-frontend] \
-                     [--kernel-modules open|proprietary] [--config FILE]\n       \
+                     [--kernel-modules open|proprietary] [--mig N] [--config FILE]\n       \
                      nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...";
 
 struct Args {
@@ -26,6 +28,7 @@ struct Args {
     driver_version: Option<String>,
     frontend_name: Option<String>,
     kernel_modules: KernelModules,
+    mig: u32,
     config: Option<PathBuf>,
     bundle: bool,
     env: Vec<String>,
@@ -38,6 +41,7 @@ fn parse_args() -> Result<Option<Args>> {
     let mut driver_version = None;
     let mut frontend_name = None;
     let mut kernel_modules = KernelModules::default();
+    let mut mig = 0;
     let mut config = None;
     let mut bundle = false;
     let mut env = Vec::new();
@@ -64,6 +68,14 @@ fn parse_args() -> Result<Option<Args>> {
                     "proprietary" => KernelModules::Proprietary,
                     v => bail!("--kernel-modules {v:?}: open or proprietary\n{USAGE}"),
                 }
+            }
+            "--mig" => {
+                let v = value("--mig")?;
+                mig = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=7).contains(n))
+                    .with_context(|| format!("--mig {v:?}: 1 to 7 MIG devices per GPU"))?;
             }
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--bundle" => {
@@ -98,6 +110,7 @@ fn parse_args() -> Result<Option<Args>> {
         driver_version,
         frontend_name,
         kernel_modules,
+        mig,
         config,
         bundle,
         env,
@@ -140,7 +153,21 @@ fn real_main() -> Result<()> {
     }
     spec.kernel_modules = args.kernel_modules;
     let host = FakeHost::build(&args.dir, &spec)?;
+    if args.mig > 0 {
+        let instances: Vec<(u32, u32, u32)> = host
+            .gpus()
+            .iter()
+            .flat_map(|g| (1..=args.mig).map(move |gi| (g.minor, gi, 0)))
+            .collect();
+        host.add_mig_caps(&instances)?;
+    }
     print!("{}", host.describe());
+    if args.mig > 0 {
+        println!(
+            "  MIG: {} devices per GPU (caps nodes in dev/nvidia-caps)",
+            args.mig
+        );
+    }
     if let Some(config) = args.config {
         host.write_config(&config, "")?;
         println!("  nvshim config: {}", config.display());
