@@ -2,7 +2,7 @@
 //! fields newer than oci-spec knows, in their original order), and written back atomically.
 //!
 //! NVIDIA's runtime decodes config.json into Go structs and truncates the file in place
-//! (nvidia-toolkit-behaviour.md §2.1 step 8): unknown fields are lost and a crash mid-write
+//! (docs/nvidia-behaviour.md §1.2): unknown fields are lost and a crash mid-write
 //! leaves a torn file. Here the document stays a `serde_json::Value` (with `preserve_order`),
 //! only the parts nvshim edits are touched, and the new file replaces the old one by `rename`.
 //!

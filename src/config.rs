@@ -24,8 +24,9 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
 }
 
-/// How requests are turned into edits (see the CDI issue): `auto` uses CDI when every request is
-/// a fully qualified CDI name, `legacy` always resolves against the host, `cdi` always uses specs.
+/// How requests are turned into edits (docs/nvidia-behaviour.md §1.3): `auto` uses CDI when
+/// every request is a fully qualified CDI name, `legacy` always resolves against the host, `cdi`
+/// always uses specs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {

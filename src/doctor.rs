@@ -2,13 +2,13 @@
 //! problem with the command that fixes it.
 //!
 //! One issue in five on NVIDIA's toolkit quotes an opaque error, and a self-diagnostic command
-//! has been asked for since 2023 (field-lessons.md §4, nvidia-container-toolkit#179). The
-//! checks follow the failures users meet most (field-lessons.md §2): the driver not loaded,
-//! device nodes missing or with numbers that moved (§2.3), `/dev/char` links missing for the
+//! has been asked for since 2023 (docs/field-notes.md §4, nvidia-container-toolkit#179). The
+//! checks follow the failures users meet most (docs/field-notes.md §2): the driver not loaded,
+//! device nodes missing or with numbers that moved (§2.2), `/dev/char` links missing for the
 //! systemd cgroup driver ("Failed to initialize NVML: Unknown Error" after a daemon-reload,
 //! §2.1), persistence mode off (seconds per container start, §1), CDI specs that no longer
-//! match the driver (the most reported CDI failure, §2.8), engines without the `nvidia`
-//! runtime or pointing at a binary that is gone (§2.6, §2.7), no runc or crun.
+//! match the driver (the most reported CDI failure, §2.6), engines without the `nvidia`
+//! runtime or pointing at a binary that is gone (§2.4, §2.5), no runc or crun.
 //!
 //! Every check reads through the same code the runtime uses ([`crate::host`],
 //! [`crate::cdi::Registry`], [`crate::system`], [`crate::runtime`], [`crate::engine`]) and

@@ -3,10 +3,10 @@
 //!
 //! Legacy `NVIDIA_VISIBLE_DEVICES` requests are resolved against the host into this model
 //! (`legacy`), CDI devices come from spec files in the same shape (`cdi`), and [`apply`] writes
-//! either into the bundle. The serde shape is CDI's (cdi-conformance.md §2.1), so a spec's
+//! either into the bundle. The serde shape is CDI's (docs/cdi-rules.md §2.1), so a spec's
 //! `containerEdits` deserialises straight into [`ContainerEdits`].
 //!
-//! [`apply`] follows the CDI reference library (cdi-conformance.md §5.2: env, device nodes with
+//! [`apply`] follows the CDI reference library (docs/cdi-rules.md §5.2: env, device nodes with
 //! cgroup rules, net devices, mounts then a depth sort, hooks, intelRdt, additional gids) over a
 //! `serde_json::Value`, so every field nvshim does not edit survives, including fields newer
 //! than oci-spec knows. New entries are built through oci-spec's typed structs. One deliberate
@@ -279,7 +279,7 @@ fn intel_rdt_value(rdt: &IntelRdt) -> Value {
 }
 
 /// Fills type, major, minor and mode of a device node from its host node (CDI
-/// `fillMissingInfo`, cdi-conformance.md §5.4): `lstat`, symlinks not followed.
+/// `fillMissingInfo`, docs/cdi-rules.md §5.4): `lstat`, symlinks not followed.
 fn fill_device(d: &DeviceNode) -> Result<DeviceNode, EditError> {
     let mut d = d.clone();
     let host_path = d.host_path.clone().unwrap_or_else(|| d.path.clone());
@@ -415,7 +415,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     };
     let (user_uid, user_gid) = (process_user(root, "uid"), process_user(root, "gid"));
 
-    // env: replace by key in place, else append (CDI HEAD semantics, cdi-conformance.md §5.3).
+    // env: replace by key in place, else append (CDI HEAD semantics, docs/cdi-rules.md §5.3).
     if !edits.env.is_empty() {
         let process = object_at(root, "process", "process")?;
         let env = array_at(process, "env", "process.env")?;

@@ -1,14 +1,14 @@
 //! What a container asks for, read from its config.json, and where each ask came from.
 //!
 //! Pure functions over the spec document: no host access. Semantics follow NVIDIA's toolkit
-//! (nvidia-toolkit-behaviour.md §3) with two deliberate differences:
+//! (docs/nvidia-behaviour.md §2) with two deliberate differences:
 //! - An unset `NVIDIA_VISIBLE_DEVICES` is never a GPU request, even in an old image that sets
 //!   `CUDA_VERSION` without `NVIDIA_REQUIRE_CUDA` (NVIDIA's "legacy image" rule grants *all*
 //!   GPUs to such images; an image alone should not be able to claim every GPU).
 //! - Repeated ids are de-duplicated (a time-sliced GPU may be listed several times by the
 //!   device plugin; NVIDIA's code turns duplicates into empty slots).
 //!
-//! The forms NVIDIA's Kubernetes components hand down (the Kubernetes request-forms issue):
+//! The forms NVIDIA's Kubernetes components hand down:
 //! - Device plugin, `envvar` strategy: `NVIDIA_VISIBLE_DEVICES=GPU-<uuid>,...` (privilege rule
 //!   below); `volume-mounts` strategy: one `/dev/null` mount per device at
 //!   `/var/run/nvidia-container-devices/<id>` plus `NVIDIA_VISIBLE_DEVICES` set to that
@@ -45,7 +45,7 @@ pub const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// The source of those mounts (`deviceListAsVolumeMountsHostPath`).
 const DEVICE_MOUNT_SOURCE: &str = "/dev/null";
 /// The largest IMEX channel number: channel minors are 20 bits (NVIDIA's JIT-CDI check,
-/// nvidia-toolkit-behaviour.md §3.3).
+/// docs/nvidia-behaviour.md §2.3).
 pub const MAX_IMEX_CHANNEL: u32 = (1 << 20) - 1;
 /// Most `process.env` entries read. A real container has tens; execve(2) takes at most a
 /// quarter of the 8 MiB default stack for argv and env together, i.e. under 700,000 of the
@@ -504,7 +504,7 @@ fn mount_requests(spec: &Value) -> MountRequests {
 /// Parses IMEX channel ids: numbers up to [`MAX_IMEX_CHANNEL`]; `all`, `none` and `void` ask
 /// for none. NVIDIA ignores `all` too: an IMEX channel is an isolation boundary between
 /// ComputeDomains, so "every channel" is never granted by a variable (and toolkit 1.17.0,
-/// which failed on it instead, broke images that set it; field-lessons.md §2.10).
+/// which failed on it instead, broke images that set it; docs/field-notes.md §2.7).
 fn parse_imex_channels(from: &str, items: &[&str]) -> Result<Vec<u32>, RequestError> {
     if items.len() > MAX_DEVICE_NAMES {
         return Err(RequestError::TooManyDeviceNames {
@@ -608,7 +608,7 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
     let mut annotation_devices: Vec<AnnotatedDevice> = Vec::new();
     if config.mode != Mode::Legacy {
         // Annotations come from the orchestrator (a device plugin or DRA driver), not from the
-        // image, so no privilege rule applies (nvidia-toolkit-behaviour.md §3.1).
+        // image, so no privilege rule applies (docs/nvidia-behaviour.md §2.1).
         if let Some(map) = spec.get("annotations").and_then(Value::as_object) {
             for (key, value) in map {
                 let len = value.as_str().map_or(0, str::len);
@@ -735,7 +735,8 @@ pub enum Route {
     Cdi(Vec<String>),
 }
 
-/// Decides between legacy and CDI by `mode` (the CDI issue; NVIDIA's `internal/info/auto.go`):
+/// Decides between legacy and CDI by `mode` (docs/nvidia-behaviour.md §1.3; NVIDIA's
+/// `internal/info/auto.go`):
 /// - `legacy`: annotations are not read; `NVIDIA_VISIBLE_DEVICES` is resolved on the host.
 /// - `cdi`: annotations if any, else `NVIDIA_VISIBLE_DEVICES`; names without a kind get
 ///   `cdi-default-kind` (`0` → `nvidia.com/gpu=0`, `all` → `nvidia.com/gpu=all`).

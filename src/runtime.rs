@@ -3,7 +3,7 @@
 //! The shim must accept every runc flag, including ones it does not model (`--rootless`,
 //! `--criu`, future flags), so argv is scanned leniently, the way runc's urfave/cli parses it
 //! (`-flag` and `--flag`, `--flag=value` or `--flag value`), and passed on untouched. Strict
-//! clap parsing would reject flags nvshim has never heard of (rust-style-youki.md §2 "CLI").
+//! clap parsing would reject flags nvshim has never heard of (docs/nvidia-behaviour.md §1.1).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -341,7 +341,8 @@ mod tests {
     }
 
     /// Every value-taking global flag of runc and crun, in both spellings, before `create` or
-    /// `run` with the bundle flag in every position (security issue 16, item 7).
+    /// `run` with the bundle flag in every position (docs/reliability.md, "Request parsing
+    /// classes").
     #[test]
     fn global_value_flags_table() {
         let globals: &[(&str, &str)] = &[

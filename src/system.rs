@@ -6,8 +6,8 @@
 //! `/dev/char` path does not exist (runc#3671, runc#3708). The NVIDIA nodes are made with
 //! `mknod` by nvidia-modprobe, not through the kernel's `device_create`, so udev never links
 //! them; the unit then lacks the GPU rules and the next `systemctl daemon-reload` re-applies
-//! it, revoking the GPUs: "Failed to initialize NVML: Unknown Error" (NVIDIA/nvidia-container-toolkit
-//! issue 48). NVIDIA's fix is these links, made at boot and by a udev rule
+//! it, revoking the GPUs: "Failed to initialize NVML: Unknown Error" (nvidia-container-toolkit#48,
+//! docs/field-notes.md §2.1). NVIDIA's fix is these links, made at boot and by a udev rule
 //! (`nvidia-ctk system create-dev-char-symlinks`).
 //!
 //! Unlike nvidia-ctk, which always looks under `/` whatever `--driver-root` says (its

@@ -1157,7 +1157,7 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
         .is_symlink());
 
     // dockerd registers its `--gpus` driver when nvidia-container-runtime-hook is on its PATH
-    // (moby daemon/nvidia_linux.go); the hooks issue makes nvshim-hook answer to that name.
+    // (moby daemon/nvidia_linux.go); nvshim-hook answers to that name.
     let bin = w.dir("dk-bin");
     symlink(hook_path(), bin.join("nvidia-container-runtime-hook")).unwrap();
     let path_env = format!(

@@ -1,5 +1,5 @@
 //! Reliability: load and faults, through the built `nvshim-runtime` over real runc on a
-//! simulated GPU host (the benchmarks-and-hardening issue, "Reliability" 2–4).
+//! simulated GPU host.
 //!
 //! - Load: 50 containers created and started concurrently through the shim on one 8-GPU host,
 //!   each asking for a different GPU subset (by index, UUID or bus id); each must see exactly its
@@ -119,7 +119,7 @@ const DOC_TAIL: &str = "
 The fuzzing half of the hardening work (targets, corpus, how long CI runs them, what was found)
 is in `docs/benchmarks.md` § Fuzzing and `scripts/fuzz.sh`.
 
-## Security issue 16: request parsing classes (bundle, runtime argv, env, annotations)
+## Request parsing classes (bundle, runtime argv, env, annotations)
 
 Each class is closed for every variant, not only the reported case; the tests named try several.
 

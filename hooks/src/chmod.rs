@@ -4,7 +4,7 @@
 //! the modes the devices need. NVIDIA's generator no longer emits it, but old specs carry it.
 //!
 //! NVIDIA's hook joins the paths to the root as strings and calls `os.Chmod`, which follows an
-//! image symlink anywhere on the host (§7 lists it as a weak spot). Here each path is resolved
+//! image symlink anywhere on the host (docs/nvidia-behaviour.md §3.3). Here each path is resolved
 //! by fd inside the root ([`Root::open_at`]: symlinks followed but kept inside the root, magic
 //! links refused), and the mode is set on what that fd holds: `fchmod` on the directory reopened
 //! from it, or, for anything else, `chmod` through `/proc/self/fd/N` of the `O_PATH` fd, so a

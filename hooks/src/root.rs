@@ -4,7 +4,7 @@
 //! the host's: runc runs createContainer hooks in the container's mount namespace but before
 //! pivot_root. A string join such as `format!("{root}/etc/ld.so.cache")` follows an image
 //! symlink `etc -> /` straight onto the host; that is CVE-2024-0134 (create-symlinks) and
-//! CVE-2025-23267 (update-ldcache), field-lessons.md §3. So the root is opened once as a
+//! CVE-2025-23267 (update-ldcache), docs/field-notes.md §3. So the root is opened once as a
 //! directory fd and every path below it is resolved against that fd with
 //! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: absolute symlinks and `..` stop at the
 //! root, and magic links such as `/proc/self/root` are refused.

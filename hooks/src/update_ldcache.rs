@@ -9,7 +9,7 @@
 //! - with an existing cache, every entry is kept except those of the scanned folders, which are
 //!   rescanned (so a stale entry of a scanned folder whose file is gone disappears, as ldconfig
 //!   would do). The rest of the image's libraries keep resolving exactly as before: the hook
-//!   never re-indexes the whole image (nvidia-container-toolkit#123, field-lessons.md §2.4).
+//!   never re-indexes the whole image (nvidia-container-toolkit#123, docs/field-notes.md §2.3).
 //!   The directories named by `/etc/ld.so.conf.d/00-compat-*.conf` (what `enable-cuda-compat`
 //!   writes just before this hook, nvshim's or NVIDIA's) are rescanned too: NVIDIA's hook
 //!   relies on a full ldconfig run to index them;

@@ -1,4 +1,4 @@
-//! Device requests in OCI annotations: the `cdi.k8s.io/` protocol (cdi-conformance.md §3.2).
+//! Device requests in OCI annotations: the `cdi.k8s.io/` protocol (docs/cdi-rules.md §3.2).
 //!
 //! Keys that start with one of the configured prefixes carry comma-separated device names.
 //! Keys are taken in sorted order (the reference iterates a Go map, in random order; NVIDIA's

@@ -1,4 +1,4 @@
-//! Conformance cases from the CDI reference (cdi-conformance.md §6): versions, decoding,
+//! Conformance cases from the CDI reference (docs/cdi-rules.md §6): versions, decoding,
 //! validation, names, spec directories and conflicts, and edit application with exact
 //! before/after config.json. Each test names the reference test it follows.
 
@@ -38,7 +38,7 @@ fn with_edits(version: &str, edits: ContainerEdits) -> Spec {
     }
 }
 
-// ---- §1: versions (specs-go/version_test.go) ----
+// ---- docs/cdi-rules.md §1: versions (specs-go/version_test.go) ----
 
 #[test]
 fn minimum_required_version() {
@@ -173,7 +173,8 @@ fn validate_version() {
     assert_eq!(v("1.0.0", false), Ok(()));
 }
 
-// ---- §2.2, §2.3: decoding and validation (pkg/cdi/spec_test.go, device_test.go) ----
+// ---- docs/cdi-rules.md §2.2, §2.3: decoding and validation (pkg/cdi/spec_test.go,
+// device_test.go) ----
 
 #[test]
 fn read_spec_cases() {
@@ -425,7 +426,7 @@ fn validate_container_edits() {
     assert!(edits_err(nets(vec![net("eno1", "a"), net("eno2", "a")])));
 }
 
-// ---- §4: spec directories (pkg/cdi/cache_test.go, spec-dirs_test.go) ----
+// ---- docs/cdi-rules.md §4: spec directories (pkg/cdi/cache_test.go, spec-dirs_test.go) ----
 
 struct Dirs {
     _tmp: tempfile::TempDir,
@@ -595,8 +596,8 @@ fn unresolvable_names_every_missing_device() {
     assert!(msg.contains("defines kind \"other.com/x\""), "{msg}");
 }
 
-// ---- §5: edit application, exact before/after (container-edits_test.go, cache_test.go
-// TestInjectDevice, regressions_test.go) ----
+// ---- docs/cdi-rules.md §5: edit application, exact before/after (container-edits_test.go,
+// cache_test.go TestInjectDevice, regressions_test.go) ----
 
 fn apply(before: Value, edits: ContainerEdits) -> Value {
     let mut spec = before;
@@ -975,7 +976,7 @@ fn empty_strings_are_unset() {
     );
 }
 
-// ---- issue 13: files nobody on this team wrote, as the reference reads them ----
+// ---- docs/cdi-rules.md §6.2: files nobody on this team wrote, as the reference reads them ----
 
 const PROBE: &str = "cdiVersion: 0.3.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [A=1]\n";
 const PROBE_JSON: &str = r#"{"cdiVersion": "0.3.0", "kind": "vendor.com/device", "devices": [{"name": "d", "containerEdits": {"env": ["A=1"]}}]}"#;

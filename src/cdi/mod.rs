@@ -7,7 +7,7 @@
 //!   go through the same applier. Versions 0.3.0–1.1.0 with the minimum-version rule
 //!   ([`spec`]), the library's name grammar ([`name`]), spec-dir priorities and conflicts
 //!   ([`registry`]), and YAML 1.1 decoding as Go's `sigs.k8s.io/yaml` does it ([`yaml`]), all as
-//!   shared/reference/cdi-conformance.md describes and `conformance.rs` tests.
+//!   docs/cdi-rules.md describes and `conformance.rs` tests.
 //! - Producer ([`generate`]): `nvshim cdi generate`, GPUs from NVML ([`nvml`]) or `/proc`;
 //!   [`refresh`] keeps the node's spec current, regenerating only what [`freshness`] finds stale.
 //!

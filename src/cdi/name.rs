@@ -1,7 +1,7 @@
 //! CDI names: `vendor/class` kinds, device names and fully qualified `vendor/class=name`.
 //!
 //! The grammar and the error texts are the reference library's (`pkg/parser/parser.go`,
-//! cdi-conformance.md §2.4 and §3.1), not SPEC.md's prose, which differs (no `:` in device
+//! docs/cdi-rules.md §2.4 and §3.1), not SPEC.md's prose, which differs (no `:` in device
 //! names, DNS rules on the vendor): specs in the field are written against the library.
 //! Character classes are ASCII; anything else is an invalid character.
 

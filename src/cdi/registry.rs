@@ -1,11 +1,11 @@
 //! The spec directories as one registry of devices: scanning, priorities, conflicts, and the
-//! resolution of requested names into one [`ContainerEdits`] (cdi-conformance.md §4, §5.1).
+//! resolution of requested names into one [`ContainerEdits`] (docs/cdi-rules.md §4, §5.1).
 //!
-//! nvshim is one-shot: no watcher survives the process (§4.4). [`Registry::load`] scans the
-//! directories and parses every spec (`nvshim cdi list|validate`, doctor); a `create` uses
-//! [`Registry::load_for`], which parses only the specs that define the requested devices,
-//! found through an index that is checked against every spec file's identity on each use
-//! ([`super::index`]).
+//! nvshim is one-shot: no watcher survives the process (docs/cdi-rules.md §4.4).
+//! [`Registry::load`] scans the directories and parses every spec (`nvshim cdi
+//! list|validate`, doctor); a `create` uses [`Registry::load_for`], which parses only the
+//! specs that define the requested devices, found through an index that is checked against
+//! every spec file's identity on each use ([`super::index`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -52,7 +52,7 @@ impl ScanError {
 }
 
 /// Requested devices that no loaded spec provides. Says why for each, so an operator need not
-/// guess (field-lessons.md §2.8: "never surface 'unresolvable' without saying why").
+/// guess (docs/field-notes.md §2.6: users otherwise see only "unresolvable CDI devices").
 #[derive(Debug, Error)]
 #[error("unresolvable CDI devices {}: {why}", missing.join(", "))]
 pub struct ResolveError {
@@ -193,7 +193,7 @@ impl Registry {
     }
 
     /// A name defined twice at one priority is dropped, even where a higher-priority spec also
-    /// defines it (cache.go `refresh`, cdi-conformance.md §4.3).
+    /// defines it (cache.go `refresh`, docs/cdi-rules.md §4.3).
     pub(super) fn drop_conflicts(&mut self) {
         for name in self.conflicts.keys() {
             self.devices.remove(name);
@@ -274,9 +274,10 @@ impl Registry {
             .map(|(s, d)| (&self.specs[*s], &self.specs[*s].spec.devices[*d]))
     }
 
-    /// The edits for `names`, accumulated as the reference's `InjectDevices` does (§5.1): for
-    /// each name in order, its spec's global edits the first time that spec is seen, then the
-    /// device's own. Fails naming every name that does not resolve, before anything is built.
+    /// The edits for `names`, accumulated as the reference's `InjectDevices` does
+    /// (docs/cdi-rules.md §5.1): for each name in order, its spec's global edits the first time
+    /// that spec is seen, then the device's own. Fails naming every name that does not
+    /// resolve, before anything is built.
     pub fn resolve(&self, names: &[String]) -> Result<ContainerEdits, ResolveError> {
         let mut edits = ContainerEdits::default();
         for (_, group) in self.resolve_grouped(names)? {
@@ -419,7 +420,7 @@ impl Registry {
             add_next("fix or remove the specs that failed to load".into());
         }
         // The directories searched and what to do next close the sentence: the operator should
-        // not have to guess where nvshim looked (field-lessons.md §2.8).
+        // not have to guess where nvshim looked (docs/field-notes.md §2.6).
         format!(
             "{}; spec dirs searched: {}; {}",
             reasons.join("; "),
@@ -450,8 +451,8 @@ fn normalize_empty(edits: &mut ContainerEdits) {
 
 /// Device nodes whose declared major:minor differs from the host node they name: the mark of
 /// a spec generated before a driver reload or reboot moved a dynamic major (nvidia-uvm), which
-/// otherwise gives a container where `nvidia-smi` works and `cuInit` fails (field-lessons.md
-/// §2.8). One `lstat` per node; a missing node is left to [`crate::edits::apply`] to report.
+/// otherwise gives a container where `nvidia-smi` works and `cuInit` fails (docs/field-notes.md
+/// §2.6). One `lstat` per node; a missing node is left to [`crate::edits::apply`] to report.
 pub fn stale_device_nodes(edits: &ContainerEdits) -> Vec<String> {
     let mut out = Vec::new();
     for d in &edits.device_nodes {
@@ -521,7 +522,7 @@ fn library_driver_version(path: &str) -> Option<&str> {
 /// Mounts that give a spec away as generated for another driver: a host file that no longer
 /// exists, or (with `driver_version`, the running driver's) a library of another driver
 /// version. After a driver upgrade these are what users meet as "open failed:
-/// libnvidia-tls.so.575.64.05" (field-lessons.md §2.8).
+/// libnvidia-tls.so.575.64.05" (docs/field-notes.md §2.6).
 pub fn stale_library_mounts(edits: &ContainerEdits, driver_version: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
     for m in &edits.mounts {

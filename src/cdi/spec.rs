@@ -1,5 +1,5 @@
 //! The CDI spec model, its decoding, validation and minimum-version rule
-//! (cdi-conformance.md §1, §2).
+//! (docs/cdi-rules.md §1, §2).
 //!
 //! `containerEdits` are [`crate::edits::ContainerEdits`]: the one edits model, so a resolved
 //! device goes straight to [`crate::edits::apply`].
@@ -336,7 +336,7 @@ fn env_ok(v: &str) -> bool {
     v.find('=').is_some_and(|i| i > 0)
 }
 
-/// `ContainerEdits.Validate` (cdi-conformance.md §2.3 step 4).
+/// `ContainerEdits.Validate` (docs/cdi-rules.md §2.3 step 4).
 pub fn validate_edits(e: &ContainerEdits) -> Result<(), EditsError> {
     if let Some(v) = e.env.iter().find(|v| !env_ok(v)) {
         return Err(EditsError::Env(v.clone()));
@@ -429,7 +429,7 @@ impl Spec {
     }
 
     /// The oldest spec version that can express this content (`MinimumRequiredVersion`,
-    /// cdi-conformance.md §1.2): the newest version whose feature test holds, else 0.3.0.
+    /// docs/cdi-rules.md §1.2): the newest version whose feature test holds, else 0.3.0.
     pub fn minimum_version(&self) -> &'static str {
         let any = |f: &dyn Fn(&ContainerEdits) -> bool| self.all_edits().any(f);
         if any(&|e| {
@@ -511,14 +511,14 @@ impl Spec {
         out
     }
 
-    /// `Spec.validate` (cdi-conformance.md §2.3), first error wins.
+    /// `Spec.validate` (docs/cdi-rules.md §2.3), first error wins.
     pub fn validate(&self) -> Result<(), SpecError> {
         self.validate_version()?;
         let (vendor, class) = self.vendor_class();
         name::validate_vendor_name(vendor).map_err(SpecError::Kind)?;
         name::validate_class_name(class).map_err(SpecError::Kind)?;
         // Spec and device annotations: the reference's check is a no-op when loading
-        // (cdi-conformance.md §2.5), so none here either.
+        // (docs/cdi-rules.md §2.5), so none here either.
         validate_edits(&self.container_edits).map_err(SpecError::Edits)?;
         let mut seen: HashSet<&str> = HashSet::with_capacity(self.devices.len());
         for d in &self.devices {

@@ -3,7 +3,7 @@
 //!
 //! The reference decodes every spec, `.json` or `.yaml`, with `sigs.k8s.io/yaml`: YAML 1.1
 //! scalars from `gopkg.in/yaml.v2`, then `encoding/json` with unknown fields rejected and keys
-//! matched case-insensitively (cdi-conformance.md §2.2). A typed serde YAML decoder gets several
+//! matched case-insensitively (docs/cdi-rules.md §2.2). A typed serde YAML decoder gets several
 //! of these wrong for real specs: `fileMode: 0666` is octal (438) in YAML 1.1 but decimal in
 //! YAML 1.2 (serde_yaml, serde_norway, serde_yml), an unquoted `name: 0` must become the string
 //! `"0"`, `KIND:` must match `kind`. So this module reads the document with yaml-rust2's event
