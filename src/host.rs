@@ -133,31 +133,6 @@ pub struct Host {
     roots: HostRoots,
 }
 
-/// Where [`Host::ld_cache`] looks for libraries under a driver root without an ld.so.cache:
-/// NVIDIA's library locator's search paths (nvidia-container-toolkit
-/// `internal/lookup/library.go`), then the 32-bit and plain `lib` directories a driver
-/// directory keeps its 32-bit libraries in (ldconfig tells the word sizes apart by ELF class).
-pub const NO_CACHE_LIBRARY_DIRS: &[&str] = &[
-    "/",
-    "/usr/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu/nvidia/current",
-    "/usr/lib/aarch64-linux-gnu/nvidia/current",
-    "/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/lib/x86_64-linux-gnu/nvidia/current",
-    "/lib/aarch64-linux-gnu/nvidia/current",
-    "/glibc/lib",
-    "/lib",
-    "/usr/lib",
-    "/lib32",
-    "/usr/lib32",
-    "/lib/i386-linux-gnu",
-    "/usr/lib/i386-linux-gnu",
-];
-
 /// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
 /// The paths come from the host's own files (ld.so.cache, the driver's /proc), never from a
 /// container.
@@ -313,7 +288,8 @@ impl Host {
     /// The host's ld.so.cache under the driver root. A driver root that has none (a driver
     /// directory rather than a whole system: GKE's `/home/kubernetes/bin/nvidia`, the
     /// `/usr/local/nvidia` of CUDA images, with `lib64/`, `lib/` and `bin/`) gets the cache
-    /// `ldconfig -r <driver-root>` would write for [`NO_CACHE_LIBRARY_DIRS`], built read-only
+    /// `ldconfig -r <driver-root>` would write for
+    /// [`DRIVER_LIBRARY_DIRS`](nvshim_hook::ldconfig::DRIVER_LIBRARY_DIRS), built read-only
     /// (no SONAME links made) by the hook crate's port of ldconfig's directory scan. Only a
     /// root where that finds no library at all is an error.
     pub fn ld_cache(&self) -> Result<LdCache, HostError> {
@@ -331,11 +307,11 @@ impl Host {
         LdCache::parse(&bytes).map_err(|source| HostError::LdCache { path, source })
     }
 
-    /// The libraries of [`NO_CACHE_LIBRARY_DIRS`] under the driver root, as cache entries in
+    /// The libraries of the driver library directories under the driver root, as cache entries in
     /// ldconfig's order. `None` where the root cannot be opened or the architecture has no
     /// ldconfig rules here.
     fn scanned_ld_cache(&self) -> Option<LdCache> {
-        use nvshim_hook::ldconfig::{Config, Dir, Scan, Scanner};
+        use nvshim_hook::ldconfig::{Config, Dir, Scan, Scanner, DRIVER_LIBRARY_DIRS};
         let root = nvshim_hook::root::Root::open(&self.roots.driver_root).ok()?;
         let scanner = Scanner {
             root: &root,
@@ -344,7 +320,7 @@ impl Host {
         };
         let mut config = Config::default();
         let mut scan = Scan::default();
-        for dir in NO_CACHE_LIBRARY_DIRS {
+        for dir in DRIVER_LIBRARY_DIRS {
             let Ok(Some(st)) = root.stat(dir) else {
                 continue;
             };

@@ -25,7 +25,7 @@
 //!
 //! The library is found as the dynamic linker would under the driver root: the root's
 //! `etc/ld.so.cache` ([`crate::ldcache`]), else the usual library directories below the root
-//! ([`LIBRARY_DIRS`]). It is loaded with `dlopen` and its symbols with `dlsym` (`libc` only; the
+//! ([`DRIVER_LIBRARY_DIRS`]). It is loaded with `dlopen` and its symbols with `dlsym` (`libc` only; the
 //! hook takes no loader crate), resolved when needed, so a missing one is an answer, not a
 //! crash. The environment is never read: the two variables come from config.json, everything
 //! else from argv and the state.
@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use crate::ldcache::LdCache;
+use crate::ldconfig::DRIVER_LIBRARY_DIRS;
 use crate::state::{State, StateError};
 
 /// The memory the container asks for, in MiB: NVML's soft limit.
@@ -50,17 +51,6 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// The driver's NVML library.
 pub const NVML_SONAME: &str = "libnvidia-ml.so.1";
-/// Where the library is looked for below a driver root that has no ld.so.cache.
-pub const LIBRARY_DIRS: &[&str] = &[
-    "/usr/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/lib",
-    "/usr/lib",
-];
 /// The call that sets the limits (CUDA 13.4's nvml.h, drivers from R615).
 pub const SET_MEMORY_LIMITS: &str = "nvmlDeviceSetMemoryLimits_v1";
 
@@ -248,7 +238,7 @@ fn under(root: &Path, path: &str) -> PathBuf {
     root.join(path.trim_start_matches('/'))
 }
 
-/// `libnvidia-ml.so.1` under `root`: through the root's ld.so.cache, else in [`LIBRARY_DIRS`].
+/// `libnvidia-ml.so.1` under `root`: through the root's ld.so.cache, else in [`DRIVER_LIBRARY_DIRS`].
 pub fn find_library(root: &Path) -> Option<PathBuf> {
     if let Ok(buf) = std::fs::read(root.join("etc/ld.so.cache")) {
         if let Some(path) = LdCache::parse(&buf)
@@ -259,7 +249,7 @@ pub fn find_library(root: &Path) -> Option<PathBuf> {
             return Some(path);
         }
     }
-    LIBRARY_DIRS
+    DRIVER_LIBRARY_DIRS
         .iter()
         .map(|d| under(root, d).join(NVML_SONAME))
         .find(|p| p.exists())
@@ -578,7 +568,7 @@ fn apply(
     });
     let lib = find_library(root).ok_or_else(|| MemoryLimitError::NoLibrary {
         root: root.to_path_buf(),
-        dirs: LIBRARY_DIRS.join(", "),
+        dirs: DRIVER_LIBRARY_DIRS.join(", "),
     })?;
     let namespace = namespace.to_string_lossy().into_owned();
     helper::set_limits(&lib, &namespace, limits, &options.gpu_ids)
@@ -824,7 +814,7 @@ mod tests {
     fn missing_library_is_an_error_naming_the_root() {
         let e = MemoryLimitError::NoLibrary {
             root: PathBuf::from("/run/nvidia/driver"),
-            dirs: LIBRARY_DIRS.join(", "),
+            dirs: DRIVER_LIBRARY_DIRS.join(", "),
         };
         let m = e.to_string();
         assert!(

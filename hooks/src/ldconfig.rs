@@ -54,6 +54,33 @@ const FLAG_ANY: i32 = -1;
 /// The bit `tls` subdirectories set in `hwcap` (`TLS_HWCAP_BIT`).
 const TLS_HWCAP_BIT: u32 = 63;
 
+/// Where the driver's libraries are looked for under a driver root that has no ld.so.cache (a
+/// driver directory such as GKE's `/home/kubernetes/bin/nvidia`): NVIDIA's library locator's
+/// search paths (nvidia-container-toolkit `internal/lookup/library.go`), then the plain `lib`
+/// and 32-bit directories a driver directory keeps its 32-bit libraries in (ldconfig tells the
+/// word sizes apart by ELF class). nvshim's host discovery scans them as `ldconfig -r` would;
+/// the memory-limit hook looks for `libnvidia-ml.so.1` in them.
+pub const DRIVER_LIBRARY_DIRS: &[&str] = &[
+    "/",
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
+    "/glibc/lib",
+    "/lib",
+    "/usr/lib",
+    "/lib32",
+    "/usr/lib32",
+    "/lib/i386-linux-gnu",
+    "/usr/lib/i386-linux-gnu",
+];
+
 /// One directory ldconfig searches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dir {
