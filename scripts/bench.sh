@@ -93,8 +93,7 @@ for b in nvshim-hook nvshim-runtime; do
     file "$bin/$b" | grep -q 'static' || { echo "bench: $bin/$b is not static" >&2; exit 1; }
 done
 
-# The floor: what any shim costs at least (one more exec). Built as the issue describes it, a
-# static C program; with glibc (gcc -static) and, when musl-gcc is there, with musl.
+# The floor: what any shim costs at least (one more exec). Built as a static C program; with glibc (gcc -static) and, when musl-gcc is there, with musl.
 gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor" scripts/bench/floor.c
 if command -v musl-gcc >/dev/null; then
     musl-gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor-musl" scripts/bench/floor.c
@@ -298,7 +297,7 @@ cat > "$spec" <<EOF
   {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
   {"figure":"1. create, legacy, dynamically linked build (reference, not shipped)","cmd":"create-legacy-dynamic","baseline":"floor"},
   {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},
-  {"figure":"the floor itself (glibc static; the issue's 0.33 ms)","cmd":"floor","baseline":"true"}
+  {"figure":"the floor itself (glibc static)","cmd":"floor","baseline":"true"}
   $musl_row,
   {"figure":"2. state (pass-through)","cmd":"state","baseline":"floor-state","goal_ms":0.1},
   {"figure":"2. delete (pass-through)","cmd":"delete","baseline":"floor-delete","goal_ms":0.1},

@@ -1,6 +1,5 @@
-//! End-to-end tests of the request forms NVIDIA's Kubernetes components hand down (the
-//! Kubernetes request-forms issue), each through `nvshim-runtime` in front of real runc on a
-//! simulated host and checked from inside the container by the probe:
+//! End-to-end tests of the request forms NVIDIA's Kubernetes components hand down, each
+//! through `nvshim-runtime` in front of real runc on a simulated host and checked from inside the container by the probe:
 //!
 //! - the device plugin's three strategies: `NVIDIA_VISIBLE_DEVICES` with UUIDs (time-sliced
 //!   replicas repeat one), `/dev/null` volume mounts under `/var/run/nvidia-container-devices`,
@@ -438,7 +437,7 @@ fn hook(path: &Path, args: &[&str]) -> Value {
 /// spec and `nvidia-ctk cdi generate` carry them: `NVIDIA_VISIBLE_DEVICES=void`, the control
 /// nodes, the driver's libraries and binaries read-only, and the `nvidia-cdi-hook` hooks in
 /// their generated order (create-symlinks, enable-cuda-compat, update-ldcache,
-/// disable-device-node-modification; nvidia-toolkit-behaviour.md §1.5).
+/// disable-device-node-modification; docs/nvidia-behaviour.md §3.1).
 fn nvidia_common_edits(host: &FakeHost, hook_path: &Path) -> Value {
     let v = host.driver_version();
     let mut mounts = Vec::new();
@@ -1203,7 +1202,7 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
     );
 }
 
-/// Security issue 16, item 7b: an image's own `NVIDIA_VISIBLE_DEVICES=void` next to CDI
+/// An image's own `NVIDIA_VISIBLE_DEVICES=void` next to CDI
 /// annotations, on an engine that did not apply CDI, still gets the annotated devices: whether
 /// the engine applied them is read from config.json (their device nodes), not from `void`.
 #[test]

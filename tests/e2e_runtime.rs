@@ -1041,9 +1041,9 @@ fn driver_directory_layouts_give_the_driver_with_or_without_an_ld_cache() {
     }
 }
 
-/// Security issue 16, item 2: a GPU bundle with a repeated key at any depth is refused, one
-/// line naming the key's JSON pointer, config.json untouched (runc merges what a rewrite would
-/// drop).
+/// A GPU bundle with a repeated key at any depth is refused, one line naming the key's JSON
+/// pointer, config.json untouched (runc merges what a rewrite would drop; docs/reliability.md,
+/// "Request parsing classes": duplicate JSON keys).
 #[test]
 fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
     let w = World::with_shim_config("");
@@ -1068,8 +1068,9 @@ fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
     }
 }
 
-/// Security issue 16, item 8: a bundle without any GPU marker that nvshim cannot read (but
-/// runc runs) is passed on untouched; the same oddity next to a GPU request is refused.
+/// A bundle without any GPU marker that nvshim cannot read (but runc runs) is passed on
+/// untouched; the same oddity next to a GPU request is refused (docs/reliability.md, "Request
+/// parsing classes": unreadable config.json of a non-GPU container).
 #[test]
 fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
     let w = World::with_shim_config("");
