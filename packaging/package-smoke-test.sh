@@ -39,6 +39,7 @@ stop_dockerd() {  # $1: its directory
 }
 cleanup() {
     runc --root "$work/state" delete -f nvshim-smoke > /dev/null 2>&1 || true
+    runc --root "$work/state" delete -f nvshim-smoke-limited > /dev/null 2>&1 || true
     for d in "$work"/docker-*; do
         [ -d "$d" ] && stop_dockerd "$d"
     done
@@ -93,6 +94,40 @@ NVSHIM_CONFIG="$work/config.toml" /usr/bin/nvshim-runtime --root "$work/state" \
 cat "$work/out"
 [ "$(grep '^nvidia[0-9]' "$work/out")" = nvidia1 ] || fail "expected exactly /dev/nvidia1 in the container"
 grep -q '^GPU 0: ' "$work/out" || fail "nvidia-smi -L listed no GPU"
+# A GPU memory limit through the installed hook, which is static-pie: it must run the installed
+# (dynamic) `nvshim` for NVML, since a static program that dlopens libnvidia-ml dies (SIGFPE on
+# the lent H200, driver 580). The fake NVML (tests/fake-nvml) in place of the host's
+# libnvidia-ml offers the call and records it. NVML wants the container's cgroup v2 directory:
+# on a hybrid host the run gets the v2 hierarchy bound over /sys/fs/cgroup in its own mount
+# namespace, as tests/e2e_memory_limits.rs does.
+cargo build --release --quiet -p nvshim-fake-nvml
+ml=$(readlink -f "$work/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+cp target/release/libnvshim_fake_nvml.so "$ml"
+{
+    printf '{"driverVersion":"%s","cudaDriverVersion":13000,"memoryLimits":true,"memoryLimitLog":"%s","gpus":[' \
+        "$(head -n1 "$work/host/proc/driver/nvidia/version" | grep -o '[0-9]\+\.[0-9]\+\(\.[0-9]\+\)*' | head -n1)" "$work/limits.jsonl"
+    sep=
+    for info in "$work/host"/proc/driver/nvidia/gpus/*/information; do
+        field() { sed -n "s/^$1: *//p" "$info"; }
+        printf '%s{"name":"%s","uuid":"%s","minor":%s,"busId":"%s"}' \
+            "$sep" "$(field Model)" "$(field 'GPU UUID')" "$(field 'Device Minor')" "$(field 'Bus Location')"
+        sep=,
+    done
+    printf ']}\n'
+} > "$(dirname "$ml")/nvshim-fake-nvml-topology.json"
+target/release/nvshim-fake-host --bundle "$work/limited" --env NVIDIA_VISIBLE_DEVICES=0 \
+    --env NVIDIA_GPU_MEMORY_REQUEST=1024 --env NVIDIA_GPU_MEMORY_LIMIT=2048 -- true > /dev/null
+unified=/sys/fs/cgroup
+[ "$(stat -f -c %T /sys/fs/cgroup)" = cgroup2fs ] || unified=/sys/fs/cgroup/unified
+[ "$(stat -f -c %T "$unified" 2> /dev/null)" = cgroup2fs ] || fail "no cgroup v2 hierarchy for the memory-limit check"
+NVSHIM_CONFIG="$work/config.toml" unshare -m --propagation private sh -c \
+    'mount --bind "$0" /sys/fs/cgroup && exec /usr/bin/nvshim-runtime "$@"' "$unified" \
+    --root "$work/state" run --bundle "$work/limited" nvshim-smoke-limited > "$work/out" 2>&1 < /dev/null \
+    || { cat "$work/out" "$work/nvshim.log" >&2; fail "the container with a GPU memory limit failed"; }
+grep -q '"hardLimit":2147483648' "$work/limits.jsonl" 2> /dev/null \
+    || { cat "$work/out" "$work/nvshim.log" >&2; fail "the GPU memory limit was not applied through NVML"; }
+grep -q '"caller":"nvshim"' "$work/limits.jsonl" \
+    || { cat "$work/limits.jsonl" >&2; fail "the static nvshim-hook called NVML itself instead of through nvshim"; }
 # The node spec through the installed binary: written once, then left alone while the host
 # does not change (what the 30 s timer does).
 spec="$work/cdi/nvidia.yaml"

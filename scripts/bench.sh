@@ -128,13 +128,15 @@ config "$work/mig.toml" /bin/true
 sed -i "s|\"$host|\"$work/mighost|" "$work/mig.toml"
 
 # Fake NVML for `cdi generate`: the cdylib in place of the host's libnvidia-ml, answering from
-# a topology written from the fake host's /proc (GPU directories sort in bus order = NVML's).
+# a topology written from the fake host's /proc (GPU directories sort in bus order = NVML's;
+# the driver version is the banner's first N.N[.N]: the open modules' banner has words between
+# "Module" and the version).
 lib="$host/usr/lib/x86_64-linux-gnu"
 cp "$bin/libnvshim_fake_nvml.so" "$(readlink -f "$lib/libnvidia-ml.so.1")"
 topo="$work/topology.json"
 {
     printf '{"driverVersion":"%s","cudaDriverVersion":13000,"gpus":[' \
-        "$(sed -n 's/.*Kernel Module *\([0-9.]*\).*/\1/p' "$host/proc/driver/nvidia/version")"
+        "$(head -n1 "$host/proc/driver/nvidia/version" | grep -o '[0-9]\+\.[0-9]\+\(\.[0-9]\+\)*' | head -n1)"
     sep=
     for info in "$host"/proc/driver/nvidia/gpus/*/information; do
         field() { sed -n "s/^$1: *//p" "$info"; }

@@ -613,7 +613,8 @@ impl Host {
     /// where a driver directory keeps them (`/usr/local/nvidia/bin` of CUDA images and GKE
     /// nodes, whose ld.so.cache names `/usr/local/nvidia/lib64`), then in the standard bin
     /// directories. The driver's own directory comes first because the lent GPU machine also
-    /// has a `/usr/local/bin/nvidia-smi` of its own, not the driver's. Each is mounted at
+    /// has a `/usr/bin/nvidia-smi` of its own, not the driver's: a shell script pointing at
+    /// `/usr/local/nvidia/bin`, which fails in an image without `/bin/sh`. Each is mounted at
     /// `/usr/bin/<name>`, where libnvidia-container puts every driver binary, so it is on every
     /// image's `PATH` wherever the host keeps it.
     pub fn binaries(&self, names: &[&str], lib_dirs: &[String]) -> Vec<HostFile> {

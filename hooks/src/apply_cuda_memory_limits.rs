@@ -586,9 +586,20 @@ fn append_log(path: &Path, message: &str) {
 /// load libnvidia-ml safely (the library would bring the host's `libc.so.6` in beside the
 /// static one; src/cdi/nvml.rs says the same of nvshim-runtime): it runs the dynamically
 /// linked `nvshim` installed beside it, `nvshim nvml-set-memory-limits ...`, with an empty
-/// environment, and reads its one-line JSON answer.
+/// environment, and reads its one-line JSON answer. Which one is decided at run time, not by
+/// `cfg!(target_feature = "crt-static")`: build-release.sh links only the final binary
+/// statically, so this library is compiled without that feature even inside the static hook
+/// (the lent H200 showed it: the static hook dlopen'd NVML itself and died of SIGFPE).
 pub mod helper {
     use super::*;
+
+    /// Whether this process runs without an ELF interpreter (a static or static-pie binary),
+    /// where glibc's `dlopen` of the driver's NVML is unsafe. The kernel passes the
+    /// interpreter's load address as `AT_BASE` (auxv(3)); it is 0 when there is none.
+    pub fn statically_linked() -> bool {
+        // SAFETY: getauxval only reads this process's auxiliary vector.
+        unsafe { libc::getauxval(libc::AT_BASE) == 0 }
+    }
 
     /// The hidden `nvshim` subcommand.
     pub const SUBCOMMAND: &str = "nvml-set-memory-limits";
@@ -630,7 +641,7 @@ pub mod helper {
         limits: &Limits,
         ids: &[String],
     ) -> Result<SetOutcome, MemoryLimitError> {
-        if !cfg!(target_feature = "crt-static") {
+        if !statically_linked() {
             return super::set_limits(lib, namespace, limits, ids);
         }
         let exe = std::env::current_exe().unwrap_or_default();
@@ -821,6 +832,12 @@ mod tests {
             m.contains("/run/nvidia/driver") && m.contains("--driver-root"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_test_binary_is_dynamically_linked() {
+        // cargo's test binaries have an ELF interpreter: NVML is loaded in process there.
+        assert!(!helper::statically_linked());
     }
 
     #[test]

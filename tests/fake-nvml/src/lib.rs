@@ -73,6 +73,10 @@ pub struct MemoryLimitCall {
     pub soft_limit: u64,
     /// Bytes.
     pub hard_limit: u64,
+    /// The file name of the program that made the call (`/proc/self/exe`): a static
+    /// `nvshim-hook` must leave NVML to the dynamic `nvshim`.
+    #[serde(default)]
+    pub caller: String,
 }
 
 /// The calls recorded in a `memoryLimitLog` file (none when it does not exist).
@@ -504,6 +508,10 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
             name_space,
             soft_limit,
             hard_limit,
+            caller: std::env::current_exe()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_default(),
         };
         if let Some(log) = &log {
             let line = serde_json::to_string(&call).unwrap_or_default();
