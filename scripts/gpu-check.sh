@@ -109,6 +109,7 @@ run cuda
 step "GPU memory limit asked for (NVIDIA_GPU_MEMORY_REQUEST/LIMIT): applied where the driver's NVML offers it (R615+), else one warning and the container still starts"
 write_config "\"NVIDIA_VISIBLE_DEVICES=$GPUS\",\"NVIDIA_DRIVER_CAPABILITIES=compute,utility\",\"NVIDIA_GPU_MEMORY_REQUEST=1024\",\"NVIDIA_GPU_MEMORY_LIMIT=2048\"" '{}' '["/bin/cuda-probe"]'
 run memory-limit
+grep -i 'memory limit' "$work/nvshim.log" | tail -n 2 || echo "(nothing about the memory limit in nvshim's log)"
 
 step "CDI: nvshim cdi generate on the real driver, then a container asking nvidia.com/gpu=$GPUS"
 if "$BIN/nvshim" cdi --help >/dev/null 2>&1; then
