@@ -245,12 +245,12 @@ fn depth(destination: &str) -> usize {
 /// The environment a CDI hook runs with. A hook without `env` would get its environment from
 /// the runtime, which for runc is the container's (an image's `LD_PRELOAD` would then load
 /// into a root process on the host), so every hook gets at least the one nvshim gives its own
-/// hooks ([`crate::legacy::HOOK_ENV`]). An `env` the spec gives is kept as written: whoever
+/// hooks ([`crate::nvidia::HOOK_ENV`]). An `env` the spec gives is kept as written: whoever
 /// writes the spec already chooses the binary the hook runs, so its variables add no power.
 pub fn hook_env(spec_env: Option<&[String]>) -> Vec<String> {
     match spec_env {
         Some(env) if !env.is_empty() => env.to_vec(),
-        _ => vec![crate::legacy::HOOK_ENV.to_string()],
+        _ => vec![crate::nvidia::HOOK_ENV.to_string()],
     }
 }
 
@@ -824,7 +824,7 @@ mod tests {
         let hooks = spec["hooks"]["createContainer"].as_array().unwrap();
         // The first two are identical once given the default env: written once.
         assert_eq!(hooks.len(), 2, "{hooks:?}");
-        assert_eq!(hooks[0]["env"], json!([crate::legacy::HOOK_ENV]));
+        assert_eq!(hooks[0]["env"], json!([crate::nvidia::HOOK_ENV]));
         assert_eq!(
             hooks[1]["env"],
             json!(["PATH=/opt/bin", "LD_LIBRARY_PATH=/opt/lib"])
@@ -903,7 +903,7 @@ mod tests {
         );
         assert_eq!(
             spec["hooks"]["createContainer"][0]["env"],
-            json!([crate::legacy::HOOK_ENV])
+            json!([crate::nvidia::HOOK_ENV])
         );
     }
 }

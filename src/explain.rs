@@ -25,7 +25,8 @@ use crate::config::{Config, Mode};
 use crate::create::{self, Cause, EditGroup, Trace};
 use crate::edits::{self, ContainerEdits};
 use crate::host::Gpu;
-use crate::request::{self, Capabilities, Request, Route, Source, VisibleDevices};
+use crate::nvidia::Capabilities;
+use crate::request::{self, Request, Route, Source, VisibleDevices};
 use crate::runtime::RuntimeError;
 
 /// What to explain: a bundle directory (its `config.json`), or a config.json anywhere.

@@ -31,10 +31,10 @@ use crate::host::{
     normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError, HostFile,
     WordSize,
 };
-use crate::nvidia::{self, brings, DRM_BROUGHT_BY, IPC_MOUNT_OPTIONS};
-use crate::request::{
-    Capabilities, Request, VisibleDevices, MIG_CONFIG_DEVICES, MIG_MONITOR_DEVICES,
+use crate::nvidia::{
+    self, brings, Capabilities, DRM_BROUGHT_BY, HOOK_ENV, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS,
 };
+use crate::request::{Request, VisibleDevices, MIG_CONFIG_DEVICES, MIG_MONITOR_DEVICES};
 
 #[derive(Debug, Error)]
 pub enum LegacyError {
@@ -71,8 +71,6 @@ pub enum LegacyError {
     #[error("IMEX channel {channel} does not exist: no device node {path} (create the channel, e.g. through a ComputeDomain, or ask for one that exists)")]
     UnknownImexChannel { channel: u32, path: PathBuf },
 }
-
-pub use crate::nvidia::{HOOK_ENV, MOUNT_OPTIONS};
 
 /// The variable telling CUDA clients where the MPS daemon's pipes are.
 pub const MPS_PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";

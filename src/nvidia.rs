@@ -13,8 +13,6 @@
 //! The file names are the 580 driver's as it ships: the libraries NVIDIA's generator selected on
 //! an Ubuntu 580 host and those of the RPM Fusion 580 packages (Fedora's `/usr/lib64` layout).
 
-use crate::request::Capabilities;
-
 /// One `NVIDIA_DRIVER_CAPABILITIES` value (besides `all`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capability {
@@ -54,6 +52,32 @@ impl Capability {
 }
 
 use Capability::{Compute, Display, Graphics, Ngx, Utility, Video};
+
+/// Driver capabilities: which libraries and binaries are mounted
+/// (libnvidia-container `src/options.h`). `NVIDIA_DRIVER_CAPABILITIES` is parsed into it by
+/// [`Capabilities::parse`](crate::request), with the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    pub compute: bool,
+    pub compat32: bool,
+    pub graphics: bool,
+    pub utility: bool,
+    pub video: bool,
+    pub display: bool,
+    pub ngx: bool,
+}
+
+impl Capabilities {
+    pub const ALL: Capabilities = Capabilities {
+        compute: true,
+        compat32: true,
+        graphics: true,
+        utility: true,
+        video: true,
+        display: true,
+        ngx: true,
+    };
+}
 
 /// True when `caps` asks for any of `by`.
 pub fn brings(caps: &Capabilities, by: &[Capability]) -> bool {

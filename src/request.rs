@@ -29,6 +29,7 @@ use thiserror::Error;
 use crate::cdi::annotations::{self, AnnotatedDevice, AnnotationError};
 use crate::cdi::name::{self as cdi_name, QualifiedNameError};
 use crate::config::{Config, Mode};
+use crate::nvidia::Capabilities;
 
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 pub const DRIVER_CAPABILITIES: &str = "NVIDIA_DRIVER_CAPABILITIES";
@@ -143,30 +144,7 @@ pub fn parse_visible_devices(value: Option<&str>) -> VisibleDevices {
     )
 }
 
-/// Driver capabilities: which libraries and binaries are mounted
-/// (libnvidia-container `src/options.h`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Capabilities {
-    pub compute: bool,
-    pub compat32: bool,
-    pub graphics: bool,
-    pub utility: bool,
-    pub video: bool,
-    pub display: bool,
-    pub ngx: bool,
-}
-
 impl Capabilities {
-    pub const ALL: Capabilities = Capabilities {
-        compute: true,
-        compat32: true,
-        graphics: true,
-        utility: true,
-        video: true,
-        display: true,
-        ngx: true,
-    };
-
     /// Parses `NVIDIA_DRIVER_CAPABILITIES`; unset or empty means `utility,compute`.
     pub fn parse(value: Option<&str>) -> Result<Capabilities, RequestError> {
         let value = value.map(str::trim).unwrap_or("");

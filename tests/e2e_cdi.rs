@@ -790,7 +790,7 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
             .unwrap();
     assert_eq!(
         config["hooks"]["createContainer"][0]["env"],
-        json!([nvshim::legacy::HOOK_ENV]),
+        json!([nvshim::nvidia::HOOK_ENV]),
         "{config}"
     );
 

@@ -10,7 +10,8 @@
 use std::collections::BTreeSet;
 
 use libfuzzer_sys::fuzz_target;
-use nvshim::request::{parse_requirement, parse_visible_devices, Capabilities, VisibleDevices};
+use nvshim::nvidia::Capabilities;
+use nvshim::request::{parse_requirement, parse_visible_devices, VisibleDevices};
 
 fn caps_text(c: &Capabilities) -> String {
     let mut v = Vec::new();

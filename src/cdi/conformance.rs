@@ -945,7 +945,7 @@ fn inject_through_registry() {
                 ]}
             },
             // The one difference from the reference: a hook gets nvshim's env when it has none.
-            "hooks": {"prestart": [{"path": "/bin/vendor1-hook", "env": [crate::legacy::HOOK_ENV]}]}
+            "hooks": {"prestart": [{"path": "/bin/vendor1-hook", "env": [crate::nvidia::HOOK_ENV]}]}
         })
     );
     let err = reg

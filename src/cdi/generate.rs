@@ -25,9 +25,10 @@ use super::nvml::{self, GpuInfo, MigInfo};
 use super::spec::{self, Device, Spec, SpecError};
 use crate::edits::{ContainerEdits, DeviceNode, Mount};
 use crate::host::{Host, HostError, HostFile};
-use crate::legacy::{self, MOUNT_OPTIONS};
+use crate::legacy;
+use crate::nvidia::Capabilities;
 use crate::nvidia::IPC_MOUNT_OPTIONS;
-use crate::request::Capabilities;
+use crate::nvidia::MOUNT_OPTIONS;
 
 /// Control nodes, in NVIDIA's order (`pkg/nvcdi/common-nvml.go`); only those present are added.
 const CONTROL_NODES: &[&str] = &[
