@@ -7,9 +7,10 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::bundle::{Bundle, BundleError};
-use crate::cdi::{self, nvml::NvmlAccess};
+use crate::cdi;
 use crate::config::Config;
 use crate::edits::{self, ContainerEdits, EditError};
+use crate::host::nvml::NvmlAccess;
 use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, HostRoots};
 use crate::legacy::{self, LegacyError};
 use crate::request::{self, GpuFacts, HostFacts, Request, RequestError, RequirementError, Route};
@@ -221,7 +222,7 @@ fn check_requirements(
             Err(RequirementError::Unknown { .. })
                 if facts.gpus.iter().all(|g| g.arch.is_none()) =>
             {
-                let inventory = cdi::nvml::inventory(host, nvml).map_err(|e| {
+                let inventory = crate::host::nvml::inventory(host, nvml).map_err(|e| {
                     RequirementError::NvmlUnavailable {
                         var: r.var.clone(),
                         expr: r.expr.clone(),

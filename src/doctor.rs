@@ -447,7 +447,8 @@ fn dev_char_check(host: &Host, opts: &Options) -> Check {
 }
 
 fn persistence_check(host: &Host) -> Check {
-    let modes = cdi::nvml::library_path(host).and_then(cdi::nvml::persistence_modes);
+    let modes =
+        crate::host::nvml::library_path(host).and_then(crate::host::nvml::persistence_modes);
     let modes = match modes {
         Ok(m) => m,
         Err(e) => {

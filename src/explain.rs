@@ -280,7 +280,7 @@ pub fn explain(
     let mut trace = Trace::default();
     let tools = create::Tools {
         hook: hook_path.to_path_buf(),
-        nvml: crate::cdi::nvml::NvmlAccess::InProcess,
+        nvml: crate::host::nvml::NvmlAccess::InProcess,
     };
     let result = create::plan_bundle(config, bundle, &tools, &mut trace);
     if let Some(request) = &trace.request {

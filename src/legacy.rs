@@ -24,9 +24,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::cdi::nvml::{self, GpuInfo, NvmlDiscoveryError};
 use crate::config::Config;
 use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::host::nvml::{self, GpuInfo, NvmlDiscoveryError};
 use crate::host::{
     normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError, HostFile,
     WordSize,
@@ -923,7 +923,7 @@ mod tests {
     }
 
     fn inventory() -> Vec<GpuInfo> {
-        use crate::cdi::nvml::MigInfo;
+        use crate::host::nvml::MigInfo;
         let mig = |index, gi, ci| MigInfo {
             index,
             uuid: format!("MIG-{index}{gi}{ci}"),

@@ -210,7 +210,7 @@ fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
         }
         Command::GenerateMan { out_dir } => Some(generate_man(out_dir).map(|()| ExitCode::SUCCESS)),
         Command::NvmlQuery { lib } => Some(
-            nvshim::cdi::nvml::discover(lib.clone())
+            nvshim::host::nvml::discover(lib.clone())
                 .map_err(anyhow::Error::from)
                 .and_then(|inventory| Ok(serde_json::to_writer(std::io::stdout(), &inventory)?))
                 .map(|()| ExitCode::SUCCESS),

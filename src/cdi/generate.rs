@@ -21,9 +21,9 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use super::nvml::{self, GpuInfo, MigInfo};
 use super::spec::{self, Device, Spec, SpecError};
 use crate::edits::{ContainerEdits, DeviceNode, Mount};
+use crate::host::nvml::{self, GpuInfo, MigInfo};
 use crate::host::{Host, HostError, HostFile};
 use crate::legacy;
 use crate::nvidia::Capabilities;

@@ -46,7 +46,6 @@ pub mod freshness;
 pub mod generate;
 pub mod index;
 pub mod name;
-pub mod nvml;
 pub mod refresh;
 pub mod registry;
 pub mod spec;

@@ -14,6 +14,8 @@ use nvshim_hook::ldcache::{Entry as LdCacheEntry, LdCache};
 use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
+pub mod nvml;
+
 #[derive(Debug, Error)]
 pub enum HostError {
     #[error("cannot read {path}: {source}; is the NVIDIA driver loaded (`nvshim doctor` checks), and do driver-root, dev-root and proc-root in the nvshim config point at the GPU host?")]
