@@ -11,7 +11,8 @@ use crate::cdi;
 use crate::config::Config;
 use crate::edits::{self, ContainerEdits, EditError};
 use crate::host::nvml::NvmlAccess;
-use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, HostRoots};
+use crate::host::{cuda_version_for_driver, Gpu, Host, HostError};
+use crate::install::{host_from, Tools};
 use crate::legacy::{self, LegacyError};
 use crate::request::{self, GpuFacts, HostFacts, Request, RequestError, RequirementError, Route};
 
@@ -140,61 +141,6 @@ impl Plan {
 
     pub fn changes_bundle(&self) -> bool {
         self.edited != self.bundle.spec
-    }
-}
-
-/// The host as the config locates it.
-pub fn host_from(config: &Config) -> Host {
-    Host::new(HostRoots {
-        driver_root: config.driver_root.clone(),
-        dev_root: config.dev_root.clone(),
-        proc_root: config.proc_root.clone(),
-    })
-}
-
-/// The host binaries `create` writes into the spec or runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tools {
-    /// The `nvshim-hook` written into hooks.
-    pub hook: PathBuf,
-    /// How the NVML inventory is obtained, the rare times a request needs it.
-    pub nvml: NvmlAccess,
-}
-
-impl Tools {
-    /// For `nvshim-runtime` (statically linked): NVML through the `nvshim` installed next to
-    /// it, else `/usr/bin/nvshim`.
-    pub fn for_runtime(config: &Config, self_exe: Option<&Path>) -> Tools {
-        Tools {
-            hook: hook_path(config, self_exe),
-            nvml: NvmlAccess::Helper(sibling(self_exe, "nvshim")),
-        }
-    }
-
-    /// For `nvshim` itself (`explain`): NVML in process.
-    pub fn in_process(config: &Config, self_exe: Option<&Path>) -> Tools {
-        Tools {
-            hook: hook_path(config, self_exe),
-            nvml: NvmlAccess::InProcess,
-        }
-    }
-}
-
-/// `name` installed next to the running binary, else in `/usr/bin`.
-fn sibling(self_exe: Option<&Path>, name: &str) -> PathBuf {
-    self_exe
-        .and_then(Path::parent)
-        .map(|d| d.join(name))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| Path::new("/usr/bin").join(name))
-}
-
-/// The `nvshim-hook` written into hooks: the configured path, else the one installed next to
-/// the running binary, else `/usr/bin/nvshim-hook`.
-pub fn hook_path(config: &Config, self_exe: Option<&Path>) -> PathBuf {
-    match &config.hook_path {
-        Some(p) => p.clone(),
-        None => sibling(self_exe, "nvshim-hook"),
     }
 }
 

@@ -22,11 +22,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::cdi::freshness::{self, HostView};
-use crate::cdi::{self, Registry};
+use crate::cdi::Registry;
 use crate::config::Config;
-use crate::create;
 use crate::engine::{self, Engine};
 use crate::host::{cuda_version_for_driver, Gpu, Host};
+use crate::install;
 use crate::runtime;
 use crate::system::{self, DevCharOptions, LinkAction};
 
@@ -123,7 +123,7 @@ pub fn exit_code(checks: &[Check]) -> u8 {
 pub fn run(opts: &Options) -> Vec<Check> {
     let mut out = Vec::new();
     out.push(config_check(opts));
-    let host = create::host_from(&opts.config);
+    let host = install::host_from(&opts.config);
     let driver = driver_check(&host);
     let loaded = driver.1.clone();
     out.push(driver.0);
@@ -941,7 +941,7 @@ fn low_level_runtime_check(opts: &Options) -> Check {
 }
 
 fn hook_check(opts: &Options) -> Check {
-    let hook = create::hook_path(&opts.config, opts.self_exe.as_deref());
+    let hook = install::hook_path(&opts.config, opts.self_exe.as_deref());
     if is_executable(&hook) {
         check(
             "hook",

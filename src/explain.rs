@@ -25,6 +25,7 @@ use crate::config::{Config, Mode};
 use crate::create::{self, Cause, EditGroup, Trace};
 use crate::edits::{self, ContainerEdits};
 use crate::host::Gpu;
+use crate::install;
 use crate::nvidia::Capabilities;
 use crate::request::{self, Request, Route, Source, VisibleDevices};
 use crate::runtime::RuntimeError;
@@ -278,7 +279,7 @@ pub fn explain(
     };
     let original = bundle.spec.clone();
     let mut trace = Trace::default();
-    let tools = create::Tools {
+    let tools = install::Tools {
         hook: hook_path.to_path_buf(),
         nvml: crate::host::nvml::NvmlAccess::InProcess,
     };
@@ -304,7 +305,7 @@ pub fn explain(
             // A CDI spec generated for another driver: `create` does not look (it reads the
             // spec files and nothing else of the host), but explain can afford the look.
             if matches!(plan.route, Route::Cdi(_)) {
-                let running = create::host_from(config).driver_version().ok();
+                let running = install::host_from(config).driver_version().ok();
                 for g in &groups {
                     for s in cdi::registry::stale_library_mounts(&g.edits, running.as_deref()) {
                         let s = format!("stale CDI spec: {s}");

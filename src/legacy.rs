@@ -87,7 +87,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn new(config: &Config, tools: &crate::create::Tools) -> Settings {
+    pub fn new(config: &Config, tools: &crate::install::Tools) -> Settings {
         Settings {
             hook_path: tools.hook.clone(),
             mps_pipe_directory: config.mps_pipe_directory.clone(),
@@ -472,7 +472,7 @@ pub fn resolve(
     request: &Request,
     hook_path: &Path,
 ) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
-    let tools = crate::create::Tools {
+    let tools = crate::install::Tools {
         hook: hook_path.to_path_buf(),
         nvml: nvml::NvmlAccess::InProcess,
     };

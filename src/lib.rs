@@ -16,6 +16,7 @@ pub mod edits;
 pub mod engine;
 pub mod explain;
 pub mod host;
+pub mod install;
 pub mod legacy;
 pub mod logging;
 pub mod memory_limits;

@@ -22,7 +22,7 @@ use std::ffi::OsString;
 use std::os::raw::{c_char, c_int};
 
 use nvshim::config::{Config, CONFIG_ENV};
-use nvshim::{create, logging, runtime};
+use nvshim::{create, install, logging, runtime};
 
 #[no_mangle]
 pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
@@ -71,7 +71,7 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
         println!("low-level runtime: {}", runc.display());
     }
     if inv.edits_bundle() {
-        let tools = create::Tools::for_runtime(&config, self_exe.as_deref());
+        let tools = install::Tools::for_runtime(&config, self_exe.as_deref());
         match create::create(&config, &inv.bundle_dir(), &tools) {
             // The plan holds the parsed and the edited config.json; freeing them node by node
             // just before `execv` replaces the whole address space was about 10% of a create's

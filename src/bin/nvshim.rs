@@ -342,7 +342,7 @@ fn system_command(cmd: SystemCommand, config: &Config) -> anyhow::Result<ExitCod
         create_all,
         dry_run,
     } = cmd;
-    let host = nvshim::create::host_from(config);
+    let host = nvshim::install::host_from(config);
     let opts = DevCharOptions {
         dev_char_path,
         create_all,
@@ -504,7 +504,7 @@ impl NamingArgs {
                 .clone()
                 .unwrap_or_else(|| default_class.to_string()),
             all_device: !self.no_all_device,
-            hook_path: nvshim::create::hook_path(config, std::env::current_exe().ok().as_deref()),
+            hook_path: nvshim::install::hook_path(config, std::env::current_exe().ok().as_deref()),
             ..Default::default()
         };
         if !self.strategies.is_empty() {
@@ -549,7 +549,7 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 (Some(_), _) | (None, None) => spec::Format::Yaml,
                 (None, Some(path)) => spec::Format::for_path(path),
             };
-            let host = nvshim::create::host_from(config);
+            let host = nvshim::install::host_from(config);
             let (spec, origin) = if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)
                     .context("generating the IMEX channel spec")?;
@@ -603,7 +603,7 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 force: args.force,
                 wait: std::time::Duration::from_secs(args.wait_for_driver),
             };
-            let host = nvshim::create::host_from(config);
+            let host = nvshim::install::host_from(config);
             let mut progress = diagnostics::TermProgress::new();
             let outcome = refresh::refresh(&host, &opts, &mut |m| progress.step(m))?;
             progress.clear();
@@ -706,7 +706,7 @@ mod diagnostics {
     use std::io::{IsTerminal, Write};
 
     use nvshim::config::Config;
-    use nvshim::{create, doctor, explain, runtime};
+    use nvshim::{doctor, explain, install, runtime};
 
     /// One status line on stderr, rewritten in place, for long operations (`cdi generate` on a
     /// large node, where NVML alone can take seconds per GPU). Silent when stderr is not a
@@ -794,7 +794,7 @@ mod diagnostics {
             (None, None) => explain::Input::Bundle(PathBuf::from(".")),
         };
         let self_exe = std::env::current_exe().ok();
-        let hook = create::hook_path(config, self_exe.as_deref());
+        let hook = install::hook_path(config, self_exe.as_deref());
         // The lookup nvshim-runtime makes (it skips itself, so pass the runtime beside us).
         let shim = self_exe
             .as_deref()

@@ -1,5 +1,7 @@
-//! GPU and MIG discovery through NVML, for `nvshim cdi generate` only: `create` never loads
-//! NVML on the plain path (loading and initialising it costs milliseconds per container start,
+//! GPU and MIG discovery through NVML: for `nvshim cdi generate`, and for `create` only when a
+//! request names a MIG device in a form that only NVML can map (`MIG-<uuid>`, `G:M`), then
+//! through the `nvshim nvml-query` helper ([`NvmlAccess`]). Every other create reads `/proc`
+//! and never loads NVML (loading and initialising it costs milliseconds per container start,
 //! more on many-GPU nodes).
 //!
 //! The library is the host's `libnvidia-ml.so.1` as the host's own ld.so.cache under the
