@@ -9,7 +9,7 @@ use thiserror::Error;
 use crate::bundle::{Bundle, BundleError};
 use crate::cdi;
 use crate::config::Config;
-use crate::edits::{self, ContainerEdits, EditError};
+use crate::edits::{self, Cause, ContainerEdits, EditError, EditGroup};
 use crate::host::nvml::NvmlAccess;
 use crate::host::{cuda_version_for_driver, Gpu, Host, HostError};
 use crate::install::{host_from, Tools};
@@ -72,29 +72,6 @@ pub struct Plan {
     pub edited: Value,
     /// The `apply-cuda-memory-limits` hook added (also in `edits`): [`crate::memory_limits`].
     pub memory_limit_hook: Option<edits::Hook>,
-}
-
-/// What caused a group of edits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cause {
-    /// A GPU a legacy request selected: its device node (and so its cgroup rule).
-    Gpu(Gpu),
-    /// What a legacy request needs whichever GPUs it selects: control nodes, the driver's
-    /// libraries and binaries, the hooks.
-    Driver,
-    /// A CDI spec's global edits, added with the first requested device it provides.
-    CdiSpec { path: PathBuf, kind: String },
-    /// A requested CDI device's own edits.
-    CdiDevice { name: String, path: PathBuf },
-    /// `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT`: the hook that applies them.
-    GpuMemoryLimits,
-}
-
-/// Edits and their cause.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EditGroup {
-    pub cause: Cause,
-    pub edits: ContainerEdits,
 }
 
 /// How far [`plan_bundle`] got: what `nvshim explain` shows when `create` would fail.
@@ -291,7 +268,15 @@ fn add_memory_limit_hook(
         return Ok(());
     }
     let host = host_from(config);
-    let (hook, warnings) = crate::memory_limits::hook(config, &host, plan, &tools.hook)?;
+    let selection = crate::memory_limits::Selection {
+        edited: &plan.edited,
+        route: &plan.route,
+        request: &plan.request,
+        gpus: &plan.gpus,
+        cdi_devices: &plan.cdi_devices,
+        cdi_groups: &plan.cdi_groups,
+    };
+    let (hook, warnings) = crate::memory_limits::hook(config, &host, &selection, &tools.hook)?;
     for w in warnings {
         trace.warn(w);
     }

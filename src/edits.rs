@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::PathBuf;
 
 use oci_spec::runtime::{
     HookBuilder, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
@@ -24,6 +25,8 @@ use oci_spec::runtime::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use thiserror::Error;
+
+use crate::host::Gpu;
 
 #[derive(Debug, Error)]
 pub enum EditError {
@@ -620,6 +623,30 @@ pub fn remove_legacy_hooks(spec: &mut Value) {
     {
         hooks.retain(|h| !is_legacy_hook(h));
     }
+}
+
+/// What caused a group of edits: one type for the legacy resolver's, the CDI registry's and
+/// the memory-limit hook's groups, which `nvshim explain` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// A GPU a legacy request selected: its device node (and so its cgroup rule).
+    Gpu(Gpu),
+    /// What a legacy request needs whichever GPUs it selects: control nodes, the driver's
+    /// libraries and binaries, the hooks.
+    Driver,
+    /// A CDI spec's global edits, added with the first requested device it provides.
+    CdiSpec { path: PathBuf, kind: String },
+    /// A requested CDI device's own edits.
+    CdiDevice { name: String, path: PathBuf },
+    /// `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT`: the hook that applies them.
+    GpuMemoryLimits,
+}
+
+/// Edits and their cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditGroup {
+    pub cause: Cause,
+    pub edits: ContainerEdits,
 }
 
 #[cfg(test)]

@@ -31,12 +31,12 @@ use nvshim_hook::apply_cuda_memory_limits::{LIMIT_ENV, REQUEST_ENV};
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::create::{Cause, Plan};
 use crate::edits::Hook;
+use crate::edits::{Cause, EditGroup};
 use crate::host::{Gpu, Host, HostError};
 use crate::legacy::{self, MigId};
 use crate::nvidia::HOOK_ENV;
-use crate::request::Route;
+use crate::request::{Request, Route};
 
 /// The hook's subcommand.
 pub const SUBCOMMAND: &str = "apply-cuda-memory-limits";
@@ -67,8 +67,23 @@ fn has_hook(spec: &Value) -> bool {
         })
 }
 
+/// What the hook needs of a create plan (`crate::create::Plan`'s fields of the same names).
+#[derive(Debug, Clone, Copy)]
+pub struct Selection<'a> {
+    /// config.json after the edits.
+    pub edited: &'a Value,
+    pub route: &'a Route,
+    pub request: &'a Request,
+    /// The GPUs a legacy request resolved to.
+    pub gpus: &'a [Gpu],
+    /// The CDI devices injected, fully qualified.
+    pub cdi_devices: &'a [String],
+    /// The CDI edits by spec and device.
+    pub cdi_groups: &'a [EditGroup],
+}
+
 /// The GPU ids of a legacy request, and the warnings for the MIG devices skipped.
-fn legacy_ids(plan: &Plan, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
+fn legacy_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
     let (gpu_ids, mig_ids) = legacy::split_mig_ids(&plan.request.devices);
     let mut ids: Vec<String> = legacy::select_gpus(&gpu_ids, all)
         .unwrap_or_default()
@@ -97,10 +112,10 @@ fn gpu_minor(path: &str) -> Option<u32> {
 }
 
 /// The GPU ids of a CDI request, and the warnings for the devices skipped.
-fn cdi_ids(plan: &Plan, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
+fn cdi_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
     let mut ids = Vec::new();
     let mut warnings = Vec::new();
-    for group in &plan.cdi_groups {
+    for group in plan.cdi_groups {
         let Cause::CdiDevice { name, .. } = &group.cause else {
             continue;
         };
@@ -135,10 +150,10 @@ fn cdi_ids(plan: &Plan, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
 pub fn hook(
     config: &Config,
     host: &Host,
-    plan: &Plan,
+    plan: &Selection,
     hook_path: &Path,
 ) -> Result<(Option<Hook>, Vec<String>), HostError> {
-    if !requested(&plan.edited) || has_hook(&plan.edited) {
+    if !requested(plan.edited) || has_hook(plan.edited) {
         return Ok((None, Vec::new()));
     }
     let (ids, warnings) = match plan.route {
