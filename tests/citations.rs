@@ -24,7 +24,7 @@ const UPSTREAM_MD: &[&str] = &[
     // The CDI specification (cncf-tags/container-device-interface), whose prose the code
     // contrasts with the library's behaviour.
     "SPEC.md",
-    // containerd's config documentation and release notes (src/engine/containerd.rs).
+    // containerd's config documentation and release notes (src/ops/engine/containerd.rs).
     "docs/cri/config.md",
     "RELEASES.md",
     // The OCI runtime spec's runtime.md, "State" (the hooks read the state it defines).

@@ -140,8 +140,8 @@ fn nvshim(args: &[&str]) -> Out {
 
 /// The release of the dockerd on PATH (Debian 12's 20.10, or the newer ones CI puts first).
 fn dockerd_version() -> (u64, u64) {
-    nvshim::engine::detect_version(
-        nvshim::engine::Engine::Docker,
+    nvshim::ops::engine::detect_version(
+        nvshim::ops::engine::Engine::Docker,
         std::env::var_os("PATH").as_deref(),
     )
     .expect("dockerd --version")
@@ -813,8 +813,8 @@ fn sandbox_image(config: &toml::Table) -> Option<&str> {
 
 /// The release of the containerd on PATH (Debian 12's 1.6, or the newer ones CI puts first).
 fn containerd_version() -> (u64, u64) {
-    nvshim::engine::detect_version(
-        nvshim::engine::Engine::Containerd,
+    nvshim::ops::engine::detect_version(
+        nvshim::ops::engine::Engine::Containerd,
         std::env::var_os("PATH").as_deref(),
     )
     .expect("containerd --version")

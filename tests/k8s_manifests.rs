@@ -150,7 +150,7 @@ fn a_typo_is_caught() {
 fn runtime_class_names_the_handler_nvshim_registers() {
     let m = manifests();
     let rc = &m.runtime_classes[0];
-    assert_eq!(rc.handler, nvshim::engine::DEFAULT_RUNTIME_NAME);
+    assert_eq!(rc.handler, nvshim::ops::engine::DEFAULT_RUNTIME_NAME);
     let name = rc.metadata.name.clone().unwrap();
     for (file, pod) in &m.pods {
         let spec = pod.spec.as_ref().unwrap();

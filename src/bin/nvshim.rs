@@ -135,7 +135,7 @@ enum RuntimeCommand {
 struct EngineArgs {
     /// The container engine.
     #[arg(long, value_parser = parse_engine)]
-    runtime: nvshim::engine::Engine,
+    runtime: nvshim::ops::engine::Engine,
     /// The engine's config file [default: /etc/docker/daemon.json,
     /// /etc/containerd/config.toml, /etc/crio/crio.conf].
     #[arg(long, value_name = "PATH")]
@@ -146,7 +146,7 @@ struct EngineArgs {
     #[arg(long, value_name = "PATH")]
     drop_in_config: Option<PathBuf>,
     /// The name the engine knows the runtime by.
-    #[arg(long, alias = "nvidia-runtime-name", default_value = nvshim::engine::DEFAULT_RUNTIME_NAME)]
+    #[arg(long, alias = "nvidia-runtime-name", default_value = nvshim::ops::engine::DEFAULT_RUNTIME_NAME)]
     runtime_name: String,
     /// nvshim-runtime as the engine will run it [default: next to this binary, else
     /// /usr/bin/nvshim-runtime].
@@ -172,12 +172,13 @@ struct EngineArgs {
     dry_run: bool,
 }
 
-fn parse_engine(s: &str) -> Result<nvshim::engine::Engine, String> {
+fn parse_engine(s: &str) -> Result<nvshim::ops::engine::Engine, String> {
     s.parse()
 }
 
 fn parse_engine_version(s: &str) -> Result<(u64, u64), String> {
-    nvshim::engine::parse_version(s).ok_or_else(|| format!("{s:?} is not MAJOR.MINOR (e.g. 1.7)"))
+    nvshim::ops::engine::parse_version(s)
+        .ok_or_else(|| format!("{s:?} is not MAJOR.MINOR (e.g. 1.7)"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -186,7 +187,7 @@ enum SystemCommand {
     /// driver needs to keep GPU access across `systemctl daemon-reload`.
     CreateDevCharSymlinks {
         /// Where to create the links.
-        #[arg(long, default_value = nvshim::system::DEFAULT_DEV_CHAR_PATH)]
+        #[arg(long, default_value = nvshim::ops::system::DEFAULT_DEV_CHAR_PATH)]
         dev_char_path: PathBuf,
         /// Link every node the driver can have (from /proc/devices and the GPUs in
         /// /proc/driver/nvidia/gpus), not only the nodes that exist now.
@@ -239,7 +240,7 @@ fn run_without_config(cli: &Cli) -> Option<anyhow::Result<ExitCode>> {
 }
 
 fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
-    use nvshim::engine::{self, Options};
+    use nvshim::ops::engine::{self, Options};
     let (args, configure) = match cmd {
         RuntimeCommand::Configure(a) => (a, true),
         RuntimeCommand::Unconfigure(a) => (a, false),
@@ -332,11 +333,11 @@ fn default_runtime_path() -> PathBuf {
         .ok()
         .and_then(|exe| exe.parent().map(|d| d.join("nvshim-runtime")))
         .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from(nvshim::engine::DEFAULT_RUNTIME_PATH))
+        .unwrap_or_else(|| PathBuf::from(nvshim::ops::engine::DEFAULT_RUNTIME_PATH))
 }
 
 fn system_command(cmd: SystemCommand, config: &Config) -> anyhow::Result<ExitCode> {
-    use nvshim::system::{create_dev_char_symlinks, DevCharOptions, LinkAction};
+    use nvshim::ops::system::{create_dev_char_symlinks, DevCharOptions, LinkAction};
     let SystemCommand::CreateDevCharSymlinks {
         dev_char_path,
         create_all,
@@ -496,8 +497,8 @@ impl NamingArgs {
         &self,
         config: &Config,
         default_class: &str,
-    ) -> anyhow::Result<nvshim::cdi::generate::Options> {
-        let mut opts = nvshim::cdi::generate::Options {
+    ) -> anyhow::Result<nvshim::ops::generate::Options> {
+        let mut opts = nvshim::ops::generate::Options {
             vendor: self.vendor.clone(),
             class: self
                 .class
@@ -521,7 +522,7 @@ impl NamingArgs {
 #[derive(Debug, clap::Args)]
 struct RefreshArgs {
     /// The spec this node keeps current; nothing else in its directory is touched.
-    #[arg(long, short, value_name = "FILE", default_value = nvshim::cdi::refresh::DEFAULT_OUTPUT)]
+    #[arg(long, short, value_name = "FILE", default_value = nvshim::ops::refresh::DEFAULT_OUTPUT)]
     output: PathBuf,
     /// Regenerate even when the spec matches the host (after an nvshim upgrade).
     #[arg(long)]
@@ -535,7 +536,8 @@ struct RefreshArgs {
 }
 
 fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
-    use nvshim::cdi::{generate, spec, Registry};
+    use nvshim::cdi::{spec, Registry};
+    use nvshim::ops::generate;
     match cmd {
         CdiCommand::Generate(args) => {
             let default_class = if args.mode == "imex" {
@@ -596,7 +598,7 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         CdiCommand::Refresh(args) => {
-            use nvshim::cdi::refresh::{self, Outcome};
+            use nvshim::ops::refresh::{self, Outcome};
             let opts = refresh::Options {
                 generate: args.naming.options(config, "gpu")?,
                 output: args.output,
@@ -706,7 +708,8 @@ mod diagnostics {
     use std::io::{IsTerminal, Write};
 
     use nvshim::config::Config;
-    use nvshim::{doctor, explain, install, runtime};
+    use nvshim::ops::{doctor, explain};
+    use nvshim::{install, runtime};
 
     /// One status line on stderr, rewritten in place, for long operations (`cdi generate` on a
     /// large node, where NVML alone can take seconds per GPU). Silent when stderr is not a
@@ -780,7 +783,7 @@ mod diagnostics {
         #[arg(long, value_name = "PATH", default_value = "/etc/crio/crio.conf")]
         crio_config: PathBuf,
         /// Where the /dev/char links are expected.
-        #[arg(long, value_name = "PATH", default_value = nvshim::system::DEFAULT_DEV_CHAR_PATH)]
+        #[arg(long, value_name = "PATH", default_value = nvshim::ops::system::DEFAULT_DEV_CHAR_PATH)]
         dev_char_path: PathBuf,
         /// Output format.
         #[arg(long, value_parser = ["text", "json"], default_value = "text")]

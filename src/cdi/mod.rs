@@ -42,11 +42,8 @@
 //! YAML timestamps stay strings.
 
 pub mod annotations;
-pub mod freshness;
-pub mod generate;
 pub mod index;
 pub mod name;
-pub mod refresh;
 pub mod registry;
 pub mod spec;
 pub mod yaml;

@@ -25,7 +25,7 @@ use thiserror::Error;
 
 use super::freshness::{self, HostView};
 use super::generate::{self, GenerateError};
-use super::spec;
+use crate::cdi::spec;
 use crate::host::Host;
 
 /// The node's spec, where NVIDIA's packages keep theirs.

@@ -179,7 +179,7 @@ fn config_files(config: &Path, drop_in: &Path) -> Result<Vec<PathBuf>, EngineErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{configure as plan, unconfigure as unplan, Engine};
+    use crate::ops::engine::{configure as plan, unconfigure as unplan, Engine};
 
     fn opts(dir: &Path) -> Options {
         let mut o = Options::new(Engine::Crio, "/usr/bin/nvshim-runtime".into());

@@ -713,7 +713,7 @@ fn glob_match(pattern: &str, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{configure as plan, unconfigure as unplan, Engine, Plan};
+    use crate::ops::engine::{configure as plan, unconfigure as unplan, Engine, Plan};
 
     fn opts(dir: &Path) -> Options {
         let mut o = Options::new(Engine::Containerd, "/usr/bin/nvshim-runtime".into());

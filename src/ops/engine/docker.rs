@@ -335,7 +335,9 @@ fn detect_indent(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{configure as plan_configure, unconfigure as plan_unconfigure, Engine};
+    use crate::ops::engine::{
+        configure as plan_configure, unconfigure as plan_unconfigure, Engine,
+    };
     use std::path::PathBuf;
 
     fn opts(dir: &Path) -> Options {
@@ -344,7 +346,7 @@ mod tests {
         o
     }
 
-    fn after(plan: &crate::engine::Plan) -> Value {
+    fn after(plan: &crate::ops::engine::Plan) -> Value {
         serde_json::from_str(plan.changes[0].after.as_deref().unwrap()).unwrap()
     }
 
@@ -502,7 +504,7 @@ mod tests {
                 want.as_ref(),
                 "{release:?}"
             );
-            let reg = crate::engine::registration(&o).unwrap();
+            let reg = crate::ops::engine::registration(&o).unwrap();
             if want.is_some() {
                 assert_eq!(reg.cdi_spec_dirs, Some(vec![PathBuf::from("/srv/cdi")]));
             }
@@ -511,7 +513,7 @@ mod tests {
         }
         // nvshim's defaults are Docker's: nothing written; an admin's own list is kept.
         o.engine_version = Some((26, 1));
-        o.cdi_spec_dirs = crate::engine::ENGINE_CDI_SPEC_DIRS
+        o.cdi_spec_dirs = crate::ops::engine::ENGINE_CDI_SPEC_DIRS
             .map(PathBuf::from)
             .to_vec();
         std::fs::write(&o.config, "{}").unwrap();
@@ -560,13 +562,13 @@ mod tests {
         // Turned off on 28: turned on again, and back off on unconfigure.
         o.engine_version = Some((28, 5));
         std::fs::write(&o.config, r#"{"features": {"cdi": false}}"#).unwrap();
-        let before = crate::engine::registration(&o).unwrap();
+        let before = crate::ops::engine::registration(&o).unwrap();
         assert_eq!(before.cdi_enabled, Some(false));
         assert!(before.cdi_setting.unwrap().contains("features.cdi = false"));
         plan_configure(&o).unwrap().apply().unwrap();
         assert_eq!(read(&o.config)["features"]["cdi"], true);
         assert_eq!(
-            crate::engine::registration(&o).unwrap().cdi_enabled,
+            crate::ops::engine::registration(&o).unwrap().cdi_enabled,
             Some(true)
         );
         plan_unconfigure(&o).unwrap().apply().unwrap();

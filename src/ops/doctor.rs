@@ -11,7 +11,7 @@
 //! runtime or pointing at a binary that is gone (§2.4, §2.5), no runc or crun.
 //!
 //! Every check reads through the same code the runtime uses ([`crate::host`],
-//! [`crate::cdi::Registry`], [`crate::system`], [`crate::runtime`], [`crate::engine`]) and
+//! [`crate::cdi::Registry`], [`crate::ops::system`], [`crate::runtime`], [`crate::ops::engine`]) and
 //! changes nothing. Every path comes from [`Options`], so tests point it at a fake host and
 //! temporary engine configs.
 
@@ -21,14 +21,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::cdi::freshness::{self, HostView};
 use crate::cdi::Registry;
 use crate::config::Config;
-use crate::engine::{self, Engine};
 use crate::host::{cuda_version_for_driver, Gpu, Host};
 use crate::install;
+use crate::ops::engine::{self, Engine};
+use crate::ops::freshness::{self, HostView};
+use crate::ops::system::{self, DevCharOptions, LinkAction};
 use crate::runtime;
-use crate::system::{self, DevCharOptions, LinkAction};
 
 /// A check's verdict, in increasing order of gravity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -21,7 +21,7 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use super::spec::{self, Device, Spec, SpecError};
+use crate::cdi::spec::{self, Device, Spec, SpecError};
 use crate::edits::{ContainerEdits, DeviceNode, Mount};
 use crate::host::nvml::{self, GpuInfo, MigInfo};
 use crate::host::{Host, HostError, HostFile};

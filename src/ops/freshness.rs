@@ -15,8 +15,8 @@
 //!   are matched through their `nvidia-cap<N>` nodes and `nvidia-caps/mig-minors`);
 //! - a spec with no devices.
 
-use super::registry;
-use super::spec::Spec;
+use crate::cdi::registry;
+use crate::cdi::spec::Spec;
 use crate::host::{Gpu, Host};
 
 /// The host facts a spec is compared with: a snapshot, so callers decide when to read it.
