@@ -2,9 +2,25 @@
 //!
 //! The path everything serves (docs/design.md): [`runtime`] scans runc's argv; for `create`,
 //! [`bundle`] loads config.json, [`request`] reads what the container asks for, [`host`] reads
-//! the GPU host, [`legacy`] (or CDI) turns the request into [`edits::ContainerEdits`],
+//! the GPU host, [`legacy`] (or [`cdi`]) turns the request into [`edits::ContainerEdits`],
 //! [`edits::apply`] writes them into the document and [`bundle`] saves it atomically; then
 //! [`runtime::exec`] hands the unchanged argv to runc.
+//!
+//! The modules, in layer order: each uses only the ones above it, so no two import each other
+//! and nothing but the binaries uses [`ops`] (`nvshim-runtime` never links the operator code).
+//! `tests/layers.rs` checks it.
+//!
+//! - Model and edges: [`atomic`] (the one temp-file-and-rename write), [`config`], [`report`]
+//!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
+//!   driver facts: files per capability, control nodes, mount options, hook env), [`bundle`]
+//!   (config.json), [`host`] (the host under its roots, NVML under it), [`install`] (where
+//!   nvshim's binaries are), [`edits`] (container edits, their causes, and applying them).
+//! - The `create` pipeline: [`cdi`] (the CDI consumer: names, annotations, specs, registry,
+//!   index), [`rootfs`], [`request`] (what the container asked for, and the route), [`legacy`]
+//!   (`NVIDIA_VISIBLE_DEVICES` resolved on the host), [`memory_limits`], [`create`] (the
+//!   pipeline itself).
+//! - [`ops`]: the operator tool (`nvshim`): CDI generate/refresh, explain, doctor, engine
+//!   configuration, node set-up.
 
 pub mod atomic;
 pub mod bundle;
