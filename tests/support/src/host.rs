@@ -666,6 +666,17 @@ pub struct FakeHost {
     spec: FakeHostSpec,
 }
 
+/// One clear line instead of a mknod error deep in the build: every test that builds a fake
+/// host (the end-to-end tests) needs root.
+fn require_root() -> Result<()> {
+    ensure!(
+        nix::unistd::geteuid().is_root(),
+        "the simulated GPU host needs root (mknod, ldconfig -r, then runc for the containers): \
+         run the tests as root, as scripts/test.sh does (it re-runs itself under sudo)"
+    );
+    Ok(())
+}
+
 fn write(path: &Path, contents: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
@@ -732,6 +743,7 @@ impl FakeHost {
     /// Builds a fake host in `root`, which must not exist or be an empty directory. Needs root
     /// (mknod, `ldconfig -r`) and gcc.
     pub fn build(root: &Path, spec: &FakeHostSpec) -> Result<FakeHost> {
+        require_root()?;
         spec.validate()?;
         fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let root = root
@@ -769,6 +781,7 @@ impl FakeHost {
         dev_root: &Path,
         spec: &FakeHostSpec,
     ) -> Result<FakeHost> {
+        require_root()?;
         spec.validate()?;
         let mut roots = Vec::new();
         for dir in [driver_root, dev_root] {
