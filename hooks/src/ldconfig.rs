@@ -1036,6 +1036,35 @@ impl Scanner<'_> {
     }
 }
 
+impl Scanner<'_> {
+    /// Scans `dirs` (root-relative, in order) that exist, each directory once however many
+    /// names reach it (`lib64 -> lib`), as ldconfig identifies directories by inode; no
+    /// configuration file and no hwcap subdirectories. What a hook scans for the folders it
+    /// mounted, and host discovery for a driver directory without ld.so.cache.
+    pub fn scan_dirs<'d>(&self, dirs: impl IntoIterator<Item = &'d str>) -> (Config, Scan) {
+        let mut config = Config::default();
+        let mut scan = Scan::default();
+        for dir in dirs {
+            let Ok(Some(st)) = self.root.stat(dir) else {
+                continue;
+            };
+            if config.find(st.st_dev, st.st_ino).is_some() {
+                continue;
+            }
+            config.dirs.push(Dir {
+                path: dir.to_string(),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                flag: -1,
+                hwcaps: None,
+            });
+            let index = config.dirs.len() - 1;
+            self.search_dir(&mut config, index, false, &mut scan);
+        }
+        (config, scan)
+    }
+}
+
 /// Builds the list of directories and scans all of them: what `ldconfig -r ROOT` does.
 pub fn full_scan(scanner: &Scanner, config: &mut Config) -> Scan {
     let mut scan = Scan::default();

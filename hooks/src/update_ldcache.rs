@@ -41,7 +41,7 @@ use thiserror::Error;
 use crate::elf::Arch;
 use crate::fallback::{self, FallbackError};
 use crate::ldcache::{self, CacheEntry, LdCache, MAX_CACHE_LEN};
-use crate::ldconfig::{self, Config, Scan, Scanner};
+use crate::ldconfig::{self, Scan, Scanner};
 use crate::root::{self, Root, RootError};
 
 /// The configuration file nvshim owns.
@@ -206,21 +206,7 @@ fn musl(root: &Root, folders: &[String], report: &mut Report) -> Result<(), Upda
             arch,
             make_links: true,
         };
-        let mut config = Config::default();
-        let mut scan = Scan::default();
-        for f in folders {
-            if let Ok(Some(st)) = root.stat(f) {
-                config.dirs.push(ldconfig::Dir {
-                    path: f.clone(),
-                    dev: st.st_dev,
-                    ino: st.st_ino,
-                    flag: -1,
-                    hwcaps: None,
-                });
-                let i = config.dirs.len() - 1;
-                scanner.search_dir(&mut config, i, false, &mut scan);
-            }
-        }
+        let (_, scan) = scanner.scan_dirs(folders.iter().map(|f| f.as_str()));
         report.written.extend(scan.links);
         report.warnings.extend(scan.warnings);
     }

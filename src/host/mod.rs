@@ -313,33 +313,14 @@ impl Host {
     /// ldconfig's order. `None` where the root cannot be opened or the architecture has no
     /// ldconfig rules here.
     fn scanned_ld_cache(&self) -> Option<LdCache> {
-        use nvshim_hook::ldconfig::{Config, Dir, Scan, Scanner, DRIVER_LIBRARY_DIRS};
+        use nvshim_hook::ldconfig::{Scanner, DRIVER_LIBRARY_DIRS};
         let root = nvshim_hook::root::Root::open(&self.roots.driver_root).ok()?;
         let scanner = Scanner {
             root: &root,
             arch: nvshim_hook::elf::Arch::host()?,
             make_links: false,
         };
-        let mut config = Config::default();
-        let mut scan = Scan::default();
-        for dir in DRIVER_LIBRARY_DIRS {
-            let Ok(Some(st)) = root.stat(dir) else {
-                continue;
-            };
-            // A directory reached twice (`lib64 -> lib`) is scanned once, as ldconfig does.
-            if config.find(st.st_dev, st.st_ino).is_some() {
-                continue;
-            }
-            config.dirs.push(Dir {
-                path: dir.to_string(),
-                dev: st.st_dev,
-                ino: st.st_ino,
-                flag: -1,
-                hwcaps: None,
-            });
-            let index = config.dirs.len() - 1;
-            scanner.search_dir(&mut config, index, false, &mut scan);
-        }
+        let (_, scan) = scanner.scan_dirs(DRIVER_LIBRARY_DIRS.iter().copied());
         let mut entries: Vec<_> = scan.entries.into_iter().map(|(e, _, _)| e).collect();
         entries.sort_by(nvshim_hook::ldcache::compare);
         Some(LdCache {
