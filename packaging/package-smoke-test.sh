@@ -103,18 +103,10 @@ grep -q '^GPU 0: ' "$work/out" || fail "nvidia-smi -L listed no GPU"
 cargo build --release --quiet -p nvshim-fake-nvml
 ml=$(readlink -f "$work/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
 cp target/release/libnvshim_fake_nvml.so "$ml"
-{
-    printf '{"driverVersion":"%s","cudaDriverVersion":13000,"memoryLimits":true,"memoryLimitLog":"%s","gpus":[' \
-        "$(head -n1 "$work/host/proc/driver/nvidia/version" | grep -o '[0-9]\+\.[0-9]\+\(\.[0-9]\+\)*' | head -n1)" "$work/limits.jsonl"
-    sep=
-    for info in "$work/host"/proc/driver/nvidia/gpus/*/information; do
-        field() { sed -n "s/^$1: *//p" "$info"; }
-        printf '%s{"name":"%s","uuid":"%s","minor":%s,"busId":"%s"}' \
-            "$sep" "$(field Model)" "$(field 'GPU UUID')" "$(field 'Device Minor')" "$(field 'Bus Location')"
-        sep=,
-    done
-    printf ']}\n'
-} > "$(dirname "$ml")/nvshim-fake-nvml-topology.json"
+# shellcheck source=scripts/lib/fake-nvml.sh
+. scripts/lib/fake-nvml.sh
+fake_nvml_topology "$work/host" "\"memoryLimits\":true,\"memoryLimitLog\":\"$work/limits.jsonl\"," \
+    > "$(dirname "$ml")/nvshim-fake-nvml-topology.json"
 target/release/nvshim-fake-host --bundle "$work/limited" --env NVIDIA_VISIBLE_DEVICES=0 \
     --env NVIDIA_GPU_MEMORY_REQUEST=1024 --env NVIDIA_GPU_MEMORY_LIMIT=2048 -- true > /dev/null
 unified=/sys/fs/cgroup

@@ -128,24 +128,13 @@ config "$work/mig.toml" /bin/true
 sed -i "s|\"$host|\"$work/mighost|" "$work/mig.toml"
 
 # Fake NVML for `cdi generate`: the cdylib in place of the host's libnvidia-ml, answering from
-# a topology written from the fake host's /proc (GPU directories sort in bus order = NVML's;
-# the driver version is the banner's first N.N[.N]: the open modules' banner has words between
-# "Module" and the version).
+# a topology written from the fake host's /proc (scripts/lib/fake-nvml.sh).
+# shellcheck source=scripts/lib/fake-nvml.sh
+. scripts/lib/fake-nvml.sh
 lib="$host/usr/lib/x86_64-linux-gnu"
 cp "$bin/libnvshim_fake_nvml.so" "$(readlink -f "$lib/libnvidia-ml.so.1")"
 topo="$work/topology.json"
-{
-    printf '{"driverVersion":"%s","cudaDriverVersion":13000,"gpus":[' \
-        "$(head -n1 "$host/proc/driver/nvidia/version" | grep -o '[0-9]\+\.[0-9]\+\(\.[0-9]\+\)*' | head -n1)"
-    sep=
-    for info in "$host"/proc/driver/nvidia/gpus/*/information; do
-        field() { sed -n "s/^$1: *//p" "$info"; }
-        printf '%s{"name":"%s","uuid":"%s","minor":%s,"busId":"%s","memoryTotal":85899345920}' \
-            "$sep" "$(field Model)" "$(field 'GPU UUID')" "$(field 'Device Minor')" "$(field 'Bus Location')"
-        sep=,
-    done
-    printf ']}\n'
-} > "$topo"
+fake_nvml_topology "$host" > "$topo"
 export NVSHIM_FAKE_NVML_TOPOLOGY="$topo"
 NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim" cdi generate --output "$work/cdi/nvidia.yaml" 2> "$work/generate.err"
 if grep -q 'NVML not used' "$work/generate.err"; then

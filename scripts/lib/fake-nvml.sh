@@ -1,0 +1,22 @@
+# Sourced by the scripts that put the fake NVML (tests/fake-nvml) in place of a simulated
+# host's libnvidia-ml: the bench and the package smoke test.
+#
+#   fake_nvml_topology HOST [FIELDS] > FILE
+#
+# prints the fake's topology JSON for the host built by nvshim-fake-host in HOST: the driver
+# version (the banner's first N.N[.N]: the open modules' banner has words between "Module" and
+# the version), CUDA 13.0, and one GPU per proc/driver/nvidia/gpus/*/information (the
+# directories sort in bus order, NVML's order). FIELDS: more top-level JSON fields, written as
+# `"memoryLimits":true,`.
+fake_nvml_topology() {
+    local host="$1" fields="${2:-}" sep= info
+    printf '{%s"driverVersion":"%s","cudaDriverVersion":13000,"gpus":[' "$fields" \
+        "$(head -n1 "$host/proc/driver/nvidia/version" | grep -o '[0-9]\+\.[0-9]\+\(\.[0-9]\+\)*' | head -n1)"
+    for info in "$host"/proc/driver/nvidia/gpus/*/information; do
+        printf '%s{"name":"%s","uuid":"%s","minor":%s,"busId":"%s","memoryTotal":85899345920}' "$sep" \
+            "$(sed -n 's/^Model: *//p' "$info")" "$(sed -n 's/^GPU UUID: *//p' "$info")" \
+            "$(sed -n 's/^Device Minor: *//p' "$info")" "$(sed -n 's/^Bus Location: *//p' "$info")"
+        sep=,
+    done
+    printf ']}\n'
+}
