@@ -5,15 +5,17 @@
 //! Each case builds an image root, copies it, runs the hook on one copy, gives the other copy
 //! the same configuration files, runs `ldconfig -r` on it, and compares.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
+use std::sync::OnceLock;
 
-use common::{copy_tree, ldconfig_generator, ldconfig_r, symlinks, Tree};
 use nvshim_hook::ldcache::LdCache;
 use nvshim_hook::root::{Resolver, Root};
 use nvshim_hook::update_ldcache::{self, Libc, Options, Report};
+use nvshim_testsupport::hook_harness::{
+    compat_json, compat_lib, copy_tree, fingerprint, ldconfig_r, symlinks, NoteBuild, Tree,
+};
+use nvshim_testsupport::rootfs::LDCONFIG;
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 const DEBIAN_SYSTEM_DIRS: [&str; 4] = [
@@ -22,6 +24,22 @@ const DEBIAN_SYSTEM_DIRS: [&str; 4] = [
     "/lib",
     "/usr/lib",
 ];
+
+/// The generator string the reference ldconfig writes.
+fn ldconfig_generator() -> String {
+    static G: OnceLock<String> = OnceLock::new();
+    G.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("etc")).unwrap();
+        ldconfig_r(dir.path());
+        let bytes = fs::read(dir.path().join("etc/ld.so.cache")).unwrap();
+        LdCache::parse(&bytes)
+            .unwrap()
+            .generator
+            .expect("ldconfig 2.36 writes a generator")
+    })
+    .clone()
+}
 
 fn options(folders: &[&str], debian_system_dirs: bool) -> Options {
     let mut o = Options::new(folders.iter().map(|s| s.to_string()).collect());
@@ -222,10 +240,10 @@ fn cuda_compat_dir_is_indexed_first_with_an_existing_cache() {
         t.link("/usr/local/cuda", "cuda-13.0");
         fs::create_dir_all(t.path("/usr/local/cuda-13.0/compat")).unwrap();
         fs::copy(
-            common::compat_lib(
+            compat_lib(
                 "NVIDIA Corporation",
-                &common::compat_json("13.0", &[570, 575, 580]),
-                common::NoteBuild::Asm,
+                &compat_json("13.0", &[570, 575, 580]),
+                NoteBuild::Asm,
             ),
             t.path("/usr/local/cuda-13.0/compat/libcuda.so.580.95.05"),
         )
@@ -507,12 +525,12 @@ fn host_ldconfig_fallback_matches_and_stays_inside() {
     copy_tree(&image, &ours);
     let mut opts = options(&[LIBDIR], false);
     opts.force_fallback = true;
-    opts.ldconfig_path = Some(common::LDCONFIG.into());
-    let host_before = common::fingerprint(&["/etc/ld.so.cache".into(), "/etc/ld.so.conf.d".into()]);
+    opts.ldconfig_path = Some(LDCONFIG.into());
+    let host_before = fingerprint(&["/etc/ld.so.cache".into(), "/etc/ld.so.conf.d".into()]);
     let r = hook(&ours, &opts, Resolver::Openat2);
     assert!(r.fallback);
     assert_eq!(
-        common::fingerprint(&["/etc/ld.so.cache".into(), "/etc/ld.so.conf.d".into()]),
+        fingerprint(&["/etc/ld.so.cache".into(), "/etc/ld.so.conf.d".into()]),
         host_before
     );
     let theirs = work.path().join("theirs");

@@ -12,19 +12,19 @@
 //! makes serves as the positive control of the `LD_PRELOAD` fixture: it does load the library,
 //! which proves the marker would be seen.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{
-    bundle, compat_json, compat_lib, fingerprint, mkfifo, preload_library, run_hook, run_hook_with,
-    static_hook, NoteBuild, Run, Tree,
+use nvshim_testsupport::hook_harness::{
+    compat_json, compat_lib, fingerprint, hook_bundle, mkfifo, mknod_chr, preload_library,
+    require_root, run_hook, run_hook_with, static_hook, NoteBuild, Run, Tree,
 };
 
 const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
+/// Where [`static_hook`] builds the shipped binary.
+const TARGET_TMPDIR: &str = env!("CARGO_TARGET_TMPDIR");
 const TIMEOUT: Duration = Duration::from_secs(20);
 const NVIDIA: &str = "NVIDIA Corporation";
 const COMPAT_DIR: &str = "/usr/local/cuda/compat";
@@ -40,7 +40,9 @@ struct Host {
 }
 
 impl Host {
+    /// Checks for root first: every test with a host builds fixture images (mknod).
     fn new() -> Host {
+        require_root();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_path_buf();
         let t = Tree::new(&path.join("host"));
@@ -95,7 +97,7 @@ fn image(root: &Path, host: &Host, fixture: &str) {
         t.path(&format!("{COMPAT_DIR}/libcuda.so.580.95.05")),
     )
     .unwrap();
-    common::mknod_chr(&t.path("/dev/nvidia0"), 195, 0);
+    mknod_chr(&t.path("/dev/nvidia0"), 195, 0);
     let h = host.dir.display().to_string();
     let up = "../../../../../../../../../../..";
     match fixture {
@@ -394,7 +396,7 @@ fn run_fixture_with(
     let work = tempfile::tempdir().unwrap();
     let rootfs = work.path().join("rootfs");
     image(&rootfs, host, fixture);
-    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let state = hook_bundle(&work.path().join("bundle"), &rootfs);
     let args: Vec<&str> = hook.iter().map(String::as_str).collect();
     // runc runs createContainer hooks with cwd = the rootfs.
     run_hook_with(
@@ -412,7 +414,7 @@ fn run_fixture_with(
 #[test]
 fn hostile_images_change_nothing_on_the_host() {
     let host = Host::new();
-    let bin = static_hook();
+    let bin = static_hook(TARGET_TMPDIR);
     let preload = format!("LD_PRELOAD={}", host.preload.display());
     let env = [
         ("PATH", &PATH["PATH=".len()..]),
@@ -464,7 +466,7 @@ fn hostile_images_change_nothing_on_the_host() {
 #[test]
 fn hostile_cache_files_are_errors_naming_the_path() {
     let host = Host::new();
-    let bin = static_hook();
+    let bin = static_hook(TARGET_TMPDIR);
     let update = hooks(&host).remove(1).args;
     for (fixture, want) in [
         ("sparse-2g-cache", "ld.so.cache: 2147483648 bytes"),
@@ -490,11 +492,11 @@ fn hostile_cache_files_are_errors_naming_the_path() {
 #[test]
 fn etc_symlinks_are_followed_inside_the_root_only() {
     let host = Host::new();
-    let bin = static_hook();
+    let bin = static_hook(TARGET_TMPDIR);
     let work = tempfile::tempdir().unwrap();
     let rootfs = work.path().join("rootfs");
     image(&rootfs, &host, "etc-symlink-to-slash");
-    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let state = hook_bundle(&work.path().join("bundle"), &rootfs);
     let run = run_hook(
         &bin,
         "nvshim-hook",
@@ -512,7 +514,7 @@ fn etc_symlinks_are_followed_inside_the_root_only() {
     let work = tempfile::tempdir().unwrap();
     let rootfs = work.path().join("rootfs");
     image(&rootfs, &host, "cache-symlink-to-host");
-    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let state = hook_bundle(&work.path().join("bundle"), &rootfs);
     let run = run_hook(
         &bin,
         "nvshim-hook",
@@ -539,7 +541,7 @@ fn ld_preload_reaches_only_a_dynamic_build() {
     let update = hooks(&host).remove(1).args;
     // Positive control: the loader of a dynamically linked binary runs the library.
     let run = run_fixture(
-        &common::dynamic_hook(),
+        Path::new(env!("CARGO_BIN_EXE_nvshim-hook")),
         "nvshim-hook",
         "plain",
         &update,
@@ -555,7 +557,7 @@ fn ld_preload_reaches_only_a_dynamic_build() {
     // The shipped, static binary has no loader: nothing runs.
     for hook in hooks(&host) {
         let run = run_fixture_with(
-            &static_hook(),
+            &static_hook(TARGET_TMPDIR),
             hook.names[hook.names.len() - 1],
             "plain",
             &hook.args,
@@ -574,7 +576,7 @@ fn ld_preload_reaches_only_a_dynamic_build() {
 #[test]
 fn legacy_hook_name_fails_with_directions() {
     let run = run_hook(
-        &static_hook(),
+        &static_hook(TARGET_TMPDIR),
         "nvidia-container-runtime-hook",
         &["prestart"],
         "{}",
@@ -599,7 +601,7 @@ fn nvidia_hooks_run_under_nvidias_names_only() {
         ("nvidia-ctk", vec!["hook", "a-hook-from-the-future"]),
     ] {
         let run = run_hook(
-            &static_hook(),
+            &static_hook(TARGET_TMPDIR),
             argv0,
             &args,
             "{}",
@@ -613,7 +615,7 @@ fn nvidia_hooks_run_under_nvidias_names_only() {
     // NVIDIA's chmod is not an nvshim-hook subcommand; the container fix-ups are (without a
     // host driver version, enable-cuda-compat has nothing to do).
     let run = run_hook(
-        &static_hook(),
+        &static_hook(TARGET_TMPDIR),
         "nvshim-hook",
         &["chmod", "--mode", "755", "--path", "/dev/dri"],
         "{}",
@@ -623,7 +625,7 @@ fn nvidia_hooks_run_under_nvidias_names_only() {
     );
     assert_eq!(run.code, Some(2));
     let run = run_hook(
-        &static_hook(),
+        &static_hook(TARGET_TMPDIR),
         "nvshim-hook",
         &["enable-cuda-compat"],
         "{}",
@@ -634,7 +636,7 @@ fn nvidia_hooks_run_under_nvidias_names_only() {
     assert_eq!(run.code, Some(0), "{run:?}");
     // nvidia-ctk answers only to `hook`.
     let run = run_hook(
-        &static_hook(),
+        &static_hook(TARGET_TMPDIR),
         "nvidia-ctk",
         &["cdi", "generate"],
         "{}",
@@ -653,9 +655,17 @@ fn nvidia_hooks_do_their_work_on_a_plain_image() {
     let work = tempfile::tempdir().unwrap();
     let rootfs = work.path().join("rootfs");
     image(&rootfs, &host, "plain");
-    let state = bundle(&work.path().join("bundle"), &rootfs);
+    let state = hook_bundle(&work.path().join("bundle"), &rootfs);
     let run = |argv0: &str, args: &[&str]| {
-        run_hook(&static_hook(), argv0, args, &state, &[], &rootfs, TIMEOUT)
+        run_hook(
+            &static_hook(TARGET_TMPDIR),
+            argv0,
+            args,
+            &state,
+            &[],
+            &rootfs,
+            TIMEOUT,
+        )
     };
     let r = run(
         "nvidia-cdi-hook",
@@ -695,7 +705,7 @@ fn nvidia_hooks_do_their_work_on_a_plain_image() {
 #[test]
 fn hostile_params_and_compat_files_are_refused() {
     let host = Host::new();
-    let bin = static_hook();
+    let bin = static_hook(TARGET_TMPDIR);
     let hooks = hooks(&host);
     let disable = &hooks[4].args;
     for fixture in [
@@ -742,7 +752,7 @@ fn symlink_outside_root_via_host_link_is_inside() {
     let host = Host::new();
     let create = hooks(&host).remove(0).args;
     let run = run_fixture(
-        &static_hook(),
+        &static_hook(TARGET_TMPDIR),
         "nvshim-hook",
         "libdir-symlink-to-host",
         &create,

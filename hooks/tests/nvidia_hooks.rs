@@ -5,19 +5,20 @@
 //! hostile fixtures run through the shipped binary in `malicious.rs`; real containers in the
 //! workspace's `tests/e2e_nvidia_hooks.rs`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{symlink, FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use common::{compat_json, compat_lib, mkfifo, mknod_chr, NoteBuild, Tree};
 use nvshim_hook::disable_device_node_modification as ddnm;
 use nvshim_hook::elf;
 use nvshim_hook::enable_cuda_compat::{self as compat, CompatNote, Options};
 use nvshim_hook::root::{Resolver, Root};
+use nvshim_testsupport::hook_harness::{
+    compat_json, compat_lib, enter_private_mount_ns, mkfifo, mknod_chr, require_root, NoteBuild,
+    Tree,
+};
 
 const OWNER: &str = "NVIDIA Corporation";
 const SECTION: &str = ".note.cuda.fwd_compatibility";
@@ -268,20 +269,9 @@ fn enable_cuda_compat_stays_inside_the_root() {
 /// `unshare(CLONE_NEWNS)` changes only the calling thread, and nothing it mounts is seen by the
 /// test's namespace.
 fn in_mount_ns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    require_root();
     std::thread::spawn(move || {
-        // SAFETY: unshare with CLONE_NEWNS unshares this thread's filesystem context only.
-        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0, "unshare");
-        // SAFETY: constant C strings and null pointers mount(2) accepts.
-        let ret = unsafe {
-            libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(ret, 0, "making / private");
+        enter_private_mount_ns().expect("unshare(CLONE_NEWNS) and making / private");
         f()
     })
     .join()

@@ -5,41 +5,30 @@
 //! /etc/ld-musl-x86_64.path. Kept small: the full end-to-end harness
 //! lives in the workspace's tests.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{ldconfig_r, static_hook, stub, Tree};
 use nvshim_hook::ldcache::LdCache;
+use nvshim_testsupport::hook_harness::{
+    ldconfig_r, preload_library, require_root, static_hook, stub, Tree,
+};
+use nvshim_testsupport::{unique_id, Bundle, Runtime};
 use serde_json::{json, Value};
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// A busybox rootfs with the host's static ldconfig.
-fn busybox_rootfs(rootfs: &Path) -> Tree {
-    let t = Tree::new(rootfs);
-    t.dir("/bin")
-        .dir("/sbin")
-        .dir("/proc")
-        .dir("/dev")
-        .dir("/sys")
-        .dir("/tmp");
-    fs::copy("/usr/bin/busybox", t.path("/bin/busybox")).unwrap();
-    for applet in ["sh", "ls", "cat", "readlink", "echo"] {
-        t.link(&format!("/bin/{applet}"), "busybox");
-    }
-    fs::copy(common::LDCONFIG, t.path("/sbin/ldconfig")).unwrap();
-    t
+/// A runc bundle (busybox rootfs) in `work/bundle`; first of all, checks for root.
+fn new_bundle(work: &Path) -> Bundle {
+    require_root();
+    Bundle::new(&work.join("bundle"), &[]).unwrap()
 }
 
 fn hook(args: &[&str], env: bool) -> Value {
     let mut h = json!({
-        "path": static_hook(),
+        "path": static_hook(env!("CARGO_TARGET_TMPDIR")),
         "args": args,
     });
     if env {
@@ -66,9 +55,9 @@ fn driver_hooks(env: bool) -> Vec<Value> {
     ]
 }
 
-/// Writes `runc spec`'s config.json, adapted, and runs `ldconfig -p` in the container with the
-/// glibc stub libcuda bind-mounted; returns its stdout.
-fn run_container(bundle: &Path, hooks: Vec<Value>, process_env: &[&str]) -> String {
+/// Runs `ldconfig -p` in the bundle's container with the glibc stub libcuda bind-mounted;
+/// returns its stdout.
+fn run_container(bundle: &Bundle, hooks: Vec<Value>, process_env: &[&str]) -> String {
     run_container_with(
         bundle,
         hooks,
@@ -80,81 +69,34 @@ fn run_container(bundle: &Path, hooks: Vec<Value>, process_env: &[&str]) -> Stri
 
 /// As [`run_container`], with the container's `args` and the library mounted as libcuda.
 fn run_container_with(
-    bundle: &Path,
+    bundle: &Bundle,
     hooks: Vec<Value>,
     process_env: &[&str],
     args: &[&str],
     lib: &Path,
 ) -> String {
-    let spec = Command::new("runc")
-        .args(["spec", "--bundle"])
-        .arg(bundle)
-        .output()
+    bundle.set_args(args).unwrap();
+    bundle
+        .edit(|config| {
+            let mut env: Vec<Value> = vec![json!(PATH)];
+            env.extend(process_env.iter().map(|e| json!(e)));
+            config["process"]["env"] = json!(env);
+            config["mounts"].as_array_mut().unwrap().push(json!({
+                "destination": format!("{LIBDIR}/libcuda.so.580.65.06"),
+                "type": "bind",
+                "source": lib,
+                "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+            }));
+            config["hooks"] = json!({ "createContainer": hooks });
+            Ok(())
+        })
         .unwrap();
-    assert!(
-        spec.status.success(),
-        "runc spec: {}",
-        String::from_utf8_lossy(&spec.stderr)
-    );
-    let path = bundle.join("config.json");
-    let mut config: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    config["process"]["terminal"] = json!(false);
-    config["process"]["args"] = json!(args);
-    let mut env: Vec<Value> = vec![json!(PATH)];
-    env.extend(process_env.iter().map(|e| json!(e)));
-    config["process"]["env"] = json!(env);
-    config["root"]["path"] = json!("rootfs");
-    config["mounts"].as_array_mut().unwrap().push(json!({
-        "destination": format!("{LIBDIR}/libcuda.so.580.65.06"),
-        "type": "bind",
-        "source": lib,
-        "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
-    }));
-    config["hooks"] = json!({ "createContainer": hooks });
-    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let id = format!(
-        "nvshim-hook-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    );
-    let state = bundle.join("runc-state");
-    let mut child = Command::new("runc")
-        .arg("--root")
-        .arg(&state)
-        .args(["run", "--bundle"])
-        .arg(bundle)
-        .arg(&id)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("runc starts");
-    let start = std::time::Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = Command::new("runc")
-                .arg("--root")
-                .arg(&state)
-                .args(["delete", "-f", &id])
-                .status();
-            panic!("runc run did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "runc run: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let runtime = Runtime::new("runc", &bundle.dir().join("runc-state"))
+        .unwrap()
+        .timeout(Duration::from_secs(60));
+    let out = runtime.run(bundle, &unique_id("nvshim-hook")).unwrap();
+    assert!(out.success(), "runc run: {out}");
+    out.stdout
 }
 
 /// `ldconfig -p` lines as (name, path).
@@ -176,8 +118,7 @@ fn has(output: &str, name: &str, path: &str) -> bool {
 #[test]
 fn busybox_container_sees_libcuda() {
     let work = tempfile::tempdir().unwrap();
-    let bundle = work.path().join("bundle");
-    busybox_rootfs(&bundle.join("rootfs"));
+    let bundle = new_bundle(work.path());
     let out = run_container(&bundle, driver_hooks(true), &[]);
     assert!(
         has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
@@ -187,7 +128,7 @@ fn busybox_container_sees_libcuda() {
         has(&out, "libcuda.so", &format!("{LIBDIR}/libcuda.so")),
         "{out}"
     );
-    let rootfs = bundle.join("rootfs");
+    let rootfs = bundle.rootfs().path();
     assert_eq!(
         fs::read_link(rootfs.join("usr/lib/x86_64-linux-gnu/libcuda.so.1")).unwrap(),
         PathBuf::from("libcuda.so.580.65.06")
@@ -201,8 +142,10 @@ fn busybox_container_sees_libcuda() {
 #[test]
 fn musl_container_resolves_libcuda() {
     let work = tempfile::tempdir().unwrap();
-    let bundle = work.path().join("bundle");
-    let rootfs = bundle.join("rootfs");
+    let bundle = new_bundle(work.path());
+    // Not busybox: the image holds musl's loader and the probe only.
+    let rootfs = bundle.rootfs().path().to_path_buf();
+    fs::remove_dir_all(&rootfs).unwrap();
     let t = Tree::new(&rootfs);
     t.dir("/bin")
         .dir("/lib")
@@ -273,8 +216,8 @@ fn musl_container_resolves_libcuda() {
 #[test]
 fn existing_cache_entries_survive() {
     let work = tempfile::tempdir().unwrap();
-    let bundle = work.path().join("bundle");
-    let t = busybox_rootfs(&bundle.join("rootfs"));
+    let bundle = new_bundle(work.path());
+    let t = Tree::new(bundle.rootfs().path());
     t.file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
         .file(
             "/etc/ld.so.conf.d/local.conf",
@@ -284,8 +227,9 @@ fn existing_cache_entries_survive() {
         .lib("/opt/app/lib/libapp.so.7", "libapp.so.7")
         .lib("/usr/lib/libbar.so.2.0", "libbar.so.2")
         .link("/usr/lib/libbar.so", "libbar.so.2");
-    ldconfig_r(&bundle.join("rootfs"));
-    let before = LdCache::parse(&fs::read(bundle.join("rootfs/etc/ld.so.cache")).unwrap()).unwrap();
+    ldconfig_r(bundle.rootfs().path());
+    let before =
+        LdCache::parse(&fs::read(bundle.rootfs().path().join("etc/ld.so.cache")).unwrap()).unwrap();
     assert_eq!(before.entries.len(), 3, "{before:?}");
     let out = run_container(&bundle, driver_hooks(true), &[]);
     for e in &before.entries {
@@ -308,11 +252,10 @@ fn nvidiascape_image_cannot_preload_into_the_hook() {
     // the image sets LD_PRELOAD to a library in its own rootfs (the hook's cwd). The shipped
     // static hook has no dynamic loader to honour it.
     let work = tempfile::tempdir().unwrap();
-    let bundle = work.path().join("bundle");
-    let rootfs = bundle.join("rootfs");
-    busybox_rootfs(&rootfs);
+    let bundle = new_bundle(work.path());
+    let rootfs = bundle.rootfs().path();
     let marker = work.path().join("owned");
-    let poc = common::preload_library(work.path(), &marker);
+    let poc = preload_library(work.path(), &marker);
     fs::copy(&poc, rootfs.join("poc.so")).unwrap();
     let out = run_container(
         &bundle,

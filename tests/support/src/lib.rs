@@ -16,6 +16,7 @@
 
 pub mod breakage;
 pub mod bundle;
+pub mod hook_harness;
 pub mod host;
 pub mod podman;
 pub mod probe;

@@ -1,21 +1,56 @@
-//! Helpers shared by the hook tests: stub libraries, root trees, the reference ldconfig, bundles.
-#![allow(dead_code)]
+//! The harness of the hook crate's tests (`hooks/tests/*.rs`): image trees built by hand, stub
+//! libraries with any SONAME, the reference `ldconfig -r`, CUDA compat libraries carrying
+//! NVIDIA's forward-compatibility note, the shipped (static) hook binary, and running a hook the
+//! way runc runs it (argv0, the OCI state on stdin, cwd = the rootfs, a time limit, optionally in
+//! a private mount namespace).
+//!
+//! Unlike the rest of this crate, which simulates a whole GPU host, these helpers build the
+//! small, often hostile, image roots the hooks are tried against; busybox rootfs, bundles and
+//! runc itself come from [`crate::Rootfs`], [`crate::Bundle`] and [`crate::Runtime`]. They panic
+//! on failure, as the test code calling them would.
+//!
+//! What needs root (mknod, `ldconfig -r`'s chroot, mount namespaces, runc) calls
+//! [`require_root`] first, which fails with one line saying so.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-/// The host's ldconfig: glibc 2.36's static-pie, the reference for the cache format.
-pub const LDCONFIG: &str = "/sbin/ldconfig";
+use nix::mount::{mount, MsFlags};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 
-/// Where compiled stubs are kept: the build's own temp dir, shared by the test binaries.
+use crate::rootfs::LDCONFIG;
+
+/// Panics with one line unless the test runs as root (for mknod, `ldconfig -r`'s chroot, mount
+/// namespaces and runc).
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (runc, mounts, mknod, ldconfig -r): run it as root, as \
+         scripts/test.sh does"
+    );
+}
+
+/// FNV-1a over `data` (stable across Rust versions, unlike `DefaultHasher`).
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Where compiled stubs are kept, shared by every test process: the stub source is written
+/// once, each library is built under a private name and renamed into place.
 fn stub_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nvshim-hook-stubs");
+        let dir = std::env::temp_dir()
+            .join("nvshim-testsupport")
+            .join("hook-stubs-1");
         fs::create_dir_all(&dir).unwrap();
         let src = dir.join("stub.c");
         if !src.exists() {
@@ -51,7 +86,7 @@ pub fn stub(soname: &str) -> PathBuf {
     out
 }
 
-/// A directory tree under construction.
+/// A directory tree under construction; paths are written as in the image (`/etc/...`).
 pub struct Tree {
     pub root: PathBuf,
 }
@@ -64,6 +99,7 @@ impl Tree {
         }
     }
 
+    /// `p` (absolute in the image) on the host.
     pub fn path(&self, p: &str) -> PathBuf {
         self.root.join(p.trim_start_matches('/'))
     }
@@ -107,8 +143,9 @@ pub fn copy_tree(src: &Path, dst: &Path) {
     assert!(status.success());
 }
 
-/// Runs the reference `ldconfig -r ROOT` (as root it chroots there).
+/// Runs the reference `ldconfig -r ROOT` (the host's, [`LDCONFIG`]; as root it chroots there).
 pub fn ldconfig_r(root: &Path) {
+    require_root();
     let out = Command::new(LDCONFIG)
         .arg("-r")
         .arg(root)
@@ -120,22 +157,6 @@ pub fn ldconfig_r(root: &Path) {
         "ldconfig -r: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// The generator string the reference ldconfig writes.
-pub fn ldconfig_generator() -> String {
-    static G: OnceLock<String> = OnceLock::new();
-    G.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        fs::create_dir_all(dir.path().join("etc")).unwrap();
-        ldconfig_r(dir.path());
-        let bytes = fs::read(dir.path().join("etc/ld.so.cache")).unwrap();
-        nvshim_hook::ldcache::LdCache::parse(&bytes)
-            .unwrap()
-            .generator
-            .expect("ldconfig 2.36 writes a generator")
-    })
-    .clone()
 }
 
 /// Every symlink below `dir`: relative path -> target.
@@ -163,14 +184,6 @@ pub fn symlinks(dir: &Path) -> BTreeMap<String, String> {
 
 /// Content fingerprint of files and symlinks under `paths` (FNV-1a of type, target, bytes).
 pub fn fingerprint(paths: &[PathBuf]) -> BTreeMap<String, String> {
-    fn fnv(data: &[u8]) -> u64 {
-        let mut h: u64 = 0xcbf29ce484222325;
-        for b in data {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x100000001b3);
-        }
-        h
-    }
     let mut out = BTreeMap::new();
     fn walk(p: &Path, out: &mut BTreeMap<String, String>, depth: u32) {
         let Ok(meta) = fs::symlink_metadata(p) else {
@@ -188,10 +201,11 @@ pub fn fingerprint(paths: &[PathBuf]) -> BTreeMap<String, String> {
             } else {
                 out.insert(
                     key,
-                    format!("file {:x} mode {:o}", fnv(&fs::read(p).unwrap()), {
-                        use std::os::unix::fs::PermissionsExt;
+                    format!(
+                        "file {:x} mode {:o}",
+                        fnv(&fs::read(p).unwrap()),
                         meta.permissions().mode()
-                    }),
+                    ),
                 );
             }
         } else if ft.is_dir() {
@@ -207,13 +221,7 @@ pub fn fingerprint(paths: &[PathBuf]) -> BTreeMap<String, String> {
                 }
             }
         } else {
-            out.insert(
-                key,
-                format!("special {:o}", {
-                    use std::os::unix::fs::PermissionsExt;
-                    meta.permissions().mode()
-                }),
-            );
+            out.insert(key, format!("special {:o}", meta.permissions().mode()));
         }
     }
     for p in paths {
@@ -222,8 +230,9 @@ pub fn fingerprint(paths: &[PathBuf]) -> BTreeMap<String, String> {
     out
 }
 
-/// A bundle directory whose config.json points at `rootfs`; returns the OCI state JSON.
-pub fn bundle(dir: &Path, rootfs: &Path) -> String {
+/// A bundle directory whose config.json points at `rootfs` (elsewhere) and whose process asks
+/// for `LD_PRELOAD=/evil.so`; returns the OCI state JSON runc gives a hook on stdin.
+pub fn hook_bundle(dir: &Path, rootfs: &Path) -> String {
     fs::create_dir_all(dir).unwrap();
     fs::write(
         dir.join("config.json"),
@@ -245,34 +254,43 @@ pub fn mkfifo(path: &Path) {
     assert!(status.success());
 }
 
-/// `mknod PATH c MAJOR MINOR`, mode 0666.
+/// `mknod PATH c MAJOR MINOR`, mode 0666 (less the umask).
 pub fn mknod_chr(path: &Path, major: u32, minor: u32) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    let ret = unsafe {
-        libc::mknod(
-            c.as_ptr(),
-            libc::S_IFCHR | 0o666,
-            libc::makedev(major, minor),
-        )
-    };
-    assert_eq!(ret, 0, "mknod {}", path.display());
+    require_root();
+    mknod(
+        path,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(u64::from(major), u64::from(minor)),
+    )
+    .unwrap_or_else(|e| panic!("mknod {}: {e}", path.display()));
 }
 
-/// The hook binary as cargo built it for these tests (dynamically linked).
-pub fn dynamic_hook() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_nvshim-hook"))
+/// Makes the calling thread's mount namespace a new one with every mount private
+/// (`unshare(CLONE_NEWNS)`, then `/` made `rprivate`), so that nothing mounted afterwards is seen
+/// by the test's namespace. Only two system calls and no allocation: safe in a `pre_exec`.
+pub fn enter_private_mount_ns() -> std::io::Result<()> {
+    unshare(CloneFlags::CLONE_NEWNS)?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    Ok(())
 }
 
 /// The hook binary as it ships: static-pie (`-C target-feature=+crt-static`), so the dynamic
 /// loader never runs and `LD_PRELOAD` cannot inject code. Built once per test process with
-/// `cargo rustc` into its own target directory (the flag applies to the final link only; a
-/// separate directory keeps the cargo-built binary above untouched).
-pub fn static_hook() -> PathBuf {
+/// `cargo rustc` into its own target directory under `target_tmpdir` (the calling test's
+/// `env!("CARGO_TARGET_TMPDIR")`): the flag applies to the final link only, and a separate
+/// directory keeps the cargo-built binary untouched.
+pub fn static_hook(target_tmpdir: &str) -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nvshim-hook-static");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let target = Path::new(target_tmpdir).join("nvshim-hook-static");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hooks/Cargo.toml");
         let out = Command::new(env!("CARGO"))
             .args([
                 "rustc",
@@ -310,7 +328,7 @@ pub struct Run {
     /// Exit status; `None` if it had to be killed.
     pub code: Option<i32>,
     pub stderr: String,
-    pub elapsed: std::time::Duration,
+    pub elapsed: Duration,
 }
 
 /// Runs `bin` as `argv0 ARGS...` with exactly `env`, `state` on stdin, killed after `timeout`.
@@ -321,14 +339,14 @@ pub fn run_hook(
     state: &str,
     env: &[(&str, &str)],
     cwd: &Path,
-    timeout: std::time::Duration,
+    timeout: Duration,
 ) -> Run {
     run_hook_with(bin, argv0, args, state, env, cwd, timeout, false)
 }
 
-/// [`run_hook`], optionally in a new private mount namespace (`unshare(CLONE_NEWNS)` and `/`
-/// made `rprivate` in the child before exec), where a hook that mounts
-/// (`disable-device-node-modification`) cannot leave a mount in the test's namespace.
+/// [`run_hook`], optionally in a new private mount namespace ([`enter_private_mount_ns`] in the
+/// child before exec), where a hook that mounts (`disable-device-node-modification`) cannot
+/// leave a mount in the test's namespace.
 #[allow(clippy::too_many_arguments)]
 pub fn run_hook_with(
     bin: &Path,
@@ -337,13 +355,13 @@ pub fn run_hook_with(
     state: &str,
     env: &[(&str, &str)],
     cwd: &Path,
-    timeout: std::time::Duration,
+    timeout: Duration,
     private_mount_ns: bool,
 ) -> Run {
     use std::io::{Read, Write};
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     let mut command = Command::new(bin);
     command
         .arg0(argv0)
@@ -355,23 +373,11 @@ pub fn run_hook_with(
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if private_mount_ns {
+        require_root();
         // SAFETY: the closure runs in the forked child before exec and makes only two system
         // calls (async-signal-safe), allocating nothing.
         unsafe {
-            command.pre_exec(|| {
-                if libc::unshare(libc::CLONE_NEWNS) != 0
-                    || libc::mount(
-                        std::ptr::null(),
-                        c"/".as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_REC | libc::MS_PRIVATE,
-                        std::ptr::null(),
-                    ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            command.pre_exec(enter_private_mount_ns);
         }
     }
     let mut child = command.spawn().expect("hook starts");
@@ -389,7 +395,7 @@ pub fn run_hook_with(
             let _ = child.wait();
             break None;
         }
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(2));
     };
     let _ = writer.join();
     let mut stderr = String::new();
@@ -461,10 +467,7 @@ pub fn note_bytes(owner: &str, desc: &[u8]) -> Vec<u8> {
 pub fn compat_lib(owner: &str, json: &str, how: NoteBuild) -> PathBuf {
     static LOCK: Mutex<()> = Mutex::new(());
     let _guard = LOCK.lock().unwrap();
-    let key = format!("{owner}\0{json}\0{how:?}");
-    let hash = key.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
+    let hash = fnv(format!("{owner}\0{json}\0{how:?}").as_bytes());
     let out = stub_dir().join(format!("compat-{hash:016x}.so"));
     if out.exists() {
         return out;
@@ -525,7 +528,7 @@ pub fn compat_lib(owner: &str, json: &str, how: NoteBuild) -> PathBuf {
     out
 }
 
-/// NVIDIA's note for a CUDA 13.0 compat library supporting these driver branches.
+/// NVIDIA's note for a CUDA compat library supporting these driver branches.
 pub fn compat_json(cuda: &str, drivers: &[u32]) -> String {
     let d: Vec<String> = drivers.iter().map(u32::to_string).collect();
     format!(
