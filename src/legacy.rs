@@ -403,14 +403,13 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
 fn cap_node(
     host: &Host,
     caps_major: u32,
-    minors: &[(String, u32)],
+    minors: &std::collections::HashMap<String, u32>,
     cap: &str,
     id: &str,
 ) -> Result<DeviceNode, LegacyError> {
     let minor = minors
-        .iter()
-        .find(|(c, _)| c == cap)
-        .map(|(_, m)| *m)
+        .get(cap)
+        .copied()
         .ok_or_else(|| LegacyError::MigCapability {
             id: id.to_string(),
             capability: cap.to_string(),
@@ -541,12 +540,19 @@ pub fn resolve_with_nvml(
             name: "nvidia-caps",
             path: devices_path(),
         })?;
-        let minors = host.mig_minors()?;
-        for m in &migs {
-            for cap in mig_capabilities(m) {
+        let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
+        let wanted: std::collections::HashSet<&str> = caps
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .chain(["config", "monitor"])
+            .collect();
+        let minors = host.mig_minors_of(&wanted)?;
+        for (m, caps) in migs.iter().zip(&caps) {
+            for cap in caps {
                 edits
                     .device_nodes
-                    .push(cap_node(host, caps_major, &minors, &cap, &m.id)?);
+                    .push(cap_node(host, caps_major, &minors, cap, &m.id)?);
             }
         }
         for (var, value, capability) in [
