@@ -553,7 +553,11 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
                 }
             }
         }
-        mounts.sort_by_key(|v| depth(v.get("destination").and_then(Value::as_str).unwrap_or("")));
+        // Stable, as the reference's sort is; each depth computed once (a cleaned path per
+        // mount), not once per comparison.
+        mounts.sort_by_cached_key(|v| {
+            depth(v.get("destination").and_then(Value::as_str).unwrap_or(""))
+        });
     }
 
     // Hooks: appended to the named list unless an identical one is there.
