@@ -22,25 +22,19 @@ use std::time::{Duration, Instant};
 
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
-use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 
 use crate::rootfs::LDCONFIG;
 
-/// Panics with one line unless the test runs as root (for mknod, `ldconfig -r`'s chroot, mount
-/// namespaces and runc).
+/// Panics with one line unless the test runs as root ([`crate::require_root`]).
 pub fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "this test needs root (runc, mounts, mknod, ldconfig -r): run it as root, as \
-         scripts/test.sh does"
-    );
+    if let Err(e) = crate::require_root() {
+        panic!("{e}");
+    }
 }
 
-/// FNV-1a over `data` (stable across Rust versions, unlike `DefaultHasher`).
+/// FNV-1a over `data` ([`crate::stubs`]'s).
 fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::stubs::fnv1a(data.iter().copied())
 }
 
 /// Where compiled stubs are kept, shared by every test process: the stub source is written
@@ -254,16 +248,12 @@ pub fn mkfifo(path: &Path) {
     assert!(status.success());
 }
 
-/// `mknod PATH c MAJOR MINOR`, mode 0666 (less the umask).
+/// `mknod PATH c MAJOR MINOR`, mode 0666 (less the umask), panicking with the path.
 pub fn mknod_chr(path: &Path, major: u32, minor: u32) {
     require_root();
-    mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(u64::from(major), u64::from(minor)),
-    )
-    .unwrap_or_else(|e| panic!("mknod {}: {e}", path.display()));
+    if let Err(e) = crate::host::make_char_node(path, major, minor) {
+        panic!("{e:#}");
+    }
 }
 
 /// Makes the calling thread's mount namespace a new one with every mount private

@@ -666,17 +666,6 @@ pub struct FakeHost {
     spec: FakeHostSpec,
 }
 
-/// One clear line instead of a mknod error deep in the build: every test that builds a fake
-/// host (the end-to-end tests) needs root.
-fn require_root() -> Result<()> {
-    ensure!(
-        nix::unistd::geteuid().is_root(),
-        "the simulated GPU host needs root (mknod, ldconfig -r, then runc for the containers): \
-         run the tests as root, as scripts/test.sh does (it re-runs itself under sudo)"
-    );
-    Ok(())
-}
-
 fn write(path: &Path, contents: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
@@ -690,7 +679,8 @@ fn write_executable(path: &Path, contents: &str) -> Result<()> {
         .with_context(|| format!("making {} executable", path.display()))
 }
 
-fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
+/// `mknod PATH c MAJOR MINOR`, mode 0666 (less the umask).
+pub(crate) fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> {
     make_char_node_mode(path, major, minor, 0o666)
 }
 
@@ -743,7 +733,7 @@ impl FakeHost {
     /// Builds a fake host in `root`, which must not exist or be an empty directory. Needs root
     /// (mknod, `ldconfig -r`) and gcc.
     pub fn build(root: &Path, spec: &FakeHostSpec) -> Result<FakeHost> {
-        require_root()?;
+        crate::require_root()?;
         spec.validate()?;
         fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let root = root
@@ -781,7 +771,7 @@ impl FakeHost {
         dev_root: &Path,
         spec: &FakeHostSpec,
     ) -> Result<FakeHost> {
-        require_root()?;
+        crate::require_root()?;
         spec.validate()?;
         let mut roots = Vec::new();
         for dir in [driver_root, dev_root] {

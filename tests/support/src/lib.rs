@@ -33,6 +33,17 @@ pub use runner::{run, RunOutput, Runtime};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// One clear line instead of an EPERM deep in a test: the simulated host (mknod, `ldconfig -r`'s
+/// chroot), mount namespaces and runc all need root.
+pub fn require_root() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (mknod, ldconfig -r, mounts, runc): run it as root, as \
+         scripts/test.sh does (it re-runs itself under sudo)"
+    );
+    Ok(())
+}
+
 /// `nvshim-hook`, which `cargo build --workspace` puts next to the root package's binaries
 /// (`binary` is one of them, e.g. `env!("CARGO_BIN_EXE_nvshim")`). Panics, saying what to run,
 /// when it is missing: `cargo test` alone builds only the tested package's binaries.

@@ -96,16 +96,12 @@ fn source_for(lib: &DriverLib, version: &str, cuda: u32) -> String {
         .replace("@IDENT@", &ident)
 }
 
-/// FNV-1a: stable across Rust versions, unlike `DefaultHasher`, so the cache key is too.
-fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in part.bytes().chain(std::iter::once(0)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
+/// FNV-1a: stable across Rust versions, unlike `DefaultHasher`, so a cache key made with it
+/// is too.
+pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Where a library's stub is in the stub directory: its file name, under `i386/` for a 32-bit
@@ -141,7 +137,14 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
     }
     let key_refs: Vec<&str> = key_parts.iter().map(String::as_str).collect();
     let parent = std::env::temp_dir().join("nvshim-testsupport");
-    let dir = parent.join(format!("stubs-{version}-{:016x}", fnv1a(&key_refs)));
+    let dir = parent.join(format!(
+        "stubs-{version}-{:016x}",
+        fnv1a(
+            key_refs
+                .iter()
+                .flat_map(|p| p.bytes().chain(std::iter::once(0)))
+        )
+    ));
     if dir.join(".complete").exists() {
         return Ok(dir);
     }
