@@ -133,6 +133,11 @@ pub struct DriverLibrary {
 #[derive(Debug, Clone)]
 pub struct Host {
     roots: HostRoots,
+    /// In-root directories already resolved by [`Host::resolve_in_driver_root`] (the driver's
+    /// libraries share a handful of directories: resolving each directory once instead of per
+    /// library halves a create's `statx` calls). A `Host` lives for one command, so the host
+    /// cannot change under it in a way that matters.
+    resolved_dirs: std::cell::RefCell<std::collections::HashMap<String, Option<String>>>,
 }
 
 /// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
@@ -172,7 +177,10 @@ pub fn normalize_bus_id(id: &str) -> Option<String> {
 
 impl Host {
     pub fn new(roots: HostRoots) -> Host {
-        Host { roots }
+        Host {
+            roots,
+            resolved_dirs: Default::default(),
+        }
     }
 
     pub fn roots(&self) -> &HostRoots {
@@ -346,6 +354,52 @@ impl Host {
     /// the file is mounted where it really is, `/usr/lib/x86_64-linux-gnu/libcuda.so.<v>`, as
     /// NVIDIA's tools do. At most 40 links, as the kernel allows.
     fn resolve_in_driver_root(&self, abs: &str) -> Option<String> {
+        let Some((dir, name)) = abs.rsplit_once('/') else {
+            return self.walk_in_driver_root(abs, true);
+        };
+        if matches!(name, "" | "." | "..") {
+            return self.walk_in_driver_root(abs, true);
+        }
+        let dir = if dir.is_empty() { "/" } else { dir };
+        let cached = self.resolved_dirs.borrow().get(dir).cloned();
+        let resolved_dir = match cached {
+            Some(r) => r,
+            None => {
+                let r = self.walk_in_driver_root(dir, false);
+                self.resolved_dirs
+                    .borrow_mut()
+                    .insert(dir.to_string(), r.clone());
+                r
+            }
+        }?;
+        // The last component: links within the directory (the SONAME links) followed here;
+        // a link anywhere else takes the whole walk.
+        let mut name = name.to_string();
+        for _ in 0..40 {
+            let candidate = if resolved_dir == "/" {
+                format!("/{name}")
+            } else {
+                format!("{resolved_dir}/{name}")
+            };
+            let host = under_root(&self.roots.driver_root, &candidate);
+            let meta = fs::symlink_metadata(&host).ok()?;
+            if !meta.file_type().is_symlink() {
+                return meta.is_file().then_some(candidate);
+            }
+            let target = fs::read_link(&host).ok()?;
+            match target.to_str() {
+                Some(t) if !t.is_empty() && !t.contains('/') && t != "." && t != ".." => {
+                    name = t.to_string();
+                }
+                _ => return self.walk_in_driver_root(&candidate, true),
+            }
+        }
+        None
+    }
+
+    /// [`Host::resolve_in_driver_root`] the long way: every component of `abs` from the top;
+    /// the result must be a regular file (`file`) or a directory.
+    fn walk_in_driver_root(&self, abs: &str, file: bool) -> Option<String> {
         fn names(p: &Path) -> Vec<std::ffi::OsString> {
             clean(p)
                 .components()
@@ -382,9 +436,8 @@ impl Host {
             todo = again;
             done = PathBuf::from("/");
         }
-        fs::metadata(under_root(root, done.to_str()?))
-            .ok()?
-            .is_file()
+        let meta = fs::metadata(under_root(root, done.to_str()?)).ok()?;
+        (if file { meta.is_file() } else { meta.is_dir() })
             .then(|| done.to_string_lossy().into_owned())
     }
 
