@@ -31,8 +31,7 @@ use nvshim_hook::apply_cuda_memory_limits::{LIMIT_ENV, REQUEST_ENV};
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::edits::Hook;
-use crate::edits::{Cause, EditGroup};
+use crate::edits::{Cause, EditGroup, Hook};
 use crate::host::{Gpu, Host, HostError};
 use crate::legacy::{self, MigId};
 use crate::nvidia::HOOK_ENV;
