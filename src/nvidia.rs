@@ -12,6 +12,10 @@
 //!
 //! The file names are the 580 driver's as it ships: the libraries NVIDIA's generator selected on
 //! an Ubuntu 580 host and those of the RPM Fusion 580 packages (Fedora's `/usr/lib64` layout).
+//!
+//! One file (630 lines of code, 50 of tests): a table that must stay in one place; the
+//! capabilities, the file lists and the generator of `docs/capabilities.md` are read together, and
+//! splitting them would let a row and its documentation drift apart.
 
 /// One `NVIDIA_DRIVER_CAPABILITIES` value (besides `all`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,6 +20,11 @@
 //! - MIG ids (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`) in the list, resolved by
 //!   `legacy`; `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`; `NVIDIA_IMEX_CHANNELS`
 //!   or `imex/<id>` mounts.
+//!
+//! One file (980 lines of code, 560 of tests): every part reads the same env list and the same spec
+//! document into the one [`Request`] that [`route`] then decides on. Holds the request, its route,
+//! and the `NVIDIA_REQUIRE_*` grammar with its evaluation against [`HostFacts`]; that last part is
+//! used only by `create`'s requirement check and could move to its own module.
 
 use std::collections::{HashMap, HashSet};
 

@@ -29,6 +29,10 @@
 //! hook takes no loader crate), resolved when needed, so a missing one is an answer, not a
 //! crash. The environment is never read: the two variables come from config.json, everything
 //! else from argv and the state.
+//!
+//! One file (690 lines of code, 180 of tests): one hook; reading the limits, finding the cgroup,
+//! finding and loading NVML and the one call are the steps of [`run`], and the `dlopen` wrapper
+//! serves only that call.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::fs::OpenOptions;

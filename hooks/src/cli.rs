@@ -24,6 +24,10 @@
 //! The environment is never read: the hook's behaviour depends only on argv, the state on stdin
 //! and the files below the container root (and, for `disable-device-node-modification`, the
 //! host's driver parameters).
+//!
+//! One file (610 lines of code, 410 of tests): the four dialects parse into one [`Command`] and
+//! [`run`] dispatches on it, so a hook's flags, its usage text and its dispatch are read and
+//! changed together.
 
 use std::ffi::OsString;
 use std::fs::File;

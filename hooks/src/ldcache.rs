@@ -17,6 +17,10 @@
 //!
 //! Written by hand rather than taken from a crate: no maintained crate parses this format, and
 //! the hook must bound every read of a file that a container image controls.
+//!
+//! One file (520 lines of code, 160 of tests): reader and writer of one binary format, sharing its
+//! constants and entry types; the writer's ordering ([`compare`], [`libcmp`]) is also what lookups
+//! rely on.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};

@@ -1,4 +1,8 @@
 //! `nvshim`: the operator's tool. A thin clap front over the library.
+//!
+//! One file (850 lines of code, no tests here: the e2e tests run the binary): the clap tree is one
+//! type, [`Cli`], which `completions` and `generate-man` walk whole, and each subcommand's handler
+//! is a thin call into the library next to its arguments.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,6 +1,10 @@
 //! Conformance cases from the CDI reference (docs/cdi-rules.md §6): versions, decoding,
 //! validation, names, spec directories and conflicts, and edit application with exact
 //! before/after config.json. Each test names the reference test it follows.
+//!
+//! One file (all 1150 lines are tests, compiled only under `cfg(test)`): one suite that follows the
+//! reference's test files section by section in the order of docs/cdi-rules.md, sharing the spec,
+//! directory and before/after helpers at its top.
 
 use std::fs;
 use std::path::{Path, PathBuf};

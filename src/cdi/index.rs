@@ -44,6 +44,10 @@
 //! in a warm loop, where serde_json into `Value`s took 0.67 ms for 500 (release build, this
 //! repository's CI machine). The hash is std's SipHash with fixed keys (about 30 µs per 100 KB
 //! there).
+//!
+//! One file (700 lines of code, 350 of tests): the on-disk format and the staleness rule are one
+//! design, since the identity (`Key`) that is written is the one a fresh `stat` is compared with,
+//! and the refresh, the selection and the encoder and decoder all work on the same `Index`.
 
 use std::collections::HashMap;
 use std::fs::Metadata;

@@ -19,6 +19,11 @@
 //!
 //! Output ([`emit`]) is block YAML that quotes every string a YAML 1.1 reader could take for
 //! something else, so Go consumers (podman, containerd, CRI-O) read exactly what was written.
+//!
+//! One file (780 lines of code, 200 of tests): the reader ([`parse`] into [`Node`]), the
+//! shape-guided conversion ([`to_json`]) and the writer ([`emit`]) share one rule, YAML 1.1's
+//! reading of plain scalars: what the reader resolves as a number, boolean or null is what the
+//! writer must quote.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;

@@ -14,6 +14,12 @@
 //! [`crate::cdi::Registry`], [`crate::ops::system`], [`crate::runtime`], [`crate::ops::engine`]) and
 //! changes nothing. Every path comes from [`Options`], so tests point it at a fake host and
 //! temporary engine configs.
+//!
+//! One file (1010 lines of code, 10 of tests; the command is tested end to end in
+//! `tests/e2e_diagnostics.rs`): [`run`] threads the driver version and the GPUs from one check into
+//! the next, and every check returns the same [`Check`] from the same [`Options`]. Holds the host,
+//! CDI and engine checks and both renderers; the engine checks (from `engine_check` on) use no host
+//! state and could move to their own module.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;

@@ -13,6 +13,11 @@
 //!
 //! Read-only by construction: the bundle is read, never written, so it works without root on
 //! any bundle the caller can read.
+//!
+//! One file (890 lines of code, 50 of tests): one report, [`Explanation`]; its item types, the code
+//! that fills them from `create`'s plan, and the text rendering that prints each field sit
+//! together, so a new field is added to all three in one place (the JSON form is serde over the
+//! same types).
 
 use std::path::{Path, PathBuf};
 

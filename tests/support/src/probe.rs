@@ -31,6 +31,10 @@
 //! Open results: `OK`, `EPERM`, `ENXIO`, `ENOENT`, `EROFS`, `EACCES`, `ENODEV`, `OTHER:<msg>`.
 //! Nodes are made in `/dev` (a tmpfs without `nodev`): with runc's default `root.readonly: true`,
 //! `/tmp` is read-only.
+//!
+//! One file (690 lines of code, 50 of tests): the script's line format and the parser of those
+//! lines must change together, and the assertions read only what the parser built
+//! ([`ProbeReport`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
