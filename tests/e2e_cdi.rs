@@ -724,31 +724,6 @@ fn podman_sees_what_nvshim_runtime_gives() {
 
 // ---- security: a CDI hook never runs with the container's environment ------------------------
 
-/// A shared library whose constructor creates `marker`: proof that it was loaded.
-fn preload_library(dir: &Path, marker: &Path) -> PathBuf {
-    let src = dir.join("preload.c");
-    fs::write(
-        &src,
-        format!(
-            "#include <fcntl.h>\n#include <unistd.h>\n\
-             __attribute__((constructor)) static void owned(void) {{\n\
-               int fd = open(\"{}\", O_CREAT | O_WRONLY, 0644);\n\
-               if (fd >= 0) {{ write(fd, \"owned\\n\", 6); close(fd); }}\n}}\n",
-            marker.display()
-        ),
-    )
-    .unwrap();
-    let out = dir.join("preload.so");
-    let status = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(status.success(), "gcc failed");
-    out
-}
-
 /// runc runs a hook whose config.json entry has no `env` from `runc init`, with the
 /// container's environment: an image's `LD_PRELOAD` would load into a root process on the
 /// host. The spec's hook has no env; the image sets `LD_PRELOAD` to a library that writes a
@@ -760,7 +735,7 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
     let lib_dir = w.tmp.path().join("lib");
     fs::create_dir_all(&lib_dir).unwrap();
     let marker = lib_dir.join("owned");
-    let preload = preload_library(&lib_dir, &marker);
+    let preload = nvshim_testsupport::hook_harness::preload_library(&lib_dir, &marker);
     // A dynamic binary the loader preloads into; `true` exits 0 as a hook must.
     let hook = ["/usr/bin/true", "/bin/true"]
         .into_iter()
