@@ -113,18 +113,14 @@ fn run(cmd: &mut Command, timeout: Duration) -> Out {
         .stderr(File::create(&err_path).unwrap())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {command}: {e}"));
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        sleep(Duration::from_millis(50));
-    };
+    let code = nvshim_testsupport::runner::wait_with_deadline(
+        &mut child,
+        Instant::now(),
+        timeout,
+        Duration::from_millis(50),
+    )
+    .unwrap()
+    .and_then(|status| status.code());
     let read = |p: &Path| String::from_utf8_lossy(&fs::read(p).unwrap_or_default()).into_owned();
     Out {
         command,

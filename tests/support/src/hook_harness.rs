@@ -376,17 +376,10 @@ pub fn run_hook_with(
     let writer = std::thread::spawn(move || {
         let _ = stdin.write_all(state.as_bytes());
     });
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let code =
+        crate::runner::wait_with_deadline(&mut child, start, timeout, Duration::from_millis(2))
+            .unwrap()
+            .and_then(|status| status.code());
     let _ = writer.join();
     let mut stderr = String::new();
     let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);

@@ -23,6 +23,28 @@ use tempfile::TempDir;
 
 use crate::bundle::Bundle;
 
+/// Waits for `child` until `timeout` has passed since `start`, polling every `poll`; kills and
+/// reaps it then. `None`: killed. The one deadline loop of the harness (runc and engine
+/// commands, hooks).
+pub fn wait_with_deadline(
+    child: &mut std::process::Child,
+    start: Instant,
+    timeout: Duration,
+    poll: Duration,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        sleep(poll);
+    }
+}
+
 /// The low-level runtime used for cleanup and state queries.
 pub const RUNC: &str = "runc";
 
@@ -162,25 +184,20 @@ impl Runtime {
             .stderr(stderr)
             .spawn()
             .with_context(|| format!("starting {command}"))?;
-        let deadline = Instant::now() + self.timeout;
-        let status = loop {
-            if let Some(status) = child
-                .try_wait()
-                .with_context(|| format!("waiting for {command}"))?
-            {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "{command} did not finish within {:?}; stdout so far: {}; stderr so far: {}",
-                    self.timeout,
-                    read_lossy(out).unwrap_or_default(),
-                    read_lossy(err).unwrap_or_default()
-                );
-            }
-            sleep(Duration::from_millis(10));
+        let waited = wait_with_deadline(
+            &mut child,
+            Instant::now(),
+            self.timeout,
+            Duration::from_millis(10),
+        )
+        .with_context(|| format!("waiting for {command}"))?;
+        let Some(status) = waited else {
+            bail!(
+                "{command} did not finish within {:?}; stdout so far: {}; stderr so far: {}",
+                self.timeout,
+                read_lossy(out).unwrap_or_default(),
+                read_lossy(err).unwrap_or_default()
+            );
         };
         Ok(RunOutput {
             command,
