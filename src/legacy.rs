@@ -1147,6 +1147,151 @@ mod tests {
 
     /// What each capability brings, resolved against a driver root: a table of (capabilities,
     /// container paths that must be mounted, paths that must not).
+    /// The whole legacy resolver, request form by request form, without root: the host is
+    /// [`driver_root`]'s files plus the proc files the kernel module writes (two GPUs whose
+    /// minors run against their bus order, as on real hosts); no device node exists, so the
+    /// nodes take the numbers of `/proc/devices` and the defaults.
+    #[test]
+    fn resolver_table_without_root() {
+        let (dir, host) = driver_root();
+        let proc = dir.path().join("proc");
+        let write = |p: &str, text: &str| {
+            let p = proc.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write(
+            "driver/nvidia/version",
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  \
+             (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 01:12:42 UTC 2025\n",
+        );
+        write(
+            "devices",
+            "Character devices:\n195 nvidia\n238 nvidia-uvm\n241 nvidia-caps\n\nBlock devices:\n",
+        );
+        let gpu = |bus: &str, minor: u32, uuid: &str| {
+            write(
+                &format!("driver/nvidia/gpus/{bus}/information"),
+                &format!(
+                    "Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t {uuid}\n\
+                     Bus Location: \t {bus}\nDevice Minor: \t {minor}\n"
+                ),
+            )
+        };
+        gpu(
+            "0000:1b:00.0",
+            1,
+            "GPU-aaaaaaaa-0000-0000-0000-000000000001",
+        );
+        gpu(
+            "0000:3b:00.0",
+            0,
+            "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+        );
+        let v = "580.95.05";
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        let caps = |c: &str| Capabilities::parse(Some(c)).unwrap();
+        // (devices, capabilities) -> GPU minors, then paths that must and must not be there.
+        type Case = (
+            VisibleDevices,
+            &'static str,
+            Vec<u32>,
+            Vec<String>,
+            Vec<String>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                VisibleDevices::List(vec!["0".into()]),
+                "utility",
+                vec![1],
+                vec![
+                    "/dev/nvidia1".into(),
+                    "/dev/nvidiactl".into(),
+                    "/dev/nvidia-uvm".into(),
+                    format!("{lib}/libnvidia-ml.so.{v}"),
+                    "/usr/bin/nvidia-smi".into(),
+                ],
+                vec!["/dev/nvidia0".into(), format!("{lib}/libcuda.so.{v}")],
+            ),
+            (
+                VisibleDevices::List(vec!["GPU-bbbbbbbb-0000-0000-0000-000000000000".into()]),
+                "compute",
+                vec![0],
+                vec!["/dev/nvidia0".into(), format!("{lib}/libcuda.so.{v}")],
+                vec!["/dev/nvidia1".into(), "/usr/bin/nvidia-smi".into()],
+            ),
+            (
+                VisibleDevices::List(vec!["0000:3b:00.0".into(), "0".into()]),
+                "utility,compute",
+                vec![0, 1],
+                vec!["/dev/nvidia0".into(), "/dev/nvidia1".into()],
+                vec![],
+            ),
+            (
+                VisibleDevices::All,
+                "utility,compute",
+                vec![1, 0],
+                vec!["/dev/nvidia0".into(), "/dev/nvidia1".into()],
+                vec![],
+            ),
+            (
+                VisibleDevices::NoGpus,
+                "utility",
+                vec![],
+                vec![
+                    "/dev/nvidiactl".into(),
+                    format!("{lib}/libnvidia-ml.so.{v}"),
+                ],
+                vec!["/dev/nvidia0".into(), "/dev/nvidia1".into()],
+            ),
+        ];
+        let settings = Settings::new(
+            &Config::default(),
+            &crate::install::Tools {
+                hook: "/usr/bin/nvshim-hook".into(),
+                nvml: nvml::NvmlAccess::InProcess,
+            },
+        );
+        for (devices, c, minors, present, absent) in cases {
+            let request = Request {
+                devices: devices.clone(),
+                capabilities: caps(c),
+                ..Default::default()
+            };
+            let (gpus, edits) = resolve_with_nvml(&host, &request, &settings, &mut || {
+                panic!("no NVML for {devices:?}")
+            })
+            .unwrap_or_else(|e| panic!("{devices:?} {c}: {e}"));
+            let got: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
+            assert_eq!(got, minors, "{devices:?} {c}");
+            let paths: Vec<&str> = edits
+                .device_nodes
+                .iter()
+                .map(|d| d.path.as_str())
+                .chain(edits.mounts.iter().map(|m| m.container_path.as_str()))
+                .collect();
+            for p in &present {
+                assert!(
+                    paths.contains(&p.as_str()),
+                    "{devices:?} {c}: {p} missing from {paths:?}"
+                );
+            }
+            for p in &absent {
+                assert!(!paths.contains(&p.as_str()), "{devices:?} {c}: {p} present");
+            }
+            let gpu_node = |m: u32| {
+                edits
+                    .device_nodes
+                    .iter()
+                    .find(|d| d.path == format!("/dev/nvidia{m}"))
+                    .map(|d| (d.major, d.minor))
+            };
+            for m in &minors {
+                assert_eq!(gpu_node(*m), Some((Some(195), Some(i64::from(*m)))));
+            }
+        }
+    }
+
     #[test]
     fn driver_files_per_capability() {
         let (_dir, host) = driver_root();
