@@ -99,7 +99,7 @@ grep -q '^GPU 0: ' "$work/out" || fail "nvidia-smi -L listed no GPU"
 # the lent H200, driver 580). The fake NVML (tests/fake-nvml) in place of the host's
 # libnvidia-ml offers the call and records it. NVML wants the container's cgroup v2 directory:
 # on a hybrid host the run gets the v2 hierarchy bound over /sys/fs/cgroup in its own mount
-# namespace, as tests/e2e_memory_limits.rs does.
+# namespace, as tests/e2e/memory_limits.rs does.
 cargo build --release --quiet -p nvshim-fake-nvml
 ml=$(readlink -f "$work/host/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
 cp target/release/libnvshim_fake_nvml.so "$ml"

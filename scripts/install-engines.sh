@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches the container engines of newer Debian releases, from Debian's own registry, for the
-# engine end-to-end tests (scripts/test.sh runs tests/e2e_engines.rs once per set):
+# engine end-to-end tests (scripts/test.sh runs tests/e2e/engines.rs once per set):
 #
 #   scripts/install-engines.sh [SUITE...]        (default: trixie sid)
 #

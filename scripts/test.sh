@@ -33,6 +33,6 @@ cargo test --workspace -- "$@"
 
 # The engine end-to-end tests again, with each newer release's engines first on PATH.
 for suite in $suites; do
-  echo "test: tests/e2e_engines.rs with Debian $suite's engines" >&2
-  PATH="$engines/$suite/bin:$PATH" cargo test --test e2e_engines -- "$@"
+  echo "test: tests/e2e/engines.rs with Debian $suite's engines" >&2
+  PATH="$engines/$suite/bin:$PATH" cargo test --test e2e -- engines:: "$@"
 done

@@ -850,7 +850,7 @@ fn create_temp(dir: BorrowedFd, tmp: &str, mode: u32) -> io::Result<OwnedFd> {
 ///
 /// The file is written nameless (`O_TMPFILE`) and only then linked under its temporary name and
 /// renamed over `name`, so a hook killed while writing leaves nothing behind in the image's
-/// directory (tests/reliability.rs kills update-ldcache 200 times). Filesystems without
+/// directory (tests/e2e/reliability.rs kills update-ldcache 200 times). Filesystems without
 /// `O_TMPFILE` (overlayfs before Linux 6.6) take the named temporary file from the start.
 pub fn replace_file(dir: BorrowedFd, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
     let tmp = temp_name(name);

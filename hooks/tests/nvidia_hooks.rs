@@ -3,7 +3,7 @@
 //! `disable-device-node-modification` mount (in a private mount namespace of a test thread),
 //! `update-application-profile` and `chmod` against images whose paths lead to the host. The
 //! hostile fixtures run through the shipped binary in `malicious.rs`; real containers in the
-//! workspace's `tests/e2e_nvidia_hooks.rs`.
+//! workspace's `tests/e2e/nvidia_hooks.rs`.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};

@@ -15,7 +15,7 @@
 //! changes nothing. Every path comes from [`Options`], so tests point it at a fake host and
 //! temporary engine configs.
 //!
-//! One module over 600 lines (the command is tested end to end in `tests/e2e_diagnostics.rs`):
+//! One module over 600 lines (the command is tested end to end in `tests/e2e/diagnostics.rs`):
 //! [`run`] threads the driver version and the GPUs from one check into the next, and every
 //! check returns the same [`Check`] from the same [`Options`]. Holds the host and CDI checks and
 //! both renderers; the engine checks, which read no host state, are [`engines`].

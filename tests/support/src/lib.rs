@@ -1,6 +1,6 @@
 //! Test support for nvshim: a simulated GPU host and a small runc-style container harness.
 //!
-//! Shared by the end-to-end tests (`tests/e2e_runtime.rs`), `scripts/demo.sh` (through the
+//! Shared by the end-to-end tests (`tests/e2e/runtime.rs`), `scripts/demo.sh` (through the
 //! `nvshim-fake-host` binary) and the benchmarks.
 //!
 //! - [`FakeHost`] builds a directory that looks like a GPU host to nvshim: `/proc/devices`,

@@ -1107,7 +1107,7 @@ fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
                 // One Latin-1 byte, not UTF-8.
                 let at = text
                     .windows(4)
-                    .position(|w| w == "caf\u{e9}".as_bytes()[..4].as_ref())
+                    .position(|w| w == &"caf\u{e9}".as_bytes()[..4])
                     .unwrap();
                 text.splice(at + 3..at + 5, [0xe9u8]);
             }

@@ -103,7 +103,7 @@ fn record(row: Row, tmp: &Path) {
 const DOC_HEAD: &str = "\
 # Reliability: what was tried and what happened
 
-Produced by `cargo test --test reliability` (tests/reliability.rs): every test rewrites this
+Produced by `cargo test --test e2e reliability::` (tests/e2e/reliability.rs): every test rewrites this
 file from the rows of the tests that passed, so do not edit it by hand. Each fault is made for
 real on a simulated GPU host (`tests/support`) with the built `nvshim-runtime` in front of real
 runc, with runc's `--log <file> --log-format json`. For every fault the test asserts: a non-zero

@@ -903,7 +903,7 @@ impl World {
 
 /// A claim spec as NVIDIA's DRA driver leaves it beside the node spec (kind
 /// `k8s.gpu.nvidia.com/claim`, file named by `cdiapi.GenerateTransientSpecName`, as in
-/// e2e_k8s.rs): refresh must never touch it.
+/// k8s.rs): refresh must never touch it.
 fn dra_claim_spec(w: &World) -> (PathBuf, Vec<u8>) {
     let path = w
         .run_cdi
