@@ -462,7 +462,7 @@ fn set_limits_with(
     // SAFETY: nvml.h (CUDA 13.4): `nvmlReturn_t nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t
     // device, nvmlSetMemoryLimits_v1_t *limits)`, with the struct laid out as
     // `SetMemoryLimitsV1`.
-    let set: extern "C" fn(NvmlDevice, *mut SetMemoryLimitsV1) -> c_int =
+    let set: unsafe extern "C" fn(NvmlDevice, *mut SetMemoryLimitsV1) -> c_int =
         unsafe { std::mem::transmute(set) };
     let ns = CString::new(namespace).map_err(|_| MemoryLimitError::Set {
         id: String::new(),
@@ -479,8 +479,9 @@ fn set_limits_with(
             soft_limit: limits.soft_bytes(),
             hard_limit: limits.hard_bytes(),
         };
-        // `ns` outlives the call; `arg` is a valid, exclusive struct for it.
-        match set(device, &mut arg) {
+        // SAFETY: `device` is a handle NVML gave for `id`; `ns` outlives the call and `arg` is
+        // a valid struct of the header's layout, borrowed exclusively for it.
+        match unsafe { set(device, &mut arg) } {
             NVML_SUCCESS => {}
             code @ (NVML_ERROR_NOT_SUPPORTED | NVML_ERROR_FUNCTION_NOT_FOUND) => {
                 let driver = driver_words(nvml.driver_version().as_deref());
@@ -588,7 +589,7 @@ fn append_log(path: &Path, message: &str) {
 /// Where the NVML calls run. A dynamically linked hook loads NVML itself. The released
 /// `nvshim-hook` is static-pie (scripts/build-release.sh), and a static glibc program cannot
 /// load libnvidia-ml safely (the library would bring the host's `libc.so.6` in beside the
-/// static one; src/cdi/nvml.rs says the same of nvshim-runtime): it runs the dynamically
+/// static one; src/host/nvml.rs says the same of nvshim-runtime): it runs the dynamically
 /// linked `nvshim` installed beside it, `nvshim nvml-set-memory-limits ...`, with an empty
 /// environment, and reads its one-line JSON answer. Which one is decided at run time, not by
 /// `cfg!(target_feature = "crt-static")`: build-release.sh links only the final binary
