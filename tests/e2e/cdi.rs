@@ -21,18 +21,7 @@ use nvshim_testsupport::{
 use serde_json::json;
 use tempfile::TempDir;
 
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(NVSHIM)
-}
-
-/// `the fake NVML cdylib` next to the built binaries.
-fn fake_nvml() -> PathBuf {
-    nvshim_testsupport::built_fake_nvml(NVSHIM)
-}
+use super::common::{fake_nvml, hook_path, shim_at, shim_log, NVSHIM, SHIM};
 
 /// One test's world: a fake host, spec dirs, an nvshim config pointing at both.
 struct World {
@@ -124,17 +113,11 @@ impl World {
     }
 
     fn shim(&self) -> Runtime {
-        Runtime::new(
-            SHIM,
-            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
-        )
-        .unwrap()
-        .env("NVSHIM_CONFIG", &self.config)
+        shim_at(SHIM, self.tmp.path(), &self.config)
     }
 
     fn shim_log(&self) -> String {
-        fs::read_to_string(self.config.with_file_name("nvshim.log"))
-            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
+        shim_log(&self.config)
     }
 
     /// Runs the bundle through nvshim-runtime and parses the probe.

@@ -17,18 +17,7 @@ use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(NVSHIM)
-}
-
-/// `the fake NVML cdylib` next to the built binaries.
-fn fake_nvml() -> PathBuf {
-    nvshim_testsupport::built_fake_nvml(NVSHIM)
-}
+use super::common::{fake_nvml, hook_path, NVSHIM, SHIM};
 
 /// One test's world: a fake host, spec dirs, engine configs and an nvshim config, all in a
 /// temp dir; `PATH` for nvshim is a directory of this world holding nothing, so no engine

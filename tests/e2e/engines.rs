@@ -40,16 +40,11 @@ use nvshim_testsupport::{
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+use super::common::{hook_path, NVSHIM, SHIM};
+
 /// Images the tests import (no registry is reachable).
 const IMAGE: &str = "nvshim.test/busybox:1";
 const PAUSE: &str = "nvshim.test/pause:1";
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(SHIM)
-}
 
 /// One engine at a time (see the module comment). A test that panicked poisons nothing that
 /// matters: the guard only orders the tests.

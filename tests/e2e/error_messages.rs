@@ -12,8 +12,7 @@ use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
 use serde_json::json;
 use tempfile::TempDir;
 
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+use super::common::{NVSHIM, SHIM};
 
 struct World {
     tmp: TempDir,

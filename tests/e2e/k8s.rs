@@ -36,22 +36,12 @@ use nvshim_testsupport::{
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+use super::common::{fake_nvml, hook_path, shim_at, shim_log, NVSHIM, SHIM};
+
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// The options nvidia-ctk and the DRA driver give driver file mounts.
 const DRIVER_MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(NVSHIM)
-}
-
-/// `the fake NVML cdylib` next to the built binaries.
-fn fake_nvml() -> PathBuf {
-    nvshim_testsupport::built_fake_nvml(NVSHIM)
-}
 
 /// One test's world: a fake host, a CDI spec dir, an nvshim config pointing at both.
 struct World {
@@ -148,17 +138,11 @@ impl World {
     }
 
     fn shim(&self) -> Runtime {
-        Runtime::new(
-            SHIM,
-            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
-        )
-        .unwrap()
-        .env("NVSHIM_CONFIG", &self.config)
+        shim_at(SHIM, self.tmp.path(), &self.config)
     }
 
     fn shim_log(&self) -> String {
-        fs::read_to_string(self.config.with_file_name("nvshim.log"))
-            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
+        shim_log(&self.config)
     }
 
     /// Runs the bundle to completion through `rt` and parses the probe.

@@ -13,7 +13,8 @@
 //! cargo test --test e2e cdi::producer   # one test
 //! ```
 //!
-//! The areas, each a module with the world it needs:
+//! The areas, each a module with the world it needs ([`common`] holds what they share: the
+//! built binaries, nvshim-runtime with a fresh state dir, nvshim's log):
 //! - [`runtime`]: `NVIDIA_VISIBLE_DEVICES` requests through nvshim-runtime over runc;
 //! - [`cdi`]: CDI specs, annotations and the podman comparison;
 //! - [`k8s`]: the request forms of NVIDIA's device plugin and DRA driver;
@@ -30,6 +31,7 @@
 //! while their daemons run.
 
 mod cdi;
+mod common;
 mod diagnostics;
 mod engines;
 mod error_messages;

@@ -21,7 +21,8 @@ use nvshim_testsupport::{unique_id, Bundle, FakeHost, FakeHostSpec, Runtime};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
+use super::common::{fake_nvml, hook_path, shim_at, shim_log, SHIM};
+
 const MIB: u64 = 1024 * 1024;
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
@@ -69,7 +70,7 @@ impl World {
         let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
         let lib = host.host_path(&host.container_lib_path("libnvidia-ml"));
         if offers.is_some() {
-            fs::copy(nvshim_testsupport::built_fake_nvml(SHIM), &lib).unwrap();
+            fs::copy(fake_nvml(), &lib).unwrap();
         }
         let calls = tmp.path().join("calls.jsonl");
         let topology = Topology {
@@ -101,7 +102,7 @@ impl World {
             &config,
             &format!(
                 "hook-path = {:?}\ncdi-spec-dirs = [{:?}]\n",
-                nvshim_testsupport::built_hook(SHIM).display().to_string(),
+                hook_path().display().to_string(),
                 cdi_dir.display().to_string()
             ),
         )
@@ -134,16 +135,11 @@ impl World {
                 script
             }
         };
-        Runtime::new(
-            program,
-            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
-        )
-        .unwrap()
-        .env("NVSHIM_CONFIG", &self.config)
+        shim_at(program, self.tmp.path(), &self.config)
     }
 
     fn shim_log(&self) -> String {
-        fs::read_to_string(self.config.with_file_name("nvshim.log")).unwrap_or_default()
+        shim_log(&self.config)
     }
 
     fn bundle(&self, name: &str, env: &[(&str, &str)]) -> Bundle {
@@ -160,7 +156,7 @@ impl World {
         fs::create_dir_all(&dir).unwrap();
         let link = dir.join("nvidia-cdi-hook");
         if !link.exists() {
-            symlink(nvshim_testsupport::built_hook(SHIM), &link).unwrap();
+            symlink(hook_path(), &link).unwrap();
         }
         link
     }

@@ -24,17 +24,13 @@ use nvshim_testsupport::{unique_id, Bundle, FakeHost, FakeHostSpec, Runtime};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
+use super::common::hook_path;
+
 const PARAMS: &str = "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\n\
                       DeviceFileUID: 0\nDeviceFileGID: 0\nDeviceFileMode: 438\n";
 const COMPAT_VERSION: &str = "580.95.05";
 /// The driver's library directory in the container (the fake host's `LIB_DIR`).
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(NVSHIM)
-}
 
 struct World {
     tmp: TempDir,

@@ -34,12 +34,7 @@ use nvshim_testsupport::{
 use serde_json::Value;
 use tempfile::TempDir;
 
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(SHIM)
-}
+use super::common::{hook_path, shim_at, shim_log, SHIM};
 
 // ---- the table in docs/reliability.md -------------------------------------------------------
 
@@ -182,17 +177,11 @@ impl World {
     }
 
     fn shim_at(&self, program: impl Into<PathBuf>, log: &Path) -> Runtime {
-        Runtime::new(
-            program,
-            &self.path().join(format!("state-{}", unique_id("s"))),
-        )
-        .unwrap()
-        .env("NVSHIM_CONFIG", &self.config)
-        .json_log(log)
+        shim_at(program, self.path(), &self.config).json_log(log)
     }
 
     fn shim_log(&self) -> String {
-        fs::read_to_string(self.config.with_file_name("nvshim.log")).unwrap_or_default()
+        shim_log(&self.config)
     }
 }
 

@@ -22,13 +22,7 @@ use nvshim_testsupport::{
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const SHIM: &str = env!("CARGO_BIN_EXE_nvshim-runtime");
-const NVSHIM: &str = env!("CARGO_BIN_EXE_nvshim");
-
-/// `nvshim-hook` next to the built binaries.
-fn hook_path() -> PathBuf {
-    nvshim_testsupport::built_hook(SHIM)
-}
+use super::common::{hook_path, shim_at, shim_log, NVSHIM, SHIM};
 
 /// One test's world: a fake two-GPU host, an nvshim config pointing at it, and a temp dir that
 /// holds bundles and runc state. Everything goes when it drops.
@@ -84,12 +78,7 @@ impl World {
     }
 
     fn shim(&self) -> Runtime {
-        Runtime::new(
-            SHIM,
-            &self.tmp.path().join(format!("state-{}", unique_id("s"))),
-        )
-        .unwrap()
-        .env("NVSHIM_CONFIG", &self.config)
+        shim_at(SHIM, self.tmp.path(), &self.config)
     }
 
     fn runc(&self) -> Runtime {
@@ -101,8 +90,7 @@ impl World {
     }
 
     fn shim_log(&self) -> String {
-        fs::read_to_string(self.config.with_file_name("nvshim.log"))
-            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
+        shim_log(&self.config)
     }
 
     /// The GPU `NVIDIA_VISIBLE_DEVICES=<index>` selects.
