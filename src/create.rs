@@ -10,8 +10,8 @@ use crate::bundle::{Bundle, BundleError};
 use crate::cdi;
 use crate::config::Config;
 use crate::edits::{self, Cause, ContainerEdits, EditError, EditGroup};
-use crate::host::nvml::NvmlAccess;
-use crate::host::{cuda_version_for_driver, Gpu, Host, HostError};
+use crate::host::nvml::{self, NvmlAccess};
+use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, Snapshot};
 use crate::install::{host_from, Tools};
 use crate::legacy::{self, LegacyError};
 use crate::request::{self, GpuFacts, HostFacts, Request, RequestError, RequirementError, Route};
@@ -57,12 +57,10 @@ pub struct Plan {
     pub gpus: Vec<Gpu>,
     /// The CDI devices injected (CDI requests), fully qualified.
     pub cdi_devices: Vec<String>,
-    /// All the edits, in the order they are applied.
-    pub edits: ContainerEdits,
-    /// CDI requests: the edits grouped by spec and device, as the registry resolved them (their
-    /// concatenation is `edits`). Empty for legacy requests, whose grouping [`Plan::groups`]
-    /// derives when asked: `create` never needs it.
-    pub cdi_groups: Vec<EditGroup>,
+    /// The edits grouped by what caused them, as the resolvers made them (what `nvshim explain`
+    /// shows): per GPU and the driver (legacy), per spec and device (CDI), then the memory-limit
+    /// hook. Applied as their concatenation ([`edits::apply_all`]), never copied into one.
+    pub groups: Vec<EditGroup>,
     /// Prestart hooks removed from config.json: NVIDIA's legacy hook that `docker run --gpus`
     /// adds, which would edit the container a second time behind runc's back.
     pub removed_hooks: Vec<Value>,
@@ -70,7 +68,7 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// config.json after the edits.
     pub edited: Value,
-    /// The `apply-cuda-memory-limits` hook added (also in `edits`): [`crate::memory_limits`].
+    /// The `apply-cuda-memory-limits` hook added (also in `groups`): [`crate::memory_limits`].
     pub memory_limit_hook: Option<edits::Hook>,
 }
 
@@ -92,28 +90,8 @@ impl Trace {
 }
 
 impl Plan {
-    /// The edits grouped by what caused them (what `nvshim explain` shows).
-    pub fn groups(&self) -> Vec<EditGroup> {
-        let mut groups = match self.route {
-            Route::Legacy => {
-                let mut edits = self.edits.clone();
-                edits
-                    .hooks
-                    .retain(|h| Some(h) != self.memory_limit_hook.as_ref());
-                group_legacy(&self.gpus, &edits)
-            }
-            _ => self.cdi_groups.clone(),
-        };
-        if let Some(hook) = &self.memory_limit_hook {
-            groups.push(EditGroup {
-                cause: Cause::GpuMemoryLimits,
-                edits: ContainerEdits {
-                    hooks: vec![hook.clone()],
-                    ..Default::default()
-                },
-            });
-        }
-        groups
+    fn parts(&self) -> impl Iterator<Item = &ContainerEdits> {
+        self.groups.iter().map(|g| &g.edits)
     }
 
     pub fn changes_bundle(&self) -> bool {
@@ -124,6 +102,7 @@ impl Plan {
 fn check_requirements(
     config: &Config,
     host: &Host,
+    snapshot: &Snapshot,
     request: &Request,
     gpus: &[Gpu],
     nvml: &NvmlAccess,
@@ -131,7 +110,7 @@ fn check_requirements(
     if config.disable_require || request.disable_require || request.requirements.is_empty() {
         return Ok(());
     }
-    let driver_version = host.driver_version()?;
+    let driver_version = snapshot.driver_version.clone();
     let mut facts = HostFacts {
         cuda_version: cuda_version_for_driver(&driver_version).map(String::from),
         driver_version,
@@ -145,13 +124,12 @@ fn check_requirements(
             Err(RequirementError::Unknown { .. })
                 if facts.gpus.iter().all(|g| g.arch.is_none()) =>
             {
-                let inventory = crate::host::nvml::inventory(host, nvml).map_err(|e| {
-                    RequirementError::NvmlUnavailable {
+                let inventory =
+                    nvml::inventory(host, nvml).map_err(|e| RequirementError::NvmlUnavailable {
                         var: r.var.clone(),
                         expr: r.expr.clone(),
                         reason: e.to_string(),
-                    }
-                })?;
+                    })?;
                 for (slot, gpu) in facts.gpus.iter_mut().zip(gpus) {
                     if let Some(f) = inventory
                         .gpus
@@ -218,8 +196,7 @@ pub fn plan_bundle(
         route: route.clone(),
         gpus: Vec::new(),
         cdi_devices: Vec::new(),
-        edits: ContainerEdits::default(),
-        cdi_groups: Vec::new(),
+        groups: Vec::new(),
         removed_hooks: trace.removed_hooks.clone(),
         warnings: Vec::new(),
         edited,
@@ -231,26 +208,39 @@ pub fn plan_bundle(
         Route::Legacy => {
             let host = host_from(config);
             let settings = legacy::Settings::new(config, tools);
-            let (gpus, edits) = legacy::resolve_with(&host, &plan.request, &settings)?;
-            trace.gpus = gpus.clone();
-            check_requirements(config, &host, &plan.request, &gpus, &tools.nvml)?;
-            edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit {
+            let snapshot = host.snapshot()?;
+            let resolved =
+                legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut || {
+                    nvml::inventory(&host, &settings.nvml).map(|n| n.gpus)
+                })?;
+            trace.gpus = resolved.gpus.clone();
+            check_requirements(
+                config,
+                &host,
+                &snapshot,
+                &plan.request,
+                &resolved.gpus,
+                &tools.nvml,
+            )?;
+            let parts: Vec<&ContainerEdits> = resolved.groups.iter().map(|g| &g.edits).collect();
+            edits::apply_all(&mut plan.edited, &parts).map_err(|source| CreateError::Edit {
                 path: config_path,
                 source,
             })?;
-            plan.gpus = gpus;
-            plan.edits = edits;
+            plan.gpus = resolved.gpus;
+            plan.groups = resolved.groups;
         }
     }
     add_memory_limit_hook(config, &mut plan, tools, trace)?;
-    check_hooks_exist(&plan.edits, &tools.hook)?;
+    check_hooks_exist(plan.parts().flat_map(|e| &e.hooks), &tools.hook)?;
     if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
-        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, &plan.edits.mounts).map_err(
-            |source| CreateError::MountIntoBindMount {
+        let added = plan.parts().flat_map(|e| &e.mounts);
+        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, added).map_err(|source| {
+            CreateError::MountIntoBindMount {
                 path: plan.bundle.config_path().to_path_buf(),
                 source,
-            },
-        )?;
+            }
+        })?;
     }
     plan.warnings = trace.warnings.clone();
     Ok(plan)
@@ -274,7 +264,7 @@ fn add_memory_limit_hook(
         request: &plan.request,
         gpus: &plan.gpus,
         cdi_devices: &plan.cdi_devices,
-        cdi_groups: &plan.cdi_groups,
+        groups: &plan.groups,
     };
     let (hook, warnings) = crate::memory_limits::hook(config, &host, &selection, &tools.hook)?;
     for w in warnings {
@@ -291,7 +281,10 @@ fn add_memory_limit_hook(
         path: plan.bundle.config_path().to_path_buf(),
         source,
     })?;
-    plan.edits.hooks.push(hook.clone());
+    plan.groups.push(EditGroup {
+        cause: Cause::GpuMemoryLimits,
+        edits: added,
+    });
     plan.memory_limit_hook = Some(hook);
     Ok(())
 }
@@ -302,35 +295,6 @@ fn legacy_hooks(spec: &Value) -> Vec<Value> {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default()
-}
-
-/// Splits a legacy request's edits by cause: each selected GPU's node (`/dev/nvidia<minor>`),
-/// then everything else (the driver). Display only: `edits` stays the one list applied.
-fn group_legacy(gpus: &[Gpu], edits: &ContainerEdits) -> Vec<EditGroup> {
-    let mut rest = edits.clone();
-    let mut groups = Vec::new();
-    for gpu in gpus {
-        let node = format!("/dev/nvidia{}", gpu.minor);
-        let (mine, others) = rest
-            .device_nodes
-            .into_iter()
-            .partition(|d: &edits::DeviceNode| d.path == node);
-        rest.device_nodes = others;
-        groups.push(EditGroup {
-            cause: Cause::Gpu(gpu.clone()),
-            edits: ContainerEdits {
-                device_nodes: mine,
-                ..Default::default()
-            },
-        });
-    }
-    if !rest.is_empty() {
-        groups.push(EditGroup {
-            cause: Cause::Driver,
-            edits: rest,
-        });
-    }
-    groups
 }
 
 /// Serves a CDI request from the spec directories: reads the spec files that define the
@@ -358,20 +322,23 @@ fn apply_cdi(
         }
         Err(source) => return Err(CreateError::Cdi { path, source }),
     };
-    let mut edits = ContainerEdits::default();
-    for (origin, group) in grouped {
-        edits.append(&group);
-        plan.cdi_groups.push(EditGroup {
+    let groups: Vec<EditGroup> = grouped
+        .into_iter()
+        .map(|(origin, edits)| EditGroup {
             cause: match origin {
                 cdi::registry::EditsOrigin::Spec { path, kind } => Cause::CdiSpec { path, kind },
                 cdi::registry::EditsOrigin::Device { name, path } => {
                     Cause::CdiDevice { name, path }
                 }
             },
-            edits: group,
-        });
-    }
-    for stale in cdi::registry::stale_device_nodes(&edits) {
+            edits,
+        })
+        .collect();
+    let parts: Vec<&ContainerEdits> = groups.iter().map(|g| &g.edits).collect();
+    for stale in parts
+        .iter()
+        .flat_map(|e| cdi::registry::stale_device_nodes(e))
+    {
         trace.warn(format!("stale CDI spec: {stale}"));
     }
     if plan.request.cdi_already_applied {
@@ -383,9 +350,9 @@ fn apply_cdi(
             .and_then(Value::as_array)
             .map(|d| d.iter().filter_map(|x| x.get("path")?.as_str()).collect())
             .unwrap_or_default();
-        if edits
-            .device_nodes
+        if parts
             .iter()
+            .flat_map(|e| &e.device_nodes)
             .all(|d| present.contains(d.path.as_str()))
         {
             return Ok(());
@@ -396,17 +363,21 @@ fn apply_cdi(
             names.join(", ")
         ));
     }
-    edits::apply(&mut plan.edited, &edits).map_err(|source| CreateError::Edit { path, source })?;
+    edits::apply_all(&mut plan.edited, &parts)
+        .map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;
-    plan.edits = edits;
+    plan.groups = groups;
     Ok(())
 }
 
 /// Every hook the edits add must exist on the host: runc runs it before the container starts,
 /// and a missing one kills the container with an error that names neither nvshim nor the fix.
 /// One `stat` per hook (two to five per GPU container).
-fn check_hooks_exist(edits: &ContainerEdits, own_hook: &Path) -> Result<(), CreateError> {
-    for h in &edits.hooks {
+fn check_hooks_exist<'a>(
+    hooks: impl IntoIterator<Item = &'a edits::Hook>,
+    own_hook: &Path,
+) -> Result<(), CreateError> {
+    for h in hooks {
         let path = Path::new(&h.path);
         if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
             continue;
@@ -464,8 +435,8 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>
             bundle = %dir.display(),
             gpus = ?plan.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
             cdi_devices = ?plan.cdi_devices,
-            devices = plan.edits.device_nodes.len(),
-            mounts = plan.edits.mounts.len(),
+            devices = plan.parts().map(|e| e.device_nodes.len()).sum::<usize>(),
+            mounts = plan.parts().map(|e| e.mounts.len()).sum::<usize>(),
             "edited config.json"
         );
     }

@@ -400,16 +400,23 @@ fn first_index(keys: impl Iterator<Item = Option<String>>) -> HashMap<String, us
 /// Applies `edits` to the config.json document. Validation of the edits (CDI rules) happens
 /// before; host device nodes are stat'ed here. Nothing is written to disk.
 pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> {
-    if edits.is_empty() {
+    apply_all(spec, &[edits])
+}
+
+/// Applies `parts` as [`apply`] would apply their concatenation ([`ContainerEdits::append`]),
+/// without building it: a plan keeps its edits grouped by cause, and a copy of a MIG host's
+/// 120 device nodes and the driver's mounts cost a tenth of the create.
+pub fn apply_all(spec: &mut Value, parts: &[&ContainerEdits]) -> Result<(), EditError> {
+    if parts.iter().all(|e| e.is_empty()) {
         return Ok(());
     }
     // Resolve everything that can fail on the host first, so a failure leaves `spec` unchanged.
-    let devices: Vec<DeviceNode> = edits
-        .device_nodes
+    let devices: Vec<DeviceNode> = parts
         .iter()
+        .flat_map(|e| &e.device_nodes)
         .map(fill_device)
         .collect::<Result<_, _>>()?;
-    for h in &edits.hooks {
+    for h in parts.iter().flat_map(|e| &e.hooks) {
         if !HOOK_NAMES.contains(&h.hook_name.as_str()) {
             return Err(EditError::UnknownHook(h.hook_name.clone()));
         }
@@ -426,7 +433,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     let (user_uid, user_gid) = (process_user(root, "uid"), process_user(root, "gid"));
 
     // env: replace by key in place, else append (CDI HEAD semantics, docs/cdi-rules.md §5.3).
-    if !edits.env.is_empty() {
+    if parts.iter().any(|e| !e.env.is_empty()) {
         let process = object_at(root, "process", "process")?;
         let env = array_at(process, "env", "process.env")?;
         // The key is what precedes '=', or the whole entry when it has none, on both sides:
@@ -435,7 +442,7 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
         let env_key = |e: &str| e.split_once('=').map_or(e, |(k, _)| k).to_string();
         // Key → index of its first entry: each lookup constant, so large edits stay linear.
         let mut index = first_index(env.iter().map(|v| v.as_str().map(env_key)));
-        for entry in &edits.env {
+        for entry in parts.iter().flat_map(|e| &e.env) {
             let value = Value::String(entry.clone());
             match index.get(&env_key(entry)) {
                 Some(&i) => env[i] = value,
@@ -521,10 +528,10 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     }
 
     // Net devices: a map keyed by host interface name, last wins.
-    if !edits.net_devices.is_empty() {
+    if parts.iter().any(|e| !e.net_devices.is_empty()) {
         let linux = object_at(root, "linux", "linux")?;
         let net = object_at(linux, "netDevices", "linux.netDevices")?;
-        for n in &edits.net_devices {
+        for n in parts.iter().flat_map(|e| &e.net_devices) {
             let mut entry = Map::new();
             entry.insert("name".into(), Value::String(n.name.clone()));
             net.insert(n.host_interface_name.clone(), Value::Object(entry));
@@ -532,14 +539,14 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     }
 
     // Mounts: same destination replaced, else appended; then a stable sort by depth.
-    if !edits.mounts.is_empty() {
+    if parts.iter().any(|e| !e.mounts.is_empty()) {
         let mounts = array_at(root, "mounts", "mounts")?;
         let mut index = first_index(mounts.iter().map(|v| {
             v.get("destination")
                 .and_then(Value::as_str)
                 .map(str::to_string)
         }));
-        for m in &edits.mounts {
+        for m in parts.iter().flat_map(|e| &e.mounts) {
             let mut b = MountBuilder::default()
                 .destination(&m.container_path)
                 .source(&m.host_path);
@@ -566,9 +573,9 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
     }
 
     // Hooks: appended to the named list unless an identical one is there.
-    if !edits.hooks.is_empty() {
+    if parts.iter().any(|e| !e.hooks.is_empty()) {
         let hooks = object_at(root, "hooks", "hooks")?;
-        for h in &edits.hooks {
+        for h in parts.iter().flat_map(|e| &e.hooks) {
             let mut b = HookBuilder::default().path(&h.path);
             if !h.args.is_empty() {
                 b = b.args(h.args.clone());
@@ -585,17 +592,18 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
         }
     }
 
-    if let Some(rdt) = &edits.intel_rdt {
+    // The last part's wins, as in `append`.
+    if let Some(rdt) = parts.iter().rev().find_map(|e| e.intel_rdt.as_ref()) {
         let linux = object_at(root, "linux", "linux")?;
         linux.insert("intelRdt".into(), intel_rdt_value(rdt));
     }
 
     // Additional gids: 0 and duplicates skipped.
-    if !edits.additional_gids.is_empty() {
+    if parts.iter().any(|e| !e.additional_gids.is_empty()) {
         let process = object_at(root, "process", "process")?;
         let user = object_at(process, "user", "process.user")?;
         let gids = array_at(user, "additionalGids", "process.user.additionalGids")?;
-        for g in &edits.additional_gids {
+        for g in parts.iter().flat_map(|e| &e.additional_gids) {
             let v = Value::from(*g);
             if *g != 0 && !gids.contains(&v) {
                 gids.push(v);

@@ -20,8 +20,8 @@
 //!   `nvidia-caps-imex-channels` of `/proc/devices`, minor `N`; the node must exist.
 //! - MPS: the host daemon's pipe directory, when it exists, for compute containers.
 //!
-//! One file (870 lines of code, 420 of tests): each part is a step of [`resolve_with_nvml`], which
-//! builds one [`ContainerEdits`] from the selected GPUs, their device nodes, MIG and IMEX
+//! One file (870 lines of code, 420 of tests): each part is a step of [`resolve`], which
+//! builds the edits, grouped by cause, from the selected GPUs, their device nodes, MIG and IMEX
 //! capability nodes, the driver files of the capabilities and the hooks. The steps stay public in
 //! one place because `ops::generate` writes a CDI spec with the same driver-file and hook steps (so
 //! a generated spec brings what a legacy request brings) and `memory_limits` selects GPUs and MIG
@@ -32,11 +32,11 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use crate::config::Config;
-use crate::edits::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
 use crate::host::nvml::{self, GpuInfo, NvmlDiscoveryError};
 use crate::host::{
     normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError, HostFile,
-    WordSize,
+    Snapshot, WordSize,
 };
 use crate::nvidia::{
     self, brings, Capabilities, DRM_BROUGHT_BY, HOOK_ENV, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS,
@@ -171,13 +171,19 @@ fn node(host: &Host, name: &str, major: u32, minor: u32) -> DeviceNode {
     }
 }
 
-/// Device nodes for the chosen GPUs plus the control nodes.
-pub fn device_nodes(host: &Host, majors: &DeviceMajors, gpus: &[Gpu]) -> Vec<DeviceNode> {
-    let mut nodes: Vec<DeviceNode> = gpus
-        .iter()
-        .map(|g| node(host, &format!("nvidia{}", g.minor), majors.nvidia, g.minor))
-        .collect();
-    nodes.push(node(host, "nvidiactl", majors.nvidia, NVIDIACTL_MINOR));
+/// A GPU's device node, `/dev/nvidia<minor>`.
+fn gpu_node(host: &Host, majors: &DeviceMajors, gpu: &Gpu) -> DeviceNode {
+    node(
+        host,
+        &format!("nvidia{}", gpu.minor),
+        majors.nvidia,
+        gpu.minor,
+    )
+}
+
+/// The control nodes every GPU container gets, whichever GPUs it has.
+fn control_nodes(host: &Host, majors: &DeviceMajors) -> Vec<DeviceNode> {
+    let mut nodes = vec![node(host, "nvidiactl", majors.nvidia, NVIDIACTL_MINOR)];
     if let Some(uvm) = majors.nvidia_uvm {
         nodes.push(node(host, "nvidia-uvm", uvm, 0));
         if host.device_node("nvidia-uvm-tools").is_some() {
@@ -472,40 +478,31 @@ fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> V
         .collect()
 }
 
-/// The edits for a legacy request, with the config's defaults for everything but the hook.
+/// A legacy request resolved: the GPUs it selected and its edits grouped by cause, in the
+/// order they are applied (`create` applies them as one list, [`crate::edits::apply_all`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resolved {
+    /// The selected GPUs, then the parents of selected MIG devices.
+    pub gpus: Vec<Gpu>,
+    /// One group per GPU (its node, and the capability nodes of its selected MIG devices), then
+    /// one [`Cause::Driver`] group with what any selection brings.
+    pub groups: Vec<EditGroup>,
+}
+
+/// Resolves a legacy request from the `/proc` facts in `snapshot`; `host` gives the driver's
+/// files and device nodes, and `nvml` the NVML inventory, called only for MIG ids that need it.
 pub fn resolve(
-    host: &Host,
     request: &Request,
-    hook_path: &Path,
-) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
-    let tools = crate::install::Tools {
-        hook: hook_path.to_path_buf(),
-        nvml: nvml::NvmlAccess::InProcess,
-    };
-    resolve_with(host, request, &Settings::new(&Config::default(), &tools))
-}
-
-/// The edits for a legacy request.
-pub fn resolve_with(
+    snapshot: &Snapshot,
     host: &Host,
-    request: &Request,
-    settings: &Settings,
-) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
-    resolve_with_nvml(host, request, settings, &mut || {
-        nvml::inventory(host, &settings.nvml).map(|n| n.gpus)
-    })
-}
-
-/// [`resolve_with`], with the NVML inventory from `nvml` (called only for MIG ids).
-pub fn resolve_with_nvml(
-    host: &Host,
-    request: &Request,
     settings: &Settings,
     nvml: &mut NvmlInventory<'_>,
-) -> Result<(Vec<Gpu>, ContainerEdits), LegacyError> {
-    let majors = host.device_majors()?;
-    let driver_version = host.driver_version()?;
-    let all_gpus = host.gpus()?;
+) -> Result<Resolved, LegacyError> {
+    let Snapshot {
+        driver_version,
+        gpus: all_gpus,
+        majors,
+    } = snapshot;
     if matches!(
         request.devices,
         VisibleDevices::All | VisibleDevices::List(_)
@@ -521,18 +518,28 @@ pub fn resolve_with_nvml(
         });
     }
     let (gpu_ids, mig_ids) = split_mig_ids(&request.devices);
-    let mut gpus = select_gpus(&gpu_ids, &all_gpus)?;
-    let mut migs = select_migs(&mig_ids, &all_gpus, nvml)?;
+    let mut gpus = select_gpus(&gpu_ids, all_gpus)?;
+    let mut migs = select_migs(&mig_ids, all_gpus, nvml)?;
     if request.devices == VisibleDevices::All {
-        migs.extend(all_migs(host, &all_gpus));
+        migs.extend(all_migs(host, all_gpus));
     }
     for m in &migs {
         if !gpus.iter().any(|g| g.minor == m.parent.minor) {
             gpus.push(m.parent.clone());
         }
     }
+    let mut groups: Vec<EditGroup> = gpus
+        .iter()
+        .map(|g| EditGroup {
+            cause: Cause::Gpu(g.clone()),
+            edits: ContainerEdits {
+                device_nodes: vec![gpu_node(host, majors, g)],
+                ..Default::default()
+            },
+        })
+        .collect();
     let mut edits = ContainerEdits {
-        device_nodes: device_nodes(host, &majors, &gpus),
+        device_nodes: control_nodes(host, majors),
         ..Default::default()
     };
     let devices_path = || host.roots().proc_root.join("devices");
@@ -556,8 +563,13 @@ pub fn resolve_with_nvml(
             .collect();
         let minors = host.mig_minors_of(&wanted)?;
         for (m, caps) in migs.iter().zip(&caps) {
+            let group = groups
+                .iter_mut()
+                .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
+                .expect("every MIG device's parent is selected above");
             for cap in caps {
-                edits
+                group
+                    .edits
                     .device_nodes
                     .push(cap_node(host, caps_major, &minors, cap, &m.id)?);
             }
@@ -574,7 +586,7 @@ pub fn resolve_with_nvml(
             }
             // The capability is global; listed GPUs only have to exist (libnvidia-container
             // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
-            select_gpus(value, &all_gpus)?;
+            select_gpus(value, all_gpus)?;
             let n = cap_node(host, caps_major, &minors, capability, var)?;
             if !edits.device_nodes.iter().any(|d| d.path == n.path) {
                 edits.device_nodes.push(n);
@@ -603,7 +615,7 @@ pub fn resolve_with_nvml(
         }
     }
 
-    let files = driver_files(host, &request.capabilities, &driver_version, &gpus)?;
+    let files = driver_files(host, &request.capabilities, driver_version, &gpus)?;
     edits.mounts.extend(files.mounts);
     for (node, gid) in files.drm_nodes {
         if !edits.device_nodes.iter().any(|d| d.path == node.path) {
@@ -633,10 +645,14 @@ pub fn resolve_with_nvml(
     edits.hooks.extend(container_hooks(
         host,
         &plan,
-        &driver_version,
+        driver_version,
         &settings.hook_path,
     ));
-    Ok((gpus, edits))
+    groups.push(EditGroup {
+        cause: Cause::Driver,
+        edits,
+    });
+    Ok(Resolved { gpus, groups })
 }
 
 fn bind(host_path: &Path, container_path: &str, options: &[&str]) -> Mount {
@@ -1189,6 +1205,38 @@ mod tests {
             "GPU-bbbbbbbb-0000-0000-0000-000000000000",
         );
         let v = "580.95.05";
+        // The resolver's input is this value; the proc files above are what it is read from.
+        let gpu_value = |index: usize, minor: u32, uuid: &str, bus: &str| Gpu {
+            index,
+            minor,
+            uuid: uuid.into(),
+            bus_id: bus.into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+        };
+        let snapshot = Snapshot {
+            driver_version: v.into(),
+            gpus: vec![
+                gpu_value(
+                    0,
+                    1,
+                    "GPU-aaaaaaaa-0000-0000-0000-000000000001",
+                    "0000:1b:00.0",
+                ),
+                gpu_value(
+                    1,
+                    0,
+                    "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+                    "0000:3b:00.0",
+                ),
+            ],
+            majors: DeviceMajors {
+                nvidia: 195,
+                nvidia_uvm: Some(238),
+                nvidia_caps: Some(241),
+                nvidia_caps_imex_channels: None,
+            },
+        };
+        assert_eq!(host.snapshot().unwrap(), snapshot);
         let lib = "/usr/lib/x86_64-linux-gnu";
         let caps = |c: &str| Capabilities::parse(Some(c)).unwrap();
         // (devices, capabilities) -> GPU minors, then paths that must and must not be there.
@@ -1258,10 +1306,27 @@ mod tests {
                 capabilities: caps(c),
                 ..Default::default()
             };
-            let (gpus, edits) = resolve_with_nvml(&host, &request, &settings, &mut || {
+            let resolved = resolve(&request, &snapshot, &host, &settings, &mut || {
                 panic!("no NVML for {devices:?}")
             })
             .unwrap_or_else(|e| panic!("{devices:?} {c}: {e}"));
+            let gpus = &resolved.gpus;
+            let mut edits = ContainerEdits::default();
+            for g in &resolved.groups {
+                edits.append(&g.edits);
+            }
+            // Grouped at the source: each GPU's own node, then the driver.
+            let causes: Vec<Option<u32>> = resolved
+                .groups
+                .iter()
+                .map(|g| match &g.cause {
+                    Cause::Gpu(gpu) => Some(gpu.minor),
+                    _ => None,
+                })
+                .collect();
+            let mut expected: Vec<Option<u32>> = minors.iter().copied().map(Some).collect();
+            expected.push(None);
+            assert_eq!(causes, expected, "{devices:?} {c}");
             let got: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
             assert_eq!(got, minors, "{devices:?} {c}");
             let paths: Vec<&str> = edits
@@ -1290,6 +1355,52 @@ mod tests {
                 assert_eq!(gpu_node(*m), Some((Some(195), Some(i64::from(*m)))));
             }
         }
+
+        // A MIG device brings its parent's node and its two capability nodes, grouped under the
+        // parent GPU; `mig-minors` as the kernel module writes it (capability, minor).
+        write(
+            "driver/nvidia-caps/mig-minors",
+            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n",
+        );
+        let request = Request {
+            devices: VisibleDevices::List(vec![
+                "0".into(),
+                "MIG-GPU-bbbbbbbb-0000-0000-0000-000000000000/1/0".into(),
+            ]),
+            capabilities: caps("utility"),
+            ..Default::default()
+        };
+        let resolved = resolve(&request, &snapshot, &host, &settings, &mut || {
+            panic!("no NVML for a MIG-GPU-<uuid>/<gi>/<ci> id")
+        })
+        .unwrap();
+        let groups: Vec<(Option<u32>, Vec<&str>)> = resolved
+            .groups
+            .iter()
+            .map(|g| {
+                let minor = match &g.cause {
+                    Cause::Gpu(gpu) => Some(gpu.minor),
+                    _ => None,
+                };
+                let nodes = g.edits.device_nodes.iter().map(|d| d.path.as_str());
+                (minor, nodes.filter(|p| !p.contains("nvidia-uvm")).collect())
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            vec![
+                (Some(1), vec!["/dev/nvidia1"]),
+                (
+                    Some(0),
+                    vec![
+                        "/dev/nvidia0",
+                        "/dev/nvidia-caps/nvidia-cap12",
+                        "/dev/nvidia-caps/nvidia-cap13"
+                    ]
+                ),
+                (None, vec!["/dev/nvidiactl"]),
+            ]
+        );
     }
 
     #[test]

@@ -77,8 +77,8 @@ pub struct Selection<'a> {
     pub gpus: &'a [Gpu],
     /// The CDI devices injected, fully qualified.
     pub cdi_devices: &'a [String],
-    /// The CDI edits by spec and device.
-    pub cdi_groups: &'a [EditGroup],
+    /// The edits by cause (for CDI requests: by spec and device).
+    pub groups: &'a [EditGroup],
 }
 
 /// The GPU ids of a legacy request, and the warnings for the MIG devices skipped.
@@ -114,7 +114,7 @@ fn gpu_minor(path: &str) -> Option<u32> {
 fn cdi_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
     let mut ids = Vec::new();
     let mut warnings = Vec::new();
-    for group in plan.cdi_groups {
+    for group in plan.groups {
         let Cause::CdiDevice { name, .. } = &group.cause else {
             continue;
         };

@@ -167,11 +167,12 @@ fn is_within(path: &str, dir: &str) -> bool {
 /// Refuses the first of `added` (mounts nvshim adds; already in `spec`'s `mounts`) whose
 /// destination resolves inside another bind mount of `spec`, with the root filesystem at
 /// `rootfs`.
-pub fn check_added_mounts(
+pub fn check_added_mounts<'a>(
     spec: &Value,
     rootfs: &Path,
-    added: &[Mount],
+    added: impl IntoIterator<Item = &'a Mount>,
 ) -> Result<(), IntoBindMount> {
+    let mut added = added.into_iter().peekable();
     let binds: Vec<(&str, &str)> = spec
         .get("mounts")
         .and_then(Value::as_array)
@@ -185,7 +186,7 @@ pub fn check_added_mounts(
             ))
         })
         .collect();
-    if binds.is_empty() || added.is_empty() {
+    if binds.is_empty() || added.peek().is_none() {
         return Ok(());
     }
     let Some(mut root) = RootFs::open(rootfs) else {

@@ -73,6 +73,18 @@ pub struct DeviceMajors {
     pub nvidia_caps_imex_channels: Option<u32>,
 }
 
+/// What every GPU request needs of the host's `/proc`, read once per command: the driver
+/// version, the GPUs and the device majors. A plain value, so the resolvers' selection rules
+/// take it as input (and tests build it without files); the driver's files and device nodes
+/// are still looked up through [`Host`], and only when a request needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub driver_version: String,
+    /// In PCI bus order ([`Host::gpus`]).
+    pub gpus: Vec<Gpu>,
+    pub majors: DeviceMajors,
+}
+
 /// A device node found on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostDeviceNode {
@@ -230,6 +242,15 @@ impl Host {
             g.index = i;
         }
         Ok(gpus)
+    }
+
+    /// The `/proc` facts every GPU request needs ([`Snapshot`]).
+    pub fn snapshot(&self) -> Result<Snapshot, HostError> {
+        Ok(Snapshot {
+            majors: self.device_majors()?,
+            driver_version: self.driver_version()?,
+            gpus: self.gpus()?,
+        })
     }
 
     /// Majors from `proc/devices` (character section).

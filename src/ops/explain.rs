@@ -303,7 +303,7 @@ pub fn explain(
         Ok(plan) => {
             out.gpus = plan.gpus.iter().map(GpuItem::from).collect();
             let base = skeleton(&original);
-            let groups = plan.groups();
+            let groups = &plan.groups;
             out.groups = groups
                 .iter()
                 .map(|g| describe_group(g, &base, &original))
@@ -312,7 +312,7 @@ pub fn explain(
             // spec files and nothing else of the host), but explain can afford the look.
             if matches!(plan.route, Route::Cdi(_)) {
                 let running = install::host_from(config).driver_version().ok();
-                for g in &groups {
+                for g in groups {
                     for s in cdi::registry::stale_library_mounts(&g.edits, running.as_deref()) {
                         let s = format!("stale CDI spec: {s}");
                         if !out.warnings.contains(&s) {
