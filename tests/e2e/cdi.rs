@@ -8,141 +8,58 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use nix::sys::stat::{makedev, mknod, Mode, SFlag};
 use nvshim::cdi::spec::{self, Spec};
 use nvshim_fake_nvml::{Gpu as NvmlGpu, MigDevice, Topology, TOPOLOGY_ENV};
 use nvshim_testsupport::podman::{Podman, SystemSpec};
 use nvshim_testsupport::probe::assert_no_problems;
-use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, Runtime,
-};
+use nvshim_testsupport::{unique_id, Bundle, FakeGpu, FakeHost, ProbeReport, ProbeSpec};
 use serde_json::json;
-use tempfile::TempDir;
 
-use super::common::{fake_nvml, hook_path, shim_at, shim_log, NVSHIM, SHIM};
+use super::common::hook_path;
+use super::world::{SpecDirs, World};
 
-/// One test's world: a fake host, spec dirs, an nvshim config pointing at both.
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-    /// Lower-priority spec dir (the `/etc/cdi` role).
-    etc_cdi: PathBuf,
-    /// Higher-priority spec dir (the `/var/run/cdi` role), where generated specs go.
-    run_cdi: PathBuf,
+/// The fake host with `gpus` GPUs and both spec dirs.
+fn world(gpus: usize) -> World {
+    World::builder()
+        .gpus(gpus)
+        .spec_dirs(SpecDirs::EtcAndRun)
+        .build()
 }
 
-impl World {
-    fn new(gpus: usize) -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-e2e-cdi-")
-            .tempdir()
-            .unwrap();
-        let host =
-            FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
-        let config = tmp.path().join("nvshim/config.toml");
-        let etc_cdi = tmp.path().join("etc-cdi");
-        let run_cdi = tmp.path().join("run-cdi");
-        fs::create_dir_all(&etc_cdi).unwrap();
-        fs::create_dir_all(&run_cdi).unwrap();
-        let w = World {
-            tmp,
-            host,
-            config,
-            etc_cdi,
-            run_cdi,
-        };
-        w.host
-            .write_config(
-                &w.config,
-                &format!(
-                    "hook-path = {:?}\ncdi-spec-dirs = [{:?}, {:?}]\n",
-                    hook_path().display().to_string(),
-                    w.etc_cdi.display().to_string(),
-                    w.run_cdi.display().to_string()
-                ),
-            )
-            .unwrap();
-        w
+/// `nvshim ARGS` with the world's config and extra environment.
+fn nvshim(w: &World, args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = w.nvshim_command(args);
+    for (k, v) in env {
+        cmd.env(k, v);
     }
+    cmd.output().unwrap()
+}
 
-    /// `nvshim ARGS` with this world's config and extra environment.
-    fn nvshim(&self, args: &[&str], env: &[(&str, &Path)]) -> Output {
-        let mut cmd = Command::new(NVSHIM);
-        cmd.args(args).env("NVSHIM_CONFIG", &self.config);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.output().unwrap()
-    }
+/// Generates `<run-cdi>/nvidia.yaml` and returns it parsed (validated) with stderr.
+fn generate(w: &World, extra: &[&str], env: &[(&str, &Path)]) -> (Spec, String) {
+    let out_path = w.run_cdi.join("nvidia.yaml");
+    let mut args = vec!["cdi", "generate", "--output", out_path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = nvshim(w, &args, env);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "nvshim cdi generate failed: {stderr}");
+    let spec = spec::read_file(&out_path).unwrap_or_else(|e| panic!("{e}"));
+    (spec, stderr)
+}
 
-    /// Generates `<run-cdi>/nvidia.yaml` and returns it parsed (validated) with stderr.
-    fn generate(&self, extra: &[&str], env: &[(&str, &Path)]) -> (Spec, String) {
-        let out_path = self.run_cdi.join("nvidia.yaml");
-        let mut args = vec!["cdi", "generate", "--output", out_path.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let out = self.nvshim(&args, env);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "nvshim cdi generate failed: {stderr}");
-        let spec = spec::read_file(&out_path).unwrap_or_else(|e| panic!("{e}"));
-        (spec, stderr)
-    }
-
-    fn gpu(&self, index: usize) -> &FakeGpu {
-        self.host.gpu_at_index(index).unwrap()
-    }
-
-    /// A busybox bundle running the probe, asking for `devices` through a CDI annotation.
-    fn annotated_bundle(&self, name: &str, devices: &str) -> Bundle {
-        let b = self.probe_bundle(name);
-        let devices = devices.to_string();
-        b.edit(move |c| {
-            c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": devices});
-            Ok(())
-        })
-        .unwrap();
-        b
-    }
-
-    fn probe_bundle(&self, name: &str) -> Bundle {
-        let args = ProbeSpec::for_host(&self.host).args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Bundle::new(&self.tmp.path().join(name), &args).unwrap()
-    }
-
-    fn shim(&self) -> Runtime {
-        shim_at(SHIM, self.tmp.path(), &self.config)
-    }
-
-    fn shim_log(&self) -> String {
-        shim_log(&self.config)
-    }
-
-    /// Runs the bundle through nvshim-runtime and parses the probe.
-    fn run_shim(&self, bundle: &Bundle) -> ProbeReport {
-        let out = self.shim().run(bundle, &unique_id("cdi-e2e")).unwrap();
-        let report = ProbeReport::parse(&out.stdout);
-        assert!(
-            out.success() && report.complete,
-            "the container did not run to completion\n{out}\n--- nvshim.log ---\n{}",
-            self.shim_log()
-        );
-        report
-    }
-
-    /// Replaces the host's libnvidia-ml with the fake NVML and writes `topology`; returns the
-    /// topology file for `NVSHIM_FAKE_NVML_TOPOLOGY`.
-    fn install_fake_nvml(&self, topology: &Topology) -> PathBuf {
-        let lib = self
-            .host
-            .host_path(&self.host.container_lib_path("libnvidia-ml"));
-        fs::copy(fake_nvml(), &lib).unwrap();
-        let path = self.tmp.path().join("topology.json");
-        fs::write(&path, serde_json::to_string_pretty(topology).unwrap()).unwrap();
-        path
-    }
+/// A busybox bundle running the probe, asking for `devices` through a CDI annotation.
+fn annotated_bundle(w: &World, name: &str, devices: &str) -> Bundle {
+    let b = w.probe_bundle(name, &[]);
+    let devices = devices.to_string();
+    b.edit(move |c| {
+        c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": devices});
+        Ok(())
+    })
+    .unwrap();
+    b
 }
 
 /// The GPU problems plus the control nodes, libcuda mounted and in the ld cache, and the
@@ -183,9 +100,9 @@ fn node_paths(spec: &Spec, device: &str) -> Vec<String> {
 
 #[test]
 fn generate_falls_back_to_proc_without_nvml() {
-    let w = World::new(2);
+    let w = world(2);
     // The fake host's stub libnvidia-ml has nvmlInit but no device functions.
-    let (spec, stderr) = w.generate(&[], &[]);
+    let (spec, stderr) = generate(&w, &[], &[]);
     assert!(stderr.contains("NVML not used"), "{stderr}");
     assert!(stderr.contains("GPUs from /proc"), "{stderr}");
     let mut want = vec![
@@ -404,11 +321,11 @@ fn cap_minor(caps: &[(String, u32)], cap: &str) -> u32 {
 
 #[test]
 fn generate_through_fake_nvml_eight_gpus_with_mig() {
-    let w = World::new(8);
+    let w = world(8);
     let topology = mig_topology(&w.host);
     let caps = install_mig_caps(&w.host, &topology);
     let topo_file = w.install_fake_nvml(&topology);
-    let (spec, stderr) = w.generate(&[], &[(TOPOLOGY_ENV, &topo_file)]);
+    let (spec, stderr) = generate(&w, &[], &[(TOPOLOGY_ENV, &topo_file)]);
     assert!(!stderr.contains("NVML not used"), "{stderr}");
     assert!(stderr.contains("GPUs from NVML"), "{stderr}");
 
@@ -463,7 +380,8 @@ fn generate_through_fake_nvml_eight_gpus_with_mig() {
     assert_eq!(node_paths(&spec, "all").len(), 6 * 3 + 2 + 2 * 5);
 
     // The same through JSON and the type-index strategy.
-    let out = w.nvshim(
+    let out = nvshim(
+        &w,
         &[
             "cdi",
             "generate",
@@ -492,16 +410,16 @@ fn generate_through_fake_nvml_eight_gpus_with_mig() {
 
 #[test]
 fn annotation_selects_one_gpu_through_runc() {
-    let w = World::new(2);
-    w.generate(&[], &[]);
+    let w = world(2);
+    generate(&w, &[], &[]);
     // A broken spec beside it is skipped with a warning; the good one still serves.
     fs::write(
         w.etc_cdi.join("broken.yaml"),
         "cdiVersion: 9.9.9\nkind: x/y\n",
     )
     .unwrap();
-    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=1");
-    let r = w.run_shim(&bundle);
+    let bundle = annotated_bundle(&w, "b1", "nvidia.com/gpu=1");
+    let r = w.run(&bundle);
     assert_no_problems(
         "annotation nvidia.com/gpu=1",
         &cdi_container_problems(&r, &w.host, &[w.gpu(1)]),
@@ -516,16 +434,16 @@ fn annotation_selects_one_gpu_through_runc() {
 
 #[test]
 fn qualified_names_in_env_use_cdi_in_auto_mode() {
-    let w = World::new(2);
-    w.generate(&[], &[]);
-    let bundle = w.probe_bundle("b1");
+    let w = world(2);
+    generate(&w, &[], &[]);
+    let bundle = w.probe_bundle("b1", &[]);
     bundle
         .set_env(
             "NVIDIA_VISIBLE_DEVICES",
             &format!("nvidia.com/gpu={}", w.gpu(0).uuid),
         )
         .unwrap();
-    let r = w.run_shim(&bundle);
+    let r = w.run(&bundle);
     assert_no_problems(
         "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=<uuid of index 0>",
         &cdi_container_problems(&r, &w.host, &[w.gpu(0)]),
@@ -535,13 +453,13 @@ fn qualified_names_in_env_use_cdi_in_auto_mode() {
 
 #[test]
 fn mig_device_through_runc() {
-    let w = World::new(8);
+    let w = world(8);
     let topology = mig_topology(&w.host);
     let caps = install_mig_caps(&w.host, &topology);
     let topo_file = w.install_fake_nvml(&topology);
-    w.generate(&[], &[(TOPOLOGY_ENV, &topo_file)]);
-    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=2:1");
-    let r = w.run_shim(&bundle);
+    generate(&w, &[], &[(TOPOLOGY_ENV, &topo_file)]);
+    let bundle = annotated_bundle(&w, "b1", "nvidia.com/gpu=2:1");
+    let r = w.run(&bundle);
     let parent = w.gpu(2);
     let mut p = r.gpu_problems(&w.host, &[parent]);
     let d = &topology.gpus[2].mig_devices[1];
@@ -564,9 +482,10 @@ fn mig_device_through_runc() {
 
 #[test]
 fn unresolvable_devices_fail_create_and_leave_the_bundle() {
-    let w = World::new(2);
-    w.generate(&[], &[]);
-    let bundle = w.annotated_bundle(
+    let w = world(2);
+    generate(&w, &[], &[]);
+    let bundle = annotated_bundle(
+        &w,
         "b1",
         "nvidia.com/gpu=9,nvidia.com/gpu=0,nvidia.com/gpu=GPU-nope",
     );
@@ -590,11 +509,11 @@ fn unresolvable_devices_fail_create_and_leave_the_bundle() {
 
 #[test]
 fn list_and_validate() {
-    let w = World::new(2);
-    w.generate(&[], &[]);
+    let w = world(2);
+    generate(&w, &[], &[]);
     let broken = w.etc_cdi.join("broken.json");
     fs::write(&broken, r#"{"cdiVersion": "0.3.0", "kind": "vendor.com/x", "devices": [{"name": "0", "containerEdits": {"env": ["A=1"]}}]}"#).unwrap();
-    let out = w.nvshim(&["cdi", "list"], &[]);
+    let out = nvshim(&w, &["cdi", "list"], &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     let good = w.run_cdi.join("nvidia.yaml");
@@ -615,13 +534,14 @@ fn list_and_validate() {
         "{stdout}"
     );
 
-    let out = w.nvshim(&["cdi", "validate", good.to_str().unwrap()], &[]);
+    let out = nvshim(&w, &["cdi", "validate", good.to_str().unwrap()], &[]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = w.nvshim(
+    let out = nvshim(
+        &w,
         &[
             "cdi",
             "validate",
@@ -640,10 +560,10 @@ fn list_and_validate() {
 
 #[test]
 fn podman_sees_what_nvshim_runtime_gives() {
-    let w = World::new(2);
+    let w = world(2);
     let class = format!("gpu-e2e{}", std::process::id());
     let kind = format!("nvidia.com/{class}");
-    let (spec, _) = w.generate(&["--class", &class], &[]);
+    let (spec, _) = generate(&w, &["--class", &class], &[]);
     assert_eq!(spec.kind, kind);
     // podman 4.3 reads CDI specs from /etc/cdi and /var/run/cdi only; the class is unique to
     // this process so the file cannot collide with any other spec there.
@@ -677,8 +597,8 @@ fn podman_sees_what_nvshim_runtime_gives() {
     );
 
     // nvshim-runtime, the same device by annotation.
-    let bundle = w.annotated_bundle("b1", &device);
-    let shim_report = w.run_shim(&bundle);
+    let bundle = annotated_bundle(&w, "b1", &device);
+    let shim_report = w.run(&bundle);
     let (podman_view, shim_view) = (
         podman_report.nvidia_view(&w.host),
         shim_report.nvidia_view(&w.host),
@@ -714,7 +634,7 @@ fn podman_sees_what_nvshim_runtime_gives() {
 /// the library does load when asked to, so the marker's absence means something.
 #[test]
 fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
-    let w = World::new(1);
+    let w = world(1);
     let lib_dir = w.tmp.path().join("lib");
     fs::create_dir_all(&lib_dir).unwrap();
     let marker = lib_dir.join("owned");
@@ -730,11 +650,11 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
         )
     };
     fs::write(w.run_cdi.join("vendor.yaml"), spec("")).unwrap();
-    let bundle = w.annotated_bundle("b1", "vendor.com/device=d");
+    let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
     bundle
         .set_env("LD_PRELOAD", &preload.display().to_string())
         .unwrap();
-    let r = w.run_shim(&bundle);
+    let r = w.run(&bundle);
     assert_eq!(
         r.env.get("NVCT_VENDOR_DEVICE").map(String::as_str),
         Some("d")
@@ -761,8 +681,8 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
         )),
     )
     .unwrap();
-    let bundle = w.annotated_bundle("b2", "vendor.com/device=d");
-    w.run_shim(&bundle);
+    let bundle = annotated_bundle(&w, "b2", "vendor.com/device=d");
+    w.run(&bundle);
     assert!(
         marker.exists(),
         "the positive control did not load the library"
@@ -777,14 +697,18 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
 /// version nvshim does not read are errors that say why.
 #[test]
 fn validate_probes_as_the_reference() {
-    let w = World::new(1);
+    let w = world(1);
     let fixture = |name: &str| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/cdi")
             .join(name)
     };
     let validate = |name: &str| {
-        let out = w.nvshim(&["cdi", "validate", fixture(name).to_str().unwrap()], &[]);
+        let out = nvshim(
+            &w,
+            &["cdi", "validate", fixture(name).to_str().unwrap()],
+            &[],
+        );
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -841,14 +765,14 @@ fn validate_probes_as_the_reference() {
 /// is refused: the container still gets its GPU, and the log names both.
 #[test]
 fn broken_etc_cdi_and_a_fifo_do_not_stop_create() {
-    let w = World::new(2);
-    w.generate(&[], &[]);
+    let w = world(2);
+    generate(&w, &[], &[]);
     fs::remove_dir(&w.etc_cdi).unwrap();
     fs::write(&w.etc_cdi, "not a directory").unwrap();
     let fifo = w.run_cdi.join("a-fifo.yaml");
     nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o644)).unwrap();
-    let bundle = w.annotated_bundle("b1", "nvidia.com/gpu=0");
-    let r = w.run_shim(&bundle);
+    let bundle = annotated_bundle(&w, "b1", "nvidia.com/gpu=0");
+    let r = w.run(&bundle);
     assert_no_problems(
         "nvidia.com/gpu=0 with a broken etc dir and a FIFO",
         &cdi_container_problems(&r, &w.host, &[w.gpu(0)]),
@@ -863,25 +787,22 @@ fn broken_etc_cdi_and_a_fifo_do_not_stop_create() {
 
 // ---- refresh ----------------------------------------------------------------------------------
 
-impl World {
-    /// `nvshim cdi refresh --output <run-cdi>/nvidia.yaml ARGS`; asserts success, returns
-    /// stderr.
-    fn refresh(&self, extra: &[&str], env: &[(&str, &Path)]) -> String {
-        let out_path = self.run_cdi.join("nvidia.yaml");
-        let mut args = vec!["cdi", "refresh", "--output", out_path.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let out = self.nvshim(&args, env);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "nvshim cdi refresh failed: {stderr}");
-        stderr
-    }
+/// `nvshim cdi refresh --output <run-cdi>/nvidia.yaml ARGS`; asserts success, returns stderr.
+fn refresh(w: &World, extra: &[&str], env: &[(&str, &Path)]) -> String {
+    let out_path = w.run_cdi.join("nvidia.yaml");
+    let mut args = vec!["cdi", "refresh", "--output", out_path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = nvshim(w, &args, env);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "nvshim cdi refresh failed: {stderr}");
+    stderr
+}
 
-    /// (inode, modification time) of the refreshed spec: what a directory watcher sees change.
-    fn spec_identity(&self) -> (u64, std::time::SystemTime) {
-        use std::os::unix::fs::MetadataExt;
-        let m = fs::metadata(self.run_cdi.join("nvidia.yaml")).unwrap();
-        (m.ino(), m.modified().unwrap())
-    }
+/// (inode, modification time) of the refreshed spec: what a directory watcher sees change.
+fn spec_identity(w: &World) -> (u64, std::time::SystemTime) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(w.run_cdi.join("nvidia.yaml")).unwrap();
+    (m.ino(), m.modified().unwrap())
 }
 
 /// A claim spec as NVIDIA's DRA driver leaves it beside the node spec (kind
@@ -902,18 +823,19 @@ fn dra_claim_spec(w: &World) -> (PathBuf, Vec<u8>) {
 
 #[test]
 fn refresh_writes_the_spec_once_then_only_when_the_gpus_change() {
-    let w = World::new(2);
+    let w = world(2);
     let (claim, claim_text) = dra_claim_spec(&w);
     let spec_path = w.run_cdi.join("nvidia.yaml");
 
-    let stderr = w.refresh(&[], &[]);
+    let stderr = refresh(&w, &[], &[]);
     assert!(
         stderr.contains(&format!("wrote {}", spec_path.display())),
         "{stderr}"
     );
     // The same spec `cdi generate` writes.
     let generated = w.tmp.path().join("generated.yaml");
-    let out = w.nvshim(
+    let out = nvshim(
+        &w,
         &["cdi", "generate", "--output", generated.to_str().unwrap()],
         &[],
     );
@@ -926,17 +848,17 @@ fn refresh_writes_the_spec_once_then_only_when_the_gpus_change() {
     assert_eq!(device_names(&spec), want);
 
     // Nothing changed: silent, and the file is not rewritten (no event for the watchers).
-    let before = w.spec_identity();
-    assert_eq!(w.refresh(&[], &[]), "");
-    assert_eq!(w.spec_identity(), before);
+    let before = spec_identity(&w);
+    assert_eq!(refresh(&w, &[], &[]), "");
+    assert_eq!(spec_identity(&w), before);
     // --force regenerates, and still writes nothing for the same bytes.
-    let stderr = w.refresh(&["--force"], &[]);
+    let stderr = refresh(&w, &["--force"], &[]);
     assert!(stderr.contains("content unchanged"), "{stderr}");
-    assert_eq!(w.spec_identity(), before);
+    assert_eq!(spec_identity(&w), before);
 
     // The GPU at bus index 1 falls off the bus.
     w.host.unplug_gpu(&g1.bus_id).unwrap();
-    let stderr = w.refresh(&[], &[]);
+    let stderr = refresh(&w, &[], &[]);
     assert!(
         stderr.contains(&format!("updated {}", spec_path.display()))
             && stderr.contains(&format!(
@@ -968,7 +890,7 @@ fn refresh_writes_the_spec_once_then_only_when_the_gpus_change() {
 
 #[test]
 fn refresh_follows_a_mig_reconfiguration() {
-    let w = World::new(8);
+    let w = world(8);
     let mut topology = mig_topology(&w.host);
     // The instances NVML reports, as the driver lists them under /proc and in mig-minors.
     let instances: Vec<(u32, u32, u32)> = topology
@@ -985,13 +907,13 @@ fn refresh_follows_a_mig_reconfiguration() {
     let env: &[(&str, &Path)] = &[(TOPOLOGY_ENV, &topo_file)];
     let spec_path = w.run_cdi.join("nvidia.yaml");
 
-    let stderr = w.refresh(&[], env);
+    let stderr = refresh(&w, &[], env);
     assert!(stderr.contains("wrote"), "{stderr}");
     let names = device_names(&spec::read_file(&spec_path).unwrap());
     for n in ["2:0", "2:1", "5:0", "5:1", "5:2"] {
         assert!(names.contains(&n.to_string()), "{n} in {names:?}");
     }
-    assert_eq!(w.refresh(&[], env), "", "a current MIG layout is fresh");
+    assert_eq!(refresh(&w, &[], env), "", "a current MIG layout is fresh");
 
     // The operator destroys GPU instance 3 on the GPU at bus index 5 (`nvidia-smi mig -dci -gi
     // 3; nvidia-smi mig -dgi -gi 3`): NVML and /proc both stop listing it.
@@ -1000,7 +922,7 @@ fn refresh_follows_a_mig_reconfiguration() {
     assert_eq!(gone.gpu_instance_id, 3);
     fs::write(&topo_file, serde_json::to_string_pretty(&topology).unwrap()).unwrap();
     w.host.destroy_mig_instance(gpu5, 3).unwrap();
-    let stderr = w.refresh(&[], env);
+    let stderr = refresh(&w, &[], env);
     assert!(
         stderr.contains("updated")
             && stderr.contains(&format!(
@@ -1014,19 +936,19 @@ fn refresh_follows_a_mig_reconfiguration() {
         "{names:?}"
     );
     assert!(names.contains(&"5:1".to_string()), "{names:?}");
-    assert_eq!(w.refresh(&[], env), "");
+    assert_eq!(refresh(&w, &[], env), "");
 }
 
 #[test]
 fn refresh_waits_for_the_driver_and_does_nothing_without_it() {
-    let w = World::new(2);
+    let w = world(2);
     let version = w.host.proc_root().join("driver/nvidia/version");
     let banner = fs::read(&version).unwrap();
     w.host.unload_driver().unwrap();
     let spec_path = w.run_cdi.join("nvidia.yaml");
 
     // Not loaded: nothing written, exit 0 (the boot unit must not fail a node without GPUs).
-    let stderr = w.refresh(&[], &[]);
+    let stderr = refresh(&w, &[], &[]);
     assert!(stderr.contains("driver is not loaded"), "{stderr}");
     assert!(!spec_path.exists());
     // A spec from before stays (a running pod's devices are not taken away).
@@ -1035,7 +957,7 @@ fn refresh_waits_for_the_driver_and_does_nothing_without_it() {
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n",
     )
     .unwrap();
-    w.refresh(&[], &[]);
+    refresh(&w, &[], &[]);
     assert_eq!(
         fs::read_to_string(&spec_path).unwrap(),
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n"
@@ -1050,7 +972,7 @@ fn refresh_waits_for_the_driver_and_does_nothing_without_it() {
             fs::write(version, banner).unwrap();
         })
     };
-    let stderr = w.refresh(&["--wait-for-driver", "60"], &[]);
+    let stderr = refresh(&w, &["--wait-for-driver", "60"], &[]);
     loader.join().unwrap();
     assert!(
         stderr.contains("updated") && stderr.contains("has no devices"),
@@ -1295,7 +1217,7 @@ const CGROUP_PROBE: &str = "[ -r /sys/fs/cgroup/devices/devices.list ] && sed 's
 
 #[test]
 fn producer_specs_through_nvshim_runtime_and_podman() {
-    let w = World::new(2);
+    let w = world(2);
     // The hook binaries where the producers put them: NVIDIA's as links to nvshim-hook (what
     // nvshim's packages install) or, as the DRA driver does, a copy under the kubelet's plugin
     // dir; Habana's a script that counts its runs.
@@ -1355,7 +1277,7 @@ fn producer_specs_through_nvshim_runtime_and_podman() {
         }
         let path = w.run_cdi.join(p.file);
         fs::write(&path, &text).unwrap();
-        let out = w.nvshim(&["cdi", "validate", path.to_str().unwrap()], &[]);
+        let out = nvshim(&w, &["cdi", "validate", path.to_str().unwrap()], &[]);
         if !out.status.success() {
             problems.push(format!(
                 "{}: nvshim cdi validate refused it: {}{}",

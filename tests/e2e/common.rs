@@ -1,6 +1,5 @@
-//! What every area of the suite shares: the built binaries, and nvshim-runtime and its log as a
-//! world's tests call them. Each area's `World` keeps only what it adds (its spec dirs, engine
-//! configs, NVML topology).
+//! The built binaries, and nvshim-runtime and its log for a config path: what [`super::world`]
+//! builds on, and what tests that make their own runtime or config call directly.
 
 use std::fs;
 use std::path::{Path, PathBuf};

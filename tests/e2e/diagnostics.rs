@@ -10,254 +10,189 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use nvshim_fake_nvml::{Gpu as NvmlGpu, Topology, TOPOLOGY_ENV};
-use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-use super::common::{fake_nvml, hook_path, NVSHIM, SHIM};
+use super::common::{NVSHIM, SHIM};
+use super::world::{SpecDirs, World};
 
-/// One test's world: a fake host, spec dirs, engine configs and an nvshim config, all in a
-/// temp dir; `PATH` for nvshim is a directory of this world holding nothing, so no engine
-/// installed on the machine running the tests is detected.
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-    etc_cdi: PathBuf,
-    run_cdi: PathBuf,
-    docker: PathBuf,
-    containerd: PathBuf,
-    crio: PathBuf,
-    dev_char: PathBuf,
-    path: PathBuf,
-    env: Vec<(String, PathBuf)>,
+/// The fake two-GPU host with both spec dirs, engine configs and an nvshim config, all in the
+/// world's temp dir; `PATH` for nvshim is a directory of the world holding nothing, so no
+/// engine installed on the machine running the tests is detected.
+fn world(extra_toml: &str) -> World {
+    let mut w = World::builder()
+        .spec_dirs(SpecDirs::EtcAndRun)
+        .config(extra_toml)
+        .build();
+    let path = w.tmp.path().join("empty-path");
+    fs::create_dir_all(&path).unwrap();
+    w.env.push(("PATH".into(), path));
+    w
 }
 
-impl World {
-    fn new() -> World {
-        World::with_config("")
-    }
+// The engine configs and /dev/char that doctor is pointed at, in the world's temp dir.
 
-    fn with_config(extra_toml: &str) -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-e2e-diag-")
-            .tempdir()
-            .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
-        let d = tmp.path();
-        let w = World {
-            config: d.join("nvshim/config.toml"),
-            etc_cdi: d.join("etc-cdi"),
-            run_cdi: d.join("run-cdi"),
-            docker: d.join("docker/daemon.json"),
-            containerd: d.join("containerd/config.toml"),
-            crio: d.join("crio/crio.conf"),
-            dev_char: d.join("dev-char"),
-            path: d.join("empty-path"),
-            env: Vec::new(),
-            host,
-            tmp,
-        };
-        for dir in [&w.etc_cdi, &w.run_cdi, &w.path] {
-            fs::create_dir_all(dir).unwrap();
-        }
-        w.host
-            .write_config(
-                &w.config,
-                &format!(
-                    "hook-path = {:?}\ncdi-spec-dirs = [{:?}, {:?}]\n{extra_toml}",
-                    hook_path().display().to_string(),
-                    w.etc_cdi.display().to_string(),
-                    w.run_cdi.display().to_string()
-                ),
-            )
-            .unwrap();
-        w
-    }
+fn docker_config(w: &World) -> PathBuf {
+    w.tmp.path().join("docker/daemon.json")
+}
 
-    fn nvshim(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(NVSHIM);
-        cmd.args(args)
-            .env("NVSHIM_CONFIG", &self.config)
-            .env("PATH", &self.path);
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd.output().unwrap()
-    }
+fn containerd_config(w: &World) -> PathBuf {
+    w.tmp.path().join("containerd/config.toml")
+}
 
-    fn doctor(&self) -> Doctor {
-        let out = self.nvshim(&[
-            "doctor",
-            "--format",
-            "json",
-            "--docker-config",
-            self.docker.to_str().unwrap(),
-            "--containerd-config",
-            self.containerd.to_str().unwrap(),
-            "--crio-config",
-            self.crio.to_str().unwrap(),
-            "--dev-char-path",
-            self.dev_char.to_str().unwrap(),
+fn crio_config(w: &World) -> PathBuf {
+    w.tmp.path().join("crio/crio.conf")
+}
+
+fn dev_char_dir(w: &World) -> PathBuf {
+    w.tmp.path().join("dev-char")
+}
+
+fn doctor(w: &World) -> Doctor {
+    let out = w.nvshim(&[
+        "doctor",
+        "--format",
+        "json",
+        "--docker-config",
+        docker_config(w).to_str().unwrap(),
+        "--containerd-config",
+        containerd_config(w).to_str().unwrap(),
+        "--crio-config",
+        crio_config(w).to_str().unwrap(),
+        "--dev-char-path",
+        dev_char_dir(w).to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}):\n{stdout}\n{out:?}"));
+    Doctor {
+        code: out.status.code(),
+        report,
+    }
+}
+
+/// The text form, for the report's samples.
+fn doctor_text(w: &World) -> String {
+    let out = w.nvshim(&[
+        "doctor",
+        "--docker-config",
+        docker_config(w).to_str().unwrap(),
+        "--containerd-config",
+        containerd_config(w).to_str().unwrap(),
+        "--crio-config",
+        crio_config(w).to_str().unwrap(),
+        "--dev-char-path",
+        dev_char_dir(w).to_str().unwrap(),
+    ]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Registers nvshim-runtime with every engine, in this world's engine configs.
+fn configure_engines(w: &World) {
+    let (docker, containerd, crio) = (docker_config(w), containerd_config(w), crio_config(w));
+    // Docker's CDI told where this world's specs are, as an operator with specs outside
+    // /etc/cdi and /var/run/cdi does (configure writes it only for a Docker it knows is
+    // 25 or later; none is installed here).
+    fs::create_dir_all(docker.parent().unwrap()).unwrap();
+    fs::write(
+        &docker,
+        serde_json::to_string(&serde_json::json!({"cdi-spec-dirs": [w.etc_cdi, w.run_cdi]}))
+            .unwrap(),
+    )
+    .unwrap();
+    for (engine, config) in [
+        ("docker", &docker),
+        ("containerd", &containerd),
+        ("crio", &crio),
+    ] {
+        fs::create_dir_all(config.parent().unwrap()).unwrap();
+        let out = w.nvshim(&[
+            "runtime",
+            "configure",
+            "--runtime",
+            engine,
+            "--config",
+            config.to_str().unwrap(),
+            "--runtime-path",
+            SHIM,
         ]);
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let report: Value = serde_json::from_str(&stdout)
-            .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}):\n{stdout}\n{out:?}"));
-        Doctor {
-            code: out.status.code(),
-            report,
-        }
-    }
-
-    /// The text form, for the report's samples.
-    fn doctor_text(&self) -> String {
-        let out = self.nvshim(&[
-            "doctor",
-            "--docker-config",
-            self.docker.to_str().unwrap(),
-            "--containerd-config",
-            self.containerd.to_str().unwrap(),
-            "--crio-config",
-            self.crio.to_str().unwrap(),
-            "--dev-char-path",
-            self.dev_char.to_str().unwrap(),
-        ]);
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn generate(&self) -> PathBuf {
-        let out_path = self.run_cdi.join("nvidia.yaml");
-        let out = self.nvshim(&["cdi", "generate", "--output", out_path.to_str().unwrap()]);
         assert!(
             out.status.success(),
-            "nvshim cdi generate failed: {}",
+            "configure {engine}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        out_path
     }
+    // CRI-O is detected by its config file, which configure leaves alone (drop-in only).
+    fs::write(&crio, "").unwrap();
+}
 
-    /// Registers nvshim-runtime with every engine, in this world's engine configs.
-    fn configure_engines(&self) {
-        // Docker's CDI told where this world's specs are, as an operator with specs outside
-        // /etc/cdi and /var/run/cdi does (configure writes it only for a Docker it knows is
-        // 25 or later; none is installed here).
-        fs::create_dir_all(self.docker.parent().unwrap()).unwrap();
-        fs::write(
-            &self.docker,
-            serde_json::to_string(
-                &serde_json::json!({"cdi-spec-dirs": [self.etc_cdi, self.run_cdi]}),
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        for (engine, config) in [
-            ("docker", &self.docker),
-            ("containerd", &self.containerd),
-            ("crio", &self.crio),
-        ] {
-            fs::create_dir_all(config.parent().unwrap()).unwrap();
-            let out = self.nvshim(&[
-                "runtime",
-                "configure",
-                "--runtime",
-                engine,
-                "--config",
-                config.to_str().unwrap(),
-                "--runtime-path",
-                SHIM,
-            ]);
-            assert!(
-                out.status.success(),
-                "configure {engine}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        // CRI-O is detected by its config file, which configure leaves alone (drop-in only).
-        fs::write(&self.crio, "").unwrap();
-    }
+fn create_dev_char_links(w: &World) {
+    let out = w.nvshim(&[
+        "system",
+        "create-dev-char-symlinks",
+        "--dev-char-path",
+        dev_char_dir(w).to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+}
 
-    fn create_dev_char_links(&self) {
-        let out = self.nvshim(&[
-            "system",
-            "create-dev-char-symlinks",
-            "--dev-char-path",
-            self.dev_char.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{out:?}");
-    }
-
-    /// Replaces the host's libnvidia-ml with the fake NVML answering with these persistence
-    /// modes (by bus index), and sets the topology variable for every later nvshim call.
-    fn install_fake_nvml(&mut self, persistence: &[bool]) {
-        let gpus = self
-            .host
-            .gpus_by_bus()
-            .into_iter()
-            .zip(persistence)
-            .map(|(g, on)| NvmlGpu {
-                name: g.model.clone(),
-                uuid: g.uuid.clone(),
-                minor: g.minor,
-                bus_id: g.bus_id.clone(),
-                persistence_mode: Some(*on),
-                ..Default::default()
-            })
-            .collect();
-        let topology = Topology {
-            driver_version: self.host.driver_version().to_string(),
-            cuda_driver_version: 13000,
-            gpus,
+/// Replaces the host's libnvidia-ml with the fake NVML answering with these persistence
+/// modes (by bus index), and sets the topology variable for every later nvshim call.
+fn install_fake_nvml(w: &mut World, persistence: &[bool]) {
+    let gpus = w
+        .host
+        .gpus_by_bus()
+        .into_iter()
+        .zip(persistence)
+        .map(|(g, on)| NvmlGpu {
+            name: g.model.clone(),
+            uuid: g.uuid.clone(),
+            minor: g.minor,
+            bus_id: g.bus_id.clone(),
+            persistence_mode: Some(*on),
             ..Default::default()
-        };
-        let lib = self
-            .host
-            .host_path(&self.host.container_lib_path("libnvidia-ml"));
-        fs::copy(fake_nvml(), &lib).unwrap();
-        let path = self.tmp.path().join("topology.json");
-        fs::write(&path, serde_json::to_string_pretty(&topology).unwrap()).unwrap();
-        self.env.push((TOPOLOGY_ENV.into(), path));
-    }
+        })
+        .collect();
+    let topology = Topology {
+        driver_version: w.host.driver_version().to_string(),
+        cuda_driver_version: 13000,
+        gpus,
+        ..Default::default()
+    };
+    let path = w.install_fake_nvml(&topology);
+    w.env.push((TOPOLOGY_ENV.into(), path));
+}
 
-    /// Everything in order: spec, engines, links, NVML with persistence on.
-    fn healthy() -> World {
-        let mut w = World::new();
-        w.install_fake_nvml(&[true, true]);
-        w.generate();
-        w.configure_engines();
-        w.create_dev_char_links();
-        w
-    }
+/// Everything in order: spec, engines, links, NVML with persistence on.
+fn healthy() -> World {
+    let mut w = world("");
+    install_fake_nvml(&mut w, &[true, true]);
+    w.generate();
+    configure_engines(&w);
+    create_dev_char_links(&w);
+    w
+}
 
-    fn bundle(&self, name: &str, env: &[(&str, &str)]) -> Bundle {
-        let b = Bundle::new(&self.tmp.path().join(name), &["true"]).unwrap();
-        for (k, v) in env {
-            b.set_env(k, v).unwrap();
-        }
-        b
-    }
+fn explain(w: &World, args: &[&str]) -> (Option<i32>, Value) {
+    let mut all = vec!["explain", "--format", "json"];
+    all.extend_from_slice(args);
+    let out = w.nvshim(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "explain printed no JSON ({e}):\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
 
-    fn explain(&self, args: &[&str]) -> (Option<i32>, Value) {
-        let mut all = vec!["explain", "--format", "json"];
-        all.extend_from_slice(args);
-        let out = self.nvshim(&all);
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!(
-                "explain printed no JSON ({e}):\n{stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code(), v)
-    }
-
-    fn explain_text(&self, args: &[&str]) -> String {
-        let mut all = vec!["explain"];
-        all.extend_from_slice(args);
-        String::from_utf8_lossy(&self.nvshim(&all).stdout).into_owned()
-    }
+fn explain_text(w: &World, args: &[&str]) -> String {
+    let mut all = vec!["explain"];
+    all.extend_from_slice(args);
+    String::from_utf8_lossy(&w.nvshim(&all).stdout).into_owned()
 }
 
 struct Doctor {
@@ -327,8 +262,8 @@ impl Doctor {
 
 #[test]
 fn doctor_healthy_host_is_all_ok() {
-    let w = World::healthy();
-    let d = w.doctor();
+    let w = healthy();
+    let d = doctor(&w);
     d.others_fine(&[]);
     assert_eq!(d.code, Some(0), "{:#}", d.report);
     d.assert("driver", "ok", &["580.65.06", "CUDA 13.0"], &[]);
@@ -351,18 +286,18 @@ fn doctor_healthy_host_is_all_ok() {
     }
     d.assert("low-level-runtime", "ok", &["runc"], &[]);
     d.assert("hook", "ok", &["nvshim-hook"], &[]);
-    let text = w.doctor_text();
+    let text = doctor_text(&w);
     assert!(text.lines().next().unwrap().starts_with("ok "), "{text}");
     assert!(text.contains("0 errors, 0 warnings"), "{text}");
 }
 
 #[test]
 fn doctor_reports_a_stale_spec_after_a_driver_upgrade() {
-    let w = World::healthy();
+    let w = healthy();
     // The spec an upgrade from 575.64.05 leaves behind, beside the current one.
     let stale = w.etc_cdi.join("nvidia-old.json");
     w.host.write_cdi_spec(&stale, "575.64.05").unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     assert_eq!(d.code, Some(2), "{:#}", d.report);
     let specs = d.checks("cdi-spec");
     let bad: Vec<_> = specs.iter().filter(|c| c["status"] == "error").collect();
@@ -385,9 +320,9 @@ fn doctor_reports_a_stale_spec_after_a_driver_upgrade() {
 
 #[test]
 fn doctor_reports_a_spec_whose_device_major_moved() {
-    let w = World::healthy();
+    let w = healthy();
     w.host.move_uvm_major(511).unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     assert_eq!(d.code, Some(2), "{:#}", d.report);
     let spec = w.run_cdi.join("nvidia.yaml");
     d.assert(
@@ -408,11 +343,11 @@ fn doctor_reports_a_spec_whose_device_major_moved() {
 
 #[test]
 fn doctor_reports_a_missing_and_an_empty_node_spec_with_the_refresh_command() {
-    let w = World::healthy();
+    let w = healthy();
     let spec = w.run_cdi.join("nvidia.yaml");
     let refresh = format!("nvshim cdi refresh --output {}", spec.display());
     fs::remove_file(&spec).unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     d.assert(
         "cdi-spec",
         "warning",
@@ -429,7 +364,7 @@ fn doctor_reports_a_missing_and_an_empty_node_spec_with_the_refresh_command() {
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n",
     )
     .unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     let checks = d.checks("cdi-spec");
     let empty = checks
         .iter()
@@ -452,12 +387,12 @@ fn doctor_reports_engine_cdi_reading_other_directories() {
     // Docker's own CDI (on: configure set `features.cdi`) told to read /etc/cdi only, while
     // nvshim's node spec is in this world's run-cdi: Docker's `--device nvidia.com/gpu=0` (and
     // `--gpus` from 29.2) would not find it.
-    let w = World::healthy();
+    let w = healthy();
     let mut conf: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(&w.docker).unwrap()).unwrap();
+        serde_json::from_str(&fs::read_to_string(docker_config(&w)).unwrap()).unwrap();
     conf["cdi-spec-dirs"] = serde_json::json!(["/etc/cdi"]);
-    fs::write(&w.docker, conf.to_string()).unwrap();
-    let d = w.doctor();
+    fs::write(docker_config(&w), conf.to_string()).unwrap();
+    let d = doctor(&w);
     d.assert(
         "engine-docker",
         "warning",
@@ -469,7 +404,7 @@ fn doctor_reports_engine_cdi_reading_other_directories() {
         &[&format!(
             "add {} to cdi-spec-dirs in {}",
             w.run_cdi.display(),
-            w.docker.display()
+            docker_config(&w).display()
         )],
     );
     d.others_fine(&["engine-docker"]);
@@ -477,9 +412,9 @@ fn doctor_reports_engine_cdi_reading_other_directories() {
 
 #[test]
 fn doctor_reports_a_missing_device_node() {
-    let w = World::healthy();
+    let w = healthy();
     w.host.remove_device_node("nvidia0").unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     assert_eq!(d.code, Some(2), "{:#}", d.report);
     d.assert(
         "device-nodes",
@@ -499,11 +434,11 @@ fn doctor_reports_a_missing_device_node() {
 
 #[test]
 fn doctor_warns_about_missing_dev_char_links() {
-    let mut w = World::new();
-    w.install_fake_nvml(&[true, true]);
+    let mut w = world("");
+    install_fake_nvml(&mut w, &[true, true]);
     w.generate();
-    w.configure_engines();
-    let d = w.doctor();
+    configure_engines(&w);
+    let d = doctor(&w);
     assert_eq!(d.code, Some(1), "only a warning: {:#}", d.report);
     d.assert(
         "dev-char",
@@ -511,7 +446,7 @@ fn doctor_warns_about_missing_dev_char_links() {
         &["6 of 6 links", "195:0 missing", "daemon-reload"],
         &[&format!(
             "nvshim system create-dev-char-symlinks --dev-char-path {}",
-            w.dev_char.display()
+            dev_char_dir(&w).display()
         )],
     );
     d.others_fine(&["dev-char"]);
@@ -519,24 +454,24 @@ fn doctor_warns_about_missing_dev_char_links() {
 
 #[test]
 fn doctor_reports_engines_not_configured() {
-    let w = World::healthy();
+    let w = healthy();
     // Docker without the runtime; containerd's runtime pointing at a binary that is gone.
-    fs::write(&w.docker, r#"{"log-level": "warn"}"#).unwrap();
-    let text = fs::read_to_string(&w.containerd).unwrap();
+    fs::write(docker_config(&w), r#"{"log-level": "warn"}"#).unwrap();
+    let text = fs::read_to_string(containerd_config(&w)).unwrap();
     fs::write(
-        &w.containerd,
+        containerd_config(&w),
         text.replace(SHIM, "/opt/gone/nvshim-runtime"),
     )
     .unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     assert_eq!(d.code, Some(2), "{:#}", d.report);
     d.assert(
         "engine-docker",
         "error",
-        &["no runtime \"nvidia\"", w.docker.to_str().unwrap()],
+        &["no runtime \"nvidia\"", docker_config(&w).to_str().unwrap()],
         &[&format!(
             "nvshim runtime configure --runtime docker --config {} && systemctl restart docker",
-            w.docker.display()
+            docker_config(&w).display()
         )],
     );
     d.assert(
@@ -562,8 +497,9 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
         ("containerd-2.3.4-default.toml", None),
         ("containerd-1.7.34-default.toml", Some("--no-cdi")),
     ] {
-        let w = World::healthy();
-        let conf_d = w.containerd.with_file_name("conf.d");
+        let w = healthy();
+        let containerd = containerd_config(&w);
+        let conf_d = containerd.with_file_name("conf.d");
         // The operator's spec directories are this world's (containerd prints its defaults).
         let dirs = format!(
             "cdi_spec_dirs = ['{}', '{}']",
@@ -575,14 +511,14 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
             .replace("/etc/containerd/conf.d", conf_d.to_str().unwrap())
             .replace("cdi_spec_dirs = [\"/etc/cdi\", \"/var/run/cdi\"]", &dirs)
             .replace("cdi_spec_dirs = ['/etc/cdi', '/var/run/cdi']", &dirs);
-        fs::write(&w.containerd, text).unwrap();
+        fs::write(&containerd, text).unwrap();
         let mut args = vec![
             "runtime",
             "configure",
             "--runtime",
             "containerd",
             "--config",
-            w.containerd.to_str().unwrap(),
+            containerd.to_str().unwrap(),
             "--runtime-path",
             SHIM,
         ];
@@ -593,7 +529,7 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
             !String::from_utf8_lossy(&out.stderr).contains("warning"),
             "{name}: {out:?}"
         );
-        let d = w.doctor();
+        let d = doctor(&w);
         if extra.is_none() {
             d.assert("engine-containerd", "ok", &[SHIM], &[]);
             d.others_fine(&[]);
@@ -616,10 +552,10 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
 
 #[test]
 fn doctor_warns_when_persistence_mode_is_off() {
-    let mut w = World::healthy();
-    w.env.clear();
-    w.install_fake_nvml(&[true, false]);
-    let d = w.doctor();
+    let mut w = healthy();
+    w.env.retain(|(k, _)| k != TOPOLOGY_ENV);
+    install_fake_nvml(&mut w, &[true, false]);
+    let d = doctor(&w);
     assert_eq!(d.code, Some(1), "{:#}", d.report);
     let uuid = &w.host.gpu_at_index(1).unwrap().uuid;
     d.assert(
@@ -632,9 +568,9 @@ fn doctor_warns_when_persistence_mode_is_off() {
 
 #[test]
 fn doctor_without_driver_skips_what_needs_it() {
-    let w = World::healthy();
+    let w = healthy();
     w.host.unload_driver().unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     assert_eq!(d.code, Some(2), "{:#}", d.report);
     d.assert(
         "driver",
@@ -655,9 +591,9 @@ fn doctor_without_driver_skips_what_needs_it() {
 
 #[test]
 fn doctor_reports_a_broken_config_and_goes_on() {
-    let w = World::healthy();
+    let w = healthy();
     fs::write(&w.config, "driver-rot = \"/\"\n").unwrap();
-    let d = w.doctor();
+    let d = doctor(&w);
     assert_eq!(d.code, Some(2), "{:#}", d.report);
     d.assert(
         "config",
@@ -671,8 +607,8 @@ fn doctor_reports_a_broken_config_and_goes_on() {
 
 #[test]
 fn doctor_reports_no_low_level_runtime() {
-    let w = World::with_config("low-level-runtimes = [\"/nonexistent/runc\"]\n");
-    let d = w.doctor();
+    let w = world("low-level-runtimes = [\"/nonexistent/runc\"]\n");
+    let d = doctor(&w);
     d.assert(
         "low-level-runtime",
         "error",
@@ -694,10 +630,10 @@ fn list(doc: &Value, pointer: &str) -> Vec<Value> {
 #[test]
 fn explain_legacy_request_matches_what_create_does() {
     // A low-level runtime that does nothing: create edits the bundle, then "runs" it.
-    let w = World::with_config("low-level-runtimes = [\"/bin/true\"]\n");
-    let b = w.bundle("legacy", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let w = world("low-level-runtimes = [\"/bin/true\"]\n");
+    let b = w.bundle("legacy", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "1")]);
     let before = b.config_bytes().unwrap();
-    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(0), "{e:#}");
     assert_eq!(e["error"], Value::Null);
     assert_eq!(e["route"]["mode"], "legacy");
@@ -785,7 +721,7 @@ fn explain_legacy_request_matches_what_create_does() {
         "explain wrote config.json"
     );
 
-    let text = w.explain_text(&["--bundle", b.dir().to_str().unwrap()]);
+    let text = explain_text(&w, &["--bundle", b.dir().to_str().unwrap()]);
     for needle in [
         "Mode: legacy",
         &format!("GPU 1 ({}", gpu.uuid),
@@ -838,15 +774,15 @@ fn explain_legacy_request_matches_what_create_does() {
 
 #[test]
 fn explain_cdi_request_groups_by_device_and_spec() {
-    let w = World::new();
+    let w = world("");
     let spec = w.generate();
-    let b = w.bundle("cdi", &[]);
+    let b = w.bundle("cdi", &["true"], &[]);
     b.edit(|c| {
         c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"});
         Ok(())
     })
     .unwrap();
-    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(0), "{e:#}");
     assert_eq!(e["route"]["mode"], "cdi");
     assert_eq!(e["route"]["cdiDevices"], json!(["nvidia.com/gpu=0"]));
@@ -875,17 +811,17 @@ fn explain_cdi_request_groups_by_device_and_spec() {
 /// `NVIDIA_VISIBLE_DEVICES=void` then reaches nvshim next to the annotation, and nothing is done.
 #[test]
 fn explain_says_when_the_engine_applied_cdi_already() {
-    let w = World::new();
+    let w = world("");
     w.generate();
     // What the engine writes: the device applied (explain's `result` is the config.json with
     // it), and the spec's NVIDIA_VISIBLE_DEVICES=void in the env.
-    let b = w.bundle("applied", &[]);
+    let b = w.bundle("applied", &["true"], &[]);
     b.edit(|c| {
         c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"});
         Ok(())
     })
     .unwrap();
-    let (_, before) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (_, before) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     let applied = before["result"].clone();
     assert!(applied.is_object(), "{before:#}");
     b.edit(move |c| {
@@ -899,7 +835,7 @@ fn explain_says_when_the_engine_applied_cdi_already() {
         .pointer("/process/env")
         .and_then(|e| e.as_array())
         .is_some_and(|e| e.iter().any(|v| v == "NVIDIA_VISIBLE_DEVICES=void")));
-    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(0), "{e:#}");
     // Whether the engine applied the devices is decided from config.json's content (its
     // device nodes are there), not from the variable alone: the devices resolve, and applying
@@ -917,8 +853,8 @@ fn explain_says_when_the_engine_applied_cdi_already() {
 
 #[test]
 fn explain_shows_the_docker_gpus_hook_removed() {
-    let w = World::new();
-    let b = w.bundle("docker", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let w = world("");
+    let b = w.bundle("docker", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "all")]);
     let hook = json!({"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]});
     let h = hook.clone();
     b.edit(move |c| {
@@ -926,7 +862,7 @@ fn explain_shows_the_docker_gpus_hook_removed() {
         Ok(())
     })
     .unwrap();
-    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(0), "{e:#}");
     assert_eq!(e["removedHooks"], json!([hook]));
     let sources: Vec<&str> = e["requests"]
@@ -937,7 +873,7 @@ fn explain_shows_the_docker_gpus_hook_removed() {
         .collect();
     assert_eq!(sources, vec!["dockerGpusHook", "env"]);
     assert_eq!(e["gpus"].as_array().unwrap().len(), 2);
-    let text = w.explain_text(&["--bundle", b.dir().to_str().unwrap()]);
+    let text = explain_text(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert!(
         text.contains("removed hook    prestart  /usr/bin/nvidia-container-runtime-hook prestart"),
         "{text}"
@@ -946,10 +882,10 @@ fn explain_shows_the_docker_gpus_hook_removed() {
 
 #[test]
 fn explain_reports_the_error_create_would_fail_with() {
-    let w = World::new();
-    let b = w.bundle("unknown", &[("NVIDIA_VISIBLE_DEVICES", "7")]);
+    let w = world("");
+    let b = w.bundle("unknown", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "7")]);
     let before = b.config_bytes().unwrap();
-    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(1), "{e:#}");
     let err = e["error"].as_str().unwrap();
     assert!(
@@ -964,10 +900,10 @@ fn explain_reports_the_error_create_would_fail_with() {
     // --spec: a config.json outside a bundle.
     let file = w.tmp.path().join("elsewhere.json");
     fs::write(&file, &before).unwrap();
-    let (code, e) = w.explain(&["--spec", file.to_str().unwrap()]);
+    let (code, e) = explain(&w, &["--spec", file.to_str().unwrap()]);
     assert_eq!(code, Some(1));
     assert_eq!(e["configJson"], file.to_str().unwrap());
-    let text = w.explain_text(&["--spec", file.to_str().unwrap()]);
+    let text = explain_text(&w, &["--spec", file.to_str().unwrap()]);
     assert!(
         text.contains("Result: create would fail: unknown GPU \"7\""),
         "{text}"
@@ -976,11 +912,15 @@ fn explain_reports_the_error_create_would_fail_with() {
 
 #[test]
 fn explain_warns_about_a_stale_spec() {
-    let w = World::new();
+    let w = world("");
     w.generate();
     w.host.move_uvm_major(511).unwrap();
-    let b = w.bundle("stale", &[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=all")]);
-    let (code, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let b = w.bundle(
+        "stale",
+        &["true"],
+        &[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=all")],
+    );
+    let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     assert_eq!(code, Some(0), "{e:#}");
     let warnings = e["warnings"].to_string();
     assert!(
@@ -993,7 +933,7 @@ fn explain_warns_about_a_stale_spec() {
     w.host
         .write_cdi_spec(&w.run_cdi.join("nvidia.json"), "575.64.05")
         .unwrap();
-    let (_, e) = w.explain(&["--bundle", b.dir().to_str().unwrap()]);
+    let (_, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
     let warnings = e["warnings"].to_string();
     assert!(
         warnings
@@ -1004,8 +944,8 @@ fn explain_warns_about_a_stale_spec() {
 
 #[test]
 fn explain_needs_no_root_and_writes_nothing() {
-    let w = World::new();
-    let b = w.bundle("nobody", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let w = world("");
+    let b = w.bundle("nobody", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
     // Readable by others, writable by root only.
     for p in [w.tmp.path(), b.dir(), w.config.parent().unwrap()] {
         fs::set_permissions(p, fs::Permissions::from_mode(0o755)).unwrap();
@@ -1039,7 +979,7 @@ fn explain_needs_no_root_and_writes_nothing() {
 
 #[test]
 fn generate_shows_progress_on_a_terminal_only() {
-    let w = World::new();
+    let w = world("");
     let out_path = w.run_cdi.join("nvidia.yaml");
     let out = w.nvshim(&["cdi", "generate", "--output", out_path.to_str().unwrap()]);
     assert!(out.status.success());

@@ -34,13 +34,11 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use nvshim_testsupport::probe::assert_no_problems;
-use nvshim_testsupport::{
-    unique_id, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, Rootfs,
-};
+use nvshim_testsupport::{unique_id, FakeGpu, ProbeReport, ProbeSpec, Rootfs};
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-use super::common::{hook_path, NVSHIM, SHIM};
+use super::common::{hook_path, shim_log, NVSHIM, SHIM};
+use super::world::{SpecDirs, World};
 
 /// Images the tests import (no registry is reachable).
 const IMAGE: &str = "nvshim.test/busybox:1";
@@ -342,113 +340,72 @@ fn unmount_below(dir: &Path) {
     }
 }
 
-// ---- the world --------------------------------------------------------------------------------
+// ---- on the world ------------------------------------------------------------------------------
 
-/// A fake two-GPU host, an nvshim config for it, and a temp dir for everything else.
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
+/// The CDI spec directories of this world's nvshim config.
+fn config_cdi_dirs(w: &World) -> Vec<PathBuf> {
+    nvshim::config::Config::load(&w.config)
+        .unwrap()
+        .cdi_spec_dirs
 }
 
-impl World {
-    fn new(extra_toml: &str) -> World {
-        World::with_config(|_| extra_toml.to_string())
-    }
+fn dir(w: &World, name: &str) -> PathBuf {
+    let d = w.tmp.path().join(name);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
 
-    /// `extra_toml` from the temp dir's path, for config keys that name paths in it.
-    fn with_config(extra_toml: impl FnOnce(&Path) -> String) -> World {
-        // Short prefix: unix socket paths below it must stay under 108 bytes.
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-eng-")
-            .tempdir()
-            .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
-        let config = tmp.path().join("nvshim/config.toml");
-        let extra = format!(
-            "hook-path = \"{}\"\n{}",
-            hook_path().display(),
-            extra_toml(tmp.path())
-        );
-        host.write_config(&config, &extra).unwrap();
-        World { tmp, host, config }
-    }
+fn script(w: &World) -> String {
+    ProbeSpec::for_host(&w.host).script()
+}
 
-    /// The CDI spec directories of this world's nvshim config.
-    fn config_cdi_dirs(&self) -> Vec<PathBuf> {
-        nvshim::config::Config::load(&self.config)
-            .unwrap()
-            .cdi_spec_dirs
-    }
+/// Parses the probe's output of a container run, failing with everything useful.
+#[track_caller]
+fn report(w: &World, what: &str, out: &Out) -> ProbeReport {
+    assert!(
+        out.ok(),
+        "{what}: the container did not run:\n{out}\n--- nvshim.log ---\n{}",
+        w.shim_log()
+    );
+    ProbeReport::parse(&out.stdout)
+}
 
-    fn dir(&self, name: &str) -> PathBuf {
-        let d = self.tmp.path().join(name);
-        fs::create_dir_all(&d).unwrap();
-        d
+/// The selected GPUs and the control devices are there, nothing else.
+#[track_caller]
+fn assert_gpus(w: &World, what: &str, report: &ProbeReport, selected: &[&FakeGpu]) {
+    assert_no_problems(what, &report.gpu_problems(&w.host, selected), report);
+    if selected.is_empty() {
+        assert_no_problems(what, &report.no_nvidia_problems(&w.host), report);
+    } else {
+        assert_no_problems(what, &report.control_device_problems(&w.host), report);
     }
+}
 
-    /// The GPU `NVIDIA_VISIBLE_DEVICES=<index>` selects.
-    fn gpu(&self, index: usize) -> &FakeGpu {
-        self.host.gpu_at_index(index).unwrap()
-    }
-
-    fn log_of(config: &Path) -> String {
-        fs::read_to_string(config.with_file_name("nvshim.log"))
-            .unwrap_or_else(|e| format!("(no nvshim.log: {e})"))
-    }
-
-    fn script(&self) -> String {
-        ProbeSpec::for_host(&self.host).script()
-    }
-
-    /// Parses the probe's output of a container run, failing with everything useful.
-    #[track_caller]
-    fn report(&self, what: &str, out: &Out) -> ProbeReport {
-        assert!(
-            out.ok(),
-            "{what}: the container did not run:\n{out}\n--- nvshim.log ---\n{}",
-            World::log_of(&self.config)
-        );
-        ProbeReport::parse(&out.stdout)
-    }
-
-    /// The selected GPUs and the control devices are there, nothing else.
-    #[track_caller]
-    fn assert_gpus(&self, what: &str, report: &ProbeReport, selected: &[&FakeGpu]) {
-        assert_no_problems(what, &report.gpu_problems(&self.host, selected), report);
-        if selected.is_empty() {
-            assert_no_problems(what, &report.no_nvidia_problems(&self.host), report);
-        } else {
-            assert_no_problems(what, &report.control_device_problems(&self.host), report);
-        }
-    }
-
-    /// A CDI spec for the fake host: `nvidia.com/gpu=<index>` per GPU, control nodes common.
-    fn write_cdi_spec(&self, dir: &Path) {
-        let node = |path: &str| json!({"path": path, "hostPath": s(&self.host.root().join(path.trim_start_matches('/')))});
-        let devices: Vec<Value> = self
-            .host
-            .gpus_by_bus()
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                json!({"name": i.to_string(),
-                       "containerEdits": {"deviceNodes": [node(&format!("/dev/nvidia{}", g.minor))]}})
-            })
-            .collect();
-        let spec = json!({
-            "cdiVersion": "0.5.0",
-            "kind": "nvidia.com/gpu",
-            "devices": devices,
-            "containerEdits": {"deviceNodes": [node("/dev/nvidiactl"), node("/dev/nvidia-uvm"), node("/dev/nvidia-uvm-tools")]}
-        });
-        fs::create_dir_all(dir).unwrap();
-        fs::write(
-            dir.join("nvshim-e2e.json"),
-            serde_json::to_vec_pretty(&spec).unwrap(),
-        )
-        .unwrap();
-    }
+/// A CDI spec for the fake host: `nvidia.com/gpu=<index>` per GPU, control nodes common.
+fn write_cdi_spec(w: &World, dir: &Path) {
+    let node = |path: &str| json!({"path": path, "hostPath": s(&w.host.root().join(path.trim_start_matches('/')))});
+    let devices: Vec<Value> = w
+        .host
+        .gpus_by_bus()
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({"name": i.to_string(),
+                   "containerEdits": {"deviceNodes": [node(&format!("/dev/nvidia{}", g.minor))]}})
+        })
+        .collect();
+    let spec = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": devices,
+        "containerEdits": {"deviceNodes": [node("/dev/nvidiactl"), node("/dev/nvidia-uvm"), node("/dev/nvidia-uvm-tools")]}
+    });
+    fs::create_dir_all(dir).unwrap();
+    fs::write(
+        dir.join("nvshim-e2e.json"),
+        serde_json::to_vec_pretty(&spec).unwrap(),
+    )
+    .unwrap();
 }
 
 fn busybox_tar(dir: &Path) -> PathBuf {
@@ -1021,7 +978,7 @@ fn configure_crio_writes_a_drop_in() {
 
 #[test]
 fn dev_char_symlinks_for_the_fake_host() {
-    let w = World::new("");
+    let w = World::new();
     let chars = w.tmp.path().join("dev-char");
     let args = |extra: &[&str]| {
         let mut a = vec![
@@ -1090,14 +1047,13 @@ fn dev_char_symlinks_for_the_fake_host() {
 #[test]
 fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     let _one_engine = serial();
-    let w =
-        World::with_config(|tmp| format!("cdi-spec-dirs = [\"{}\"]\n", tmp.join("cdi").display()));
-    let cdi_dir = w.tmp.path().join("cdi");
-    w.write_cdi_spec(&cdi_dir);
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let cdi_dir = &w.run_cdi;
+    write_cdi_spec(&w, cdi_dir);
     // Docker 25 and later read CDI specs (`--device nvidia.com/gpu=0`); older ones refuse the
     // key.
     let docker_cdi = dockerd_version() >= (25, 0);
-    let d = w.dir("dk");
+    let d = dir(&w, "dk");
     let sock = d.join("docker.sock");
     let daemon_json = d.join("daemon.json");
     // daemon.json as config management keeps it: a link (relative, then absolute) to the file.
@@ -1149,7 +1105,7 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
 
     // dockerd registers its `--gpus` driver when nvidia-container-runtime-hook is on its PATH
     // (moby daemon/nvidia_linux.go); nvshim-hook answers to that name.
-    let bin = w.dir("dk-bin");
+    let bin = dir(&w, "dk-bin");
     symlink(hook_path(), bin.join("nvidia-container-runtime-hook")).unwrap();
     let path_env = format!(
         "{}:{}",
@@ -1179,9 +1135,9 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
         docker(&["version"]).ok()
     });
 
-    let tar = busybox_tar(&w.dir("dk-image"));
+    let tar = busybox_tar(&dir(&w, "dk-image"));
     docker(&["import", s(&tar), IMAGE]).expect_ok();
-    let script = w.script();
+    let script = script(&w);
     let docker_run = |extra: &[&str]| {
         let mut a = vec!["run", "--rm", "--network", "none"];
         a.extend_from_slice(extra);
@@ -1190,42 +1146,44 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
     };
 
     let what = "docker run --runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=1";
-    let r = w.report(
+    let r = report(
+        &w,
         what,
         &docker_run(&["--runtime=nvidia", "-e", "NVIDIA_VISIBLE_DEVICES=1"]),
     );
-    w.assert_gpus(what, &r, &[w.gpu(1)]);
+    assert_gpus(&w, what, &r, &[w.gpu(1)]);
 
     let what = "docker run --runtime=nvidia (no request)";
-    let r = w.report(what, &docker_run(&["--runtime=nvidia"]));
-    w.assert_gpus(what, &r, &[]);
+    let r = report(&w, what, &docker_run(&["--runtime=nvidia"]));
+    assert_gpus(&w, what, &r, &[]);
 
     let what = "docker run --runtime=nvidia --gpus device=0";
-    let r = w.report(
+    let r = report(
+        &w,
         what,
         &docker_run(&["--runtime=nvidia", "--gpus", "device=0"]),
     );
-    w.assert_gpus(what, &r, &[w.gpu(0)]);
+    assert_gpus(&w, what, &r, &[w.gpu(0)]);
 
     // Through the default runtime: no `--runtime` at all.
     let what = "docker run -e NVIDIA_VISIBLE_DEVICES=0 (default runtime)";
-    let r = w.report(what, &docker_run(&["-e", "NVIDIA_VISIBLE_DEVICES=0"]));
-    w.assert_gpus(what, &r, &[w.gpu(0)]);
+    let r = report(&w, what, &docker_run(&["-e", "NVIDIA_VISIBLE_DEVICES=0"]));
+    assert_gpus(&w, what, &r, &[w.gpu(0)]);
     let what = "docker run --gpus device=1 (default runtime)";
-    let r = w.report(what, &docker_run(&["--gpus", "device=1"]));
-    w.assert_gpus(what, &r, &[w.gpu(1)]);
+    let r = report(&w, what, &docker_run(&["--gpus", "device=1"]));
+    assert_gpus(&w, what, &r, &[w.gpu(1)]);
     let what = "docker run --gpus all (default runtime)";
-    let r = w.report(what, &docker_run(&["--gpus", "all"]));
-    w.assert_gpus(what, &r, &[w.gpu(0), w.gpu(1)]);
+    let r = report(&w, what, &docker_run(&["--gpus", "all"]));
+    assert_gpus(&w, what, &r, &[w.gpu(0), w.gpu(1)]);
     if docker_cdi {
         // Docker's own CDI resolves the device; the default runtime then finds it applied.
         let what = "docker run --device nvidia.com/gpu=0 (Docker's CDI)";
-        let r = w.report(what, &docker_run(&["--device", "nvidia.com/gpu=0"]));
-        w.assert_gpus(what, &r, &[w.gpu(0)]);
+        let r = report(&w, what, &docker_run(&["--device", "nvidia.com/gpu=0"]));
+        assert_gpus(&w, what, &r, &[w.gpu(0)]);
     }
     let what = "docker run (default runtime, no request)";
-    let r = w.report(what, &docker_run(&[]));
-    w.assert_gpus(what, &r, &[]);
+    let r = report(&w, what, &docker_run(&[]));
+    assert_gpus(&w, what, &r, &[]);
 
     // runc itself with --gpus: the hook is run outside nvshim-runtime and refuses, naming
     // the fixes.
@@ -1333,7 +1291,7 @@ impl Containerd {
         // specs elsewhere, containerd is told so too.
         if cri.get("cdi_spec_dirs").is_some() {
             cri["cdi_spec_dirs"] = toml_edit::value(
-                w.config_cdi_dirs()
+                config_cdi_dirs(w)
                     .iter()
                     .map(|d| d.display().to_string())
                     .collect::<toml_edit::Array>(),
@@ -1455,11 +1413,11 @@ fn crun_runs_containers_here() -> bool {
 #[test]
 fn containerd_ctr_runs_gpu_containers_with_runc_and_crun() {
     let _one_engine = serial();
-    let w = World::new("");
-    let d = w.dir("ctd");
+    let w = World::new();
+    let d = dir(&w, "ctd");
     let ctd = Containerd::start(&w, &d);
     ctd.import_images("default");
-    let script = w.script();
+    let script = script(&w);
     let runc_root = d.join("ctr-runc");
     let ctr_run_once = |binary: &Path, env: &str| {
         let id = unique_id("nvshim-ctr");
@@ -1505,8 +1463,12 @@ fn containerd_ctr_runs_gpu_containers_with_runc_and_crun() {
     };
 
     let what = "ctr run --runc-binary nvshim-runtime --env NVIDIA_VISIBLE_DEVICES=0";
-    let r = w.report(what, &ctr_run(Path::new(SHIM), "NVIDIA_VISIBLE_DEVICES=0"));
-    w.assert_gpus(what, &r, &[w.gpu(0)]);
+    let r = report(
+        &w,
+        what,
+        &ctr_run(Path::new(SHIM), "NVIDIA_VISIBLE_DEVICES=0"),
+    );
+    assert_gpus(&w, what, &r, &[w.gpu(0)]);
 
     // crun as the low-level runtime: a second nvshim config, chosen by a wrapper as the
     // runtime binary (the daemon's environment names the first).
@@ -1532,11 +1494,11 @@ fn containerd_ctr_runs_gpu_containers_with_runc_and_crun() {
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
     let what = "ctr run (nvshim-runtime over crun) --env NVIDIA_VISIBLE_DEVICES=1";
     let out = ctr_run(&wrapper, "NVIDIA_VISIBLE_DEVICES=1");
-    let log = World::log_of(&crun_config);
+    let log = shim_log(&crun_config);
     if crun_runs_containers_here() {
         assert!(out.ok(), "{what}:\n{out}\n--- nvshim.log ---\n{log}");
         let r = ProbeReport::parse(&out.stdout);
-        w.assert_gpus(what, &r, &[w.gpu(1)]);
+        assert_gpus(&w, what, &r, &[w.gpu(1)]);
     } else {
         // crun 1.8 runs no container at all on a hybrid cgroup host whose v2 hierarchy has a
         // controller (these machines: hugetlb), with or without its cgroup manager. What can
@@ -1792,14 +1754,13 @@ mod cri {
 #[test]
 fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
     let _one_engine = serial();
-    let w =
-        World::with_config(|tmp| format!("cdi-spec-dirs = [\"{}\"]\n", tmp.join("cdi").display()));
-    let cdi_dir = w.tmp.path().join("cdi");
-    w.write_cdi_spec(&cdi_dir);
-    let d = w.dir("cri");
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let cdi_dir = &w.run_cdi;
+    write_cdi_spec(&w, cdi_dir);
+    let d = dir(&w, "cri");
     let ctd = Containerd::start(&w, &d);
     ctd.import_images("k8s.io");
-    let script = w.script();
+    let script = script(&w);
 
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1814,7 +1775,7 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
             let stdout = out.unwrap_or_else(|e| {
                 panic!(
                     "{what}: {e}\n--- nvshim.log ---\n{}\n--- containerd ---\n{}",
-                    World::log_of(&w.config),
+                    w.shim_log(),
                     ctd.log_tail()
                 )
             });
@@ -1825,14 +1786,14 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
         let out = pod
             .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], &[])
             .await;
-        w.assert_gpus(what, &report(what, out), &[w.gpu(1)]);
+        assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
 
         let what = "CRI container, handler nvidia, annotation cdi.k8s.io/gpu: nvidia.com/gpu=0";
         let annotations = [("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")];
         let out = pod
             .run_container("cdi", &script, &[], &annotations, &[])
             .await;
-        w.assert_gpus(what, &report(what, out), &[w.gpu(0)]);
+        assert_gpus(&w, what, &report(what, out), &[w.gpu(0)]);
 
         // CRI `CDI_devices` (DRA claims): containerd 1.7 (CDI turned on by configure) and 2.x
         // resolve them; 1.6 has no CDI and drops the field.
@@ -1841,7 +1802,7 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
             let out = pod
                 .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"])
                 .await;
-            w.assert_gpus(what, &report(what, out), &[w.gpu(1)]);
+            assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
         }
 
         pod.remove().await;
@@ -1887,8 +1848,8 @@ fn unpack_oci_image(archive: &Path, work: &Path, into: &Path) {
 #[test]
 fn installer_image_installs_and_uninstalls_on_a_host_root() {
     let _one_engine = serial();
-    let w = World::new("");
-    let d = w.dir("inst");
+    let w = World::new();
+    let d = dir(&w, "inst");
     let bin_dir = Path::new(SHIM).parent().unwrap();
     hook_path();
     let image = d.join("installer.oci.tar");
@@ -1918,7 +1879,7 @@ fn installer_image_installs_and_uninstalls_on_a_host_root() {
     .stdout;
     fs::write(&containerd_config, &original).unwrap();
 
-    let ctd = Containerd::start(&w, &w.dir("inst-ctd"));
+    let ctd = Containerd::start(&w, &dir(&w, "inst-ctd"));
     ctd.ctr("default", &["images", "import", s(&image)])
         .expect_ok();
     let name = format!(

@@ -5,101 +5,54 @@
 //! without a message and no container is ever made.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec};
 use serde_json::json;
-use tempfile::TempDir;
 
 use super::common::{NVSHIM, SHIM};
+use super::world::{SpecDirs, World};
 
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-    etc_cdi: PathBuf,
-    run_cdi: PathBuf,
+/// The fake two-GPU host with both spec dirs named in the config but not made, and
+/// `/bin/false` as the low-level runtime unless `extra_toml` names one.
+fn world(extra_toml: &str) -> World {
+    let runtimes = if extra_toml.contains("low-level-runtimes") {
+        ""
+    } else {
+        "low-level-runtimes = [\"/bin/false\"]\n"
+    };
+    World::builder()
+        .spec_dirs(SpecDirs::EtcAndRun)
+        .spec_dirs_missing()
+        .config(&format!("{runtimes}{extra_toml}"))
+        .build()
 }
 
-impl World {
-    fn new(extra_toml: &str) -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-errors-")
-            .tempdir()
-            .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
-        let config = tmp.path().join("nvshim/config.toml");
-        let etc_cdi = tmp.path().join("etc-cdi");
-        let run_cdi = tmp.path().join("run-cdi");
-        let runtimes = if extra_toml.contains("low-level-runtimes") {
-            String::new()
-        } else {
-            "low-level-runtimes = [\"/bin/false\"]\n".to_string()
-        };
-        host.write_config(
-            &config,
-            &format!(
-                "{runtimes}cdi-spec-dirs = [{:?}, {:?}]\n{extra_toml}",
-                etc_cdi.display().to_string(),
-                run_cdi.display().to_string()
-            ),
-        )
+/// Runs `nvshim-runtime create` on `dir` and returns its one-line error, after checking
+/// that it failed, said one line, and left config.json as it was.
+#[track_caller]
+fn create_error(w: &World, dir: &Path) -> String {
+    let config_json = dir.join("config.json");
+    let before = fs::read(&config_json).ok();
+    let out = Command::new(SHIM)
+        .args(["--root"])
+        .arg(w.tmp.path().join("state"))
+        .args(["create", "--bundle"])
+        .arg(dir)
+        .arg("nvshim-errors")
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
         .unwrap();
-        World {
-            tmp,
-            host,
-            config,
-            etc_cdi,
-            run_cdi,
-        }
-    }
-
-    fn bundle(&self, env: &[(&str, &str)]) -> Bundle {
-        let b = Bundle::new(&self.tmp.path().join("bundle"), &["true"]).unwrap();
-        for (k, v) in env {
-            b.set_env(k, v).unwrap();
-        }
-        b
-    }
-
-    fn generate(&self) {
-        fs::create_dir_all(&self.run_cdi).unwrap();
-        let out = Command::new(NVSHIM)
-            .args(["cdi", "generate", "--output"])
-            .arg(self.run_cdi.join("nvidia.yaml"))
-            .env("NVSHIM_CONFIG", &self.config)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-    }
-
-    /// Runs `nvshim-runtime create` on `dir` and returns its one-line error, after checking
-    /// that it failed, said one line, and left config.json as it was.
-    #[track_caller]
-    fn create_error(&self, dir: &Path) -> String {
-        let config_json = dir.join("config.json");
-        let before = fs::read(&config_json).ok();
-        let out = Command::new(SHIM)
-            .args(["--root"])
-            .arg(self.tmp.path().join("state"))
-            .args(["create", "--bundle"])
-            .arg(dir)
-            .arg("nvshim-errors")
-            .env("NVSHIM_CONFIG", &self.config)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success(), "create should fail: {out:?}");
-        assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr:?}");
-        assert!(stderr.starts_with("nvshim: "), "{stderr:?}");
-        assert!(
-            !stderr.trim_end().ends_with('.'),
-            "no trailing period: {stderr:?}"
-        );
-        assert_eq!(fs::read(&config_json).ok(), before, "config.json changed");
-        stderr.trim_end().to_string()
-    }
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "create should fail: {out:?}");
+    assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr:?}");
+    assert!(stderr.starts_with("nvshim: "), "{stderr:?}");
+    assert!(
+        !stderr.trim_end().ends_with('.'),
+        "no trailing period: {stderr:?}"
+    );
+    assert_eq!(fs::read(&config_json).ok(), before, "config.json changed");
+    stderr.trim_end().to_string()
 }
 
 #[track_caller]
@@ -111,9 +64,9 @@ fn assert_has(msg: &str, needles: &[&str]) {
 
 #[test]
 fn unknown_gpu_lists_the_gpus_there_are() {
-    let w = World::new("");
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "7")]);
-    let msg = w.create_error(b.dir());
+    let w = world("");
+    let b = w.bundle("bundle", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "7")]);
+    let msg = create_error(&w, b.dir());
     let g0 = w.host.gpu_at_index(0).unwrap();
     let g1 = w.host.gpu_at_index(1).unwrap();
     assert_has(
@@ -131,15 +84,15 @@ fn unknown_gpu_lists_the_gpus_there_are() {
 
 #[test]
 fn unknown_cdi_device_lists_the_devices_and_the_dirs_searched() {
-    let w = World::new("");
+    let w = world("");
     w.generate();
-    let b = w.bundle(&[]);
+    let b = w.bundle("bundle", &["true"], &[]);
     b.edit(|c| {
         c["annotations"] = json!({"cdi.k8s.io/gpu": "nvidia.com/gpu=9"});
         Ok(())
     })
     .unwrap();
-    let msg = w.create_error(b.dir());
+    let msg = create_error(&w, b.dir());
     let spec = w.run_cdi.join("nvidia.yaml");
     assert_has(
         &msg,
@@ -166,9 +119,13 @@ fn unknown_cdi_device_lists_the_devices_and_the_dirs_searched() {
 
 #[test]
 fn missing_cdi_spec_dirs_are_named_with_the_command_that_makes_a_spec() {
-    let w = World::new("");
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=0")]);
-    let msg = w.create_error(b.dir());
+    let w = world("");
+    let b = w.bundle(
+        "bundle",
+        &["true"],
+        &[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=0")],
+    );
+    let msg = create_error(&w, b.dir());
     assert_has(
         &msg,
         &[
@@ -189,12 +146,16 @@ fn missing_cdi_spec_dirs_are_named_with_the_command_that_makes_a_spec() {
 
 #[test]
 fn unmet_requirement_shows_the_host_and_the_way_out() {
-    let w = World::new("");
-    let b = w.bundle(&[
-        ("NVIDIA_VISIBLE_DEVICES", "0"),
-        ("NVIDIA_REQUIRE_CUDA", "cuda>=99.0"),
-    ]);
-    let msg = w.create_error(b.dir());
+    let w = world("");
+    let b = w.bundle(
+        "bundle",
+        &["true"],
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_REQUIRE_CUDA", "cuda>=99.0"),
+        ],
+    );
+    let msg = create_error(&w, b.dir());
     assert_has(
         &msg,
         &[
@@ -208,9 +169,9 @@ fn unmet_requirement_shows_the_host_and_the_way_out() {
 /// key, instead of letting runc kill it with `fork/exec ...: no such file or directory`.
 #[test]
 fn missing_hook_binary_is_named_with_its_config_key() {
-    let w = World::new("hook-path = \"/nonexistent/nvshim-hook\"\n");
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
-    let msg = w.create_error(b.dir());
+    let w = world("hook-path = \"/nonexistent/nvshim-hook\"\n");
+    let b = w.bundle("bundle", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = create_error(&w, b.dir());
     assert_has(
         &msg,
         &[
@@ -223,7 +184,7 @@ fn missing_hook_binary_is_named_with_its_config_key() {
 /// `nvshim` prints an error's causes once, as `nvshim-runtime` does (one printer for both).
 #[test]
 fn nvshim_says_each_cause_once() {
-    let w = World::new("");
+    let w = world("");
     fs::remove_file(w.host.proc_root().join("driver/nvidia/version")).unwrap();
     let out = Command::new(NVSHIM)
         .args(["cdi", "generate"])
@@ -238,7 +199,7 @@ fn nvshim_says_each_cause_once() {
 
 #[test]
 fn malformed_config_json_is_named() {
-    let w = World::new("");
+    let w = world("");
     let dir = w.tmp.path().join("broken");
     fs::create_dir_all(&dir).unwrap();
     // A GPU request in the broken document: nvshim refuses it itself (a broken document
@@ -248,7 +209,7 @@ fn malformed_config_json_is_named() {
         "{\"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=0\"]",
     )
     .unwrap();
-    let msg = w.create_error(&dir);
+    let msg = create_error(&w, &dir);
     let path = dir.join("config.json");
     assert_has(
         &msg,
@@ -261,10 +222,10 @@ fn malformed_config_json_is_named() {
 
 #[test]
 fn invalid_nvshim_config_names_the_file_line_and_key() {
-    let w = World::new("");
+    let w = world("");
     fs::write(&w.config, "log-level = \"debug\"\ndriver-rot = \"/\"\n").unwrap();
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
-    let msg = w.create_error(b.dir());
+    let b = w.bundle("bundle", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = create_error(&w, b.dir());
     assert_has(
         &msg,
         &[
@@ -279,9 +240,9 @@ fn invalid_nvshim_config_names_the_file_line_and_key() {
 
 #[test]
 fn no_low_level_runtime_says_what_was_searched() {
-    let w = World::new("low-level-runtimes = [\"/nonexistent/runc\", \"no-such-crun\"]\n");
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
-    let msg = w.create_error(b.dir());
+    let w = world("low-level-runtimes = [\"/nonexistent/runc\", \"no-such-crun\"]\n");
+    let b = w.bundle("bundle", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = create_error(&w, b.dir());
     assert_has(
         &msg,
         &[
@@ -293,10 +254,10 @@ fn no_low_level_runtime_says_what_was_searched() {
 
 #[test]
 fn driver_not_loaded_says_so() {
-    let w = World::new("");
+    let w = world("");
     w.host.unload_driver().unwrap();
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
-    let msg = w.create_error(b.dir());
+    let b = w.bundle("bundle", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let msg = create_error(&w, b.dir());
     assert_has(
         &msg,
         &[
@@ -311,8 +272,12 @@ fn driver_not_loaded_says_so() {
 
 #[test]
 fn json_log_carries_the_same_message() {
-    let w = World::new("");
-    let b = w.bundle(&[("NVIDIA_VISIBLE_DEVICES", "GPU-nope")]);
+    let w = world("");
+    let b = w.bundle(
+        "bundle",
+        &["true"],
+        &[("NVIDIA_VISIBLE_DEVICES", "GPU-nope")],
+    );
     let log = w.tmp.path().join("runc-log.json");
     let out = Command::new(SHIM)
         .arg("--log")

@@ -23,7 +23,6 @@
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use nvshim::cdi::spec;
 use nvshim_fake_nvml::{Gpu as NvmlGpu, MigDevice, Topology, TOPOLOGY_ENV};
@@ -31,184 +30,65 @@ use nvshim_testsupport::host::{mig_cap_minor, MIG_CONFIG_MINOR, MIG_MONITOR_MINO
 use nvshim_testsupport::podman::{Podman, SystemSpec};
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
+    unique_id, Bundle, FakeGpu, FakeHost, ProbeReport, ProbeSpec, RunOutput, Runtime,
 };
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-use super::common::{fake_nvml, hook_path, shim_at, shim_log, NVSHIM, SHIM};
+use super::common::hook_path;
+use super::world::{SpecDirs, World};
 
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// The options nvidia-ctk and the DRA driver give driver file mounts.
 const DRIVER_MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
 
-/// One test's world: a fake host, a CDI spec dir, an nvshim config pointing at both.
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-    /// The only CDI spec dir (the `/var/run/cdi` role).
-    cdi_dir: PathBuf,
+/// The fake two-GPU host with one spec dir, `<tmp>/run-cdi` (the `/var/run/cdi` role).
+fn world() -> World {
+    World::builder().spec_dirs(SpecDirs::Run).build()
 }
 
-fn temp() -> TempDir {
-    tempfile::Builder::new()
-        .prefix("nvshim-e2e-k8s-")
-        .tempdir()
-        .unwrap()
+/// A probe bundle with mknod checks for every GPU minor plus `extra_mknod`.
+fn mknod_bundle(w: &World, name: &str, extra_mknod: &[(u32, u32)]) -> Bundle {
+    let mut probe = ProbeSpec::for_host(&w.host);
+    probe.mknod.extend_from_slice(extra_mknod);
+    let args = probe.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    w.bundle(name, &args, &[])
 }
 
-impl World {
-    fn new(gpus: usize) -> World {
-        let tmp = temp();
-        let host =
-            FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
-        World::around(tmp, host)
-    }
+fn annotated_bundle(w: &World, name: &str, annotations: Value) -> Bundle {
+    let b = w.probe_bundle(name, &[]);
+    b.edit(move |c| {
+        c["annotations"] = annotations;
+        Ok(())
+    })
+    .unwrap();
+    b
+}
 
-    /// The GPU Operator's layout: the driver in `<tmp>/run/nvidia/driver`, `dev/` and `proc/`
-    /// in `<tmp>/host`.
-    fn split(gpus: usize) -> World {
-        let tmp = temp();
-        let host = FakeHost::build_split(
-            &tmp.path().join("run/nvidia/driver"),
-            &tmp.path().join("host"),
-            &FakeHostSpec::with_gpus(gpus),
-        )
-        .unwrap();
-        World::around(tmp, host)
+/// `create` must fail before touching anything: non-zero exit, stderr containing each of
+/// `needles`, config.json byte-identical, no container left.
+#[track_caller]
+fn assert_rejected(w: &World, rt: &Runtime, bundle: &Bundle, needles: &[&str]) -> RunOutput {
+    let before = bundle.config_bytes().unwrap();
+    let id = unique_id("k8s-e2e-reject");
+    let out = rt.create(bundle, &id).unwrap();
+    let (_, stderr) = rt.container_output(&id).unwrap();
+    assert!(
+        !out.success(),
+        "create should have failed\n{out}\n--- nvshim.log ---\n{}",
+        w.shim_log()
+    );
+    for n in needles {
+        assert!(stderr.contains(n), "stderr should mention {n:?}: {stderr}");
     }
-
-    fn around(tmp: TempDir, host: FakeHost) -> World {
-        let w = World {
-            config: tmp.path().join("nvshim/config.toml"),
-            cdi_dir: tmp.path().join("run-cdi"),
-            tmp,
-            host,
-        };
-        fs::create_dir_all(&w.cdi_dir).unwrap();
-        w.configure("");
-        w
-    }
-
-    /// (Re)writes the nvshim config: the host's roots, the built hook, the spec dir, `extra`.
-    fn configure(&self, extra: &str) {
-        self.host
-            .write_config(
-                &self.config,
-                &format!(
-                    "hook-path = {:?}\ncdi-spec-dirs = [{:?}]\n{extra}",
-                    hook_path().display().to_string(),
-                    self.cdi_dir.display().to_string()
-                ),
-            )
-            .unwrap();
-    }
-
-    fn gpu(&self, index: usize) -> &FakeGpu {
-        self.host.gpu_at_index(index).unwrap()
-    }
-
-    /// A busybox bundle running the probe (mknod checks for every GPU minor plus `extra`).
-    fn bundle(&self, name: &str, extra_mknod: &[(u32, u32)]) -> Bundle {
-        let mut probe = ProbeSpec::for_host(&self.host);
-        probe.mknod.extend_from_slice(extra_mknod);
-        let args = probe.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Bundle::new(&self.tmp.path().join(name), &args).unwrap()
-    }
-
-    fn env_bundle(&self, name: &str, env: &[(&str, &str)]) -> Bundle {
-        let b = self.bundle(name, &[]);
-        for (k, v) in env {
-            b.set_env(k, v).unwrap();
-        }
-        b
-    }
-
-    fn annotated_bundle(&self, name: &str, annotations: Value) -> Bundle {
-        let b = self.bundle(name, &[]);
-        b.edit(move |c| {
-            c["annotations"] = annotations;
-            Ok(())
-        })
-        .unwrap();
-        b
-    }
-
-    fn shim(&self) -> Runtime {
-        shim_at(SHIM, self.tmp.path(), &self.config)
-    }
-
-    fn shim_log(&self) -> String {
-        shim_log(&self.config)
-    }
-
-    /// Runs the bundle to completion through `rt` and parses the probe.
-    fn run_with(&self, rt: &Runtime, bundle: &Bundle) -> ProbeReport {
-        let out = rt.run(bundle, &unique_id("k8s-e2e")).unwrap();
-        let report = ProbeReport::parse(&out.stdout);
-        if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
-            eprintln!("{out}");
-        }
-        assert!(
-            out.success() && report.complete,
-            "the container did not run to completion\n{out}\n--- nvshim.log ---\n{}",
-            self.shim_log()
-        );
-        report
-    }
-
-    fn run(&self, bundle: &Bundle) -> ProbeReport {
-        self.run_with(&self.shim(), bundle)
-    }
-
-    /// `create` must fail before touching anything: non-zero exit, stderr containing each of
-    /// `needles`, config.json byte-identical, no container left.
-    #[track_caller]
-    fn assert_rejected(&self, rt: &Runtime, bundle: &Bundle, needles: &[&str]) -> RunOutput {
-        let before = bundle.config_bytes().unwrap();
-        let id = unique_id("k8s-e2e-reject");
-        let out = rt.create(bundle, &id).unwrap();
-        let (_, stderr) = rt.container_output(&id).unwrap();
-        assert!(
-            !out.success(),
-            "create should have failed\n{out}\n--- nvshim.log ---\n{}",
-            self.shim_log()
-        );
-        for n in needles {
-            assert!(stderr.contains(n), "stderr should mention {n:?}: {stderr}");
-        }
-        assert_eq!(
-            bundle.config_bytes().unwrap(),
-            before,
-            "config.json changed although create failed"
-        );
-        assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
-        out
-    }
-
-    /// `<tmp>/bin/nvidia-cdi-hook`, a symlink to the built `nvshim-hook`: what the packages
-    /// install as `/usr/bin/nvidia-cdi-hook`.
-    fn nvidia_cdi_hook(&self) -> PathBuf {
-        let dir = self.tmp.path().join("bin");
-        let link = dir.join("nvidia-cdi-hook");
-        if !link.exists() {
-            fs::create_dir_all(&dir).unwrap();
-            symlink(hook_path(), &link).unwrap();
-        }
-        link
-    }
-
-    /// `nvshim ARGS` with this world's config.
-    fn nvshim(&self, args: &[&str]) -> std::process::Output {
-        Command::new(NVSHIM)
-            .args(args)
-            .env("NVSHIM_CONFIG", &self.config)
-            .output()
-            .unwrap()
-    }
+    assert_eq!(
+        bundle.config_bytes().unwrap(),
+        before,
+        "config.json changed although create failed"
+    );
+    assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
+    out
 }
 
 fn sorted(mut p: Vec<String>) -> Vec<String> {
@@ -253,12 +133,12 @@ fn privileged(b: &Bundle) {
 
 #[test]
 fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
-    let w = World::new(2);
+    let w = world();
     let gpu = w.gpu(1);
     // A time-sliced GPU shared twice by one container: the plugin strips the replica suffixes
     // (`GPU-x::0`, `GPU-x::1`) and lists the UUID twice.
     let list = format!("{0},{0}", gpu.uuid);
-    let b = w.env_bundle("b1", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    let b = w.probe_bundle("b1", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
     p.extend(r.smi_problems(&[gpu]));
@@ -267,7 +147,7 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
     // A node that trusts only the kubelet: the variable from an unprivileged container is
     // ignored (config), from a privileged one honoured.
     w.configure("accept-envvar-unprivileged = false\n");
-    let b = w.env_bundle("b2", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    let b = w.probe_bundle("b2", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
     let before = b.config_bytes().unwrap();
     let r = w.run(&b);
     assert_no_problems(
@@ -276,7 +156,7 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
         &r,
     );
     assert_eq!(b.config_bytes().unwrap(), before, "config.json changed");
-    let b = w.env_bundle("b3", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    let b = w.probe_bundle("b3", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
     privileged(&b);
     let r = w.run(&b);
     assert_no_problems(
@@ -298,7 +178,7 @@ fn device_mount(id: &str) -> Value {
 
 fn volume_mount_bundle(w: &World, name: &str, ids: &[&str]) -> Bundle {
     // The plugin's env value for this strategy (it replaces a CUDA image's `all`).
-    let b = w.env_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", DEVICE_MOUNT_ROOT)]);
+    let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", DEVICE_MOUNT_ROOT)]);
     let mounts: Vec<Value> = ids.iter().map(|id| device_mount(id)).collect();
     b.edit(move |c| {
         c["mounts"].as_array_mut().unwrap().extend(mounts);
@@ -310,7 +190,7 @@ fn volume_mount_bundle(w: &World, name: &str, ids: &[&str]) -> Bundle {
 
 #[test]
 fn device_plugin_volume_mount_strategy() {
-    let w = World::new(2);
+    let w = world();
     // The hardened node setup NVIDIA documents for this strategy.
     w.configure("accept-volume-mounts = true\naccept-envvar-unprivileged = false\n");
     let gpu = w.gpu(0);
@@ -346,7 +226,8 @@ fn device_plugin_volume_mount_strategy() {
     // Off (the default): the plugin's env value is not a GPU id, and the error says what to set.
     w.configure("");
     let b = volume_mount_bundle(&w, "b2", &[&gpu.uuid]);
-    w.assert_rejected(
+    assert_rejected(
+        &w,
         &w.shim(),
         &b,
         &[DEVICE_MOUNT_ROOT, "accept-volume-mounts = true"],
@@ -355,7 +236,7 @@ fn device_plugin_volume_mount_strategy() {
 
 #[test]
 fn device_plugin_cdi_annotation_strategy() {
-    let w = World::new(2);
+    let w = world();
     // The plugin's own spec: kind k8s.device-plugin.nvidia.com/gpu, devices named by UUID.
     let out = w.nvshim(&[
         "cdi",
@@ -367,7 +248,7 @@ fn device_plugin_cdi_annotation_strategy() {
         "--device-name-strategy",
         "uuid",
         "--output",
-        w.cdi_dir
+        w.run_cdi
             .join("k8s.device-plugin.nvidia.com-gpu.yaml")
             .to_str()
             .unwrap(),
@@ -381,7 +262,8 @@ fn device_plugin_cdi_annotation_strategy() {
     // `NVIDIA_VISIBLE_DEVICES=all`.
     w.configure("accept-envvar-unprivileged = false\n");
     let gpu = w.gpu(1);
-    let b = w.annotated_bundle(
+    let b = annotated_bundle(
+        &w,
         "b1",
         json!({
             // cdi.AnnotationKey("nvidia-device-plugin", <response UUID>)
@@ -519,7 +401,7 @@ fn dra_specs(w: &World, claim_uid: &str, mps: &MpsDirs) -> [(String, String); 2]
         "cdiVersion": "0.5.0",
         "kind": "k8s.gpu.nvidia.com/device",
         "devices": devices,
-        "containerEdits": nvidia_common_edits(&w.host, &w.nvidia_cdi_hook()),
+        "containerEdits": nvidia_common_edits(&w.host, &w.hook_link("nvidia-cdi-hook")),
     });
     let claim = json!({
         "cdiVersion": "0.5.0",
@@ -578,10 +460,10 @@ fn mps_problems(r: &ProbeReport, pipe: &str) -> Vec<String> {
 
 #[test]
 fn dra_base_and_claim_specs_through_runc() {
-    let w = World::new(2);
+    let w = world();
     let claim_uid = "b0d6a7a2-6f0e-4a43-9c52-2f1d0e6f3c11";
     let mps = MpsDirs::new(&w, claim_uid);
-    write_specs(&w.cdi_dir, &dra_specs(&w, claim_uid, &mps));
+    write_specs(&w.run_cdi, &dra_specs(&w, claim_uid, &mps));
     let gpu = w.gpu(1);
     let devices = vec![
         "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
@@ -589,7 +471,7 @@ fn dra_base_and_claim_specs_through_runc() {
     ];
 
     // The MPS-shared claim: the union of the base device and the claim device.
-    let b = w.annotated_bundle("mps", claim_annotations(claim_uid, &devices));
+    let b = annotated_bundle(&w, "mps", claim_annotations(claim_uid, &devices));
     b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
@@ -623,7 +505,7 @@ fn dra_base_and_claim_specs_through_runc() {
 
     // A time-sliced claim on the same GPU: the driver writes no claim device for it, so the
     // container gets the base device alone, and no MPS.
-    let b = w.annotated_bundle("ts", claim_annotations(claim_uid, &devices[..1]));
+    let b = annotated_bundle(&w, "ts", claim_annotations(claim_uid, &devices[..1]));
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
     if r.mount("/tmp/nvidia-mps").is_some() {
@@ -634,13 +516,13 @@ fn dra_base_and_claim_specs_through_runc() {
 
 #[test]
 fn dra_specs_through_podman_match_nvshim() {
-    let w = World::new(2);
+    let w = world();
     let podman = Podman::new(&w.tmp.path().join("podman")).unwrap();
     // Unique per run, so a claim spec left by a killed run cannot collide.
     let claim_uid = format!("6c1f2b4e-0d3a-4e5f-8a9b-{:012x}", std::process::id());
     let mps = MpsDirs::new(&w, &claim_uid);
     let specs = dra_specs(&w, &claim_uid, &mps);
-    write_specs(&w.cdi_dir, &specs);
+    write_specs(&w.run_cdi, &specs);
     // podman 4.3 reads /etc/cdi and /var/run/cdi only; the files go where the driver puts them.
     let _system: Vec<SystemSpec> = specs
         .iter()
@@ -668,7 +550,7 @@ fn dra_specs_through_podman_match_nvshim() {
     p.extend(mps_problems(&podman_report, "/tmp/nvidia-mps"));
     assert_no_problems("podman --device (DRA specs)", &p, &podman_report);
 
-    let b = w.annotated_bundle("b1", claim_annotations(&claim_uid, &devices));
+    let b = annotated_bundle(&w, "b1", claim_annotations(&claim_uid, &devices));
     let shim_report = w.run(&b);
     let (podman_view, shim_view) = (
         podman_report.nvidia_view(&w.host),
@@ -689,10 +571,10 @@ fn dra_specs_through_podman_match_nvshim() {
 
 #[test]
 fn spec_naming_nvidia_cdi_hook_runs_with_only_nvshim() {
-    let w = World::new(2);
+    let w = world();
     // What the packages install: /usr/bin/nvidia-cdi-hook -> nvshim-hook. No NVIDIA binary is
     // involved: the spec's hooks name this link and nothing else.
-    let hook = w.nvidia_cdi_hook();
+    let hook = w.hook_link("nvidia-cdi-hook");
     assert_eq!(fs::read_link(&hook).unwrap(), hook_path());
     // `nvidia-ctk cdi generate`'s shape: kind nvidia.com/gpu, devices by index.
     let devices: Vec<Value> = w
@@ -714,13 +596,17 @@ fn spec_naming_nvidia_cdi_hook_runs_with_only_nvshim() {
         "containerEdits": nvidia_common_edits(&w.host, &hook),
     });
     write_specs(
-        &w.cdi_dir,
+        &w.run_cdi,
         &[("nvidia.yaml".into(), serde_yaml::to_string(&spec).unwrap())],
     );
     for h in spec["containerEdits"]["hooks"].as_array().unwrap() {
         assert_eq!(h["path"], json!(hook.to_string_lossy()), "{h}");
     }
-    let b = w.annotated_bundle("b1", json!({"cdi.k8s.io/nvshim-e2e": "nvidia.com/gpu=0"}));
+    let b = annotated_bundle(
+        &w,
+        "b1",
+        json!({"cdi.k8s.io/nvshim-e2e": "nvidia.com/gpu=0"}),
+    );
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
     // update-ldcache --folder, create-symlinks --link, with NVIDIA's meaning.
@@ -781,12 +667,9 @@ fn mig_topology(host: &FakeHost) -> Topology {
 /// A host with the MIG topology: the fake NVML in place of libnvidia-ml, its topology file,
 /// and the capabilities of both MIG devices. Returns the topology file.
 fn mig_world() -> (World, Topology, PathBuf) {
-    let w = World::new(2);
+    let w = world();
     let topology = mig_topology(&w.host);
-    let lib = w.host.host_path(&w.host.container_lib_path("libnvidia-ml"));
-    fs::copy(fake_nvml(), &lib).unwrap();
-    let file = w.tmp.path().join("topology.json");
-    fs::write(&file, serde_json::to_string_pretty(&topology).unwrap()).unwrap();
+    let file = w.install_fake_nvml(&topology);
     let parent = &topology.gpus[0];
     let instances: Vec<(u32, u32, u32)> = parent
         .mig_devices
@@ -869,9 +752,9 @@ fn mig_devices_by_index_and_uuid() {
             .filter(|m| !want.contains(m))
             .collect();
         let mknod: Vec<(u32, u32)> = denied.iter().map(|m| (caps_major, *m)).collect();
-        let b = w.bundle(&format!("b-{gi}"), &mknod);
+        let b = mknod_bundle(&w, &format!("b-{gi}"), &mknod);
         b.set_env("NVIDIA_VISIBLE_DEVICES", &id).unwrap();
-        let r = w.run_with(&shim, &b);
+        let r = w.probe(&shim, &b, false);
         let mut p = gpu_container_problems(&r, &w.host, &[parent_gpu]);
         p.extend(caps_problems(&r, &w.host, &want, &denied));
         assert_no_problems(&format!("MIG device {id}"), &p, &r);
@@ -879,17 +762,17 @@ fn mig_devices_by_index_and_uuid() {
 
     // NVML is loaded for MIG ids only: without its topology the fake NVML cannot initialise,
     // which a MIG id reports and a whole-GPU request never notices.
-    let b = w.env_bundle("no-nvml-gpu", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let b = w.probe_bundle("no-nvml-gpu", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
     let r = w.run(&b);
     assert_no_problems(
         "whole GPU on a MIG host, NVML unusable",
         &gpu_container_problems(&r, &w.host, &[w.gpu(1)]),
         &r,
     );
-    let b = w.env_bundle("no-nvml-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:1")]);
-    w.assert_rejected(&w.shim(), &b, &["\"0:1\"", "NVML"]);
-    let b = w.env_bundle("unknown-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:5")]);
-    w.assert_rejected(&shim, &b, &["\"0:5\"", "0:1 (MIG-"]);
+    let b = w.probe_bundle("no-nvml-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:1")]);
+    assert_rejected(&w, &w.shim(), &b, &["\"0:1\"", "NVML"]);
+    let b = w.probe_bundle("unknown-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:5")]);
+    assert_rejected(&w, &shim, &b, &["\"0:5\"", "0:1 (MIG-"]);
 }
 
 /// `all` on a MIG host: every GPU and every MIG device (the parent's caps of both instances),
@@ -911,16 +794,16 @@ fn all_on_a_mig_host_includes_every_mig_device() {
         .collect();
     let denied = [MIG_CONFIG_MINOR, MIG_MONITOR_MINOR];
     let mknod: Vec<(u32, u32)> = denied.iter().map(|m| (caps_major, *m)).collect();
-    let b = w.bundle("all-mig", &mknod);
+    let b = mknod_bundle(&w, "all-mig", &mknod);
     b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
-    let r = w.run_with(&w.shim().env(TOPOLOGY_ENV, &topo_file), &b);
+    let r = w.probe(&w.shim().env(TOPOLOGY_ENV, &topo_file), &b, false);
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0), w.gpu(1)]);
     p.extend(caps_problems(&r, &w.host, &want, &denied));
     assert_no_problems("all on a MIG host", &p, &r);
 
-    let b = w.bundle("all-mig-no-nvml", &mknod);
+    let b = mknod_bundle(&w, "all-mig-no-nvml", &mknod);
     b.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
-    let r = w.run_with(&w.shim(), &b);
+    let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0), w.gpu(1)]);
     p.extend(caps_problems(&r, &w.host, &want, &denied));
     assert_no_problems("all on a MIG host, without NVML", &p, &r);
@@ -931,7 +814,7 @@ fn mig_config_and_monitor_are_for_privileged_containers() {
     let (w, _topology, _file) = mig_world();
     let caps_major = w.host.spec().caps_major;
     // No MIG id: NVML is not needed (the shim runs without the topology).
-    let b = w.bundle("priv", &[]);
+    let b = w.probe_bundle("priv", &[]);
     for (k, v) in [
         ("NVIDIA_VISIBLE_DEVICES", "1"),
         ("NVIDIA_MIG_CONFIG_DEVICES", "all"),
@@ -950,10 +833,15 @@ fn mig_config_and_monitor_are_for_privileged_containers() {
     ));
     assert_no_problems("MIG config and monitor, privileged", &p, &r);
 
-    let b = w.bundle("unpriv", &[(caps_major, MIG_MONITOR_MINOR)]);
+    let b = mknod_bundle(&w, "unpriv", &[(caps_major, MIG_MONITOR_MINOR)]);
     b.set_env("NVIDIA_VISIBLE_DEVICES", "1").unwrap();
     b.set_env("NVIDIA_MIG_MONITOR_DEVICES", "all").unwrap();
-    w.assert_rejected(&w.shim(), &b, &["NVIDIA_MIG_MONITOR_DEVICES", "privileged"]);
+    assert_rejected(
+        &w,
+        &w.shim(),
+        &b,
+        &["NVIDIA_MIG_MONITOR_DEVICES", "privileged"],
+    );
 }
 
 // ---- IMEX --------------------------------------------------------------------------------------
@@ -968,7 +856,7 @@ fn imex_nodes(r: &ProbeReport) -> Vec<(String, u32, u32)> {
 
 #[test]
 fn imex_channels_by_env_and_by_cdi() {
-    let w = World::new(2);
+    let w = world();
     w.host.add_imex_channels(&[0, 3, 5]).unwrap();
     let major = w.host.spec().caps_imex_major;
     let channel = |n: u32| {
@@ -979,7 +867,7 @@ fn imex_channels_by_env_and_by_cdi() {
         )
     };
 
-    let b = w.bundle("env", &[(major, 5)]);
+    let b = mknod_bundle(&w, "env", &[(major, 5)]);
     b.set_env("NVIDIA_VISIBLE_DEVICES", "0").unwrap();
     b.set_env("NVIDIA_IMEX_CHANNELS", "0,3").unwrap();
     let r = w.run(&b);
@@ -1003,17 +891,17 @@ fn imex_channels_by_env_and_by_cdi() {
     }
     assert_no_problems("NVIDIA_IMEX_CHANNELS=0,3", &p, &r);
 
-    let b = w.env_bundle(
+    let b = w.probe_bundle(
         "missing",
         &[
             ("NVIDIA_VISIBLE_DEVICES", "0"),
             ("NVIDIA_IMEX_CHANNELS", "7"),
         ],
     );
-    w.assert_rejected(&w.shim(), &b, &["IMEX channel 7", "channel7"]);
+    assert_rejected(&w, &w.shim(), &b, &["IMEX channel 7", "channel7"]);
 
     // `nvshim cdi generate --mode imex`: kind nvidia.com/imex-channel, a device per channel.
-    let path = w.cdi_dir.join("nvidia-imex.yaml");
+    let path = w.run_cdi.join("nvidia-imex.yaml");
     let out = w.nvshim(&[
         "cdi",
         "generate",
@@ -1031,7 +919,8 @@ fn imex_channels_by_env_and_by_cdi() {
     assert_eq!(spec.kind, "nvidia.com/imex-channel");
     let names: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["0", "3", "5", "all"]);
-    let b = w.annotated_bundle(
+    let b = annotated_bundle(
+        &w,
         "cdi",
         json!({"cdi.k8s.io/compute-domain": "nvidia.com/imex-channel=3"}),
     );
@@ -1044,12 +933,12 @@ fn imex_channels_by_env_and_by_cdi() {
 
 #[test]
 fn split_driver_root_and_dev_root() {
-    let w = World::split(2);
+    let w = World::builder().split().spec_dirs(SpecDirs::Run).build();
     let (driver, dev) = (w.host.root(), w.host.dev_root());
     assert_ne!(driver, dev);
     assert!(!driver.join("dev").exists() && !dev.join("usr").exists());
     let gpu = w.gpu(1);
-    let b = w.env_bundle("b1", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let b = w.probe_bundle("b1", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[gpu]);
     p.extend(r.library_mounted_problems(&w.host, "libnvidia-ml"));
@@ -1075,7 +964,7 @@ fn split_driver_root_and_dev_root() {
 
 #[test]
 fn mps_pipe_directory_reaches_compute_containers() {
-    let w = World::new(2);
+    let w = world();
     let pipe = w.tmp.path().join("mps/pipe");
     w.configure(&format!(
         "mps-pipe-directory = {:?}\n",
@@ -1084,7 +973,7 @@ fn mps_pipe_directory_reaches_compute_containers() {
     let pipe_str = pipe.to_string_lossy().into_owned();
 
     // No daemon (no directory): nothing.
-    let b = w.env_bundle("none", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let b = w.probe_bundle("none", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
     let r = w.run(&b);
     let mut p = env_problems(&r, "CUDA_MPS_PIPE_DIRECTORY", None);
     if r.mount(&pipe_str).is_some() {
@@ -1093,7 +982,7 @@ fn mps_pipe_directory_reaches_compute_containers() {
     assert_no_problems("no MPS daemon", &p, &r);
 
     fs::create_dir_all(&pipe).unwrap();
-    let b = w.env_bundle("compute", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    let b = w.probe_bundle("compute", &[("NVIDIA_VISIBLE_DEVICES", "0")]);
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
     p.extend(mps_problems(&r, &pipe_str));
@@ -1109,7 +998,7 @@ fn mps_pipe_directory_reaches_compute_containers() {
     }
     assert_no_problems("MPS daemon, compute container", &p, &r);
 
-    let b = w.env_bundle(
+    let b = w.probe_bundle(
         "utility",
         &[
             ("NVIDIA_VISIBLE_DEVICES", "0"),
@@ -1132,7 +1021,7 @@ fn mps_pipe_directory_reaches_compute_containers() {
 /// (fake) NVML.
 #[test]
 fn arch_and_brand_requirements_are_checked_through_nvml() {
-    let w = World::new(2);
+    let w = world();
     let mut topology = mig_topology(&w.host);
     for g in &mut topology.gpus {
         g.mig_enabled = None;
@@ -1140,21 +1029,18 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
         g.compute_capability = Some("9.0".into());
         g.brand = Some("tesla".into());
     }
-    let lib = w.host.host_path(&w.host.container_lib_path("libnvidia-ml"));
-    fs::copy(fake_nvml(), &lib).unwrap();
-    let topo_file = w.tmp.path().join("topology.json");
-    fs::write(&topo_file, serde_json::to_string(&topology).unwrap()).unwrap();
+    let topo_file = w.install_fake_nvml(&topology);
     let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
 
     let met = "cuda>=99.0 brand=tesla,arch>=9.0";
-    let b = w.env_bundle(
+    let b = w.probe_bundle(
         "met",
         &[
             ("NVIDIA_VISIBLE_DEVICES", "1"),
             ("NVIDIA_REQUIRE_CUDA", met),
         ],
     );
-    let r = w.run_with(&shim, &b);
+    let r = w.probe(&shim, &b, false);
     assert_no_problems(
         "arch and brand met",
         &gpu_container_problems(&r, &w.host, &[w.gpu(1)]),
@@ -1162,24 +1048,30 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
     );
 
     let unmet = "cuda>=99.0 brand=geforce,arch>=9.0 brand=tesla,arch>=10.0";
-    let b = w.env_bundle(
+    let b = w.probe_bundle(
         "unmet",
         &[
             ("NVIDIA_VISIBLE_DEVICES", "1"),
             ("NVIDIA_REQUIRE_CUDA", unmet),
         ],
     );
-    w.assert_rejected(&shim, &b, &["unsatisfied condition", "NVIDIA_REQUIRE_CUDA"]);
+    assert_rejected(
+        &w,
+        &shim,
+        &b,
+        &["unsatisfied condition", "NVIDIA_REQUIRE_CUDA"],
+    );
 
     // NVML that cannot initialise (no topology): the error says so, and how to proceed.
-    let b = w.env_bundle(
+    let b = w.probe_bundle(
         "no-nvml",
         &[
             ("NVIDIA_VISIBLE_DEVICES", "1"),
             ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
         ],
     );
-    w.assert_rejected(
+    assert_rejected(
+        &w,
         &w.shim(),
         &b,
         &["arch>=8.0", "NVML", "NVIDIA_DISABLE_REQUIRE"],
@@ -1191,10 +1083,10 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
 /// the engine applied them is read from config.json (their device nodes), not from `void`.
 #[test]
 fn void_from_the_image_next_to_unapplied_cdi_annotations_still_gets_the_devices() {
-    let w = World::new(2);
+    let w = world();
     let claim_uid = "c1d6a7a2-6f0e-4a43-9c52-2f1d0e6f3c12";
     let mps = MpsDirs::new(&w, claim_uid);
-    write_specs(&w.cdi_dir, &dra_specs(&w, claim_uid, &mps));
+    write_specs(&w.run_cdi, &dra_specs(&w, claim_uid, &mps));
     let gpu = w.gpu(1);
     let devices = vec!["k8s.gpu.nvidia.com/device=gpu-1".to_string()];
     for (name, value) in [
@@ -1202,7 +1094,7 @@ fn void_from_the_image_next_to_unapplied_cdi_annotations_still_gets_the_devices(
         ("void-list", "0,void"),
         ("void-space", " void "),
     ] {
-        let b = w.annotated_bundle(name, claim_annotations(claim_uid, &devices));
+        let b = annotated_bundle(&w, name, claim_annotations(claim_uid, &devices));
         b.set_env("NVIDIA_VISIBLE_DEVICES", value).unwrap();
         let r = w.run(&b);
         let p = gpu_container_problems(&r, &w.host, &[gpu]);
@@ -1220,15 +1112,19 @@ fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
     // The red team's image: its library directory is a symlink to where the DRA claim mounts
     // the MPS pipe directory read-write from the host. runc would create a mountpoint file in
     // that host directory for every library; nvshim refuses the container before runc runs.
-    let w = World::new(2);
+    let w = world();
     let claim_uid = "0e4f9d2c-7a1b-4c3d-9e8f-5a6b7c8d9e0f";
     let mps = MpsDirs::new(&w, claim_uid);
-    write_specs(&w.cdi_dir, &dra_specs(&w, claim_uid, &mps));
+    write_specs(&w.run_cdi, &dra_specs(&w, claim_uid, &mps));
     let devices = vec![
         "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
         format!("k8s.gpu.nvidia.com/claim={claim_uid}-gpu-1"),
     ];
-    let b = w.annotated_bundle("symlinked-libdir", claim_annotations(claim_uid, &devices));
+    let b = annotated_bundle(
+        &w,
+        "symlinked-libdir",
+        claim_annotations(claim_uid, &devices),
+    );
     let lib_dir = b.rootfs().path().join(LIB_DIR.trim_start_matches('/'));
     let _ = fs::remove_dir_all(&lib_dir);
     fs::create_dir_all(lib_dir.parent().unwrap()).unwrap();

@@ -13,8 +13,10 @@
 //! cargo test --test e2e cdi::producer   # one test
 //! ```
 //!
-//! The areas, each a module with the world it needs ([`common`] holds what they share: the
-//! built binaries, nvshim-runtime with a fresh state dir, nvshim's log):
+//! Every test builds one [`world::World`]: a temp dir with a fake GPU host, its nvshim config
+//! and, if asked, CDI spec dirs, with what tests do there (nvshim-runtime, `nvshim`, bundles, the
+//! probe). [`common`] holds the built binaries' paths. The areas, each a module adding as
+//! functions on the world only what it alone needs:
 //! - [`runtime`]: `NVIDIA_VISIBLE_DEVICES` requests through nvshim-runtime over runc;
 //! - [`cdi`]: CDI specs, annotations and the podman comparison;
 //! - [`k8s`]: the request forms of NVIDIA's device plugin and DRA driver;
@@ -40,3 +42,4 @@ mod memory_limits;
 mod nvidia_hooks;
 mod reliability;
 mod runtime;
+mod world;

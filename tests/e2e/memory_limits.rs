@@ -13,15 +13,15 @@
 //! Needs root, runc, and `cargo build --workspace` first (for `nvshim-hook` and the fake NVML).
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use nvshim_fake_nvml::{memory_limit_calls, topology_file_beside, Gpu as NvmlGpu, Topology};
-use nvshim_testsupport::{unique_id, Bundle, FakeHost, FakeHostSpec, Runtime};
+use nvshim_testsupport::{unique_id, Bundle, Runtime};
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-use super::common::{fake_nvml, hook_path, shim_at, shim_log, SHIM};
+use super::common::{fake_nvml, shim_at, SHIM};
+use super::world::{SpecDirs, World};
 
 const MIB: u64 = 1024 * 1024;
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
@@ -46,120 +46,66 @@ fn cgroup2_mount() -> Option<&'static str> {
         .find(|p| is_cgroup2(p))
 }
 
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-    calls: PathBuf,
-    cdi_dir: PathBuf,
+/// The fake host with the fake NVML (unless `offers` is `None`) and one spec dir;
+/// `offers`: whether its driver offers memory limits. `None`: the fake host's stub
+/// libnvidia-ml stays, which has no `nvmlDeviceSetMemoryLimits_v1` (a driver before R615).
+fn world(offers: Option<bool>) -> World {
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let lib = w.host.host_path(&w.host.container_lib_path("libnvidia-ml"));
+    if offers.is_some() {
+        fs::copy(fake_nvml(), &lib).unwrap();
+    }
+    let topology = Topology {
+        driver_version: w.host.driver_version().to_string(),
+        cuda_driver_version: 13000,
+        gpus: w
+            .host
+            .gpus()
+            .iter()
+            .map(|g| NvmlGpu {
+                name: g.model.clone(),
+                uuid: g.uuid.clone(),
+                minor: g.minor,
+                bus_id: g.bus_id.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        memory_limits: offers,
+        memory_limit_log: Some(calls(&w)),
+    };
+    fs::write(
+        topology_file_beside(&lib),
+        serde_json::to_string_pretty(&topology).unwrap(),
+    )
+    .unwrap();
+    w
 }
 
-impl World {
-    /// The fake host with the fake NVML; `offers`: whether its driver offers memory limits.
-    fn new(offers: bool) -> World {
-        World::build(Some(offers))
-    }
+/// Where the fake NVML records its `nvmlDeviceSetMemoryLimits_v1` calls.
+fn calls(w: &World) -> PathBuf {
+    w.tmp.path().join("calls.jsonl")
+}
 
-    /// `None`: the fake host's stub libnvidia-ml stays, which has no
-    /// `nvmlDeviceSetMemoryLimits_v1` (a driver before R615).
-    fn build(offers: Option<bool>) -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-e2e-memlimits-")
-            .tempdir()
+/// nvshim-runtime, in a mount namespace where `/sys/fs/cgroup` is cgroup v2 when the host
+/// mounts v2 elsewhere.
+fn cgroup2_shim(w: &World) -> Runtime {
+    let program = match cgroup2_mount() {
+        Some("/sys/fs/cgroup") | None => PathBuf::from(SHIM),
+        Some(unified) => {
+            let script = w.tmp.path().join("shim-in-cgroup2.sh");
+            fs::write(
+                &script,
+                format!(
+                    "#!/bin/sh\nexec unshare -m --propagation private sh -c \
+                     'mount --bind {unified} /sys/fs/cgroup && exec \"$0\" \"$@\"' {SHIM} \"$@\"\n"
+                ),
+            )
             .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
-        let lib = host.host_path(&host.container_lib_path("libnvidia-ml"));
-        if offers.is_some() {
-            fs::copy(fake_nvml(), &lib).unwrap();
+            fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+            script
         }
-        let calls = tmp.path().join("calls.jsonl");
-        let topology = Topology {
-            driver_version: host.driver_version().to_string(),
-            cuda_driver_version: 13000,
-            gpus: host
-                .gpus()
-                .iter()
-                .map(|g| NvmlGpu {
-                    name: g.model.clone(),
-                    uuid: g.uuid.clone(),
-                    minor: g.minor,
-                    bus_id: g.bus_id.clone(),
-                    ..Default::default()
-                })
-                .collect(),
-            memory_limits: offers,
-            memory_limit_log: Some(calls.clone()),
-        };
-        fs::write(
-            topology_file_beside(&lib),
-            serde_json::to_string_pretty(&topology).unwrap(),
-        )
-        .unwrap();
-        let cdi_dir = tmp.path().join("cdi");
-        fs::create_dir_all(&cdi_dir).unwrap();
-        let config = tmp.path().join("nvshim/config.toml");
-        host.write_config(
-            &config,
-            &format!(
-                "hook-path = {:?}\ncdi-spec-dirs = [{:?}]\n",
-                hook_path().display().to_string(),
-                cdi_dir.display().to_string()
-            ),
-        )
-        .unwrap();
-        World {
-            tmp,
-            host,
-            config,
-            calls,
-            cdi_dir,
-        }
-    }
-
-    /// nvshim-runtime, in a mount namespace where `/sys/fs/cgroup` is cgroup v2 when the host
-    /// mounts v2 elsewhere.
-    fn shim(&self) -> Runtime {
-        let program = match cgroup2_mount() {
-            Some("/sys/fs/cgroup") | None => PathBuf::from(SHIM),
-            Some(unified) => {
-                let script = self.tmp.path().join("shim-in-cgroup2.sh");
-                fs::write(
-                    &script,
-                    format!(
-                        "#!/bin/sh\nexec unshare -m --propagation private sh -c \
-                         'mount --bind {unified} /sys/fs/cgroup && exec \"$0\" \"$@\"' {SHIM} \"$@\"\n"
-                    ),
-                )
-                .unwrap();
-                fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
-                script
-            }
-        };
-        shim_at(program, self.tmp.path(), &self.config)
-    }
-
-    fn shim_log(&self) -> String {
-        shim_log(&self.config)
-    }
-
-    fn bundle(&self, name: &str, env: &[(&str, &str)]) -> Bundle {
-        let b = Bundle::new(&self.tmp.path().join(name), &["/bin/sh", "-c", "true"]).unwrap();
-        for (k, v) in env {
-            b.set_env(k, v).unwrap();
-        }
-        b
-    }
-
-    /// `<tmp>/bin/nvidia-cdi-hook`, a link to the built nvshim-hook.
-    fn nvidia_cdi_hook(&self) -> PathBuf {
-        let dir = self.tmp.path().join("bin");
-        fs::create_dir_all(&dir).unwrap();
-        let link = dir.join("nvidia-cdi-hook");
-        if !link.exists() {
-            symlink(hook_path(), &link).unwrap();
-        }
-        link
-    }
+    };
+    shim_at(program, w.tmp.path(), &w.config)
 }
 
 /// What a create saw: the container's init pid and its cgroup v2 path (`0::` line).
@@ -230,7 +176,7 @@ fn memory_hooks(config: &Value) -> Vec<Value> {
 
 /// The recorded calls are one per GPU, for the container's cgroup, with these limits.
 fn assert_applied(w: &World, c: &Created, uuids: &[&str], soft_mib: u64, hard_mib: u64) {
-    let calls = memory_limit_calls(&w.calls);
+    let calls = memory_limit_calls(&calls(w));
     assert_eq!(
         calls.iter().map(|c| c.uuid.as_str()).collect::<Vec<_>>(),
         uuids,
@@ -262,17 +208,18 @@ fn legacy_request_gets_the_limit_on_its_gpu() {
     if !needs_cgroup2() {
         return;
     }
-    let w = World::new(true);
+    let w = world(Some(true));
     let gpu = w.host.gpu_at_index(0).unwrap().uuid.clone();
     let b = w.bundle(
         "legacy",
+        &["/bin/sh", "-c", "true"],
         &[
             ("NVIDIA_VISIBLE_DEVICES", "0"),
             ("NVIDIA_GPU_MEMORY_REQUEST", "1024"),
             ("NVIDIA_GPU_MEMORY_LIMIT", "2048"),
         ],
     );
-    let c = create(&w, &w.shim(), &b);
+    let c = create(&w, &cgroup2_shim(&w), &b);
     let hooks = memory_hooks(&c.config);
     assert_eq!(hooks.len(), 1, "{hooks:?}");
     let args: Vec<&str> = hooks[0]["args"]
@@ -303,18 +250,19 @@ fn legacy_request_gets_the_limit_on_its_gpu() {
 
 #[test]
 fn a_driver_without_the_call_warns_once_and_the_container_starts() {
-    let w = World::new(false);
+    let w = world(Some(false));
     let b = w.bundle(
         "old-driver",
+        &["/bin/sh", "-c", "true"],
         &[
             ("NVIDIA_VISIBLE_DEVICES", "1"),
             ("NVIDIA_GPU_MEMORY_REQUEST", "512"),
             ("NVIDIA_GPU_MEMORY_LIMIT", "1024"),
         ],
     );
-    let c = create(&w, &w.shim(), &b);
+    let c = create(&w, &cgroup2_shim(&w), &b);
     assert_eq!(memory_hooks(&c.config).len(), 1);
-    assert!(memory_limit_calls(&w.calls).is_empty());
+    assert!(memory_limit_calls(&calls(&w)).is_empty());
     let log = w.shim_log();
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains("NOT applied")).collect();
     assert_eq!(warnings.len(), 1, "{log}");
@@ -337,16 +285,17 @@ fn a_driver_without_the_symbol_warns_once_and_the_container_starts() {
     if !needs_cgroup2() {
         return;
     }
-    let w = World::build(None);
+    let w = world(None);
     let b = w.bundle(
         "no-symbol",
+        &["/bin/sh", "-c", "true"],
         &[
             ("NVIDIA_VISIBLE_DEVICES", "0"),
             ("NVIDIA_GPU_MEMORY_REQUEST", "512"),
             ("NVIDIA_GPU_MEMORY_LIMIT", "1024"),
         ],
     );
-    create(&w, &w.shim(), &b);
+    create(&w, &cgroup2_shim(&w), &b);
     let log = w.shim_log();
     let warnings: Vec<&str> = log.lines().filter(|l| l.contains("NOT applied")).collect();
     assert_eq!(warnings.len(), 1, "{log}");
@@ -364,7 +313,7 @@ fn nvidia_cdi_spec_hook_applies_the_limit() {
     if !needs_cgroup2() {
         return;
     }
-    let w = World::new(true);
+    let w = world(Some(true));
     let gpu = w.host.gpu_at_index(0).unwrap().clone();
     let dev = |name: &str| w.host.dev_root().join("dev").join(name);
     // As nvidia-ctk writes it: the device's node, the control node, and the createRuntime
@@ -386,16 +335,17 @@ fn nvidia_cdi_spec_hook_applies_the_limit() {
             "deviceNodes": [{"path": "/dev/nvidiactl", "hostPath": dev("nvidiactl")}],
             "hooks": [{
                 "hookName": "createRuntime",
-                "path": w.nvidia_cdi_hook(),
+                "path": w.hook_link("nvidia-cdi-hook"),
                 "args": ["nvidia-cdi-hook", "apply-cuda-memory-limits",
                          "--driver-root", w.host.root(), "--gpu-id", gpu.uuid],
                 "env": ["NVIDIA_CTK_DEBUG=false"],
             }],
         },
     });
-    fs::write(w.cdi_dir.join("nvidia.json"), spec.to_string()).unwrap();
+    fs::write(w.run_cdi.join("nvidia.json"), spec.to_string()).unwrap();
     let b = w.bundle(
         "cdi",
+        &["/bin/sh", "-c", "true"],
         &[
             ("NVIDIA_GPU_MEMORY_REQUEST", "1024"),
             ("NVIDIA_GPU_MEMORY_LIMIT", "4096"),
@@ -406,7 +356,7 @@ fn nvidia_cdi_spec_hook_applies_the_limit() {
         Ok(())
     })
     .unwrap();
-    let c = create(&w, &w.shim(), &b);
+    let c = create(&w, &cgroup2_shim(&w), &b);
     // The spec's hook, and no second one from nvshim-runtime.
     let hooks = memory_hooks(&c.config);
     assert_eq!(hooks.len(), 1, "{hooks:?}");
@@ -419,7 +369,7 @@ fn cdi_device_without_a_spec_hook_gets_nvshims() {
     if !needs_cgroup2() {
         return;
     }
-    let w = World::new(true);
+    let w = world(Some(true));
     let gpu = w.host.gpu_at_index(1).unwrap().clone();
     let spec = json!({
         "cdiVersion": "0.5.0",
@@ -434,9 +384,10 @@ fn cdi_device_without_a_spec_hook_gets_nvshims() {
             },
         }],
     });
-    fs::write(w.cdi_dir.join("nvidia.json"), spec.to_string()).unwrap();
+    fs::write(w.run_cdi.join("nvidia.json"), spec.to_string()).unwrap();
     let b = w.bundle(
         "cdi-own",
+        &["/bin/sh", "-c", "true"],
         &[
             ("NVIDIA_GPU_MEMORY_REQUEST", "100"),
             ("NVIDIA_GPU_MEMORY_LIMIT", "200"),
@@ -447,7 +398,7 @@ fn cdi_device_without_a_spec_hook_gets_nvshims() {
         Ok(())
     })
     .unwrap();
-    let c = create(&w, &w.shim(), &b);
+    let c = create(&w, &cgroup2_shim(&w), &b);
     let hooks = memory_hooks(&c.config);
     assert_eq!(hooks.len(), 1, "{hooks:?}");
     assert_eq!(hooks[0]["args"][0], "nvshim-hook");
@@ -456,7 +407,7 @@ fn cdi_device_without_a_spec_hook_gets_nvshims() {
 
 #[test]
 fn no_variables_no_hook() {
-    let w = World::new(true);
+    let w = world(Some(true));
     for (name, env) in [
         ("none", &[("NVIDIA_VISIBLE_DEVICES", "all")][..]),
         (
@@ -467,13 +418,13 @@ fn no_variables_no_hook() {
             ][..],
         ),
     ] {
-        let b = w.bundle(name, env);
-        let c = create(&w, &w.shim(), &b);
+        let b = w.bundle(name, &["/bin/sh", "-c", "true"], env);
+        let c = create(&w, &cgroup2_shim(&w), &b);
         assert!(memory_hooks(&c.config).is_empty(), "{name}: {}", c.config);
         assert!(
             c.config.pointer("/hooks/createContainer").is_some(),
             "{name}"
         );
     }
-    assert!(memory_limit_calls(&w.calls).is_empty());
+    assert!(memory_limit_calls(&calls(&w)).is_empty());
 }

@@ -20,11 +20,10 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use nvshim_testsupport::{unique_id, Bundle, FakeHost, FakeHostSpec, Runtime};
+use nvshim_testsupport::{unique_id, Bundle, Runtime};
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-use super::common::hook_path;
+use super::world::World;
 
 const PARAMS: &str = "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\n\
                       DeviceFileUID: 0\nDeviceFileGID: 0\nDeviceFileMode: 438\n";
@@ -32,66 +31,45 @@ const COMPAT_VERSION: &str = "580.95.05";
 /// The driver's library directory in the container (the fake host's `LIB_DIR`).
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
+/// The fake two-GPU host with the driver's module parameters in its `/proc`.
+fn world() -> World {
+    let w = World::new();
+    fs::write(host_params_file(&w), PARAMS).unwrap();
+    w
 }
 
-impl World {
-    fn new() -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-e2e-nvidia-hooks-")
-            .tempdir()
-            .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(2)).unwrap();
-        fs::write(host.proc_root().join("driver/nvidia/params"), PARAMS).unwrap();
-        World { tmp, host }
-    }
+fn host_params_file(w: &World) -> PathBuf {
+    w.host.proc_root().join("driver/nvidia/params")
+}
 
-    /// `<tmp>/bin/<name>`, a symlink to the built `nvshim-hook`.
-    fn link(&self, name: &str) -> PathBuf {
-        let dir = self.tmp.path().join("bin");
-        fs::create_dir_all(&dir).unwrap();
-        let link = dir.join(name);
-        if !link.exists() {
-            symlink(hook_path(), &link).unwrap();
-        }
-        link
+/// A busybox bundle running `script`, with GPU minor 1 and the control node, and the fake
+/// driver's libcuda mounted read-only as NVIDIA's specs mount it.
+fn hook_bundle(w: &World, name: &str, script: &str) -> Bundle {
+    let b = w.bundle(name, &["/bin/sh", "-c", script], &[]);
+    for (path, minor) in [("/dev/nvidia1", 1), ("/dev/nvidiactl", 255)] {
+        b.add_char_device(path, 195, minor).unwrap();
+        b.allow_char_device(195, minor, "rw").unwrap();
     }
+    let libcuda = w.host.container_lib_path("libcuda");
+    let source = w.host.host_path(&libcuda);
+    b.edit(move |c| {
+        c["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": libcuda,
+            "type": "bind",
+            "source": source,
+            "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+        }));
+        Ok(())
+    })
+    .unwrap();
+    b
+}
 
-    fn host_params(&self) -> PathBuf {
-        self.host.proc_root().join("driver/nvidia/params")
-    }
-
-    /// A busybox bundle running `script`, with GPU minor 1 and the control node, and the fake
-    /// driver's libcuda mounted read-only as NVIDIA's specs mount it.
-    fn bundle(&self, name: &str, script: &str) -> Bundle {
-        let b = Bundle::new(&self.tmp.path().join(name), &["/bin/sh", "-c", script]).unwrap();
-        for (path, minor) in [("/dev/nvidia1", 1), ("/dev/nvidiactl", 255)] {
-            b.add_char_device(path, 195, minor).unwrap();
-            b.allow_char_device(195, minor, "rw").unwrap();
-        }
-        let libcuda = self.host.container_lib_path("libcuda");
-        let source = self.host.host_path(&libcuda);
-        b.edit(move |c| {
-            c["mounts"].as_array_mut().unwrap().push(json!({
-                "destination": libcuda,
-                "type": "bind",
-                "source": source,
-                "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
-            }));
-            Ok(())
-        })
-        .unwrap();
-        b
-    }
-
-    fn run(&self, b: &Bundle) -> String {
-        let rt = Runtime::new("runc", &self.tmp.path().join("state")).unwrap();
-        let out = rt.run(b, &unique_id("nvidia-hooks")).unwrap();
-        assert!(out.success(), "the container failed\n{out}");
-        out.stdout
-    }
+fn run_runc(w: &World, b: &Bundle) -> String {
+    let rt = Runtime::new("runc", &w.tmp.path().join("state")).unwrap();
+    let out = rt.run(b, &unique_id("nvidia-hooks")).unwrap();
+    assert!(out.success(), "the container failed\n{out}");
+    out.stdout
 }
 
 /// A createContainer hook as NVIDIA's generator writes it (explicit env), named `argv0`.
@@ -160,7 +138,7 @@ fn mountinfo() -> String {
 
 #[test]
 fn nvidia_cdi_hook_spec_in_nvidias_order() {
-    let w = World::new();
+    let w = world();
     let script = "cat /proc/driver/nvidia/params; echo ===; \
                   cat /etc/ld.so.conf.d/00-compat-nvshim.conf; echo ===; \
                   cat /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf; echo; echo ===; \
@@ -168,7 +146,7 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
                   grep ' /proc/driver/nvidia/params ' /proc/self/mountinfo; echo ===; \
                   if (echo x > /proc/driver/nvidia/params) 2>/dev/null; then echo writable; fi; \
                   ls -a /; echo ===";
-    let b = w.bundle("b1", script);
+    let b = hook_bundle(&w, "b1", script);
     let rootfs = b.rootfs().path().to_path_buf();
     // The image: CUDA 13.0 with its forward-compatibility library.
     let compat = rootfs.join("usr/local/cuda-13.0/compat");
@@ -181,7 +159,7 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
     .unwrap();
     symlink("cuda-13.0", rootfs.join("usr/local/cuda")).unwrap();
 
-    let cdi_hook = w.link("nvidia-cdi-hook");
+    let cdi_hook = w.hook_link("nvidia-cdi-hook");
     let v = w.host.driver_version().to_string();
     let driver_proc = w.host.proc_root().join("driver");
     let stand_in = format!(
@@ -189,7 +167,7 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
         driver_proc.display(),
         rootfs.display()
     );
-    let host_params = format!("--host-params={}", w.host_params().display());
+    let host_params = format!("--host-params={}", host_params_file(&w).display());
     set_hooks(
         &b,
         vec![
@@ -237,7 +215,7 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
         ],
     );
     let mounts_before = mountinfo();
-    let out = w.run(&b);
+    let out = run_runc(&w, &b);
     let s = sections(&out);
     assert!(s.len() >= 7, "{out}");
 
@@ -288,20 +266,21 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
     );
 
     // The host: its params file unchanged, no mount left in the test's namespace.
-    assert_eq!(fs::read_to_string(w.host_params()).unwrap(), PARAMS);
+    assert_eq!(fs::read_to_string(host_params_file(&w)).unwrap(), PARAMS);
     assert_eq!(mountinfo(), mounts_before);
 }
 
 #[test]
 fn old_nvidia_ctk_hook_command_lines() {
-    let w = World::new();
-    let b = w.bundle(
+    let w = world();
+    let b = hook_bundle(
+        &w,
         "b1",
         "ldconfig -p; echo ===; readlink /usr/lib/x86_64-linux-gnu/libcuda.so; echo ===; \
          cat /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf",
     );
     // What `nvidia-ctk cdi generate` wrote before nvidia-cdi-hook existed.
-    let ctk = w.link("nvidia-ctk");
+    let ctk = w.hook_link("nvidia-ctk");
     let v = w.host.driver_version().to_string();
     set_hooks(
         &b,
@@ -327,7 +306,7 @@ fn old_nvidia_ctk_hook_command_lines() {
             hook(&ctk, &["nvidia-ctk", "hook", "a-hook-from-the-future"]),
         ],
     );
-    let out = w.run(&b);
+    let out = run_runc(&w, &b);
     let s = sections(&out);
     assert!(
         s[0].contains(&format!(

@@ -28,13 +28,12 @@ use std::time::{Duration, Instant};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nvshim_hook::ldcache::LdCache;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
-    LIB_DIR,
+    unique_id, Bundle, FakeGpu, FakeHost, ProbeReport, RunOutput, Runtime, LIB_DIR,
 };
 use serde_json::Value;
-use tempfile::TempDir;
 
-use super::common::{hook_path, shim_at, shim_log, SHIM};
+use super::common::{hook_path, shim_at, SHIM};
+use super::world::World;
 
 // ---- the table in docs/reliability.md -------------------------------------------------------
 
@@ -129,60 +128,10 @@ Each class is closed for every variant, not only the reported case; the tests na
 | Value-taking global flags unknown to the argv scan | runc's and crun's value-taking global flags (`--root`, `--log`, `--log-format`, `--log-level`, `--criu`, `--rootless`, `--cgroup-manager`, `--handler`), both `--flag value` and `--flag=value` | `runtime::tests::global_value_flags_table` |
 ";
 
-// ---- a world: fake host, config, bundles -----------------------------------------------------
+// ---- the world --------------------------------------------------------------------------------
 
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-}
-
-impl World {
-    fn new(gpus: usize, extra_toml: &str) -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-rel-")
-            .tempdir()
-            .unwrap();
-        let host =
-            FakeHost::build(&tmp.path().join("host"), &FakeHostSpec::with_gpus(gpus)).unwrap();
-        let config = tmp.path().join("nvshim/config.toml");
-        let w = World { tmp, host, config };
-        w.configure(extra_toml);
-        w
-    }
-
-    fn configure(&self, extra_toml: &str) {
-        let extra = format!("hook-path = \"{}\"\n{extra_toml}", hook_path().display());
-        self.host.write_config(&self.config, &extra).unwrap();
-    }
-
-    fn path(&self) -> &Path {
-        self.tmp.path()
-    }
-
-    fn bundle(&self, name: &str, visible: Option<&str>) -> Bundle {
-        let spec = ProbeSpec::for_host(&self.host);
-        let args = spec.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let b = Bundle::new(&self.path().join(name), &args).unwrap();
-        if let Some(v) = visible {
-            b.set_env("NVIDIA_VISIBLE_DEVICES", v).unwrap();
-        }
-        b
-    }
-
-    /// The shim with its own runc state dir and a JSON `--log`.
-    fn shim(&self, log: &Path) -> Runtime {
-        self.shim_at(SHIM, log)
-    }
-
-    fn shim_at(&self, program: impl Into<PathBuf>, log: &Path) -> Runtime {
-        shim_at(program, self.path(), &self.config).json_log(log)
-    }
-
-    fn shim_log(&self) -> String {
-        shim_log(&self.config)
-    }
+fn world(gpus: usize, extra_toml: &str) -> World {
+    World::builder().gpus(gpus).config(extra_toml).build()
 }
 
 /// Temporary files the shim's atomic save could leave in `dir`.
@@ -293,7 +242,7 @@ fn subsets(gpus: &[&FakeGpu]) -> Vec<Vec<usize>> {
 
 #[test]
 fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
-    let w = World::new(8, "log-level = \"info\"\n");
+    let w = world(8, "log-level = \"info\"\n");
     let by_bus: Vec<&FakeGpu> = w.host.gpus_by_bus();
     let sets = subsets(&by_bus);
     // Requests in the three spellings, one in three each.
@@ -315,11 +264,11 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
     let bundles: Vec<Bundle> = requests
         .iter()
         .enumerate()
-        .map(|(k, r)| w.bundle(&format!("b{k:02}"), Some(r)))
+        .map(|(k, r)| w.gpu_bundle(&format!("b{k:02}"), r))
         .collect();
     // One runc state dir for all, as an engine has.
-    let state = w.path().join("state-load");
-    let log = w.path().join("runc-log.json");
+    let state = w.tmp.path().join("state-load");
+    let log = w.tmp.path().join("runc-log.json");
     let barrier = Barrier::new(bundles.len());
     let started = Instant::now();
     let outcomes: Vec<(RunOutput, String)> = std::thread::scope(|s| {
@@ -414,7 +363,7 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
             how: "50 threads released by a barrier, each `create` + `start` of a busybox bundle asking for a different non-empty GPU subset (by index, UUID or bus id, one in three each); the in-container probe lists /dev/nvidia*, the devices cgroup and mknod results",
             happened: "all 50 ran to completion; each saw exactly its own GPUs (nodes, cgroup rules, mknod EPERM for the others); every config.json is valid JSON with exactly its GPUs' nodes and its request unchanged; no temporary file, no container left",
         },
-        w.path(),
+        w.tmp.path(),
     );
 }
 
@@ -438,11 +387,11 @@ fn fifty_concurrent_cdi_creates_while_claim_specs_come_and_go() {
     // and removing and re-adding others, and 50 creates at once, each first writing its own new
     // claim spec: every create must find its claim (a file added just before), a whole version
     // of every claim it names, and none that was removed.
-    let w = World::new(
+    let w = world(
         2,
         "low-level-runtimes = [\"/bin/true\"]\ncdi-env-kinds = [\"k8s.gpu.nvidia.com/claim\"]\n",
     );
-    let cdi = w.path().join("cdi");
+    let cdi = w.tmp.path().join("cdi");
     fs::create_dir_all(&cdi).unwrap();
     w.configure(&format!(
         "low-level-runtimes = [\"/bin/true\"]\ncdi-env-kinds = [\"k8s.gpu.nvidia.com/claim\"]\ncdi-spec-dirs = [\"{}\"]\n",
@@ -456,12 +405,12 @@ fn fifty_concurrent_cdi_creates_while_claim_specs_come_and_go() {
     // Let the specs age past the index's racy window (src/cdi/index.rs, RACY_NS), so that the
     // index trusts the ones nobody touches below, then warm it once.
     std::thread::sleep(Duration::from_millis(2100));
-    let warm = w.bundle(
+    let warm = w.gpu_bundle(
         "warm",
-        Some(&format!("k8s.gpu.nvidia.com/claim={}-gpu-0", uid(0))),
+        &format!("k8s.gpu.nvidia.com/claim={}-gpu-0", uid(0)),
     );
-    let log = w.path().join("runc-log.json");
-    assert!(run_create(&w.shim(&log), warm.dir(), "warm").success());
+    let log = w.tmp.path().join("runc-log.json");
+    assert!(run_create(&w.shim().json_log(&log), warm.dir(), "warm").success());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let barrier = Barrier::new(51);
     let outcomes: Vec<(usize, RunOutput, Vec<String>)> = std::thread::scope(|s| {
@@ -494,10 +443,14 @@ fn fifty_concurrent_cdi_creates_while_claim_specs_come_and_go() {
                         uid(mine),
                         uid(other)
                     );
-                    let b = w.bundle(&format!("c{k:02}"), Some(&names));
+                    let b = w.gpu_bundle(&format!("c{k:02}"), &names);
                     barrier.wait();
                     fs::write(file(mine), claim_spec(&uid(mine), 1)).unwrap();
-                    let out = run_create(&w.shim(log), b.dir(), &unique_id(&format!("cdi{k:02}")));
+                    let out = run_create(
+                        &w.shim().json_log(log),
+                        b.dir(),
+                        &unique_id(&format!("cdi{k:02}")),
+                    );
                     (k, out, b.env().unwrap())
                 })
             })
@@ -539,7 +492,7 @@ fn fifty_concurrent_cdi_creates_while_claim_specs_come_and_go() {
             how: "50 threads released by a barrier with a writer thread; each writes a new claim spec and at once runs `nvshim-runtime create` (low-level runtime /bin/true) naming it and one claim the writer keeps replacing (rename, V=1/V=2); claims nobody names are removed and re-added meanwhile",
             happened: "all 50 creates succeeded; each found the claim written just before it (an added file is always seen) and a whole version of the rewritten one",
         },
-        w.path(),
+        w.tmp.path(),
     );
 }
 
@@ -547,15 +500,15 @@ fn fifty_concurrent_cdi_creates_while_claim_specs_come_and_go() {
 
 #[test]
 fn no_low_level_runtime() {
-    let w = World::new(
+    let w = world(
         2,
         "low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]\n",
     );
-    let b = w.bundle("bundle", Some("0"));
-    let log = w.path().join("runc-log.json");
+    let b = w.gpu_bundle("bundle", "0");
+    let log = w.tmp.path().join("runc-log.json");
     let msg = assert_clean_failure(
         &w,
-        &w.shim(&log),
+        &w.shim().json_log(&log),
         b.dir(),
         &log,
         &["no low-level runtime found", "/nonexistent/runc"],
@@ -568,15 +521,15 @@ fn no_low_level_runtime() {
                 "`low-level-runtimes = [\"/nonexistent/runc\", \"no-such-runtime\"]`, GPU request 0",
             happened: &msg,
         },
-        w.path(),
+        w.tmp.path(),
     );
 }
 
 #[test]
 fn bundle_on_a_full_filesystem() {
-    let w = World::new(2, "");
-    let b = w.bundle("bundle", Some("0"));
-    let dir = w.path().join("full");
+    let w = world(2, "");
+    let b = w.gpu_bundle("bundle", "0");
+    let dir = w.tmp.path().join("full");
     fs::create_dir(&dir).unwrap();
     mount(
         Some("tmpfs"),
@@ -593,10 +546,10 @@ fn bundle_on_a_full_filesystem() {
     let page = [0u8; 4096];
     while filler.write_all(&page).is_ok() {}
     drop(filler);
-    let log = w.path().join("runc-log.json");
+    let log = w.tmp.path().join("runc-log.json");
     let msg = assert_clean_failure(
         &w,
-        &w.shim(&log),
+        &w.shim().json_log(&log),
         &dir,
         &log,
         &["cannot write", "config.json", "No space left on device"],
@@ -608,17 +561,17 @@ fn bundle_on_a_full_filesystem() {
             how: "bundle dir on a 64 KiB tmpfs filled with a filler file; GPU request 0",
             happened: &msg,
         },
-        w.path(),
+        w.tmp.path(),
     );
 }
 
 #[test]
 fn config_json_not_writable() {
-    let w = World::new(2, "");
-    let log = w.path().join("runc-log.json");
+    let w = world(2, "");
+    let log = w.tmp.path().join("runc-log.json");
 
     // (a) The bundle directory mounted read-only: the temporary file cannot be created.
-    let b = w.bundle("bundle-ro", Some("0"));
+    let b = w.gpu_bundle("bundle-ro", "0");
     mount(
         Some(b.dir()),
         b.dir(),
@@ -638,7 +591,7 @@ fn config_json_not_writable() {
     .unwrap();
     let msg_ro = assert_clean_failure(
         &w,
-        &w.shim(&log),
+        &w.shim().json_log(&log),
         b.dir(),
         &log,
         &["cannot write", "config.json", "Read-only file system"],
@@ -651,12 +604,12 @@ fn config_json_not_writable() {
             how: "bundle dir bind-mounted read-only over itself; GPU request 0",
             happened: &msg_ro,
         },
-        w.path(),
+        w.tmp.path(),
     );
 
     // (b) config.json immutable (root ignores mode bits, not the immutable flag): the rename
     // over it fails.
-    let b = w.bundle("bundle-immutable", Some("0"));
+    let b = w.gpu_bundle("bundle-immutable", "0");
     let chattr = Command::new("chattr")
         .arg("+i")
         .arg(b.config_path())
@@ -667,7 +620,7 @@ fn config_json_not_writable() {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 assert_clean_failure(
                     &w,
-                    &w.shim(&log),
+                    &w.shim().json_log(&log),
                     b.dir(),
                     &log,
                     &["cannot write", "config.json", "Operation not permitted"],
@@ -685,20 +638,20 @@ fn config_json_not_writable() {
                     how: "`chattr +i config.json` (root ignores mode bits); GPU request 0",
                     happened: &msg,
                 },
-                w.path(),
+                w.tmp.path(),
             );
         }
         other => eprintln!(
             "skipping the immutable config.json case: chattr +i failed here ({other:?}); the \
              filesystem of {} may not support the flag",
-            w.path().display()
+            w.tmp.path().display()
         ),
     }
 }
 
 /// A copy of the fake host's proc root, broken by `breakage`, used as `proc-root`.
 fn broken_proc(w: &World, name: &str, breakage: impl FnOnce(&Path)) -> PathBuf {
-    let proc = w.path().join(format!("proc-{name}"));
+    let proc = w.tmp.path().join(format!("proc-{name}"));
     let status = Command::new("cp")
         .arg("-a")
         .arg(w.host.proc_root())
@@ -712,8 +665,8 @@ fn broken_proc(w: &World, name: &str, breakage: impl FnOnce(&Path)) -> PathBuf {
 
 #[test]
 fn proc_files_missing_or_malformed() {
-    let w = World::new(2, "");
-    let log = w.path().join("runc-log.json");
+    let w = world(2, "");
+    let log = w.tmp.path().join("runc-log.json");
     let info_files = |proc: &Path| -> Vec<PathBuf> {
         fs::read_dir(proc.join("driver/nvidia/gpus"))
             .unwrap()
@@ -792,21 +745,24 @@ fn proc_files_missing_or_malformed() {
     ];
     for (id, tried, how, breakage, needles) in cases {
         let proc = broken_proc(&w, id, breakage);
-        let config = w.path().join(format!("config-{id}.toml"));
+        let config = w.tmp.path().join(format!("config-{id}.toml"));
         let extra = format!(
             "hook-path = \"{}\"\nproc-root = \"{}\"\n",
             hook_path().display(),
             proc.display()
         );
         w.host.write_config(&config, &extra).unwrap();
-        let b = w.bundle(&format!("bundle-{id}"), Some("0"));
+        let b = w.gpu_bundle(&format!("bundle-{id}"), "0");
         if id == "F04c-proc-version-missing" {
             b.set_env("NVIDIA_REQUIRE_DRIVER", "driver>=500").unwrap();
         }
-        let rt = Runtime::new(SHIM, &w.path().join(format!("state-{}", unique_id("p"))))
-            .unwrap()
-            .env("NVSHIM_CONFIG", &config)
-            .json_log(&log);
+        let rt = Runtime::new(
+            SHIM,
+            &w.tmp.path().join(format!("state-{}", unique_id("p"))),
+        )
+        .unwrap()
+        .env("NVSHIM_CONFIG", &config)
+        .json_log(&log);
         let msg = assert_clean_failure(&w, &rt, b.dir(), &log, &needles);
         record(
             Row {
@@ -815,27 +771,27 @@ fn proc_files_missing_or_malformed() {
                 how,
                 happened: &msg,
             },
-            w.path(),
+            w.tmp.path(),
         );
     }
 }
 
 #[test]
 fn cdi_spec_directory_that_cannot_be_read() {
-    let w = World::new(2, "");
-    let log = w.path().join("runc-log.json");
+    let w = world(2, "");
+    let log = w.tmp.path().join("runc-log.json");
 
     // (a) The spec directory is a file.
-    let not_dir = w.path().join("cdi-file");
+    let not_dir = w.tmp.path().join("cdi-file");
     fs::write(&not_dir, "not a directory\n").unwrap();
     w.configure(&format!(
         "mode = \"cdi\"\ncdi-spec-dirs = [\"{}\"]\n",
         not_dir.display()
     ));
-    let b = w.bundle("bundle-notdir", Some("0"));
+    let b = w.gpu_bundle("bundle-notdir", "0");
     let msg = assert_clean_failure(
         &w,
-        &w.shim(&log),
+        &w.shim().json_log(&log),
         b.dir(),
         &log,
         &["nvidia.com/gpu=0", "Not a directory"],
@@ -847,7 +803,7 @@ fn cdi_spec_directory_that_cannot_be_read() {
             how: "`mode = \"cdi\"`, `cdi-spec-dirs` naming a regular file; request `nvidia.com/gpu=0`",
             happened: &msg,
         },
-        w.path(),
+        w.tmp.path(),
     );
 
     // (b) A directory the shim may not read: mode 000, and the shim run without
@@ -857,7 +813,7 @@ fn cdi_spec_directory_that_cannot_be_read() {
         eprintln!("skipping the permission case: no /usr/bin/setpriv (util-linux)");
         return;
     }
-    let locked = w.path().join("cdi-locked");
+    let locked = w.tmp.path().join("cdi-locked");
     fs::create_dir(&locked).unwrap();
     fs::copy(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/cdi_spec/seed-generated-8gpu.json"),
@@ -869,7 +825,7 @@ fn cdi_spec_directory_that_cannot_be_read() {
         "mode = \"cdi\"\ncdi-spec-dirs = [\"{}\"]\n",
         locked.display()
     ));
-    let wrapper = w.path().join("shim-without-dac");
+    let wrapper = w.tmp.path().join("shim-without-dac");
     fs::write(
         &wrapper,
         format!(
@@ -879,11 +835,11 @@ fn cdi_spec_directory_that_cannot_be_read() {
     )
     .unwrap();
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
-    let b = w.bundle("bundle-locked", Some("0"));
+    let b = w.gpu_bundle("bundle-locked", "0");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         assert_clean_failure(
             &w,
-            &w.shim_at(&wrapper, &log),
+            &shim_at(&wrapper, w.tmp.path(), &w.config).json_log(&log),
             b.dir(),
             &log,
             &["nvidia.com/gpu=0", "Permission denied"],
@@ -898,7 +854,7 @@ fn cdi_spec_directory_that_cannot_be_read() {
             how: "spec dir mode 000 holding a valid spec; the shim run by `setpriv --bounding-set -dac_override,-dac_read_search`; request `nvidia.com/gpu=0`",
             happened: &msg,
         },
-        w.path(),
+        w.tmp.path(),
     );
 }
 
@@ -927,8 +883,8 @@ fn copy_driver_libs(host: &FakeHost, rootfs: &Path, stems: &[&str]) {
 
 #[test]
 fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
-    let w = World::new(1, "");
-    let b = w.bundle("bundle", None);
+    let w = world(1, "");
+    let b = w.probe_bundle("bundle", &[]);
     let rootfs = b.rootfs().path().to_path_buf();
     // The image: three driver libraries already there, and their cache (what ldconfig made
     // when the image was built).
@@ -947,7 +903,7 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
     let old = fs::read(&cache).unwrap();
     // The rest of the driver, as the bind mounts place it.
     copy_driver_libs(&w.host, &rootfs, &[]);
-    let state = w.path().join("state.json");
+    let state = w.tmp.path().join("state.json");
     fs::write(
         &state,
         format!(
@@ -1033,7 +989,7 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
             how: "200 runs on a busybox rootfs whose image ld.so.cache indexes 3 of the fake driver's 22 libraries, the other 19 added as the bind mounts place them, each killed after a delay spread evenly from 0 to 1.25 times a typical run",
             happened: "after every kill the container's /etc/ld.so.cache was byte-identical to the old cache or to the complete new one, never torn (the hook writes the new cache nameless with O_TMPFILE, links it under a temporary name and renames it over the old one); only a run killed in the instant between that link and the rename leaves its `.ld.so.cache.nvshim-<pid>` in the container's /etc (1 in 200 kills here; 17 in 200 when the temporary file was named from the start)",
         },
-        w.path(),
+        w.tmp.path(),
     );
 }
 
@@ -1045,9 +1001,9 @@ fn update_ldcache_hook_killed_half_way_leaves_old_or_new_cache() {
 /// it ran with SIGPIPE ignored while runc started directly did not.
 #[test]
 fn signal_dispositions_pass_through_to_the_low_level_runtime() {
-    let w = World::new(1, "");
-    let report = w.path().join("sigign");
-    let fake_runc = w.path().join("fake-runc");
+    let w = world(1, "");
+    let report = w.tmp.path().join("sigign");
+    let fake_runc = w.tmp.path().join("fake-runc");
     fs::write(
         &fake_runc,
         format!(
@@ -1097,6 +1053,6 @@ fn signal_dispositions_pass_through_to_the_low_level_runtime() {
             how: "a fake low-level runtime records SigIgn from /proc/self/status; the shim started with SIGPIPE default, then with SIGPIPE ignored",
             happened: "the runtime saw SIGPIPE exactly as the shim's caller set it, both ways (before `no_main`, Rust's runtime made it ignored in runc for every call)",
         },
-        w.path(),
+        w.tmp.path(),
     );
 }

@@ -11,112 +11,25 @@
 
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::PathBuf;
 use std::process::Command;
 
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
     unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, KernelModules, Layout, ProbeReport,
-    ProbeSpec, RunOutput, Runtime,
+    RunOutput, Runtime,
 };
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-use super::common::{hook_path, shim_at, shim_log, NVSHIM, SHIM};
+use super::common::NVSHIM;
+use super::world::World;
 
-/// One test's world: a fake two-GPU host, an nvshim config pointing at it, and a temp dir that
-/// holds bundles and runc state. Everything goes when it drops.
-struct World {
-    tmp: TempDir,
-    host: FakeHost,
-    config: PathBuf,
-}
-
-impl World {
-    fn new() -> World {
-        World::with_spec(&FakeHostSpec::with_gpus(2))
-    }
-
-    fn with_spec(spec: &FakeHostSpec) -> World {
-        let tmp = tempfile::Builder::new()
-            .prefix("nvshim-e2e-")
-            .tempdir()
-            .unwrap();
-        let host = FakeHost::build(&tmp.path().join("host"), spec).unwrap();
-        let config = tmp.path().join("nvshim/config.toml");
-        World { tmp, host, config }
-    }
-
-    /// A world whose nvshim config names the hook explicitly (checking that it was built).
-    fn with_shim_config(extra_toml: &str) -> World {
-        World::new().configured(extra_toml)
-    }
-
-    fn configured(self, extra_toml: &str) -> World {
-        let w = self;
-        let extra = if extra_toml.contains("hook-path") {
-            extra_toml.to_string()
-        } else {
-            format!("hook-path = \"{}\"\n{extra_toml}", hook_path().display())
-        };
-        w.host.write_config(&w.config, &extra).unwrap();
-        w
-    }
-
-    /// A busybox bundle whose process is the probe script.
-    fn bundle(&self, name: &str) -> Bundle {
-        let spec = ProbeSpec::for_host(&self.host);
-        let args = spec.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Bundle::new(&self.tmp.path().join(name), &args).unwrap()
-    }
-
-    fn gpu_bundle(&self, name: &str, visible: &str) -> Bundle {
-        let b = self.bundle(name);
-        b.set_env("NVIDIA_VISIBLE_DEVICES", visible).unwrap();
-        b
-    }
-
-    fn shim(&self) -> Runtime {
-        shim_at(SHIM, self.tmp.path(), &self.config)
-    }
-
-    fn runc(&self) -> Runtime {
-        Runtime::new(
-            "runc",
-            &self.tmp.path().join(format!("state-{}", unique_id("r"))),
-        )
-        .unwrap()
-    }
-
-    fn shim_log(&self) -> String {
-        shim_log(&self.config)
-    }
-
-    /// The GPU `NVIDIA_VISIBLE_DEVICES=<index>` selects.
-    fn gpu(&self, index: usize) -> &FakeGpu {
-        self.host.gpu_at_index(index).unwrap()
-    }
-
-    /// Runs the container (with `run`, or `create`+`start`), asserts it worked, parses the probe.
-    fn probe(&self, rt: &Runtime, bundle: &Bundle, create_start: bool) -> ProbeReport {
-        let id = unique_id("nvshim-e2e");
-        let out = if create_start {
-            rt.create_start(bundle, &id).unwrap()
-        } else {
-            rt.run(bundle, &id).unwrap()
-        };
-        let report = ProbeReport::parse(&out.stdout);
-        if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
-            eprintln!("{out}");
-        }
-        assert!(
-            out.success() && report.complete,
-            "the container did not run to completion\n{out}\n--- nvshim.log ---\n{}",
-            self.shim_log()
-        );
-        report
-    }
+/// Plain runc with a fresh state dir under the world's temp dir: the harness tests' reference.
+fn runc(w: &World) -> Runtime {
+    Runtime::new(
+        "runc",
+        &w.tmp.path().join(format!("state-{}", unique_id("r"))),
+    )
+    .unwrap()
 }
 
 fn sorted(mut p: Vec<String>) -> Vec<String> {
@@ -235,10 +148,10 @@ fn hand_edit_gpu_bundle(w: &World, bundle: &Bundle, gpus: &[&FakeGpu], readonly:
 #[test]
 fn harness_detects_gpu_on_hand_edited_runc_bundle() {
     let w = World::new();
-    let bundle = w.bundle("bundle");
+    let bundle = w.probe_bundle("bundle", &[]);
     let gpu = w.gpu(1);
     hand_edit_gpu_bundle(&w, &bundle, &[gpu], true);
-    let r = w.probe(&w.runc(), &bundle, false);
+    let r = w.probe(&runc(&w), &bundle, false);
 
     assert_gpu_container(&w, &r, &[gpu], "plain runc, hand-edited for index 1");
     assert_no_problems("nvidia-smi", &r.smi_problems(&[gpu]), &r);
@@ -252,8 +165,8 @@ fn harness_detects_gpu_on_hand_edited_runc_bundle() {
 #[test]
 fn harness_detects_absence_on_plain_runc_bundle() {
     let w = World::new();
-    let bundle = w.bundle("bundle");
-    let r = w.probe(&w.runc(), &bundle, false);
+    let bundle = w.probe_bundle("bundle", &[]);
+    let r = w.probe(&runc(&w), &bundle, false);
 
     assert_no_problems("plain runc", &r.no_nvidia_problems(&w.host), &r);
     let gpu = w.gpu(1);
@@ -279,10 +192,10 @@ fn harness_detects_absence_on_plain_runc_bundle() {
 #[test]
 fn harness_detects_extra_gpu_and_writable_mount() {
     let w = World::new();
-    let bundle = w.bundle("bundle");
+    let bundle = w.probe_bundle("bundle", &[]);
     // Both GPUs and read-write library mounts: wrong for a request of index 1.
     hand_edit_gpu_bundle(&w, &bundle, &[w.gpu(0), w.gpu(1)], false);
-    let r = w.probe(&w.runc(), &bundle, false);
+    let r = w.probe(&runc(&w), &bundle, false);
 
     let p = gpu_container_problems(&r, &w.host, &[w.gpu(1)]);
     for expected in [
@@ -308,7 +221,7 @@ fn harness_detects_extra_gpu_and_writable_mount() {
 
 #[test]
 fn index_selects_by_bus_order_with_run() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     let r = w.probe(&w.shim(), &bundle, false);
     let gpu = w.gpu(1);
@@ -319,7 +232,7 @@ fn index_selects_by_bus_order_with_run() {
 
 #[test]
 fn index_selects_by_bus_order_with_create_start() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     let r = w.probe(&w.shim(), &bundle, true);
     assert_gpu_container(
@@ -334,7 +247,7 @@ fn index_selects_by_bus_order_with_create_start() {
 fn pre_550_frontend_major_name_is_understood() {
     let mut spec = FakeHostSpec::with_gpus(2);
     spec.frontend_name = "nvidia-frontend".to_string();
-    let w = World::with_spec(&spec).configured("");
+    let w = World::builder().spec(spec).build();
     let bundle = w.gpu_bundle("bundle", "1");
     let r = w.probe(&w.shim(), &bundle, false);
     assert_gpu_container(&w, &r, &[w.gpu(1)], "195 nvidia-frontend in /proc/devices");
@@ -353,7 +266,7 @@ fn cuda_image_starts_on_open_and_proprietary_kernel_modules() {
     for modules in [KernelModules::Open, KernelModules::Proprietary] {
         let mut spec = FakeHostSpec::with_gpus(2);
         spec.kernel_modules = modules;
-        let w = World::with_spec(&spec).configured("");
+        let w = World::builder().spec(spec).build();
         let bundle = w.gpu_bundle("bundle", "1");
         bundle.set_env("NVIDIA_REQUIRE_CUDA", require).unwrap();
         let r = w.probe(&w.shim(), &bundle, false);
@@ -363,7 +276,7 @@ fn cuda_image_starts_on_open_and_proprietary_kernel_modules() {
 
 #[test]
 fn all_selects_every_gpu() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "all");
     let r = w.probe(&w.shim(), &bundle, false);
     assert_gpu_container(&w, &r, &[w.gpu(0), w.gpu(1)], "NVIDIA_VISIBLE_DEVICES=all");
@@ -371,7 +284,7 @@ fn all_selects_every_gpu() {
 
 #[test]
 fn none_gives_control_nodes_and_libraries_but_no_gpu() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "none");
     let r = w.probe(&w.shim(), &bundle, false);
     assert_gpu_container(&w, &r, &[], "NVIDIA_VISIBLE_DEVICES=none");
@@ -379,9 +292,9 @@ fn none_gives_control_nodes_and_libraries_but_no_gpu() {
 
 #[test]
 fn void_empty_and_unset_are_not_gpu_containers() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     for (name, visible) in [("void", Some("void")), ("empty", Some("")), ("unset", None)] {
-        let bundle = w.bundle(name);
+        let bundle = w.probe_bundle(name, &[]);
         if let Some(v) = visible {
             bundle.set_env("NVIDIA_VISIBLE_DEVICES", v).unwrap();
         }
@@ -396,7 +309,7 @@ fn void_empty_and_unset_are_not_gpu_containers() {
 
 #[test]
 fn uuid_selects_that_gpu() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let gpu = w.gpu(0);
     let bundle = w.gpu_bundle("bundle", &gpu.uuid);
     let r = w.probe(&w.shim(), &bundle, false);
@@ -405,7 +318,7 @@ fn uuid_selects_that_gpu() {
 
 #[test]
 fn bus_id_selects_that_gpu_with_and_without_domain() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let gpu = w.gpu(1);
     let short = gpu.bus_id.trim_start_matches("0000:").to_string();
     let short_domain = format!("0:{short}");
@@ -422,7 +335,7 @@ fn bus_id_selects_that_gpu_with_and_without_domain() {
 
 #[test]
 fn utility_capability_brings_nvml_and_smi_but_not_cuda() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     bundle
         .set_env("NVIDIA_DRIVER_CAPABILITIES", "utility")
@@ -480,7 +393,7 @@ fn assert_rejected(w: &World, rt: &Runtime, bundle: &Bundle, needles: &[&str]) -
 
 #[test]
 fn unknown_uuid_is_rejected_before_runc() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let uuid = "GPU-00000000-1111-2222-3333-444444444444";
     let bundle = w.gpu_bundle("bundle", uuid);
     assert_rejected(&w, &w.shim(), &bundle, &[uuid]);
@@ -488,7 +401,7 @@ fn unknown_uuid_is_rejected_before_runc() {
 
 #[test]
 fn unknown_uuid_is_logged_as_json_error() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let uuid = "GPU-00000000-1111-2222-3333-444444444444";
     let bundle = w.gpu_bundle("bundle", uuid);
     let log = w.tmp.path().join("runtime-log.json");
@@ -512,7 +425,7 @@ fn unknown_uuid_is_logged_as_json_error() {
 
 #[test]
 fn unknown_index_is_rejected_before_runc() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "7");
     assert_rejected(&w, &w.shim(), &bundle, &["7"]);
 }
@@ -521,8 +434,8 @@ fn unknown_index_is_rejected_before_runc() {
 /// asks for none is runc's to refuse (it does), untouched either way.
 #[test]
 fn malformed_config_json_is_rejected_before_runc() {
-    let w = World::with_shim_config("");
-    let bundle = w.bundle("bundle");
+    let w = World::new();
+    let bundle = w.probe_bundle("bundle", &[]);
     // A GPU marker: without one, an unreadable config.json is runc's to judge.
     bundle
         .write_config_bytes(
@@ -531,7 +444,7 @@ fn malformed_config_json_is_rejected_before_runc() {
         .unwrap();
     assert_rejected(&w, &w.shim(), &bundle, &["config.json"]);
 
-    let plain = w.bundle("plain");
+    let plain = w.probe_bundle("plain", &[]);
     let broken = b"{\"ociVersion\": \"1.0.2\", \"process\": {";
     plain.write_config_bytes(broken).unwrap();
     let out = w
@@ -549,7 +462,7 @@ fn malformed_config_json_is_rejected_before_runc() {
 
 #[test]
 fn unmet_requirement_is_rejected_before_runc() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     bundle
         .set_env("NVIDIA_REQUIRE_DRIVER", "driver>=999.0")
@@ -561,7 +474,7 @@ fn unmet_requirement_is_rejected_before_runc() {
 /// container starts, as on NVIDIA's default mode.
 #[test]
 fn disable_require_in_the_config_skips_requirements() {
-    let w = World::with_shim_config("disable-require = true\n");
+    let w = World::builder().config("disable-require = true\n").build();
     let bundle = w.gpu_bundle("bundle", "1");
     bundle.set_env("NVIDIA_REQUIRE_CUDA", "cuda>=99.0").unwrap();
     let r = w.probe(&w.shim(), &bundle, false);
@@ -570,16 +483,18 @@ fn disable_require_in_the_config_skips_requirements() {
 
 #[test]
 fn missing_low_level_runtime_is_rejected() {
-    let w = World::with_shim_config("low-level-runtimes = [\"/nonexistent/runc\"]\n");
+    let w = World::builder()
+        .config("low-level-runtimes = [\"/nonexistent/runc\"]\n")
+        .build();
     let bundle = w.gpu_bundle("bundle", "1");
     assert_rejected(&w, &w.shim(), &bundle, &["/nonexistent/runc"]);
 }
 
 #[test]
 fn non_gpu_bundles_are_byte_identical_after_create() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     for (name, visible) in [("unset", None), ("empty", Some("")), ("void", Some("void"))] {
-        let bundle = w.bundle(name);
+        let bundle = w.probe_bundle(name, &[]);
         if let Some(v) = visible {
             bundle.set_env("NVIDIA_VISIBLE_DEVICES", v).unwrap();
         }
@@ -611,7 +526,7 @@ fn count(config: &Value, pointer: &str) -> usize {
 
 #[test]
 fn second_create_on_an_edited_bundle_adds_nothing() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     let rt = w.shim();
 
@@ -652,7 +567,7 @@ fn second_create_on_an_edited_bundle_adds_nothing() {
 
 #[test]
 fn unknown_fields_and_annotations_survive_create() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     let extras = [
         (
@@ -699,7 +614,7 @@ fn unknown_fields_and_annotations_survive_create() {
 /// (the hook path does not exist here: had it stayed, runc would fail to start the container).
 #[test]
 fn docker_gpus_hook_spec_gives_the_same_view_as_the_env_alone() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let gpu = w.gpu(1);
     let caps = "compute,utility";
 
@@ -707,7 +622,7 @@ fn docker_gpus_hook_spec_gives_the_same_view_as_the_env_alone() {
     plain.set_env("NVIDIA_DRIVER_CAPABILITIES", caps).unwrap();
     let expected = w.probe(&w.shim(), &plain, false);
 
-    let docker = w.bundle("docker");
+    let docker = w.probe_bundle("docker", &[]);
     docker
         .edit(|c| {
             let env = c["process"]["env"].as_array_mut().unwrap();
@@ -757,7 +672,7 @@ fn drm_node_of(w: &World, bus_id: &str, kind: &str) -> Option<String> {
 /// with their cgroup rules and groups, the hooks' links and the application profile.
 #[test]
 fn all_capabilities_give_the_whole_driver() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     bundle.set_env("NVIDIA_DRIVER_CAPABILITIES", "all").unwrap();
     let r = w.probe(&w.shim(), &bundle, false);
@@ -903,7 +818,7 @@ fn all_capabilities_give_the_whole_driver() {
 /// libraries still resolve.
 #[test]
 fn optional_hooks_that_cannot_apply_let_the_container_start() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let bundle = w.gpu_bundle("bundle", "1");
     bundle
         .set_env("NVIDIA_DRIVER_CAPABILITIES", "graphics,compute,utility")
@@ -921,7 +836,7 @@ fn optional_hooks_that_cannot_apply_let_the_container_start() {
 fn rhel_layout_gives_the_same_driver_in_its_own_paths() {
     let mut spec = FakeHostSpec::with_gpus(2);
     spec.layout = Layout::Rhel;
-    let w = World::with_spec(&spec).configured("");
+    let w = World::builder().spec(spec).build();
     let bundle = w.gpu_bundle("bundle", "1");
     bundle.set_env("NVIDIA_DRIVER_CAPABILITIES", "all").unwrap();
     let r = w.probe(&w.shim(), &bundle, false);
@@ -964,21 +879,19 @@ fn driver_directory_layouts_give_the_driver_with_or_without_an_ld_cache() {
     let mut spec = FakeHostSpec::with_gpus(2);
     spec.layout = Layout::UsrLocalNvidia;
     for gke in [false, true] {
-        let w = World::with_spec(&spec);
+        let w = World::builder().spec(spec.clone()).build();
         let v = w.host.driver_version().to_string();
         let driver_dir = w.host.root().join("usr/local/nvidia");
         assert!(!driver_dir.join("etc/ld.so.cache").exists());
-        let (case, w, lib64, lib32) = if gke {
-            let extra = format!("driver-root = \"{}\"\n", driver_dir.display());
-            (
-                "driver-root = the driver directory",
-                w.configured(&extra),
-                "/lib64",
-                "/lib",
-            )
+        let (case, lib64, lib32) = if gke {
+            w.configure(&format!("driver-root = \"{}\"\n", driver_dir.display()));
+            ("driver-root = the driver directory", "/lib64", "/lib")
         } else {
-            let (lib64, lib32) = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib");
-            ("driver-root /", w.configured(""), lib64, lib32)
+            (
+                "driver-root /",
+                "/usr/local/nvidia/lib64",
+                "/usr/local/nvidia/lib",
+            )
         };
         let bundle = w.gpu_bundle("bundle", "1");
         bundle
@@ -1034,7 +947,7 @@ fn driver_directory_layouts_give_the_driver_with_or_without_an_ld_cache() {
 /// "Request parsing classes": duplicate JSON keys).
 #[test]
 fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     for (i, (from, to, pointer)) in [
         ("{", "{\"linux\":{\"namespaces\":[]},", "/linux"),
         (
@@ -1061,7 +974,7 @@ fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
 /// parsing classes": unreadable config.json of a non-GPU container).
 #[test]
 fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
-    let w = World::with_shim_config("");
+    let w = World::new();
     let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
     let variants: Vec<(&str, String, String)> = vec![
         (
@@ -1082,7 +995,7 @@ fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
             let bundle = if gpu {
                 w.gpu_bundle(&format!("{name}-gpu"), "1")
             } else {
-                w.bundle(name)
+                w.probe_bundle(name, &[])
             };
             let mut v: Value = serde_json::from_slice(&bundle.config_bytes().unwrap()).unwrap();
             // The harness's probe script greps for NVIDIA_ variables: a marker of its own.
