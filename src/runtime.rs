@@ -93,6 +93,23 @@ fn flag(arg: &OsStr) -> Option<(&str, Option<&OsStr>)> {
     std::str::from_utf8(name).ok().map(|n| (n, value))
 }
 
+/// A flag's value: inline (`--x=v`), else the next argument (`--x v`), which `i` then
+/// points at; `flag` names the flag in the error when there is none.
+fn flag_value(
+    args: &[OsString],
+    i: &mut usize,
+    inline: Option<&OsStr>,
+    flag: impl FnOnce() -> String,
+) -> Result<OsString, RuntimeError> {
+    if let Some(v) = inline {
+        return Ok(v.to_os_string());
+    }
+    *i += 1;
+    args.get(*i)
+        .cloned()
+        .ok_or_else(|| RuntimeError::MissingValue { flag: flag() })
+}
+
 /// Scans runc's argv (without argv[0]).
 pub fn parse_args(args: &[OsString]) -> Result<Invocation, RuntimeError> {
     let mut inv = Invocation::default();
@@ -108,17 +125,7 @@ pub fn parse_args(args: &[OsString]) -> Result<Invocation, RuntimeError> {
             break;
         };
         if GLOBAL_VALUE_FLAGS.contains(&name) {
-            let value = match inline {
-                Some(v) => v.to_os_string(),
-                None => {
-                    i += 1;
-                    args.get(i)
-                        .cloned()
-                        .ok_or_else(|| RuntimeError::MissingValue {
-                            flag: format!("--{name}"),
-                        })?
-                }
-            };
+            let value = flag_value(args, &mut i, inline, || format!("--{name}"))?;
             match name {
                 "log" => inv.log = Some(PathBuf::from(value)),
                 "log-format" => inv.log_format = Some(value.to_string_lossy().into_owned()),
@@ -149,17 +156,8 @@ pub fn parse_args(args: &[OsString]) -> Result<Invocation, RuntimeError> {
         if let Some((name, inline)) = flag(arg) {
             let takes_value = name == "bundle" || name == "b" || CREATE_VALUE_FLAGS.contains(&name);
             if takes_value {
-                let value = match inline {
-                    Some(v) => v.to_os_string(),
-                    None => {
-                        i += 1;
-                        args.get(i)
-                            .cloned()
-                            .ok_or_else(|| RuntimeError::MissingValue {
-                                flag: arg.to_string_lossy().into_owned(),
-                            })?
-                    }
-                };
+                let value =
+                    flag_value(args, &mut i, inline, || arg.to_string_lossy().into_owned())?;
                 if name == "bundle" || name == "b" {
                     inv.bundle = Some(PathBuf::from(value));
                 }
