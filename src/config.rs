@@ -36,6 +36,17 @@ pub enum Mode {
     Cdi,
 }
 
+impl Mode {
+    /// The name the config file uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Auto => "auto",
+            Mode::Legacy => "legacy",
+            Mode::Cdi => "cdi",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogLevel {

@@ -186,7 +186,7 @@ pub fn plan_bundle(
         source,
     })?;
     trace.route = Some(route.clone());
-    if route != Route::Nothing {
+    if !matches!(route, Route::Nothing(_)) {
         // The device plugin's `/dev/null` mounts were the request and carry nothing else.
         request::remove_device_mounts(&mut edited, &request.device_mounts);
     }
@@ -203,9 +203,9 @@ pub fn plan_bundle(
         memory_limit_hook: None,
     };
     match route {
-        Route::Nothing => {}
-        Route::Cdi(names) => apply_cdi(config, &mut plan, names, trace)?,
-        Route::Legacy => {
+        Route::Nothing(_) => {}
+        Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, trace)?,
+        Route::Legacy(_) => {
             let host = host_from(config);
             let settings = legacy::Settings::new(config, tools);
             let snapshot = host.snapshot()?;

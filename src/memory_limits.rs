@@ -156,8 +156,8 @@ pub fn hook(
         return Ok((None, Vec::new()));
     }
     let (ids, warnings) = match plan.route {
-        Route::Legacy if !plan.gpus.is_empty() => legacy_ids(plan, &host.gpus()?),
-        Route::Cdi(_) if !plan.cdi_devices.is_empty() => cdi_ids(plan, &host.gpus()?),
+        Route::Legacy(_) if !plan.gpus.is_empty() => legacy_ids(plan, &host.gpus()?),
+        Route::Cdi(..) if !plan.cdi_devices.is_empty() => cdi_ids(plan, &host.gpus()?),
         _ => return Ok((None, Vec::new())),
     };
     if ids.is_empty() {

@@ -26,14 +26,14 @@ use serde_json::{json, Map, Value};
 
 use crate::bundle::Bundle;
 use crate::cdi;
-use crate::config::{Config, Mode};
+use crate::config::Config;
 use crate::create::{self, Trace};
 use crate::edits::{self, ContainerEdits};
 use crate::edits::{Cause, EditGroup};
 use crate::host::Gpu;
 use crate::install;
 use crate::nvidia::Capabilities;
-use crate::request::{self, Request, Route, Source, VisibleDevices};
+use crate::request::{self, Request, Route, Source};
 use crate::runtime::RuntimeError;
 
 /// What to explain: a bundle directory (its `config.json`), or a config.json anywhere.
@@ -207,14 +207,6 @@ pub struct GroupItem {
     pub intel_rdt: Option<Value>,
 }
 
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Auto => "auto",
-        Mode::Legacy => "legacy",
-        Mode::Cdi => "cdi",
-    }
-}
-
 /// The capability names set, in `NVIDIA_DRIVER_CAPABILITIES` spelling.
 pub fn capability_names(c: &Capabilities) -> Vec<&'static str> {
     [
@@ -257,7 +249,7 @@ pub fn explain(
     let mut out = Explanation {
         config_json,
         nvshim_config: nvshim_config.map(Path::to_path_buf),
-        mode: mode_name(config.mode),
+        mode: config.mode.name(),
         low_level_runtime: runtime,
         hook_path: hook_path.to_path_buf(),
         requests: Vec::new(),
@@ -294,7 +286,7 @@ pub fn explain(
         describe_request(&mut out, &original, request);
         out.requirements_disabled |= config.disable_require;
         if let Some(route) = &trace.route {
-            out.route = Some(describe_route(config, request, route));
+            out.route = Some(describe_route(route));
         }
     }
     out.removed_hooks = trace.removed_hooks.clone();
@@ -310,7 +302,7 @@ pub fn explain(
                 .collect();
             // A CDI spec generated for another driver: `create` does not look (it reads the
             // spec files and nothing else of the host), but explain can afford the look.
-            if matches!(plan.route, Route::Cdi(_)) {
+            if matches!(plan.route, Route::Cdi(..)) {
                 let running = install::host_from(config).driver_version().ok();
                 for g in groups {
                     for s in cdi::registry::stale_library_mounts(&g.edits, running.as_deref()) {
@@ -418,61 +410,15 @@ fn describe_request(out: &mut Explanation, spec: &Value, request: &Request) {
 }
 
 /// The mode `route` chose, and why, in the terms of `request::route`'s rules.
-fn describe_route(config: &Config, request: &Request, route: &Route) -> RouteItem {
-    let mode = config.mode;
-    let (name, reason, cdi_devices) = match route {
-        Route::Nothing => (
-            "none",
-            if request.ignored_unprivileged_env {
-                "not a GPU container: its NVIDIA_VISIBLE_DEVICES is ignored (unprivileged)".into()
-            } else if request.cdi_already_applied {
-                "nothing to do: the engine has already applied the annotated CDI devices (NVIDIA_VISIBLE_DEVICES=void)".into()
-            } else {
-                "not a GPU container: NVIDIA_VISIBLE_DEVICES is unset, empty or void and no CDI device is annotated; config.json is left byte-identical".to_string()
-            },
-            Vec::new(),
-        ),
-        Route::Legacy => (
-            "legacy",
-            match (mode, &request.devices) {
-                (Mode::Legacy, _) => {
-                    "mode = legacy: NVIDIA_VISIBLE_DEVICES is resolved against the host".into()
-                }
-                (_, VisibleDevices::All) => {
-                    "NVIDIA_VISIBLE_DEVICES=all: every GPU of the host, resolved against /proc"
-                        .into()
-                }
-                (_, VisibleDevices::NoGpus) => {
-                    "NVIDIA_VISIBLE_DEVICES=none: the driver (control nodes, libraries) without GPUs"
-                        .into()
-                }
-                _ => "NVIDIA_VISIBLE_DEVICES names GPUs by index, UUID or PCI bus id (mode = auto), resolved against /proc".to_string(),
-            },
-            Vec::new(),
-        ),
-        Route::Cdi(names) => (
-            "cdi",
-            if !request.annotation_devices.is_empty() {
-                format!(
-                    "CDI devices named in annotations ({}), which take precedence over NVIDIA_VISIBLE_DEVICES (mode = {})",
-                    config.cdi_annotation_prefixes.join(", "),
-                    mode_name(mode)
-                )
-            } else if mode == Mode::Cdi {
-                format!(
-                    "mode = cdi: NVIDIA_VISIBLE_DEVICES entries without a kind get cdi-default-kind {}",
-                    config.cdi_default_kind
-                )
-            } else {
-                "every NVIDIA_VISIBLE_DEVICES entry is a fully qualified CDI device name (mode = auto)"
-                    .to_string()
-            },
-            names.clone(),
-        ),
+fn describe_route(route: &Route) -> RouteItem {
+    let (name, cdi_devices) = match route {
+        Route::Nothing(_) => ("none", Vec::new()),
+        Route::Legacy(_) => ("legacy", Vec::new()),
+        Route::Cdi(names, _) => ("cdi", names.clone()),
     };
     RouteItem {
         mode: name,
-        reason,
+        reason: route.reason().to_string(),
         cdi_devices,
     }
 }

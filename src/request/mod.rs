@@ -575,15 +575,76 @@ pub fn remove_device_mounts(spec: &mut Value, destinations: &[String]) {
     }
 }
 
-/// How a request is served.
+/// How a request is served, with the reason [`route`] chose it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// Not a GPU container.
-    Nothing,
+    Nothing(Reason),
     /// Resolved against the host (`legacy::resolve`).
-    Legacy,
+    Legacy(Reason),
     /// These fully qualified CDI devices, from the spec directories.
-    Cdi(Vec<String>),
+    Cdi(Vec<String>, Reason),
+}
+
+impl Route {
+    pub fn reason(&self) -> &Reason {
+        match self {
+            Route::Nothing(r) | Route::Legacy(r) | Route::Cdi(_, r) => r,
+        }
+    }
+}
+
+/// Why [`route`] chose a route: decided there, once, and printed as it is by `nvshim explain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// `NVIDIA_VISIBLE_DEVICES` unset, empty or void, and no CDI device annotated.
+    NotRequested,
+    /// An unprivileged container's `NVIDIA_VISIBLE_DEVICES`, ignored.
+    UnprivilegedEnvIgnored,
+    /// `void` next to CDI annotations: the engine applied them.
+    EngineApplied,
+    /// `mode = legacy`.
+    ModeLegacy,
+    /// `mode = auto`, `NVIDIA_VISIBLE_DEVICES=all`.
+    AllGpus,
+    /// `mode = auto`, `NVIDIA_VISIBLE_DEVICES=none`.
+    DriverOnly,
+    /// `mode = auto`, GPU ids.
+    GpuIds,
+    /// CDI devices named in annotations (with the config's prefixes and mode).
+    Annotations { prefixes: String, mode: Mode },
+    /// `mode = cdi`: ids without a kind get the default kind.
+    ModeCdi { default_kind: String },
+    /// `mode = auto`, every id a qualified CDI name.
+    QualifiedNames,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::NotRequested => f.write_str("not a GPU container: NVIDIA_VISIBLE_DEVICES is unset, empty or void and no CDI device is annotated; config.json is left byte-identical"),
+            Reason::UnprivilegedEnvIgnored => f.write_str("not a GPU container: its NVIDIA_VISIBLE_DEVICES is ignored (unprivileged)"),
+            Reason::EngineApplied => f.write_str("nothing to do: the engine has already applied the annotated CDI devices (NVIDIA_VISIBLE_DEVICES=void)"),
+            Reason::ModeLegacy => f.write_str("mode = legacy: NVIDIA_VISIBLE_DEVICES is resolved against the host"),
+            Reason::AllGpus => f.write_str("NVIDIA_VISIBLE_DEVICES=all: every GPU of the host, resolved against /proc"),
+            Reason::DriverOnly => f.write_str("NVIDIA_VISIBLE_DEVICES=none: the driver (control nodes, libraries) without GPUs"),
+            Reason::GpuIds => f.write_str("NVIDIA_VISIBLE_DEVICES names GPUs by index, UUID or PCI bus id (mode = auto), resolved against /proc"),
+            Reason::Annotations { prefixes, mode } => write!(f, "CDI devices named in annotations ({prefixes}), which take precedence over NVIDIA_VISIBLE_DEVICES (mode = {})", mode.name()),
+            Reason::ModeCdi { default_kind } => write!(f, "mode = cdi: NVIDIA_VISIBLE_DEVICES entries without a kind get cdi-default-kind {default_kind}"),
+            Reason::QualifiedNames => f.write_str("every NVIDIA_VISIBLE_DEVICES entry is a fully qualified CDI device name (mode = auto)"),
+        }
+    }
+}
+
+/// Why a request that asks for nothing does.
+fn nothing(request: &Request) -> Route {
+    Route::Nothing(if request.ignored_unprivileged_env {
+        Reason::UnprivilegedEnvIgnored
+    } else if request.cdi_already_applied {
+        Reason::EngineApplied
+    } else {
+        Reason::NotRequested
+    })
 }
 
 /// Decides between legacy and CDI by `mode` (docs/nvidia-behaviour.md §1.3; NVIDIA's
@@ -612,25 +673,37 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
             format!("{}={id}", config.cdi_default_kind)
         }
     };
-    let names: Vec<String> = match config.mode {
+    let annotations = || Reason::Annotations {
+        prefixes: config.cdi_annotation_prefixes.join(", "),
+        mode: config.mode,
+    };
+    let (names, reason): (Vec<String>, Reason) = match config.mode {
         Mode::Legacy => {
             return Ok(if request.wants_gpus() {
-                Route::Legacy
+                Route::Legacy(Reason::ModeLegacy)
             } else {
-                Route::Nothing
+                nothing(request)
             })
         }
-        Mode::Cdi if !request.annotation_devices.is_empty() => request
-            .annotation_devices
-            .iter()
-            .map(|d| qualify(&d.device))
-            .collect(),
-        Mode::Cdi => match &request.devices {
-            VisibleDevices::NotRequested => return Ok(Route::Nothing),
-            VisibleDevices::NoGpus => vec![qualify("none")],
-            VisibleDevices::All => vec![qualify("all")],
-            VisibleDevices::List(ids) => ids.iter().map(|d| qualify(d)).collect(),
-        },
+        Mode::Cdi if !request.annotation_devices.is_empty() => (
+            request
+                .annotation_devices
+                .iter()
+                .map(|d| qualify(&d.device))
+                .collect(),
+            annotations(),
+        ),
+        Mode::Cdi => (
+            match &request.devices {
+                VisibleDevices::NotRequested => return Ok(nothing(request)),
+                VisibleDevices::NoGpus => vec![qualify("none")],
+                VisibleDevices::All => vec![qualify("all")],
+                VisibleDevices::List(ids) => ids.iter().map(|d| qualify(d)).collect(),
+            },
+            Reason::ModeCdi {
+                default_kind: config.cdi_default_kind.clone(),
+            },
+        ),
         Mode::Auto if !request.annotation_devices.is_empty() => {
             if let Some(d) = request
                 .annotation_devices
@@ -642,22 +715,26 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
                     device: d.device.clone(),
                 });
             }
-            request
-                .annotation_devices
-                .iter()
-                .map(|d| d.device.clone())
-                .collect()
+            (
+                request
+                    .annotation_devices
+                    .iter()
+                    .map(|d| d.device.clone())
+                    .collect(),
+                annotations(),
+            )
         }
         Mode::Auto => match &request.devices {
-            VisibleDevices::NotRequested => return Ok(Route::Nothing),
-            VisibleDevices::NoGpus | VisibleDevices::All => return Ok(Route::Legacy),
+            VisibleDevices::NotRequested => return Ok(nothing(request)),
+            VisibleDevices::NoGpus => return Ok(Route::Legacy(Reason::DriverOnly)),
+            VisibleDevices::All => return Ok(Route::Legacy(Reason::AllGpus)),
             VisibleDevices::List(ids) => {
                 let (qualified, unqualified): (Vec<String>, Vec<String>) = ids
                     .iter()
                     .cloned()
                     .partition(|d| cdi_name::looks_qualified(d));
                 if qualified.is_empty() {
-                    return Ok(Route::Legacy);
+                    return Ok(Route::Legacy(Reason::GpuIds));
                 }
                 if !unqualified.is_empty() {
                     return Err(RequestError::MixedDeviceNames {
@@ -665,7 +742,7 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
                         unqualified,
                     });
                 }
-                qualified
+                (qualified, Reason::QualifiedNames)
             }
         },
     };
@@ -705,7 +782,7 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
             "{IMEX_CHANNELS} / imex mounts are not served for CDI requests; ask for the CDI devices nvidia.com/imex-channel=<N> instead"
         );
     }
-    Ok(Route::Cdi(out))
+    Ok(Route::Cdi(out, reason))
 }
 
 #[cfg(test)]
@@ -846,22 +923,48 @@ mod tests {
         route(&from_spec(&spec, &cfg)?, &cfg)
     }
 
-    fn cdi(names: &[&str]) -> Result<Route, RequestError> {
-        Ok(Route::Cdi(names.iter().map(|s| s.to_string()).collect()))
+    fn cdi(names: &[&str], reason: Reason) -> Result<Route, RequestError> {
+        Ok(Route::Cdi(
+            names.iter().map(|s| s.to_string()).collect(),
+            reason,
+        ))
+    }
+
+    fn annotations(mode: Mode) -> Reason {
+        Reason::Annotations {
+            prefixes: Config::default().cdi_annotation_prefixes.join(", "),
+            mode,
+        }
     }
 
     #[test]
     fn route_auto() {
         let env = |v: &str| json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}});
-        assert_eq!(route_of(json!({}), Mode::Auto), Ok(Route::Nothing));
-        assert_eq!(route_of(env("0,1"), Mode::Auto), Ok(Route::Legacy));
-        assert_eq!(route_of(env("all"), Mode::Auto), Ok(Route::Legacy));
+        assert_eq!(
+            route_of(json!({}), Mode::Auto),
+            Ok(Route::Nothing(Reason::NotRequested))
+        );
+        assert_eq!(
+            route_of(env("0,1"), Mode::Auto),
+            Ok(Route::Legacy(Reason::GpuIds))
+        );
+        assert_eq!(
+            route_of(env("all"), Mode::Auto),
+            Ok(Route::Legacy(Reason::AllGpus))
+        );
+        assert_eq!(
+            route_of(env("none"), Mode::Auto),
+            Ok(Route::Legacy(Reason::DriverOnly))
+        );
         assert_eq!(
             route_of(
                 env("nvidia.com/gpu=0,nvidia.com/gpu=1,nvidia.com/gpu=0"),
                 Mode::Auto
             ),
-            cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+            cdi(
+                &["nvidia.com/gpu=0", "nvidia.com/gpu=1"],
+                Reason::QualifiedNames
+            )
         );
         let err = route_of(env("nvidia.com/gpu=0,1"), Mode::Auto).unwrap_err();
         assert!(
@@ -880,7 +983,10 @@ mod tests {
         });
         assert_eq!(
             route_of(spec.clone(), Mode::Auto),
-            cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=1"])
+            cdi(
+                &["nvidia.com/gpu=0", "nvidia.com/gpu=1"],
+                annotations(Mode::Auto)
+            )
         );
         let r = from_spec(&spec, &Config::default()).unwrap();
         assert!(r
@@ -906,20 +1012,33 @@ mod tests {
         let env = |v: &str| json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}});
         assert_eq!(
             route_of(env("0,nvidia.com/gpu=1,GPU-abc"), Mode::Cdi),
-            cdi(&[
-                "nvidia.com/gpu=0",
-                "nvidia.com/gpu=1",
-                "nvidia.com/gpu=GPU-abc"
-            ])
+            cdi(
+                &[
+                    "nvidia.com/gpu=0",
+                    "nvidia.com/gpu=1",
+                    "nvidia.com/gpu=GPU-abc"
+                ],
+                Reason::ModeCdi {
+                    default_kind: "nvidia.com/gpu".into()
+                }
+            )
         );
         assert_eq!(
             route_of(env("all"), Mode::Cdi),
-            cdi(&["nvidia.com/gpu=all"])
+            cdi(
+                &["nvidia.com/gpu=all"],
+                Reason::ModeCdi {
+                    default_kind: "nvidia.com/gpu".into()
+                }
+            )
         );
-        assert_eq!(route_of(env("void"), Mode::Cdi), Ok(Route::Nothing));
+        assert_eq!(
+            route_of(env("void"), Mode::Cdi),
+            Ok(Route::Nothing(Reason::NotRequested))
+        );
         assert_eq!(
             route_of(json!({"annotations": {"cdi.k8s.io/x": "0"}}), Mode::Cdi),
-            cdi(&["nvidia.com/gpu=0"])
+            cdi(&["nvidia.com/gpu=0"], annotations(Mode::Cdi))
         );
         // Legacy mode does not read annotations at all.
         assert_eq!(
@@ -927,11 +1046,11 @@ mod tests {
                 json!({"annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"}}),
                 Mode::Legacy
             ),
-            Ok(Route::Nothing)
+            Ok(Route::Nothing(Reason::NotRequested))
         );
         assert_eq!(
             route_of(env("nvidia.com/gpu=0"), Mode::Legacy),
-            Ok(Route::Legacy)
+            Ok(Route::Legacy(Reason::ModeLegacy))
         );
     }
 
@@ -985,7 +1104,7 @@ mod tests {
             "/var/run/nvidia-container-devices/GPU-aaaa".into()
         )));
         assert!(!r.sources.contains(&Source::Env(VISIBLE_DEVICES)));
-        assert_eq!(route(&r, &cfg), Ok(Route::Legacy));
+        assert_eq!(route(&r, &cfg), Ok(Route::Legacy(Reason::GpuIds)));
 
         let mut edited = spec.clone();
         remove_device_mounts(&mut edited, &r.device_mounts);
@@ -1032,7 +1151,10 @@ mod tests {
         };
         assert_eq!(
             route(&from_spec(&spec, &cfg).unwrap(), &cfg),
-            cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-aaaa"])
+            cdi(
+                &["nvidia.com/gpu=0", "nvidia.com/gpu=GPU-aaaa"],
+                Reason::QualifiedNames
+            )
         );
     }
 
@@ -1047,7 +1169,10 @@ mod tests {
         assert!(r.cdi_already_applied);
         assert_eq!(
             route(&r, &Config::default()),
-            cdi(&["k8s.gpu.nvidia.com/device=gpu-0"])
+            cdi(
+                &["k8s.gpu.nvidia.com/device=gpu-0"],
+                annotations(Mode::Auto)
+            )
         );
         // Without `void`, the annotations are served.
         let spec = json!({
@@ -1056,7 +1181,10 @@ mod tests {
         });
         assert_eq!(
             route_of(spec, Mode::Auto),
-            cdi(&["k8s.gpu.nvidia.com/device=gpu-0"])
+            cdi(
+                &["k8s.gpu.nvidia.com/device=gpu-0"],
+                annotations(Mode::Auto)
+            )
         );
     }
 
@@ -1123,7 +1251,10 @@ mod tests {
         assert!(r.sources.contains(&Source::Env(MIG_CONFIG_DEVICES)));
         assert!(!r.sources.contains(&Source::Env(MIG_MONITOR_DEVICES)));
         // MIG ids are GPU ids to the router.
-        assert_eq!(route(&r, &Config::default()), Ok(Route::Legacy));
+        assert_eq!(
+            route(&r, &Config::default()),
+            Ok(Route::Legacy(Reason::GpuIds))
+        );
     }
 
     /// Item 3: names from the environment are limited to the allowed kinds, in every mode and
@@ -1131,6 +1262,12 @@ mod tests {
     #[test]
     fn env_cdi_names_limited_to_allowed_kinds() {
         let env = |v: &str| json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}});
+        let env_reason = |mode| match mode {
+            Mode::Cdi => Reason::ModeCdi {
+                default_kind: "nvidia.com/gpu".into(),
+            },
+            _ => Reason::QualifiedNames,
+        };
         for mode in [Mode::Auto, Mode::Cdi] {
             for name in [
                 "nvidia.com/imex-channel=0",
@@ -1147,13 +1284,19 @@ mod tests {
             }
             assert_eq!(
                 route_of(env("nvidia.com/gpu=0,nvidia.com/gpu=all"), mode),
-                cdi(&["nvidia.com/gpu=0", "nvidia.com/gpu=all"])
+                cdi(
+                    &["nvidia.com/gpu=0", "nvidia.com/gpu=all"],
+                    env_reason(mode)
+                )
             );
             // The same kinds through annotations are the orchestrator's choice.
             let a = json!({"annotations": {"cdi.k8s.io/x": "nvidia.com/imex-channel=0,k8s.gpu.nvidia.com/claim=c"}});
             assert_eq!(
                 route_of(a, mode),
-                cdi(&["nvidia.com/imex-channel=0", "k8s.gpu.nvidia.com/claim=c"])
+                cdi(
+                    &["nvidia.com/imex-channel=0", "k8s.gpu.nvidia.com/claim=c"],
+                    annotations(mode)
+                )
             );
         }
         let cfg = Config {
@@ -1163,7 +1306,7 @@ mod tests {
         let spec = env("nvidia.com/mig=0:1");
         assert_eq!(
             route(&from_spec(&spec, &cfg).unwrap(), &cfg),
-            cdi(&["nvidia.com/mig=0:1"])
+            cdi(&["nvidia.com/mig=0:1"], Reason::QualifiedNames)
         );
     }
 
