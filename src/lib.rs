@@ -8,7 +8,7 @@
 //!
 //! The modules, in layer order: each uses only the ones above it, so no two import each other
 //! and nothing but the binaries uses [`ops`] (`nvshim-runtime` never links the operator code).
-//! `tests/layers.rs` checks it.
+//! `tests/checks/layers.rs` checks it.
 //!
 //! - Model and edges: [`atomic`] (the one temp-file-and-rename write), [`config`], [`report`]
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the

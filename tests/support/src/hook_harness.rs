@@ -1,5 +1,5 @@
-//! The harness of the hook crate's tests (`hooks/tests/*.rs`): image trees built by hand, stub
-//! libraries with any SONAME, the reference `ldconfig -r`, CUDA compat libraries carrying
+//! The harness of the hook crate's tests (`hooks/tests/hooks/`, one test binary): image trees
+//! built by hand, stub libraries with any SONAME, the reference `ldconfig -r`, CUDA compat libraries carrying
 //! NVIDIA's forward-compatibility note, the shipped (static) hook binary, and running a hook the
 //! way runc runs it (argv0, the OCI state on stdin, cwd = the rootfs, a time limit, optionally in
 //! a private mount namespace).

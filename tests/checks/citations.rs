@@ -52,7 +52,7 @@ const SKIP: &[&str] = &[
     "fuzz/corpus",
     "fuzz/artifacts",
     "fuzz/target",
-    "tests/citations.rs",
+    "tests/checks/citations.rs",
 ];
 
 fn repo() -> PathBuf {
@@ -233,7 +233,7 @@ fn check_file(root: &Path, file: &str, problems: &mut Vec<String>) {
             if !upstream(token) && resolve(root, file, token).is_none() {
                 problems.push(format!(
                     "{at}: cites {token}, which is not a file in the repository (an upstream \
-                     file named as such belongs in UPSTREAM_MD, tests/citations.rs)"
+                     file named as such belongs in UPSTREAM_MD, tests/checks/citations.rs)"
                 ));
             }
         }

@@ -101,7 +101,7 @@ fn every_module_uses_only_the_modules_before_it() {
         }
         let Some(&own) = rank.get(module.as_str()) else {
             problems.push(format!(
-                "src/{}: module {module} is not in tests/layers.rs ORDER; place it there (and in \
+                "src/{}: module {module} is not in tests/checks/layers.rs ORDER; place it there (and in \
                  src/lib.rs) after the modules it uses",
                 rel.display()
             ));
