@@ -491,6 +491,8 @@ pub struct Resolved {
 
 /// Resolves a legacy request from the `/proc` facts in `snapshot`; `host` gives the driver's
 /// files and device nodes, and `nvml` the NVML inventory, called only for MIG ids that need it.
+/// The steps: select GPUs and MIG devices, their nodes (one group per GPU), then what any
+/// selection brings (control nodes, MIG config/monitor, IMEX channels, driver files, MPS, hooks).
 pub fn resolve(
     request: &Request,
     snapshot: &Snapshot,
@@ -498,36 +500,8 @@ pub fn resolve(
     settings: &Settings,
     nvml: &mut NvmlInventory<'_>,
 ) -> Result<Resolved, LegacyError> {
-    let Snapshot {
-        driver_version,
-        gpus: all_gpus,
-        majors,
-    } = snapshot;
-    if matches!(
-        request.devices,
-        VisibleDevices::All | VisibleDevices::List(_)
-    ) && all_gpus.is_empty()
-    {
-        return Err(LegacyError::NoGpus {
-            dir: host
-                .roots()
-                .proc_root
-                .join("driver/nvidia/gpus")
-                .display()
-                .to_string(),
-        });
-    }
-    let (gpu_ids, mig_ids) = split_mig_ids(&request.devices);
-    let mut gpus = select_gpus(&gpu_ids, all_gpus)?;
-    let mut migs = select_migs(&mig_ids, all_gpus, nvml)?;
-    if request.devices == VisibleDevices::All {
-        migs.extend(all_migs(host, all_gpus));
-    }
-    for m in &migs {
-        if !gpus.iter().any(|g| g.minor == m.parent.minor) {
-            gpus.push(m.parent.clone());
-        }
-    }
+    let (gpus, migs) = select(request, snapshot, host, nvml)?;
+    let majors = &snapshot.majors;
     let mut groups: Vec<EditGroup> = gpus
         .iter()
         .map(|g| EditGroup {
@@ -542,80 +516,10 @@ pub fn resolve(
         device_nodes: control_nodes(host, majors),
         ..Default::default()
     };
-    let devices_path = || host.roots().proc_root.join("devices");
+    mig_nodes(request, snapshot, host, &migs, &mut groups, &mut edits)?;
+    imex_nodes(request, majors, host, &mut edits)?;
 
-    // MIG: the capability nodes of each device; config and monitor for privileged containers.
-    let wants_mig_caps = [&request.mig_config, &request.mig_monitor]
-        .iter()
-        .any(|v| matches!(v, VisibleDevices::All | VisibleDevices::List(_)));
-    if !migs.is_empty() || wants_mig_caps {
-        let caps_major = majors.nvidia_caps.ok_or_else(|| LegacyError::NoMajor {
-            what: "MIG".into(),
-            name: "nvidia-caps",
-            path: devices_path(),
-        })?;
-        let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
-        let wanted: std::collections::HashSet<&str> = caps
-            .iter()
-            .flatten()
-            .map(String::as_str)
-            .chain(["config", "monitor"])
-            .collect();
-        let minors = host.mig_minors_of(&wanted)?;
-        for (m, caps) in migs.iter().zip(&caps) {
-            let group = groups
-                .iter_mut()
-                .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
-                .expect("every MIG device's parent is selected above");
-            for cap in caps {
-                group
-                    .edits
-                    .device_nodes
-                    .push(cap_node(host, caps_major, &minors, cap, &m.id)?);
-            }
-        }
-        for (var, value, capability) in [
-            (MIG_CONFIG_DEVICES, &request.mig_config, "config"),
-            (MIG_MONITOR_DEVICES, &request.mig_monitor, "monitor"),
-        ] {
-            if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
-                continue;
-            }
-            if !request.privileged {
-                return Err(LegacyError::MigUnprivileged { var, capability });
-            }
-            // The capability is global; listed GPUs only have to exist (libnvidia-container
-            // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
-            select_gpus(value, all_gpus)?;
-            let n = cap_node(host, caps_major, &minors, capability, var)?;
-            if !edits.device_nodes.iter().any(|d| d.path == n.path) {
-                edits.device_nodes.push(n);
-            }
-        }
-    }
-
-    // IMEX channels: the node must exist (NVIDIA's JIT-CDI checks the same path).
-    if !request.imex_channels.is_empty() {
-        let major = majors
-            .nvidia_caps_imex_channels
-            .ok_or_else(|| LegacyError::NoMajor {
-                what: format!("IMEX channels {:?}", request.imex_channels),
-                name: "nvidia-caps-imex-channels",
-                path: devices_path(),
-            })?;
-        for &channel in &request.imex_channels {
-            let name = format!("nvidia-caps-imex-channels/channel{channel}");
-            if host.device_node(&name).is_none() {
-                return Err(LegacyError::UnknownImexChannel {
-                    channel,
-                    path: host.roots().dev_root.join("dev").join(&name),
-                });
-            }
-            edits.device_nodes.push(node(host, &name, major, channel));
-        }
-    }
-
-    let files = driver_files(host, &request.capabilities, driver_version, &gpus)?;
+    let files = driver_files(host, &request.capabilities, &snapshot.driver_version, &gpus)?;
     edits.mounts.extend(files.mounts);
     for (node, gid) in files.drm_nodes {
         if !edits.device_nodes.iter().any(|d| d.path == node.path) {
@@ -645,7 +549,7 @@ pub fn resolve(
     edits.hooks.extend(container_hooks(
         host,
         &plan,
-        driver_version,
+        &snapshot.driver_version,
         &settings.hook_path,
     ));
     groups.push(EditGroup {
@@ -653,6 +557,141 @@ pub fn resolve(
         edits,
     });
     Ok(Resolved { gpus, groups })
+}
+
+/// The GPUs a request selects (then the parents of its MIG devices) and its MIG devices.
+fn select(
+    request: &Request,
+    snapshot: &Snapshot,
+    host: &Host,
+    nvml: &mut NvmlInventory<'_>,
+) -> Result<(Vec<Gpu>, Vec<MigDevice>), LegacyError> {
+    let all_gpus = &snapshot.gpus;
+    if matches!(
+        request.devices,
+        VisibleDevices::All | VisibleDevices::List(_)
+    ) && all_gpus.is_empty()
+    {
+        return Err(LegacyError::NoGpus {
+            dir: host
+                .roots()
+                .proc_root
+                .join("driver/nvidia/gpus")
+                .display()
+                .to_string(),
+        });
+    }
+    let (gpu_ids, mig_ids) = split_mig_ids(&request.devices);
+    let mut gpus = select_gpus(&gpu_ids, all_gpus)?;
+    let mut migs = select_migs(&mig_ids, all_gpus, nvml)?;
+    if request.devices == VisibleDevices::All {
+        migs.extend(all_migs(host, all_gpus));
+    }
+    for m in &migs {
+        if !gpus.iter().any(|g| g.minor == m.parent.minor) {
+            gpus.push(m.parent.clone());
+        }
+    }
+    Ok((gpus, migs))
+}
+
+fn devices_path(host: &Host) -> PathBuf {
+    host.roots().proc_root.join("devices")
+}
+
+/// MIG: each device's two capability nodes, in its GPU's group; `config` and `monitor` for
+/// privileged containers, in the driver's.
+fn mig_nodes(
+    request: &Request,
+    snapshot: &Snapshot,
+    host: &Host,
+    migs: &[MigDevice],
+    groups: &mut [EditGroup],
+    edits: &mut ContainerEdits,
+) -> Result<(), LegacyError> {
+    let wants_mig_caps = [&request.mig_config, &request.mig_monitor]
+        .iter()
+        .any(|v| matches!(v, VisibleDevices::All | VisibleDevices::List(_)));
+    if migs.is_empty() && !wants_mig_caps {
+        return Ok(());
+    }
+    let caps_major = snapshot
+        .majors
+        .nvidia_caps
+        .ok_or_else(|| LegacyError::NoMajor {
+            what: "MIG".into(),
+            name: "nvidia-caps",
+            path: devices_path(host),
+        })?;
+    let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
+    let wanted: std::collections::HashSet<&str> = caps
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .chain(["config", "monitor"])
+        .collect();
+    let minors = host.mig_minors_of(&wanted)?;
+    for (m, caps) in migs.iter().zip(&caps) {
+        let group = groups
+            .iter_mut()
+            .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
+            .expect("every MIG device's parent is selected");
+        for cap in caps {
+            group
+                .edits
+                .device_nodes
+                .push(cap_node(host, caps_major, &minors, cap, &m.id)?);
+        }
+    }
+    for (var, value, capability) in [
+        (MIG_CONFIG_DEVICES, &request.mig_config, "config"),
+        (MIG_MONITOR_DEVICES, &request.mig_monitor, "monitor"),
+    ] {
+        if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
+            continue;
+        }
+        if !request.privileged {
+            return Err(LegacyError::MigUnprivileged { var, capability });
+        }
+        // The capability is global; listed GPUs only have to exist (libnvidia-container
+        // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
+        select_gpus(value, &snapshot.gpus)?;
+        let n = cap_node(host, caps_major, &minors, capability, var)?;
+        if !edits.device_nodes.iter().any(|d| d.path == n.path) {
+            edits.device_nodes.push(n);
+        }
+    }
+    Ok(())
+}
+
+/// IMEX channels: the node must exist (NVIDIA's JIT-CDI checks the same path).
+fn imex_nodes(
+    request: &Request,
+    majors: &DeviceMajors,
+    host: &Host,
+    edits: &mut ContainerEdits,
+) -> Result<(), LegacyError> {
+    if request.imex_channels.is_empty() {
+        return Ok(());
+    }
+    let major = majors
+        .nvidia_caps_imex_channels
+        .ok_or_else(|| LegacyError::NoMajor {
+            what: format!("IMEX channels {:?}", request.imex_channels),
+            name: "nvidia-caps-imex-channels",
+            path: devices_path(host),
+        })?;
+    for &channel in &request.imex_channels {
+        let name = format!("nvidia-caps-imex-channels/channel{channel}");
+        if host.device_node(&name).is_none() {
+            return Err(LegacyError::UnknownImexChannel {
+                channel,
+                path: host.roots().dev_root.join("dev").join(&name),
+            });
+        }
+        edits.device_nodes.push(node(host, &name, major, channel));
+    }
+    Ok(())
 }
 
 fn bind(host_path: &Path, container_path: &str, options: &[&str]) -> Mount {
