@@ -20,6 +20,8 @@
 #      spec per claim beside the node spec), with the index in cache-dir and without it;
 #   8. legacy create of `all` on a MIG host (8 GPUs x 7 MIG devices: every device's caps
 #      nodes, from /proc, no NVML);
+#   9. the hooks of figure 3's GPU container, timed in place as runc runs them
+#      (scripts/bench/hook-timer.c), in total and against /bin/true in their place;
 #   6. peak memory (GNU time %M) of each.
 # and prints one table: each figure, its baseline, the difference, the ratio, the goal.
 #
@@ -29,7 +31,7 @@
 #   --keep     keep the work dir (fake host, bundles, specs) and print where it is
 #   --out DIR  where the results go (default target/bench): table.md, results.json, env.txt
 # Exit status: 0 when every goal holds, 3 when the table says some goal does not, 1 on error.
-# Needs: root (mknod, mount, runc), gcc, GNU time (/usr/bin/time), runc, ldconfig;
+# Needs: root (mknod, mount, runc), gcc, GNU time (/usr/bin/time), runc, ldconfig, python3;
 # musl-gcc (musl-tools) is used for a second, leaner floor when present.
 set -euo pipefail
 # shellcheck source=scripts/lib/as-root.sh
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
         *) echo "bench: unknown argument $1" >&2; exit 1 ;;
     esac
 done
-for tool in gcc runc /usr/bin/time /sbin/ldconfig; do
+for tool in gcc runc /usr/bin/time /sbin/ldconfig python3; do
     command -v "$tool" >/dev/null || { echo "bench: $tool is required (scripts/install-deps.sh)" >&2; exit 1; }
 done
 mkdir -p "$out"
@@ -98,6 +100,8 @@ gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor" scripts/bench/floor.c
 if command -v musl-gcc >/dev/null; then
     musl-gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor-musl" scripts/bench/floor.c
 fi
+# Times hooks in place under runc (figure 9).
+gcc -O2 -static -o "$bin/hook-timer" scripts/bench/hook-timer.c
 
 # ---- the simulated host, configs, CDI spec ------------------------------------------------
 say "fake 8-GPU host, configs, CDI spec"
@@ -187,6 +191,26 @@ NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run
 grep -q '/dev/nvidia' "$work/run/full-edited/config.json" || { echo "bench: the shim did not edit the bundle" >&2; exit 1; }
 # A second copy for a control: runc alone against runc alone shows this figure's noise.
 cp -a "$work/run/full-edited" "$work/run/full-edited2"
+# Figure 9: the same container's hooks, timed in place. runc runs each hook through
+# scripts/bench/hook-timer.c, which times it (`hooks`), or times /bin/true in its place
+# (`hooks-true`); every run starts from the image's pristine rootfs, a container's first start.
+cp -a "$work/run/full-edited/rootfs" "$work/run/rootfs-pristine"
+for b in hooks hooks-true; do
+    cp -a "$work/run/full-edited" "$work/run/$b"
+    python3 - "$work/run/$b/config.json" "$bin/hook-timer" "$work/run/$b.times" "$b" <<'TIMED'
+import json, sys
+path, timer, log, kind = sys.argv[1:]
+spec = json.load(open(path))
+hooks = [h for stage in spec.get("hooks", {}).values() for h in stage]
+assert hooks, "the edited bundle has no hooks"
+for h in hooks:
+    run = [h["path"]] + (h.get("args") or [h["path"]])
+    if kind == "hooks-true":
+        run = ["/bin/true", "true"]
+    h["path"], h["args"] = timer, [timer, log] + run
+json.dump(spec, open(path, "w"), indent=1)
+TIMED
+done
 for n in 2 50 500 1000; do
     for c in "$work/cdi-$n-indexed.toml" "$work/cdi-$n.toml"; do
         NVSHIM_CONFIG="$c" "$bin/nvshim-runtime" create --bundle "$work/run/cdi$n" x
@@ -266,6 +290,12 @@ cat > "$spec" <<EOF
    "steps":[["runc","--root","$R/s2","create","--bundle","$R/full-edited","f2"],["runc","--root","$R/s2","start","f2"],["runc","--root","$R/s2","delete","--force","f2"]]},
   {"name":"full-runc-control","no_mem":true,
    "steps":[["runc","--root","$R/s3","create","--bundle","$R/full-edited2","f3"],["runc","--root","$R/s3","start","f3"],["runc","--root","$R/s3","delete","--force","f3"]]},
+  {"name":"hooks","no_mem":true,"measured_by":"$R/hooks.times",
+   "steps":[["runc","--root","$R/s4","run","--bundle","$R/hooks","h1"]],
+   "prepare":[["rm","-rf","$R/hooks/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks/rootfs"]]},
+  {"name":"hooks-true","no_mem":true,"measured_by":"$R/hooks-true.times",
+   "steps":[["runc","--root","$R/s5","run","--bundle","$R/hooks-true","h2"]],
+   "prepare":[["rm","-rf","$R/hooks-true/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-true/rootfs"]]},
   {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
   {"name":"true-stdin","steps":[["/bin/true","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json"},
@@ -295,6 +325,8 @@ cat > "$spec" <<EOF
   {"figure":"3. create+start+delete, busybox GPU container, over runc","cmd":"full-shim","baseline":"full-runc"},
   {"figure":"3. control: runc alone against runc alone (this figure's noise)","cmd":"full-runc-control","baseline":"full-runc"},
   {"figure":"4. nvshim-hook update-ldcache (first start)","cmd":"hook","baseline":"true-stdin","goal_ms":1.0},
+  {"figure":"9. a GPU container's hooks in place under runc, in total (first start)","cmd":"hooks","goal_ms":2.0},
+  {"figure":"9. the same, against /bin/true run in their place","cmd":"hooks","baseline":"hooks-true"},
   {"figure":"4. ldconfig -r ROOT (reference: what NVIDIA's hook runs)","cmd":"ldconfig","baseline":"true-stdin"},
   {"figure":"5. nvshim cdi generate, 8 GPUs, fake NVML","cmd":"cdi-generate","baseline":"true"},
   {"figure":"5. nvshim cdi list","cmd":"cdi-list","baseline":"true"},
