@@ -50,20 +50,25 @@ fn dev_char_dir(w: &World) -> PathBuf {
     w.tmp.path().join("dev-char")
 }
 
+/// `nvshim doctor` on this world's engine configs and `/dev/char`, with `extra` arguments.
+fn run_doctor(w: &World, extra: &[&str]) -> std::process::Output {
+    let paths = [
+        ("--docker-config", docker_config(w)),
+        ("--containerd-config", containerd_config(w)),
+        ("--crio-config", crio_config(w)),
+        ("--dev-char-path", dev_char_dir(w)),
+    ];
+    let mut args = vec!["doctor"];
+    args.extend_from_slice(extra);
+    for (flag, path) in &paths {
+        args.push(flag);
+        args.push(path.to_str().unwrap());
+    }
+    w.nvshim(&args)
+}
+
 fn doctor(w: &World) -> Doctor {
-    let out = w.nvshim(&[
-        "doctor",
-        "--format",
-        "json",
-        "--docker-config",
-        docker_config(w).to_str().unwrap(),
-        "--containerd-config",
-        containerd_config(w).to_str().unwrap(),
-        "--crio-config",
-        crio_config(w).to_str().unwrap(),
-        "--dev-char-path",
-        dev_char_dir(w).to_str().unwrap(),
-    ]);
+    let out = run_doctor(w, &["--format", "json"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let report: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}):\n{stdout}\n{out:?}"));
@@ -75,18 +80,7 @@ fn doctor(w: &World) -> Doctor {
 
 /// The text form, for the report's samples.
 fn doctor_text(w: &World) -> String {
-    let out = w.nvshim(&[
-        "doctor",
-        "--docker-config",
-        docker_config(w).to_str().unwrap(),
-        "--containerd-config",
-        containerd_config(w).to_str().unwrap(),
-        "--crio-config",
-        crio_config(w).to_str().unwrap(),
-        "--dev-char-path",
-        dev_char_dir(w).to_str().unwrap(),
-    ]);
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&run_doctor(w, &[]).stdout).into_owned()
 }
 
 /// Registers nvshim-runtime with every engine, in this world's engine configs.
