@@ -61,24 +61,24 @@ pub struct Plan {
     /// shows): per GPU and the driver (legacy), per spec and device (CDI), then the memory-limit
     /// hook. Applied as their concatenation ([`edits::apply_all`]), never copied into one.
     pub groups: Vec<EditGroup>,
-    /// Prestart hooks removed from config.json: NVIDIA's legacy hook that `docker run --gpus`
-    /// adds, which would edit the container a second time behind runc's back.
-    pub removed_hooks: Vec<Value>,
-    /// Things worth an operator's attention that do not stop `create` (also logged).
-    pub warnings: Vec<String>,
     /// config.json after the edits.
     pub edited: Value,
     /// The `apply-cuda-memory-limits` hook added (also in `groups`): [`crate::memory_limits`].
     pub memory_limit_hook: Option<edits::Hook>,
 }
 
-/// How far [`plan_bundle`] got: what `nvshim explain` shows when `create` would fail.
+/// What [`plan_bundle`] found on its way, for `nvshim explain`: the hooks it removed and its
+/// warnings (their one home), and the request, route and GPUs as far as it got, which a
+/// failed plan has nowhere else.
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     pub request: Option<Request>,
     pub route: Option<Route>,
     pub gpus: Vec<Gpu>,
+    /// Prestart hooks removed from config.json: NVIDIA's legacy hook that `docker run --gpus`
+    /// adds, which would edit the container a second time behind runc's back.
     pub removed_hooks: Vec<Value>,
+    /// Things worth an operator's attention that do not stop `create` (also logged).
     pub warnings: Vec<String>,
 }
 
@@ -197,8 +197,6 @@ pub fn plan_bundle(
         gpus: Vec::new(),
         cdi_devices: Vec::new(),
         groups: Vec::new(),
-        removed_hooks: trace.removed_hooks.clone(),
-        warnings: Vec::new(),
         edited,
         memory_limit_hook: None,
     };
@@ -242,7 +240,6 @@ pub fn plan_bundle(
             }
         })?;
     }
-    plan.warnings = trace.warnings.clone();
     Ok(plan)
 }
 
