@@ -194,9 +194,7 @@ pub fn detect_version(engine: Engine, path_var: Option<&std::ffi::OsStr>) -> Opt
         Engine::Containerd => "containerd",
         Engine::Crio => return None,
     };
-    let exe = std::env::split_paths(path_var?)
-        .map(|d| d.join(daemon))
-        .find(|p| p.is_file())?;
+    let exe = crate::runtime::find_on_path(path_var, daemon)?;
     let out = std::process::Command::new(exe)
         .arg("--version")
         .stdin(std::process::Stdio::null())
