@@ -60,6 +60,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::registry::{LoadedSpec, Registry, ScanError};
 use super::spec::{self, Spec};
+use super::spec_cache;
 
 /// How much older than the read an entry's ctime must be to be trusted: file timestamps come
 /// from a clock that ticks every few milliseconds (and every second or two on some file
@@ -70,13 +71,13 @@ const MAGIC: &str = "nvshim-cdi-index 1";
 
 /// What identifies one version of a file or directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Key {
-    dev: u64,
-    ino: u64,
-    size: u64,
+pub(super) struct Key {
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    pub(super) size: u64,
     /// Nanoseconds since the epoch (an i64 holds them until 2262).
-    mtime: i64,
-    ctime: i64,
+    pub(super) mtime: i64,
+    pub(super) ctime: i64,
 }
 
 impl Key {
@@ -121,7 +122,7 @@ impl Key {
         }
     }
 
-    fn trusted_at(&self, read_at: i64) -> bool {
+    pub(super) fn trusted_at(&self, read_at: i64) -> bool {
         self.ctime.saturating_add(RACY_NS) < read_at
     }
 }
@@ -179,7 +180,7 @@ fn now_ns() -> i64 {
 
 /// std's SipHash with its fixed keys: only has to notice a damaged file (nobody else can write
 /// it), and an index written by another build that hashes differently is only rebuilt.
-fn hash(bytes: &[u8]) -> u64 {
+pub(super) fn hash(bytes: &[u8]) -> u64 {
     use std::hash::Hasher;
     #[allow(deprecated)]
     let mut h = std::hash::SipHasher::new();
@@ -215,6 +216,8 @@ pub fn load_for(dirs: &[PathBuf], names: &[String], cache_dir: &Path) -> Registr
 pub struct Stats {
     /// Spec files parsed.
     pub parsed: usize,
+    /// Spec files taken from their parsed form in the cache ([`super::spec_cache`]).
+    pub cached: usize,
     /// Whether the index was (re)written.
     pub wrote: bool,
     /// Whether the answer came from a full scan instead.
@@ -235,7 +238,7 @@ fn load_at(
         stats.full_scan = true;
         (Registry::load(dirs), stats)
     };
-    let Some((index, mut parsed, changed)) = refresh(&clean, old, read_at) else {
+    let Some((index, mut parsed, changed)) = refresh(&clean, old, cache_dir, read_at) else {
         return full(Stats::default());
     };
     let mut stats = Stats {
@@ -248,7 +251,15 @@ fn load_at(
             Err(e) => tracing::debug!("CDI index {} not written: {e}", path.display()),
         }
     }
-    match select(&clean, &index, names, &mut parsed, &mut stats) {
+    match select(
+        &clean,
+        &index,
+        names,
+        &mut parsed,
+        cache_dir,
+        read_at,
+        &mut stats,
+    ) {
         Some(reg) => (reg, stats),
         None => full(stats),
     }
@@ -259,8 +270,14 @@ type Parsed = HashMap<PathBuf, (Spec, Key)>;
 
 /// The index as the directories are now: entries whose identity is unchanged and trusted are
 /// kept (moved, not copied), the others read again. `None` when something calls for a full
-/// scan instead (a directory that cannot be read or listed).
-fn refresh(dirs: &[PathBuf], old: Option<Index>, read_at: i64) -> Option<(Index, Parsed, bool)> {
+/// scan instead (a directory that cannot be read or listed). The cached specs of files gone
+/// from a directory are removed from `cache_dir`.
+fn refresh(
+    dirs: &[PathBuf],
+    old: Option<Index>,
+    cache_dir: &Path,
+    read_at: i64,
+) -> Option<(Index, Parsed, bool)> {
     let mut index = Index::default();
     let mut parsed = Parsed::new();
     let mut changed = old.is_none();
@@ -361,6 +378,12 @@ fn refresh(dirs: &[PathBuf], old: Option<Index>, read_at: i64) -> Option<(Index,
                 (Err(_), Ok(_)) => return None,
             }
         }
+        // What is left of the old listing is gone from the directory.
+        for (name, gone) in by_name {
+            if gone.key.size >= spec_cache::MIN_BYTES {
+                spec_cache::forget(cache_dir, &dir.join(std::ffi::OsStr::from_bytes(&name)));
+            }
+        }
         index.dirs.push(DirEntry {
             path: dir_bytes,
             key: Some(key),
@@ -388,13 +411,16 @@ fn list(dir: &Path) -> Option<Vec<Vec<u8>>> {
     Some(names)
 }
 
-/// The registry of the files that define `names`, read and checked against the index; `None`
-/// when a name is not in the index or a file changed since.
+/// The registry of the files that define `names`, read (or taken from their cached parsed
+/// form) and checked against the index; `None` when a name is not in the index or a file
+/// changed since.
 fn select(
     dirs: &[PathBuf],
     index: &Index,
     names: &[String],
     parsed: &mut Parsed,
+    cache_dir: &Path,
+    read_at: i64,
     stats: &mut Stats,
 ) -> Option<Registry> {
     let mut wanted: HashMap<&str, Vec<&str>> = HashMap::new();
@@ -432,17 +458,29 @@ fn select(
                 continue;
             }
             let path = dir.join(std::ffi::OsStr::from_bytes(&f.name));
-            let (spec, key) = match parsed.remove(&path) {
-                Some(p) => p,
-                None => {
-                    stats.parsed += 1;
-                    let (spec, meta) = spec::read_file_with_meta(&path).ok()?;
-                    (spec, Key::of(&meta))
-                }
+            let large = f.key.size >= spec_cache::MIN_BYTES;
+            // A file refresh just read is not read again. Otherwise `f.key` is this create's
+            // `stat` of the file, and trusted: the cached parse of that version is the file's
+            // content now (spec_cache.rs).
+            let (spec, key, from_cache) = if let Some((spec, key)) = parsed.remove(&path) {
+                (spec, key, false)
+            } else if let Some(spec) = (large && f.trusted)
+                .then(|| spec_cache::read(cache_dir, &path, &f.key))
+                .flatten()
+            {
+                stats.cached += 1;
+                (spec, f.key, true)
+            } else {
+                stats.parsed += 1;
+                let (spec, meta) = spec::read_file_with_meta(&path).ok()?;
+                (spec, Key::of(&meta), false)
             };
             // What was read is the version the index describes, or the index is not used.
             if key != f.key || Content::of(&spec) != f.content {
                 return None;
+            }
+            if !from_cache && large && key.trusted_at(read_at) {
+                spec_cache::write(cache_dir, &path, &key, &spec);
             }
             reg.add(LoadedSpec {
                 path,
@@ -490,7 +528,7 @@ fn unescape(s: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn key_fields(k: &Key, out: &mut Vec<u8>) {
+pub(super) fn key_fields(k: &Key, out: &mut Vec<u8>) {
     let _ = write!(
         out,
         "{} {} {} {} {}",
@@ -658,6 +696,14 @@ fn decode(bytes: &[u8], dirs: usize) -> Option<Index> {
 /// The index at `path`, when it is whole, for `dirs` directories, and only root or this user
 /// can have written it.
 fn read_index(path: &Path, dirs: usize) -> Option<Index> {
+    decode(&read_private(path, "CDI index")?, dirs)
+}
+
+/// The bytes of a cache file (`what`: its name in the warning) that only root or this user can
+/// have written: a regular file (not followed if a symlink) owned by root or this user and
+/// writable by its owner only. Otherwise whoever could write it could hide a higher-priority
+/// definition or change what a device brings.
+pub(super) fn read_private(path: &Path, what: &str) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -670,19 +716,24 @@ fn read_index(path: &Path, dirs: usize) -> Option<Index> {
     let owner_ok = meta.uid() == euid || meta.uid() == 0;
     if !meta.is_file() || !owner_ok || meta.permissions().mode() & 0o022 != 0 {
         tracing::warn!(
-            "CDI index {} is not a file owned by root or uid {euid} and writable only by its owner: not used (remove it)",
+            "{what} {} is not a file owned by root or uid {euid} and writable only by its owner: not used (remove it)",
             path.display()
         );
         return None;
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
     file.read_to_end(&mut bytes).ok()?;
-    decode(&bytes, dirs)
+    Some(bytes)
 }
 
-/// Writes the index with [`crate::atomic::write`], mode 0600 in a 0700 directory. Not flushed:
-/// it lives on /run (tmpfs), and a lost or damaged one is only rebuilt.
+/// Writes the index ([`write_private`]).
 fn write_index(cache_dir: &Path, path: &Path, index: &Index) -> std::io::Result<()> {
+    write_private(cache_dir, path, &encode(index))
+}
+
+/// Writes a cache file with [`crate::atomic::write`], mode 0600 in a 0700 directory. Not
+/// flushed: it lives on /run (tmpfs), and a lost or damaged one is only rebuilt.
+pub(super) fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -693,7 +744,7 @@ fn write_index(cache_dir: &Path, path: &Path, index: &Index) -> std::io::Result<
         owner: None,
         durability: crate::atomic::Durability::None,
     };
-    crate::atomic::write(path, &encode(index), &opts)
+    crate::atomic::write(path, bytes, &opts)
 }
 
 #[cfg(test)]
@@ -799,6 +850,7 @@ mod tests {
             warm,
             Stats {
                 parsed: 2,
+                cached: 0,
                 wrote: false,
                 full_scan: false
             }
@@ -947,6 +999,201 @@ mod tests {
         fs::write(&d.cache, "").unwrap();
         let s = d.check(&["v.com/c=a"], later());
         assert!(!s.wrote && !s.full_scan, "{s:?}");
+    }
+
+    /// A spec over [`spec_cache::MIN_BYTES`]: one device with `env`, and padding in the global
+    /// edits.
+    fn large_spec_text(kind: &str, device: &str, env: &str) -> String {
+        let mut t = spec_text(kind, &[(device, env)]);
+        t.push_str("containerEdits:\n  env:\n");
+        for i in 0..200 {
+            t.push_str(&format!("  - PADDING_{i:03}=some-value-to-make-it-large\n"));
+        }
+        assert!(t.len() as u64 > spec_cache::MIN_BYTES);
+        t
+    }
+
+    /// The env of `name`'s device group, and the stats, from the index (checked against a
+    /// full scan).
+    fn env_of(d: &Dirs, name: &str, read_at: i64) -> (Vec<String>, Stats) {
+        let names = vec![name.to_string()];
+        let stats = d.check(&[name], read_at);
+        let (reg, _) = load_at(&d.dirs(), &names, &d.cache, read_at);
+        let groups = Dirs::answer(&reg, &names).unwrap();
+        (groups.last().unwrap().1.clone(), stats)
+    }
+
+    /// Backdates the file's mtime to `mtime`, as a copy preserving times does.
+    fn set_mtime(f: &Path, mtime: SystemTime) {
+        fs::File::options()
+            .write(true)
+            .open(f)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_large_spec_is_parsed_once_then_taken_from_the_cache() {
+        let d = Dirs::new();
+        let f = d.etc.join("nvidia.yaml");
+        fs::write(&f, large_spec_text("nvidia.com/gpu", "0", "V=1")).unwrap();
+        fs::write(
+            d.run.join("small.yaml"),
+            spec_text("v.com/c", &[("a", "A=1")]),
+        )
+        .unwrap();
+        let t = later();
+        let (env, cold) = env_of(&d, "nvidia.com/gpu=0", t);
+        assert_eq!(env, ["V=1"]);
+        // A new index reads every file.
+        assert_eq!((cold.parsed, cold.cached), (2, 0), "{cold:?}");
+        let cache = spec_cache::path(&d.cache, &f);
+        assert_eq!(
+            fs::metadata(&cache).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let (env, warm) = env_of(&d, "nvidia.com/gpu=0", t);
+        assert_eq!(env, ["V=1"]);
+        assert_eq!(
+            (warm.parsed, warm.cached, warm.wrote),
+            (0, 1, false),
+            "{warm:?}"
+        );
+        // Small specs are parsed every time, and not cached.
+        let (_, small) = env_of(&d, "v.com/c=a", t);
+        assert_eq!((small.parsed, small.cached), (1, 0), "{small:?}");
+        let small_cache = spec_cache::path(&d.cache, &d.run.join("small.yaml"));
+        assert!(!small_cache.exists());
+        // The spec file removed: its cached parse goes with it.
+        fs::remove_file(&f).unwrap();
+        d.check(&["v.com/c=a"], t);
+        assert!(!cache.exists());
+    }
+
+    #[test]
+    fn a_cached_spec_changed_with_its_size_and_mtime_kept_is_parsed_again() {
+        let d = Dirs::new();
+        let f = d.run.join("nvidia.yaml");
+        fs::write(&f, large_spec_text("nvidia.com/gpu", "0", "V=1")).unwrap();
+        let t = later();
+        env_of(&d, "nvidia.com/gpu=0", t);
+        assert_eq!(env_of(&d, "nvidia.com/gpu=0", t).1.cached, 1);
+        let mtime = fs::metadata(&f).unwrap().modified().unwrap();
+        // In place, same length, mtime put back: only the ctime tells.
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&f)
+            .unwrap()
+            .write_all(large_spec_text("nvidia.com/gpu", "0", "V=2").as_bytes())
+            .unwrap();
+        set_mtime(&f, mtime);
+        let (env, s) = env_of(&d, "nvidia.com/gpu=0", t);
+        assert_eq!((env, s.cached), (vec!["V=2".to_string()], 0), "{s:?}");
+        // Replaced by a rename (a new inode), same length and mtime.
+        let new = d.run.join(".new");
+        fs::write(&new, large_spec_text("nvidia.com/gpu", "0", "V=3")).unwrap();
+        set_mtime(&new, mtime);
+        fs::rename(&new, &f).unwrap();
+        let (env, s) = env_of(&d, "nvidia.com/gpu=0", t);
+        assert_eq!((env, s.cached), (vec!["V=3".to_string()], 0), "{s:?}");
+        // The new version is cached in turn.
+        let (env, s) = env_of(&d, "nvidia.com/gpu=0", t);
+        assert_eq!((env, s.cached), (vec!["V=3".to_string()], 1), "{s:?}");
+    }
+
+    #[test]
+    fn a_cached_parse_of_another_file_version_is_not_used() {
+        let d = Dirs::new();
+        let (a, b) = (d.run.join("a.yaml"), d.run.join("b.yaml"));
+        fs::write(&a, large_spec_text("v.com/c", "x", "FROM=a")).unwrap();
+        fs::write(&b, large_spec_text("v.com/c", "x", "FROM=b")).unwrap();
+        let t = later();
+        // Both define v.com/c=x at one priority: a conflict, but each is parsed and cached.
+        d.check(&["v.com/c=x"], t);
+        d.check(&["v.com/c=x"], t);
+        // b's cache file holding a's parse: refused (its identity is a's), b parsed again.
+        fs::copy(
+            spec_cache::path(&d.cache, &a),
+            spec_cache::path(&d.cache, &b),
+        )
+        .unwrap();
+        fs::remove_file(&a).unwrap();
+        let (env, s) = env_of(&d, "v.com/c=x", t);
+        assert_eq!((env, s.parsed), (vec!["FROM=b".to_string()], 1), "{s:?}");
+    }
+
+    #[test]
+    fn young_spec_files_are_not_cached() {
+        let d = Dirs::new();
+        let f = d.run.join("nvidia.yaml");
+        fs::write(&f, large_spec_text("nvidia.com/gpu", "0", "V=1")).unwrap();
+        let now = now_ns();
+        env_of(&d, "nvidia.com/gpu=0", now);
+        let (_, s) = env_of(&d, "nvidia.com/gpu=0", now);
+        assert_eq!(s.cached, 0, "{s:?}");
+        assert!(!spec_cache::path(&d.cache, &f).exists());
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_spec_cache_is_not_used() {
+        let d = Dirs::new();
+        let f = d.run.join("nvidia.yaml");
+        fs::write(&f, large_spec_text("nvidia.com/gpu", "0", "V=1")).unwrap();
+        let t = later();
+        env_of(&d, "nvidia.com/gpu=0", t);
+        let cache = spec_cache::path(&d.cache, &f);
+        let good = fs::read(&cache).unwrap();
+        let mut flipped = good.clone();
+        let i = good.windows(3).position(|w| w == b"V=1").unwrap();
+        flipped[i + 2] = b'9';
+        // Truncated, one byte changed, empty, garbage: each parsed again, and rewritten.
+        for bad in [&good[..good.len() / 2], &flipped[..], b"", b"\n\n\xff"] {
+            fs::write(&cache, bad).unwrap();
+            let (env, s) = env_of(&d, "nvidia.com/gpu=0", t);
+            assert_eq!((env, s.parsed, s.cached), (vec!["V=1".to_string()], 1, 0));
+            assert_eq!(fs::read(&cache).unwrap(), good);
+        }
+        // Writable by others: not used, and replaced by this user's.
+        fs::set_permissions(&cache, fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(env_of(&d, "nvidia.com/gpu=0", t).1.parsed, 1);
+        assert_eq!(
+            fs::metadata(&cache).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(env_of(&d, "nvidia.com/gpu=0", t).1.cached, 1);
+        // Owned by another user (only root can hand it over): not used.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&cache, Some(65534), Some(65534)).unwrap();
+            let (env, s) = env_of(&d, "nvidia.com/gpu=0", t);
+            assert_eq!((env, s.parsed, s.cached), (vec!["V=1".to_string()], 1, 0));
+        }
+        // A symlink in its place is not followed.
+        fs::remove_file(&cache).unwrap();
+        let elsewhere = d.run.join("elsewhere");
+        fs::write(&elsewhere, &good).unwrap();
+        fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &cache).unwrap();
+        assert_eq!(
+            spec_cache::read(&d.cache, &f, &Key::of(&fs::metadata(&f).unwrap())),
+            None
+        );
+    }
+
+    #[test]
+    fn an_unwritable_cache_dir_means_a_parse_every_time() {
+        let d = Dirs::new();
+        fs::write(
+            d.run.join("nvidia.yaml"),
+            large_spec_text("nvidia.com/gpu", "0", "V=1"),
+        )
+        .unwrap();
+        fs::write(&d.cache, "").unwrap();
+        for _ in 0..2 {
+            let (env, s) = env_of(&d, "nvidia.com/gpu=0", later());
+            assert_eq!((env, s.parsed, s.cached), (vec!["V=1".to_string()], 1, 0));
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub mod index;
 pub mod name;
 pub mod registry;
 pub mod spec;
+mod spec_cache;
 pub mod yaml;
 
 pub use name::{is_qualified, looks_qualified, parse_qualified_name, QualifiedName};

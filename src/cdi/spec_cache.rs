@@ -1,0 +1,211 @@
+//! The parsed form of each large spec file, so that a `create` does not parse the node spec's
+//! YAML every time.
+//!
+//! The index ([`super::index`]) narrows a `create` to the files that define its devices, but
+//! each of those was still read and parsed in full: for the 40 KB spec `nvshim cdi generate`
+//! writes for 8 GPUs, the YAML reader, the shape-guided conversion and validation were 13.3 M
+//! of a CDI create's 16.2 M instructions (callgrind, docs/benchmarks.md). This cache keeps the
+//! spec as it came out of validation, as compact serde_json of the typed [`Spec`]; decoding
+//! that costs far less than reading the YAML (the measurement is in docs/benchmarks.md, "What
+//! was changed"). serde_json rather than a line format of our own: the spec is a tree of a
+//! dozen types, and the derived decoder is already the one the specs go through.
+//!
+//! # What a cache file holds, and why its answer cannot be stale
+//!
+//! `<cache-dir>/cdi-spec-<hash of the spec file's path>`: the identity of the file version it
+//! was parsed from (device, inode, size, mtime, ctime: the index's [`Key`], from the `fstat`
+//! of the open file that was read) and that version's spec. It is used only when
+//! - the index trusts the file's entry: a fresh `stat` of the file in this `create` gave the
+//!   same identity, and its ctime is more than [`super::index::RACY_NS`] older than the
+//!   moment this `create` started reading (git's racily-clean rule), and
+//! - that identity equals the cached one.
+//!
+//! A cache file is written only for a version whose ctime was already that old when this
+//! `create` started reading it; any write since, in place or by a rename over it, gives the file
+//! a later ctime (and a rename a new inode), so its identity can never again equal the cached
+//! one, and the file is parsed again. The path in the name only finds the cache file: two paths
+//! whose hashes collide just overwrite each other's cache, never give each other's spec.
+//!
+//! The spec is cached only after it parsed and validated, and only where the index found the
+//! kind and device names it expects, so the errors of a broken spec still come from the parse
+//! itself (and a full scan gives their exact messages, as before). The first line names the
+//! nvshim version that wrote it: a spec cached by another build, whose validation may differ,
+//! is parsed again.
+//!
+//! # Safety of the file itself
+//!
+//! As the index's: written with [`crate::atomic::write`] (mode 0600, directory 0700), ending
+//! with its length and a hash, so a truncated or corrupt file is not used (and is rewritten);
+//! used only when owned by root or this user and writable by its owner only. When the cache
+//! directory cannot be written, nothing is written and the spec is parsed as without a cache.
+//!
+//! Files under [`MIN_BYTES`] are not cached: a claim spec of a DRA driver (200 bytes) parses
+//! in about as many instructions as reading a cache file, and caching them would leave a file
+//! per claim in the cache directory. A cache file whose spec file the index sees removed is
+//! removed with it.
+
+use std::io::Write as _;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::index::{self, Key};
+use super::spec::Spec;
+
+const MAGIC: &str = concat!("nvshim-cdi-spec 1 ", env!("CARGO_PKG_VERSION"));
+
+/// Spec files smaller than this are parsed, never cached (module doc).
+pub(super) const MIN_BYTES: u64 = 4096;
+
+/// Where the parsed form of the spec file at `spec_path` lives under `cache_dir`.
+pub(super) fn path(cache_dir: &Path, spec_path: &Path) -> PathBuf {
+    let h = index::hash(spec_path.as_os_str().as_bytes());
+    cache_dir.join(format!("cdi-spec-{h:016x}"))
+}
+
+/// The spec cached for `spec_path` when it was parsed from the file version `key`.
+pub(super) fn read(cache_dir: &Path, spec_path: &Path, key: &Key) -> Option<Spec> {
+    decode(
+        &index::read_private(&path(cache_dir, spec_path), "CDI spec cache")?,
+        key,
+    )
+}
+
+/// Caches `spec`, parsed and validated from the version `key` of the file at `spec_path`.
+/// The caller checks that `key` is trusted ([`Key::trusted_at`] the start of the read).
+pub(super) fn write(cache_dir: &Path, spec_path: &Path, key: &Key, spec: &Spec) {
+    let target = path(cache_dir, spec_path);
+    let Some(bytes) = encode(key, spec) else {
+        return;
+    };
+    if let Err(e) = index::write_private(cache_dir, &target, &bytes) {
+        tracing::debug!("CDI spec cache {} not written: {e}", target.display());
+    }
+}
+
+/// Removes what is cached for `spec_path` (a spec file that is gone).
+pub(super) fn forget(cache_dir: &Path, spec_path: &Path) {
+    let _ = std::fs::remove_file(path(cache_dir, spec_path));
+}
+
+fn key_line(key: &Key) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    index::key_fields(key, &mut out);
+    out
+}
+
+fn encode(key: &Key, spec: &Spec) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(64 + spec_size_hint(spec));
+    let _ = writeln!(out, "{MAGIC}");
+    out.extend_from_slice(&key_line(key));
+    out.push(b'\n');
+    // Compact JSON holds no newline (one in a string is escaped).
+    serde_json::to_writer(&mut out, spec).ok()?;
+    out.push(b'\n');
+    Some(seal(out))
+}
+
+/// Appends the trailer: the body's length and hash.
+fn seal(mut body: Vec<u8>) -> Vec<u8> {
+    let (len, h) = (body.len(), index::hash(&body));
+    let _ = writeln!(body, "END {len} {h:016x}");
+    body
+}
+
+/// About the JSON's size: a spec's text is mostly mount paths.
+fn spec_size_hint(spec: &Spec) -> usize {
+    let edits = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    edits.map(|e| 64 + e.mounts.len() * 256).sum()
+}
+
+fn decode(bytes: &[u8], key: &Key) -> Option<Spec> {
+    // The trailer first: a truncated or damaged file is not read at all.
+    let without_newline = bytes.strip_suffix(b"\n")?;
+    let body_end = memchr::memrchr(b'\n', without_newline)? + 1;
+    let (body, trailer) = bytes.split_at(body_end);
+    let trailer = std::str::from_utf8(&trailer[..trailer.len() - 1]).ok()?;
+    let mut t = trailer.split(' ');
+    if t.next()? != "END"
+        || t.next()?.parse::<usize>().ok()? != body.len()
+        || u64::from_str_radix(t.next()?, 16).ok()? != index::hash(body)
+        || t.next().is_some()
+    {
+        return None;
+    }
+    let rest = body.strip_prefix(MAGIC.as_bytes())?.strip_prefix(b"\n")?;
+    let key_end = memchr::memchr(b'\n', rest)?;
+    if rest[..key_end] != key_line(key)[..] {
+        return None;
+    }
+    let json = rest[key_end + 1..].strip_suffix(b"\n")?;
+    serde_json::from_slice(json).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key {
+            dev: 1,
+            ino: 2,
+            size: 3,
+            mtime: 4,
+            ctime: 5,
+        }
+    }
+
+    fn sample() -> Spec {
+        let text = "cdiVersion: 0.7.0\nkind: v.com/c\nannotations: {a: b}\ndevices:\n- name: \"0\"\n  containerEdits:\n    env: [\"A=1\\n2\"]\n    deviceNodes: [{path: /dev/x, fileMode: 0666, type: c}]\n    hooks: [{hookName: createContainer, path: /bin/h, env: []}]\ncontainerEdits:\n  intelRdt: {}\n  mounts: [{hostPath: /a, containerPath: /b, options: [ro]}]\n  additionalGids: [5]\n";
+        let spec = crate::cdi::spec::parse(text.as_bytes()).unwrap();
+        spec.validate().unwrap();
+        spec
+    }
+
+    #[test]
+    fn round_trips_only_for_its_own_version_of_the_file() {
+        let spec = sample();
+        let bytes = encode(&key(), &spec).unwrap();
+        assert_eq!(decode(&bytes, &key()), Some(spec));
+        for other in [
+            Key { ino: 9, ..key() },
+            Key { size: 9, ..key() },
+            Key { mtime: 9, ..key() },
+            Key { ctime: 9, ..key() },
+            Key { dev: 9, ..key() },
+        ] {
+            assert_eq!(decode(&bytes, &other), None);
+        }
+    }
+
+    #[test]
+    fn damaged_or_foreign_bytes_are_refused() {
+        let good = encode(&key(), &sample()).unwrap();
+        let mut flipped = good.clone();
+        let i = good.iter().position(|&b| b == b'/').unwrap();
+        flipped[i + 1] ^= 1;
+        // Whole, but written by another build.
+        let body = &good[..memchr::memmem::rfind(&good, b"END ").unwrap()];
+        let other_build = seal(
+            String::from_utf8(body.to_vec())
+                .unwrap()
+                .replacen(env!("CARGO_PKG_VERSION"), "0.0.0-other", 1)
+                .into_bytes(),
+        );
+        assert_eq!(decode(&seal(body.to_vec()), &key()), Some(sample()));
+        let mut extra = good.clone();
+        extra.extend_from_slice(b"x\n");
+        for bad in [
+            &good[..good.len() / 2],
+            &good[..good.len() - 1],
+            &flipped[..],
+            &other_build[..],
+            &extra[..],
+            b"",
+            b"\n",
+            b"END 0 0\n",
+        ] {
+            assert_eq!(decode(bad, &key()), None);
+        }
+    }
+}
