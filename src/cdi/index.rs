@@ -216,7 +216,7 @@ pub fn load_for(dirs: &[PathBuf], names: &[String], cache_dir: &Path) -> Registr
 pub struct Stats {
     /// Spec files parsed.
     pub parsed: usize,
-    /// Spec files taken from their parsed form in the cache ([`super::spec_cache`]).
+    /// Spec files taken from their parsed form in the cache (`spec_cache.rs`).
     pub cached: usize,
     /// Whether the index was (re)written.
     pub wrote: bool,
@@ -465,7 +465,7 @@ fn select(
             let (spec, key, from_cache) = if let Some((spec, key)) = parsed.remove(&path) {
                 (spec, key, false)
             } else if let Some(spec) = (large && f.trusted)
-                .then(|| spec_cache::read(cache_dir, &path, &f.key))
+                .then(|| spec_cache::read(cache_dir, &path, &f.key, want))
                 .flatten()
             {
                 stats.cached += 1;
@@ -1001,10 +1001,10 @@ mod tests {
         assert!(!s.wrote && !s.full_scan, "{s:?}");
     }
 
-    /// A spec over [`spec_cache::MIN_BYTES`]: one device with `env`, and padding in the global
-    /// edits.
+    /// A spec over [`spec_cache::MIN_BYTES`]: `device` with `env`, a device `extra`, and
+    /// padding in the global edits.
     fn large_spec_text(kind: &str, device: &str, env: &str) -> String {
-        let mut t = spec_text(kind, &[(device, env)]);
+        let mut t = spec_text(kind, &[(device, env), ("extra", "EXTRA=1")]);
         t.push_str("containerEdits:\n  env:\n");
         for i in 0..200 {
             t.push_str(&format!("  - PADDING_{i:03}=some-value-to-make-it-large\n"));
@@ -1060,6 +1060,11 @@ mod tests {
             (0, 1, false),
             "{warm:?}"
         );
+        // Each device asked for comes with its edits (the others by name only).
+        let (env, warm) = env_of(&d, "nvidia.com/gpu=extra", t);
+        assert_eq!((env, warm.cached), (vec!["EXTRA=1".to_string()], 1));
+        let both = d.check(&["nvidia.com/gpu=extra", "nvidia.com/gpu=0"], t);
+        assert_eq!((both.parsed, both.cached), (0, 1), "{both:?}");
         // Small specs are parsed every time, and not cached.
         let (_, small) = env_of(&d, "v.com/c=a", t);
         assert_eq!((small.parsed, small.cached), (1, 0), "{small:?}");
@@ -1176,7 +1181,7 @@ mod tests {
         fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o600)).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &cache).unwrap();
         assert_eq!(
-            spec_cache::read(&d.cache, &f, &Key::of(&fs::metadata(&f).unwrap())),
+            spec_cache::read(&d.cache, &f, &Key::of(&fs::metadata(&f).unwrap()), &["0"]),
             None
         );
     }

@@ -180,7 +180,9 @@ impl Registry {
 
     /// [`Registry::load`] for resolving `names` only, through the index of the spec
     /// directories kept in `cache_dir` ([`super::index`]): the same answer, with only the spec
-    /// files that define those names read.
+    /// files that define those names read. A spec taken from its cached parsed form
+    /// (`spec_cache.rs`) holds the edits and annotations of the devices in `names`
+    /// only, the others by name: for [`Registry::resolve`] of those names, not for listing.
     pub fn load_for(dirs: &[PathBuf], names: &[String], cache_dir: &Path) -> Registry {
         super::index::load_for(dirs, names, cache_dir)
     }
