@@ -1224,6 +1224,40 @@ mod tests {
     }
 
     #[test]
+    fn keys_read_back_and_malformed_ones_are_refused() {
+        let key = Key {
+            dev: u64::MAX,
+            ino: 0,
+            size: 40_337,
+            mtime: -1_700_000_000_123_456_789,
+            ctime: i64::MAX,
+        };
+        let mut line = Vec::new();
+        key_fields(&key, &mut line);
+        line.extend_from_slice(b" rest");
+        let mut at = 0;
+        assert_eq!(parse_key(&line, &mut at), Some(key));
+        assert_eq!(&line[at..], b"rest");
+        for bad in [
+            &b"1 2 3 4"[..],
+            b"1 2 3 4 ",
+            b"1  2 3 4 5",
+            b"1 2 -3 4 5",
+            b"1 2 3 4 -",
+            b"1 2 3 4 5x",
+            b"1 2 3 4 9223372036854775808",
+            b"18446744073709551616 2 3 4 5",
+        ] {
+            assert_eq!(
+                parse_key(bad, &mut 0),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
     fn the_checksum_notices_any_one_changed_byte_and_the_length() {
         let bytes: Vec<u8> = (0..41u8).collect();
         let sum = checksum(&bytes);
