@@ -12,12 +12,25 @@
 //! paths). serde_json has no duplicate-key option, so [`Faithful`] is a small visitor that
 //! builds the same `Value` in the same single pass and refuses a repeated key, naming its
 //! JSON pointer.
+//!
+//! `create` loads the document lean ([`Bundle::load_lean`]): the seccomp profile
+//! (`linux.seccomp`), which nvshim never reads or edits, is kept as the text it was and written
+//! back as that text, in its place. Docker writes its default profile into every container's
+//! config.json: of Docker 28.5.2's 9.7 KB (tests/fixtures/oci/docker-28.5.2-config.json), 6 KB
+//! are the profile, and parsing it into a `Value` and writing it out again was a quarter of a
+//! GPU create's instructions there (callgrind, docs/benchmarks.md). Its text goes to runc
+//! exactly as the engine wrote it.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use std::cell::RefCell;
+
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -54,8 +67,23 @@ pub struct Bundle {
     config_path: PathBuf,
     /// The bytes as read, to decide the output layout and to detect "no change".
     original: Vec<u8>,
+    /// The document; without `linux.seccomp` when loaded lean ([`Bundle::load_lean`]).
     pub spec: Value,
+    /// `linux.seccomp` as its text, when loaded lean.
+    raw: Option<RawMember>,
 }
+
+/// A member of the `linux` object kept as the text it was (module doc).
+#[derive(Debug, Clone)]
+struct RawMember {
+    /// Its position among the members `linux` had.
+    index: usize,
+    text: Box<RawValue>,
+}
+
+/// The object that holds the raw member, and the member's name.
+const RAW_PARENT: &str = "linux";
+const RAW_KEY: &str = "seccomp";
 
 impl Bundle {
     /// Loads `<dir>/config.json`. `dir` is used as given (runc resolves a relative bundle
@@ -67,6 +95,17 @@ impl Bundle {
             source,
         })?;
         Bundle::from_bytes(dir, original)
+    }
+
+    /// [`Bundle::load`], keeping `linux.seccomp` as its text, out of [`Bundle::spec`]; it is
+    /// written back in its place by [`Bundle::render_spec`] (module doc).
+    pub fn load_lean(dir: &Path) -> Result<Bundle, BundleError> {
+        let config_path = dir.join("config.json");
+        let original = fs::read(&config_path).map_err(|source| BundleError::Read {
+            path: config_path.clone(),
+            source,
+        })?;
+        Bundle::parse_with(dir, config_path, original, true)
     }
 
     /// Loads a config.json kept outside a bundle (`nvshim explain --spec FILE`); errors name
@@ -90,7 +129,17 @@ impl Bundle {
     }
 
     fn parse(dir: &Path, config_path: PathBuf, original: Vec<u8>) -> Result<Bundle, BundleError> {
-        let spec = parse_faithful(&original).map_err(|source| {
+        Bundle::parse_with(dir, config_path, original, false)
+    }
+
+    fn parse_with(
+        dir: &Path,
+        config_path: PathBuf,
+        original: Vec<u8>,
+        lean: bool,
+    ) -> Result<Bundle, BundleError> {
+        let raw = RefCell::new(None);
+        let spec = parse_faithful_with(&original, lean.then_some(&raw)).map_err(|source| {
             if source.is_data() {
                 BundleError::DuplicateKey {
                     path: config_path.clone(),
@@ -133,6 +182,7 @@ impl Bundle {
             config_path,
             original,
             spec,
+            raw: raw.into_inner(),
         })
     }
 
@@ -156,10 +206,14 @@ impl Bundle {
         // times (about 5% of a create's instructions, callgrind).
         let mut out = Vec::with_capacity(self.original.len() * 4 + 4096);
         // Serialising a Value into a Vec cannot fail: keys are strings, numbers are finite.
+        let doc = WithRaw {
+            spec,
+            raw: self.raw.as_ref(),
+        };
         let _ = if pretty {
-            serde_json::to_writer_pretty(&mut out, spec)
+            serde_json::to_writer_pretty(&mut out, &doc)
         } else {
-            serde_json::to_writer(&mut out, spec)
+            serde_json::to_writer(&mut out, &doc)
         };
         if pretty {
             out.push(b'\n');
@@ -183,7 +237,20 @@ impl Bundle {
     /// /var/lib/containers; docs/benchmarks.md measures it), nothing on the tmpfs under /run
     /// where containerd, Docker and CRI-O keep theirs.
     pub fn save_spec(&self, spec: &Value) -> Result<(), BundleError> {
+        self.write(&self.render_spec(spec))
+    }
+
+    /// [`Bundle::save_spec`] unless `spec` renders to the bytes that were read (a retried
+    /// `create`): then nothing is written. Whether it wrote.
+    pub fn save_changed(&self, spec: &Value) -> Result<bool, BundleError> {
         let bytes = self.render_spec(spec);
+        if bytes == self.original {
+            return Ok(false);
+        }
+        self.write(&bytes).map(|()| true)
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<(), BundleError> {
         let err = |source| BundleError::Write {
             path: self.config_path.clone(),
             source,
@@ -196,17 +263,77 @@ impl Bundle {
             owner: None,
             durability: crate::atomic::Durability::Data,
         };
-        crate::atomic::write(&self.config_path, &bytes, &opts).map_err(err)
+        crate::atomic::write(&self.config_path, bytes, &opts).map_err(err)
     }
 }
 
 /// Parses JSON into a `Value` as `serde_json::from_slice` does, refusing duplicate keys at any
 /// depth (the only data error it raises; syntax errors stay syntax errors).
 pub fn parse_faithful(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    parse_faithful_with(bytes, None)
+}
+
+/// [`parse_faithful`]; with `raw`, `linux.seccomp` is left out of the `Value` and kept there.
+fn parse_faithful_with(
+    bytes: &[u8],
+    raw: Option<&RefCell<Option<RawMember>>>,
+) -> Result<Value, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = Faithful(At::ROOT).deserialize(&mut de)?;
+    let value = Faithful { at: At::ROOT, raw }.deserialize(&mut de)?;
     de.end()?;
     Ok(value)
+}
+
+/// The document with its raw member put back in its place, for serialising.
+struct WithRaw<'a> {
+    spec: &'a Value,
+    raw: Option<&'a RawMember>,
+}
+
+impl Serialize for WithRaw<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (Some(raw), Some(root)) = (self.raw, self.spec.as_object()) else {
+            return self.spec.serialize(s);
+        };
+        let mut map = s.serialize_map(Some(root.len()))?;
+        for (key, value) in root {
+            match value.as_object() {
+                Some(parent) if key == RAW_PARENT => map.serialize_entry(
+                    key,
+                    &Parent {
+                        members: parent,
+                        raw,
+                    },
+                )?,
+                _ => map.serialize_entry(key, value)?,
+            }
+        }
+        map.end()
+    }
+}
+
+/// `linux` with the raw member at its index (after any members edits appended, when the
+/// object had fewer before it).
+struct Parent<'a> {
+    members: &'a Map<String, Value>,
+    raw: &'a RawMember,
+}
+
+impl Serialize for Parent<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.members.len() + 1))?;
+        let at = self.raw.index.min(self.members.len());
+        for (i, (key, value)) in self.members.iter().enumerate() {
+            if i == at {
+                map.serialize_entry(RAW_KEY, &self.raw.text)?;
+            }
+            map.serialize_entry(key, value)?;
+        }
+        if at == self.members.len() {
+            map.serialize_entry(RAW_KEY, &self.raw.text)?;
+        }
+        map.end()
+    }
 }
 
 /// Where a value sits, as a chain on the stack: a JSON pointer is only built for an error.
@@ -245,8 +372,12 @@ impl<'a> At<'a> {
     }
 }
 
-/// Seed and visitor building a `Value` at [`At`].
-struct Faithful<'a>(At<'a>);
+/// Seed and visitor building a `Value` at [`At`]; with `raw`, `linux.seccomp` goes there.
+#[derive(Clone, Copy)]
+struct Faithful<'a> {
+    at: At<'a>,
+    raw: Option<&'a RefCell<Option<RawMember>>>,
+}
 
 impl<'de> DeserializeSeed<'de> for Faithful<'_> {
     type Value = Value;
@@ -291,28 +422,45 @@ impl<'de> Visitor<'de> for Faithful<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(v) = seq.next_element_seed(Faithful(At {
-            seg: Seg::Index(out.len()),
-            parent: Some(&self.0),
-        }))? {
+        while let Some(v) = seq.next_element_seed(Faithful {
+            at: At {
+                seg: Seg::Index(out.len()),
+                parent: Some(&self.at),
+            },
+            raw: self.raw,
+        })? {
             out.push(v);
         }
         Ok(Value::Array(out))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut out = Map::new();
+        // In `linux` (a member of the root), when loading lean.
+        let raw_here = self.raw.filter(|_| {
+            matches!(self.at.seg, Seg::Key(RAW_PARENT))
+                && self.at.parent.is_some_and(|p| matches!(p.seg, Seg::Root))
+        });
         while let Some(key) = map.next_key::<String>()? {
             let at = At {
                 seg: Seg::Key(&key),
-                parent: Some(&self.0),
+                parent: Some(&self.at),
             };
-            if out.contains_key(&key) {
+            let kept_raw = raw_here.is_some_and(|r| r.borrow().is_some());
+            if out.contains_key(&key) || (key == RAW_KEY && kept_raw) {
                 return Err(de::Error::custom(format_args!(
                     "duplicate key {key:?} at {}",
                     at.pointer()
                 )));
             }
-            let value = map.next_value_seed(Faithful(at))?;
+            if let Some(raw) = raw_here.filter(|_| key == RAW_KEY) {
+                let text: Box<RawValue> = map.next_value()?;
+                *raw.borrow_mut() = Some(RawMember {
+                    index: out.len(),
+                    text,
+                });
+                continue;
+            }
+            let value = map.next_value_seed(Faithful { at, raw: self.raw })?;
             out.insert(key, value);
         }
         Ok(Value::Object(out))
@@ -453,5 +601,69 @@ mod tests {
         .unwrap();
         assert!(b.save().is_err());
         assert_eq!(fs::read(&path).unwrap(), b"{}");
+    }
+
+    /// Docker 28.5.2's config.json for `docker run -e NVIDIA_VISIBLE_DEVICES=0,3 ...`, as it
+    /// handed it to its runtime (captured by a runtime that copied it, then ran runc).
+    const DOCKER: &str = include_str!("../tests/fixtures/oci/docker-28.5.2-config.json");
+
+    /// Lean and full loads of `text` in a bundle, and their renders after `edit`.
+    fn lean_and_full(text: &str, edit: impl Fn(&mut Value)) -> (Bundle, Vec<u8>, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("config.json"), text).unwrap();
+        let mut lean = Bundle::load_lean(dir.path()).unwrap();
+        let mut full = Bundle::load(dir.path()).unwrap();
+        edit(&mut lean.spec);
+        edit(&mut full.spec);
+        let (l, f) = (lean.render(), full.render());
+        (lean, l, f)
+    }
+
+    #[test]
+    fn lean_load_keeps_the_seccomp_profile_as_its_text_in_its_place() {
+        let add_device = |spec: &mut Value| {
+            spec["linux"]["devices"] = serde_json::json!([{"path": "/dev/nvidia0", "type": "c"}]);
+            spec["process"]["env"]
+                .as_array_mut()
+                .unwrap()
+                .push("X=1".into());
+        };
+        // Docker's compact document: the same bytes as a full load, with or without edits.
+        let (lean, l, f) = lean_and_full(DOCKER, |_| {});
+        assert!(lean.spec.pointer("/linux/seccomp").is_none());
+        assert!(lean.spec.pointer("/linux/maskedPaths").is_some());
+        assert_eq!(l, f);
+        let (_, l, f) = lean_and_full(DOCKER, add_device);
+        assert_eq!(String::from_utf8(l).unwrap(), String::from_utf8(f).unwrap());
+        // Pretty, with the profile first, in the middle and last among linux's members.
+        let full: Value = serde_json::from_str(DOCKER).unwrap();
+        let seccomp = full["linux"]["seccomp"].clone();
+        for at in [0, 2, 99] {
+            let mut doc = full.clone();
+            let linux = doc["linux"].as_object_mut().unwrap();
+            linux.shift_remove("seccomp");
+            let at = at.min(linux.len());
+            linux.shift_insert(at, "seccomp".into(), seccomp.clone());
+            let text = serde_json::to_string_pretty(&doc).unwrap() + "\n";
+            let (_, l, f) = lean_and_full(&text, add_device);
+            assert_eq!(String::from_utf8(l).unwrap(), String::from_utf8(f).unwrap());
+        }
+        // Without a profile, or with `linux` elsewhere, nothing is kept apart.
+        let (lean, l, f) =
+            lean_and_full(r#"{"x":{"linux":{"seccomp":1}},"linux":{"a":1}}"#, |_| {});
+        assert!(lean.raw.is_none());
+        assert_eq!(l, f);
+    }
+
+    #[test]
+    fn lean_load_refuses_a_repeated_seccomp_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ERRNO"},"seccomp":{}}}"#;
+        fs::write(dir.path().join("config.json"), text).unwrap();
+        let err = Bundle::load_lean(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("duplicate key \"seccomp\" at /linux/seccomp"),
+            "{err}"
+        );
     }
 }

@@ -49,6 +49,7 @@ pub enum CreateError {
 /// Everything `create` would do, computed without writing.
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The bundle as loaded; its document has moved to `edited`.
     pub bundle: Bundle,
     pub request: Request,
     /// How the request is served.
@@ -63,6 +64,10 @@ pub struct Plan {
     pub groups: Vec<EditGroup>,
     /// config.json after the edits.
     pub edited: Value,
+    /// Whether planning edited the document at all: an edit applied, Docker's hook or the
+    /// device plugin's mounts removed. A touched document can still equal the original (a
+    /// retried create applies the same edits again), which [`Bundle::save_changed`] finds.
+    pub touched: bool,
     /// The `apply-cuda-memory-limits` hook added (also in `groups`): [`crate::memory_limits`].
     pub memory_limit_hook: Option<edits::Hook>,
 }
@@ -92,10 +97,6 @@ impl Trace {
 impl Plan {
     fn parts(&self) -> impl Iterator<Item = &ContainerEdits> {
         self.groups.iter().map(|g| &g.edits)
-    }
-
-    pub fn changes_bundle(&self) -> bool {
-        self.edited != self.bundle.spec
     }
 }
 
@@ -150,14 +151,19 @@ fn check_requirements(
 
 /// Computes what `create` would do to the bundle at `dir`.
 pub fn plan(config: &Config, dir: &Path, tools: &Tools) -> Result<Plan, CreateError> {
-    plan_bundle(config, Bundle::load(dir)?, tools, &mut Trace::default())
+    plan_bundle(
+        config,
+        Bundle::load_lean(dir)?,
+        tools,
+        &mut Trace::default(),
+    )
 }
 
 /// Computes what `create` would do to `bundle`, recording in `trace` what it found on the way
 /// (so a failure can still be explained).
 pub fn plan_bundle(
     config: &Config,
-    bundle: Bundle,
+    mut bundle: Bundle,
     tools: &Tools,
     trace: &mut Trace,
 ) -> Result<Plan, CreateError> {
@@ -174,7 +180,8 @@ pub fn plan_bundle(
             config_path.display()
         ));
     }
-    let mut edited = bundle.spec.clone();
+    // Moved, not copied: `create` needs only the edited document (and the original bytes).
+    let mut edited = std::mem::take(&mut bundle.spec);
     if request.sources.contains(&request::Source::DockerGpusHook) {
         let before = legacy_hooks(&edited);
         edits::remove_legacy_hooks(&mut edited);
@@ -186,7 +193,8 @@ pub fn plan_bundle(
         source,
     })?;
     trace.route = Some(route.clone());
-    if !matches!(route, Route::Nothing(_)) {
+    let mounts_removed = !matches!(route, Route::Nothing(_)) && !request.device_mounts.is_empty();
+    if mounts_removed {
         // The device plugin's `/dev/null` mounts were the request and carry nothing else.
         request::remove_device_mounts(&mut edited, &request.device_mounts);
     }
@@ -199,6 +207,7 @@ pub fn plan_bundle(
         groups: Vec::new(),
         edited,
         memory_limit_hook: None,
+        touched: false,
     };
     match route {
         Route::Nothing(_) => {}
@@ -230,6 +239,8 @@ pub fn plan_bundle(
         }
     }
     add_memory_limit_hook(config, &mut plan, tools, trace)?;
+    plan.touched =
+        mounts_removed || !trace.removed_hooks.is_empty() || plan.parts().any(|e| !e.is_empty());
     check_hooks_exist(plan.parts().flat_map(|e| &e.hooks), &tools.hook)?;
     if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
         let added = plan.parts().flat_map(|e| &e.mounts);
@@ -426,8 +437,7 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>
         }
         Err(e) => return Err(e),
     };
-    if plan.changes_bundle() {
-        plan.bundle.save_spec(&plan.edited)?;
+    if plan.touched && plan.bundle.save_changed(&plan.edited)? {
         tracing::info!(
             bundle = %dir.display(),
             gpus = ?plan.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),

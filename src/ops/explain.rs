@@ -313,7 +313,7 @@ pub fn explain(
                     }
                 }
             }
-            out.changes_bundle = plan.changes_bundle();
+            out.changes_bundle = plan.edited != original;
             if out.changes_bundle {
                 out.diff = diff(&out.config_json, &original, &plan.edited);
                 out.result = Some(plan.edited.clone());
