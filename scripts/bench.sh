@@ -9,7 +9,8 @@
 # in a shuffled order (nvshim-bench, tests/support/src/bin/bench.rs), medians and interquartile
 # ranges:
 #   1. nvshim-runtime create (low-level runtime /bin/true), legacy and CDI GPU requests and a
-#      non-GPU container, against the floor and /bin/true;
+#      non-GPU container, against the floor and /bin/true; a legacy request in the config.json
+#      Docker 28 writes (tests/fixtures/oci);
 #   2. pass-through calls (state, delete) the same way;
 #   3. create + start + delete of a busybox GPU container through nvshim-runtime over runc,
 #      against runc alone on the already-edited config.json;
@@ -181,6 +182,18 @@ bundle full "0,3" true
 for n in 2 50 500 1000; do
     bundle "cdi$n" "nvidia.com/gpu=0,k8s.gpu.nvidia.com/claim=$(claim_uid $((n - 1)))-gpu-0" /bin/true
 done
+# Docker 28.5.2's own config.json for a GPU request (tests/fixtures/oci: compact, 9.7 KB, its
+# seccomp profile included; NVIDIA_VISIBLE_DEVICES=0,3, compute and utility), in a bundle with
+# the legacy bundle's rootfs.
+mkdir -p "$work/run/docker"
+cp -a "$work/run/legacy/rootfs" "$work/run/docker/rootfs"
+python3 - "$repo/tests/fixtures/oci/docker-28.5.2-config.json" "$work/run/docker.orig.json" <<'DOCKER'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["root"]["path"] = "rootfs"
+open(sys.argv[2], "w").write(json.dumps(spec, separators=(",", ":")))
+DOCKER
+cp "$work/run/docker.orig.json" "$work/run/docker/config.json"
 # The same GPU bundle on disk (podman keeps bundles under /var/lib/containers).
 mkdir -p "$work/disk"
 cp -a "$work/run/legacy" "$work/disk/legacy"
@@ -221,7 +234,7 @@ done
 NVSHIM_CONFIG="$work/mig.toml" "$bin/nvshim-runtime" create --bundle "$work/run/migall" x
 grep -c 'nvidia-caps/nvidia-cap' "$work/run/migall/config.json" > /dev/null || { echo "bench: migall got no MIG caps nodes" >&2; exit 1; }
 cp "$work/run/migall.orig.json" "$work/run/migall/config.json"
-for b in legacy cdi; do
+for b in legacy cdi docker; do
     NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/$b" x
     cmp -s "$work/run/$b/config.json" "$work/run/$b.orig.json" && { echo "bench: $b was not edited" >&2; exit 1; }
     cp "$work/run/$b.orig.json" "$work/run/$b/config.json"
@@ -274,6 +287,7 @@ cat > "$spec" <<EOF
   $musl_cmd,
   $(create_cmd create-legacy "$bin/nvshim-runtime" "$R/legacy" "$work/true.toml"),
   $(create_cmd create-mig-all "$bin/nvshim-runtime" "$R/migall" "$work/mig.toml"),
+  $(create_cmd create-docker "$bin/nvshim-runtime" "$R/docker" "$work/true.toml"),
   $(create_cmd create-cdi "$bin/nvshim-runtime" "$R/cdi" "$work/true.toml"),
   $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
   $(create_cmd create-legacy-dynamic "$bin/nvshim-runtime-dynamic" "$R/legacy" "$work/true.toml"),
@@ -314,6 +328,7 @@ cat > "$spec" <<EOF
   {"figure":"1. create, legacy request (2 of 8 GPUs)","cmd":"create-legacy","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, CDI request (2 of 8 GPUs)","cmd":"create-cdi","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, no GPU request","cmd":"create-plain","baseline":"floor","goal_ms":0.25},
+  {"figure":"1. create, legacy, Docker 28's own config.json (2 of 8 GPUs, compute+utility, 9.7 KB with its seccomp profile)","cmd":"create-docker","baseline":"floor","goal_ms":0.25},
   {"figure":"8. create, legacy, all on a MIG host (8 GPUs x 7 MIG devices, no NVML)","cmd":"create-mig-all","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
   {"figure":"1. create, legacy, dynamically linked build (reference, not shipped)","cmd":"create-legacy-dynamic","baseline":"floor"},

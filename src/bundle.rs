@@ -105,7 +105,12 @@ impl Bundle {
             path: config_path.clone(),
             source,
         })?;
-        Bundle::parse_with(dir, config_path, original, true)
+        Bundle::from_bytes_lean(dir, original)
+    }
+
+    /// [`Bundle::from_bytes`], lean as [`Bundle::load_lean`].
+    pub fn from_bytes_lean(dir: &Path, original: Vec<u8>) -> Result<Bundle, BundleError> {
+        Bundle::parse_with(dir, dir.join("config.json"), original, true)
     }
 
     /// Loads a config.json kept outside a bundle (`nvshim explain --spec FILE`); errors name

@@ -9,7 +9,8 @@
 //! [`apply`] follows the CDI reference library (docs/cdi-rules.md §5.2: env, device nodes with
 //! cgroup rules, net devices, mounts then a depth sort, hooks, intelRdt, additional gids) over a
 //! `serde_json::Value`, so every field nvshim does not edit survives, including fields newer
-//! than oci-spec knows. New entries are built through oci-spec's typed structs. One deliberate
+//! than oci-spec knows. New entries are built through oci-spec's typed structs, but for mounts
+//! (`mount_value` says why). One deliberate
 //! difference: applying the same edits twice changes nothing the second time (an existing
 //! device or mount with the same container path is replaced in place rather than moved to the
 //! end, and identical cgroup rules and hooks are not appended again), because runtimes do call
@@ -25,7 +26,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;
 
 use oci_spec::runtime::{
-    HookBuilder, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder,
+    HookBuilder, LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -247,7 +248,18 @@ pub fn go_clean(path: &str) -> String {
 /// reference counts it. So `/` and `/a` tie, a relative `a/b` ties with `/a`, and `/a/../b` is
 /// one level deep.
 fn depth(destination: &str) -> usize {
-    go_clean(destination).matches('/').count()
+    // Without an empty, `.` or `..` component an absolute path is its own cleaned form: no
+    // allocation for the usual destination (the cleaning was most of a CDI create's mount sort).
+    let clean = destination == "/"
+        || (destination.starts_with('/')
+            && destination[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".."));
+    if clean {
+        destination.bytes().filter(|&b| b == b'/').count()
+    } else {
+        go_clean(destination).matches('/').count()
+    }
 }
 
 /// The environment a CDI hook runs with. A hook without `env` would get its environment from
@@ -395,6 +407,27 @@ fn first_index(keys: impl Iterator<Item = Option<String>>) -> HashMap<String, us
         }
     }
     index
+}
+
+/// A mount as oci-spec's `Mount` serialises it (destination, type, source, options; its
+/// builder checks only id mappings, which nvshim never sets), built directly: a CDI spec brings
+/// 60 and more mounts, and the builder and `to_value` were a tenth of such a create
+/// (callgrind, docs/benchmarks.md). A test holds it to the builder's output.
+fn mount_value(m: &Mount) -> Value {
+    let mut out = Map::with_capacity(4);
+    out.insert(
+        "destination".into(),
+        Value::String(m.container_path.clone()),
+    );
+    if let Some(t) = &m.kind {
+        out.insert("type".into(), Value::String(t.clone()));
+    }
+    out.insert("source".into(), Value::String(m.host_path.clone()));
+    if !m.options.is_empty() {
+        let options = m.options.iter().cloned().map(Value::String).collect();
+        out.insert("options".into(), Value::Array(options));
+    }
+    Value::Object(out)
 }
 
 /// Applies `edits` to the config.json document. Validation of the edits (CDI rules) happens
@@ -547,16 +580,7 @@ pub fn apply_all(spec: &mut Value, parts: &[&ContainerEdits]) -> Result<(), Edit
                 .map(str::to_string)
         }));
         for m in parts.iter().flat_map(|e| &e.mounts) {
-            let mut b = MountBuilder::default()
-                .destination(&m.container_path)
-                .source(&m.host_path);
-            if let Some(t) = &m.kind {
-                b = b.typ(t.clone());
-            }
-            if !m.options.is_empty() {
-                b = b.options(m.options.clone());
-            }
-            let mount = to_value(&b.build().map_err(build_err("mount"))?, "mount")?;
+            let mount = mount_value(m);
             match index.get(&m.container_path) {
                 Some(&i) => mounts[i] = mount,
                 None => {
@@ -891,6 +915,63 @@ mod tests {
             ("./", "."),
         ] {
             assert_eq!(go_clean(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn mounts_are_written_as_oci_spec_writes_them() {
+        use oci_spec::runtime::MountBuilder;
+        for (kind, options) in [
+            (
+                Some("bind"),
+                vec!["ro", "nosuid", "nodev", "rbind", "rprivate"],
+            ),
+            (None, vec![]),
+            (Some("tmpfs"), vec![]),
+            (None, vec!["rw"]),
+        ] {
+            let m = Mount {
+                host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05".into(),
+                container_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05".into(),
+                kind: kind.map(String::from),
+                options: options.iter().map(|o| o.to_string()).collect(),
+            };
+            let mut b = MountBuilder::default()
+                .destination(&m.container_path)
+                .source(&m.host_path);
+            if let Some(t) = &m.kind {
+                b = b.typ(t.clone());
+            }
+            if !m.options.is_empty() {
+                b = b.options(m.options.clone());
+            }
+            let reference = serde_json::to_string(&b.build().unwrap()).unwrap();
+            assert_eq!(serde_json::to_string(&mount_value(&m)).unwrap(), reference);
+        }
+    }
+
+    #[test]
+    fn depth_is_the_slashes_of_the_cleaned_path() {
+        for p in [
+            "",
+            "/",
+            "//",
+            "/a",
+            "/a/",
+            "/a/b",
+            "//a//b/",
+            "/a/../b",
+            "/../a",
+            "a/b",
+            "../../a",
+            "a/../..",
+            "./",
+            "/a/./b",
+            "/a/.b",
+            "/a/..b",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        ] {
+            assert_eq!(depth(p), go_clean(p).matches('/').count(), "{p:?}");
         }
     }
 

@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
             ..Config::default()
         };
         if let Ok(req) = request::from_spec(&spec, &cfg) {
-            if let Ok(request::Route::Cdi(names)) = request::route(&req, &cfg) {
+            if let Ok(request::Route::Cdi(names, _)) = request::route(&req, &cfg) {
                 let unique: HashSet<&String> = names.iter().collect();
                 assert_eq!(unique.len(), names.len(), "duplicate CDI names {names:?}");
                 for n in &names {
