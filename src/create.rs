@@ -214,7 +214,11 @@ pub fn plan_bundle(
         Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, trace)?,
         Route::Legacy(_) => {
             let host = host_from(config);
-            let settings = legacy::Settings::new(config, tools);
+            let settings = legacy::Settings {
+                // As runc makes `--bundle` absolute (against the same working directory).
+                bundle: std::path::absolute(plan.bundle.dir()).ok(),
+                ..legacy::Settings::new(config, tools)
+            };
             let snapshot = host.snapshot()?;
             let resolved =
                 legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut || {

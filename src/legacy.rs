@@ -91,6 +91,9 @@ pub struct Settings {
     pub mps_pipe_directory: PathBuf,
     /// How the NVML inventory is obtained (MIG ids only).
     pub nvml: nvml::NvmlAccess,
+    /// The bundle being created, absolute: the fix-ups hook finds the container from it
+    /// instead of waiting for its OCI state ([`HookPlan::bundle`]).
+    pub bundle: Option<PathBuf>,
 }
 
 impl Settings {
@@ -99,6 +102,7 @@ impl Settings {
             hook_path: tools.hook.clone(),
             mps_pipe_directory: config.mps_pipe_directory.clone(),
             nvml: tools.nvml.clone(),
+            bundle: None,
         }
     }
 }
@@ -545,6 +549,7 @@ pub fn resolve(
         cuda_compat: request.capabilities.compute,
         application_profile: brings(&request.capabilities, DRM_BROUGHT_BY),
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
+        bundle: settings.bundle.as_deref(),
     };
     edits.hooks.extend(container_hooks(
         host,
@@ -854,6 +859,10 @@ pub struct HookPlan<'a> {
     pub application_profile: bool,
     /// `disable-device-node-modification`, reading the host's params file here.
     pub host_params: Option<PathBuf>,
+    /// The container's bundle, when known (a create, not a CDI spec for the node): passed as
+    /// `--bundle`, so the hook does not wait for the OCI state runc writes late (the hook
+    /// crate's `cli::Fixups::bundle` says how late).
+    pub bundle: Option<&'a Path>,
 }
 
 /// The container fix-ups NVIDIA runs as separate hooks (`create-symlinks`, `enable-cuda-compat`,
@@ -910,6 +919,10 @@ pub fn container_hooks(
     }
     if args.len() == 2 {
         return Vec::new();
+    }
+    if let Some(bundle) = plan.bundle {
+        args.push("--bundle".into());
+        args.push(bundle.to_string_lossy().into_owned());
     }
     vec![Hook {
         hook_name: "createContainer".into(),

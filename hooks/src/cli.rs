@@ -65,7 +65,9 @@ subcommands:
                                             of config.json as NVML limits of the cgroup
   fixups [--link T::L ...] [--host-driver-version V] [--folder DIR ...]
          [--disable-device-node-modification] [--update-application-profile]
-                                            all of the above in one process, in that order
+         [--bundle DIR]                     all of the above in one process, in that order;
+                                            with --bundle, the container is found from
+                                            DIR/config.json and the state is not read
 flags:
   --container-spec FILE   read the OCI state from FILE instead of stdin
   --ldconfig-path PATH    host ldconfig, used only where the cache cannot be written natively
@@ -158,6 +160,13 @@ pub struct Fixups {
     pub host_params: Option<PathBuf>,
     pub application_profile: bool,
     pub spec: Option<String>,
+    /// `--bundle DIR`: the bundle nvshim-runtime edited. The root is then found from its
+    /// config.json and the OCI state on stdin is not read: runc runs a createContainer hook from
+    /// `runc init`, whose Go runtime writes the state a few milliseconds after the hook starts
+    /// (2.5 to 7 ms measured with runc 1.1.5, docs/benchmarks.md figure 9), and a hook that
+    /// waits for it waits that long. A runtime tolerates a hook that leaves its stdin
+    /// unread, as it must for any hook that needs no state.
+    pub bundle: Option<PathBuf>,
 }
 
 /// A usage error.
@@ -301,6 +310,9 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             ("fixups", "update-application-profile") if inline.is_none() => {
                 fixups.application_profile = true
             }
+            ("fixups", "bundle") => {
+                fixups.bundle = Some(PathBuf::from(value(inline, &mut it, name)?))
+            }
             ("apply-cuda-memory-limits", "driver-root") => {
                 memory.driver_root = value(inline, &mut it, name)?
             }
@@ -409,6 +421,20 @@ fn open_root(spec: Option<&str>, stdin: impl Read) -> Result<Root, String> {
     Root::open(&root).map_err(|e| e.to_string())
 }
 
+/// The container's root from the bundle's config.json, as [`State::container_root`] finds it
+/// from a state naming that bundle (`fixups --bundle`).
+fn open_root_of_bundle(bundle: &Path) -> Result<Root, String> {
+    let dir = bundle
+        .to_str()
+        .ok_or_else(|| format!("--bundle {}: not UTF-8", bundle.display()))?;
+    let state = State {
+        bundle: dir.to_string(),
+        ..State::default()
+    };
+    let root = state.container_root().map_err(|e| e.to_string())?;
+    Root::open(&root).map_err(|e| e.to_string())
+}
+
 /// Runs the hook: parses `args`, reads the state from `stdin`, reports on `err`. Returns the
 /// exit status.
 pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
@@ -499,9 +525,11 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
                     .map_err(|e| format!("update-application-profile: {e}"))
             }))
         }
-        Command::Fixups(f) => {
-            open_root(f.spec.as_deref(), stdin).and_then(|root| run_fixups(&root, &f))
+        Command::Fixups(f) => match &f.bundle {
+            Some(bundle) => open_root_of_bundle(bundle),
+            None => open_root(f.spec.as_deref(), stdin),
         }
+        .and_then(|root| run_fixups(&root, &f)),
         Command::ApplyCudaMemoryLimits { options, spec } => read_state(spec.as_deref(), stdin)
             .and_then(|state| {
                 memory_limits::run(&state, &options, &memory_limits::HostPaths::default())
@@ -614,6 +642,49 @@ mod tests {
     fn p(args: &[&str]) -> Result<Command, Usage> {
         let v: Vec<OsString> = args.iter().map(OsString::from).collect();
         parse(&v)
+    }
+
+    /// A stdin that must not be read.
+    struct Untouched;
+    impl Read for Untouched {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            panic!("the hook read its stdin");
+        }
+    }
+
+    #[test]
+    fn fixups_with_a_bundle_finds_the_root_without_the_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path();
+        std::fs::create_dir_all(bundle.join("rootfs/usr/lib")).unwrap();
+        std::fs::write(bundle.join("config.json"), r#"{"root":{"path":"rootfs"}}"#).unwrap();
+        let args: Vec<OsString> = [
+            "nvshim-hook",
+            "fixups",
+            "--link",
+            "libcuda.so.1::/usr/lib/libcuda.so",
+            "--bundle",
+            bundle.to_str().unwrap(),
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let mut err = Vec::new();
+        assert_eq!(
+            run(&args, Untouched, &mut err),
+            0,
+            "{}",
+            String::from_utf8_lossy(&err)
+        );
+        assert_eq!(
+            std::fs::read_link(bundle.join("rootfs/usr/lib/libcuda.so")).unwrap(),
+            Path::new("libcuda.so.1")
+        );
+        // A bundle whose config.json names no root fails as a state naming it would.
+        std::fs::write(bundle.join("config.json"), "{}").unwrap();
+        let mut err = Vec::new();
+        assert_eq!(run(&args, Untouched, &mut err), EXIT_FAILURE);
+        assert!(String::from_utf8_lossy(&err).contains("no root.path"));
     }
 
     #[test]

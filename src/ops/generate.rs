@@ -307,6 +307,8 @@ fn global_edits(
         cuda_compat: true,
         application_profile: true,
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
+        // A spec serves every container: its hooks read the OCI state.
+        bundle: None,
     };
     edits.hooks.extend(legacy::container_hooks(
         host,
@@ -335,6 +337,7 @@ fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerE
         cuda_compat: false,
         application_profile: false,
         host_params: None,
+        bundle: None,
     };
     edits
         .hooks

@@ -698,10 +698,13 @@ fn explain_legacy_request_matches_what_create_does() {
             "--link",
             "--host-driver-version",
             "--folder",
-            "--disable-device-node-modification"
+            "--disable-device-node-modification",
+            "--bundle"
         ],
         "{e:#}"
     );
+    // The bundle, absolute, so the hook need not wait for the OCI state.
+    assert_eq!(args.last(), Some(&b.dir().to_str().unwrap()), "{e:#}");
     assert_eq!(e["changesBundle"], true);
     let diff = e["diff"].as_str().unwrap();
     assert!(
