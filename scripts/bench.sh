@@ -204,6 +204,8 @@ NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run
 grep -q '/dev/nvidia' "$work/run/full-edited/config.json" || { echo "bench: the shim did not edit the bundle" >&2; exit 1; }
 # A second copy for a control: runc alone against runc alone shows this figure's noise.
 cp -a "$work/run/full-edited" "$work/run/full-edited2"
+# Its hook names the bundle nvshim-runtime edited (`fixups --bundle`): this copy's own.
+sed -i "s|\"$work/run/full-edited\"|\"$work/run/full-edited2\"|" "$work/run/full-edited2/config.json"
 # Figure 9: the same container's hooks, timed in place. runc runs each hook through
 # scripts/bench/hook-timer.c, which times it (`hooks`), or times /bin/true in its place
 # (`hooks-true`); every run starts from the image's pristine rootfs, a container's first start.
@@ -211,13 +213,16 @@ cp -a "$work/run/full-edited/rootfs" "$work/run/rootfs-pristine"
 for b in hooks hooks-true; do
     cp -a "$work/run/full-edited" "$work/run/$b"
     python3 - "$work/run/$b/config.json" "$bin/hook-timer" "$work/run/$b.times" "$b" <<'TIMED'
-import json, sys
+import json, os, sys
 path, timer, log, kind = sys.argv[1:]
 spec = json.load(open(path))
 hooks = [h for stage in spec.get("hooks", {}).values() for h in stage]
 assert hooks, "the edited bundle has no hooks"
 for h in hooks:
     run = [h["path"]] + (h.get("args") or [h["path"]])
+    # nvshim-runtime names the bundle it edited (`fixups --bundle`): this copy's own.
+    if "--bundle" in run:
+        run[run.index("--bundle") + 1] = os.path.dirname(path)
     if kind == "hooks-true":
         run = ["/bin/true", "true"]
     h["path"], h["args"] = timer, [timer, log] + run
