@@ -211,12 +211,11 @@ pub fn plan_bundle(
     };
     match route {
         Route::Nothing(_) => {}
-        Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, trace)?,
+        Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, tools, trace)?,
         Route::Legacy(_) => {
             let host = host_from(config);
             let settings = legacy::Settings {
-                // As runc makes `--bundle` absolute (against the same working directory).
-                bundle: std::path::absolute(plan.bundle.dir()).ok(),
+                bundle: absolute_bundle(&plan),
                 ..legacy::Settings::new(config, tools)
             };
             let snapshot = host.snapshot()?;
@@ -309,6 +308,11 @@ fn legacy_hooks(spec: &Value) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// The bundle directory as runc sees it: made absolute against the same working directory.
+fn absolute_bundle(plan: &Plan) -> Option<PathBuf> {
+    std::path::absolute(plan.bundle.dir()).ok()
+}
+
 /// Serves a CDI request from the spec directories: reads the spec files that define the
 /// requested devices (through the index in `cache-dir`) and nothing else of the host (no NVML,
 /// no /proc).
@@ -316,6 +320,7 @@ fn apply_cdi(
     config: &Config,
     plan: &mut Plan,
     names: Vec<String>,
+    tools: &Tools,
     trace: &mut Trace,
 ) -> Result<(), CreateError> {
     let path = plan.bundle.config_path().to_path_buf();
@@ -334,7 +339,7 @@ fn apply_cdi(
         }
         Err(source) => return Err(CreateError::Cdi { path, source }),
     };
-    let groups: Vec<EditGroup> = grouped
+    let mut groups: Vec<EditGroup> = grouped
         .into_iter()
         .map(|(origin, edits)| EditGroup {
             cause: match origin {
@@ -346,6 +351,13 @@ fn apply_cdi(
             edits,
         })
         .collect();
+    // A spec nvshim generated runs nvshim's fix-ups hook: named the bundle, it need not wait
+    // for the OCI state (as for a legacy request).
+    if let Some(bundle) = absolute_bundle(plan) {
+        for hook in groups.iter_mut().flat_map(|g| &mut g.edits.hooks) {
+            legacy::name_bundle(hook, &tools.hook, &bundle);
+        }
+    }
     let parts: Vec<&ContainerEdits> = groups.iter().map(|g| &g.edits).collect();
     for stale in parts
         .iter()

@@ -920,17 +920,34 @@ pub fn container_hooks(
     if args.len() == 2 {
         return Vec::new();
     }
-    if let Some(bundle) = plan.bundle {
-        args.push("--bundle".into());
-        args.push(bundle.to_string_lossy().into_owned());
-    }
-    vec![Hook {
+    let mut hook = Hook {
         hook_name: "createContainer".into(),
         path: hook_path.to_string_lossy().into_owned(),
         args,
         env: Some(vec![HOOK_ENV.to_string()]),
         timeout: None,
-    }]
+    };
+    if let Some(bundle) = plan.bundle {
+        name_bundle(&mut hook, hook_path, bundle);
+    }
+    vec![hook]
+}
+
+/// Names `bundle` in `hook` when it is nvshim's own fix-ups hook (`hook_path ... fixups`)
+/// without a bundle: the hook then finds the container from it instead of waiting for the OCI
+/// state ([`HookPlan::bundle`]). For the hooks [`container_hooks`] writes, and those of a CDI
+/// spec nvshim generated when nvshim-runtime applies it.
+pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path) {
+    let ours = Path::new(&hook.path) == hook_path
+        && hook.args.get(1).map(String::as_str) == Some("fixups")
+        && !hook
+            .args
+            .iter()
+            .any(|a| a == "--bundle" || a.starts_with("--bundle="));
+    if ours {
+        hook.args.push("--bundle".into());
+        hook.args.push(bundle.to_string_lossy().into_owned());
+    }
 }
 
 #[cfg(test)]
@@ -1453,6 +1470,41 @@ mod tests {
                 (None, vec!["/dev/nvidiactl"]),
             ]
         );
+    }
+
+    #[test]
+    fn the_bundle_is_named_in_our_fixups_hook_only() {
+        let hook = |path: &str, args: &[&str]| Hook {
+            hook_name: "createContainer".into(),
+            path: path.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: None,
+            timeout: None,
+        };
+        let ours = Path::new("/usr/bin/nvshim-hook");
+        let bundle = Path::new("/run/containerd/b/1");
+        let mut h = hook(
+            "/usr/bin/nvshim-hook",
+            &["nvshim-hook", "fixups", "--folder", "/l"],
+        );
+        name_bundle(&mut h, ours, bundle);
+        assert_eq!(h.args[4..], ["--bundle", "/run/containerd/b/1"]);
+        // Once only (a retried create), and never another binary's or another subcommand.
+        let named = h.clone();
+        name_bundle(&mut h, ours, bundle);
+        assert_eq!(h, named);
+        for mut other in [
+            hook(
+                "/usr/bin/nvidia-cdi-hook",
+                &["nvidia-cdi-hook", "update-ldcache"],
+            ),
+            hook("/usr/bin/nvshim-hook", &["nvshim-hook", "update-ldcache"]),
+            hook("/opt/other/nvshim-hook", &["nvshim-hook", "fixups"]),
+        ] {
+            let before = other.clone();
+            name_bundle(&mut other, ours, bundle);
+            assert_eq!(other, before);
+        }
     }
 
     #[test]
