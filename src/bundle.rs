@@ -73,6 +73,12 @@ pub struct Bundle {
     raw: Option<RawMember>,
 }
 
+/// The bytes of `<dir>/config.json`.
+fn read_config(dir: &Path) -> Result<Vec<u8>, BundleError> {
+    let path = dir.join("config.json");
+    fs::read(&path).map_err(|source| BundleError::Read { path, source })
+}
+
 /// A member of the `linux` object kept as the text it was (module doc).
 #[derive(Debug, Clone)]
 struct RawMember {
@@ -89,23 +95,13 @@ impl Bundle {
     /// Loads `<dir>/config.json`. `dir` is used as given (runc resolves a relative bundle
     /// against its cwd, and so do we, since we exec runc from the same cwd).
     pub fn load(dir: &Path) -> Result<Bundle, BundleError> {
-        let config_path = dir.join("config.json");
-        let original = fs::read(&config_path).map_err(|source| BundleError::Read {
-            path: config_path.clone(),
-            source,
-        })?;
-        Bundle::from_bytes(dir, original)
+        Bundle::from_bytes(dir, read_config(dir)?)
     }
 
     /// [`Bundle::load`], keeping `linux.seccomp` as its text, out of [`Bundle::spec`]; it is
     /// written back in its place by [`Bundle::render_spec`] (module doc).
     pub fn load_lean(dir: &Path) -> Result<Bundle, BundleError> {
-        let config_path = dir.join("config.json");
-        let original = fs::read(&config_path).map_err(|source| BundleError::Read {
-            path: config_path.clone(),
-            source,
-        })?;
-        Bundle::from_bytes_lean(dir, original)
+        Bundle::from_bytes_lean(dir, read_config(dir)?)
     }
 
     /// [`Bundle::from_bytes`], lean as [`Bundle::load_lean`].

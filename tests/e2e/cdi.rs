@@ -40,14 +40,24 @@ fn nvshim(w: &World, args: &[&str], env: &[(&str, &Path)]) -> Output {
 
 /// Generates `<run-cdi>/nvidia.yaml` and returns it parsed (validated) with stderr.
 fn generate(w: &World, extra: &[&str], env: &[(&str, &Path)]) -> (Spec, String) {
+    let stderr = cdi_into_run_dir(w, "generate", extra, env);
+    let spec = spec::read_file(&w.run_cdi.join("nvidia.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    (spec, stderr)
+}
+
+/// `nvshim cdi SUBCOMMAND --output <run-cdi>/nvidia.yaml EXTRA`; asserts success, returns
+/// stderr.
+fn cdi_into_run_dir(w: &World, subcommand: &str, extra: &[&str], env: &[(&str, &Path)]) -> String {
     let out_path = w.run_cdi.join("nvidia.yaml");
-    let mut args = vec!["cdi", "generate", "--output", out_path.to_str().unwrap()];
+    let mut args = vec!["cdi", subcommand, "--output", out_path.to_str().unwrap()];
     args.extend_from_slice(extra);
     let out = nvshim(w, &args, env);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "nvshim cdi generate failed: {stderr}");
-    let spec = spec::read_file(&out_path).unwrap_or_else(|e| panic!("{e}"));
-    (spec, stderr)
+    assert!(
+        out.status.success(),
+        "nvshim cdi {subcommand} failed: {stderr}"
+    );
+    stderr
 }
 
 /// A busybox bundle running the probe, asking for `devices` through a CDI annotation.
@@ -789,13 +799,7 @@ fn broken_etc_cdi_and_a_fifo_do_not_stop_create() {
 
 /// `nvshim cdi refresh --output <run-cdi>/nvidia.yaml ARGS`; asserts success, returns stderr.
 fn refresh(w: &World, extra: &[&str], env: &[(&str, &Path)]) -> String {
-    let out_path = w.run_cdi.join("nvidia.yaml");
-    let mut args = vec!["cdi", "refresh", "--output", out_path.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let out = nvshim(w, &args, env);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "nvshim cdi refresh failed: {stderr}");
-    stderr
+    cdi_into_run_dir(w, "refresh", extra, env)
 }
 
 /// (inode, modification time) of the refreshed spec: what a directory watcher sees change.
