@@ -714,6 +714,127 @@ pub fn render_json(checks: &[Check]) -> String {
 mod tests {
     use super::*;
 
+    /// Options over a temp dir as the host: no driver, no engine, no spec dir, empty `PATH`.
+    fn bare_host(dir: &Path) -> Options {
+        let config = Config {
+            driver_root: dir.to_path_buf(),
+            dev_root: dir.to_path_buf(),
+            proc_root: dir.join("proc"),
+            cdi_spec_dirs: vec![dir.join("etc-cdi"), dir.join("run-cdi")],
+            cache_dir: dir.join("cache"),
+            ..Config::default()
+        };
+        Options {
+            config_path: dir.join("config.toml"),
+            docker_config: dir.join("docker/daemon.json"),
+            containerd_config: dir.join("containerd/config.toml"),
+            crio_config: dir.join("crio/crio.conf"),
+            dev_char_path: dir.join("dev/char"),
+            path_var: Some(OsString::new()),
+            self_exe: None,
+            ..Options::system(config, dir.join("config.toml"))
+        }
+    }
+
+    fn status_of<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no check {name}: {checks:?}"))
+    }
+
+    /// The whole report on a host without a driver, no root needed: the driver check fails
+    /// with its fix, the checks that need the driver are skipped rather than failed, and no
+    /// engine is found.
+    #[test]
+    fn a_host_without_a_driver() {
+        let dir = tempfile::tempdir().unwrap();
+        let checks = run(&bare_host(dir.path()));
+        let driver = status_of(&checks, "driver");
+        assert_eq!(driver.status, Status::Error);
+        assert!(driver.message.contains("not loaded"), "{driver:?}");
+        assert!(driver
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("modprobe nvidia")));
+        for name in [
+            "gpus",
+            "device-nodes",
+            "dev-char",
+            "persistence",
+            "libraries",
+        ] {
+            assert_eq!(status_of(&checks, name).status, Status::Skip, "{name}");
+        }
+        for engine in ["engine-docker", "engine-containerd", "engine-crio"] {
+            assert_eq!(status_of(&checks, engine).status, Status::Skip, "{engine}");
+        }
+        let config = status_of(&checks, "config");
+        assert_eq!(config.status, Status::Ok);
+        assert!(config.message.contains("the defaults apply"), "{config:?}");
+        assert_eq!(exit_code(&checks), 2);
+    }
+
+    /// A loaded driver's banner gives the version and its CUDA; a broken one fails naming the
+    /// file's problem, not "not loaded".
+    #[test]
+    fn the_driver_banner() {
+        let dir = tempfile::tempdir().unwrap();
+        let version = dir.path().join("proc/driver/nvidia/version");
+        std::fs::create_dir_all(version.parent().unwrap()).unwrap();
+        std::fs::write(
+            &version,
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  \
+             (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 01:12:42 UTC 2025\n",
+        )
+        .unwrap();
+        let host = install::host_from(&bare_host(dir.path()).config);
+        let (c, v) = driver_check(&host);
+        assert_eq!(v.as_deref(), Some("580.95.05"));
+        assert_eq!(c.status, Status::Ok);
+        assert!(
+            c.message.contains("580.95.05") && c.message.contains("CUDA 13.0"),
+            "{c:?}"
+        );
+        std::fs::write(&version, "garbage\n").unwrap();
+        let (c, v) = driver_check(&host);
+        assert_eq!((c.status, v), (Status::Error, None));
+        assert!(!c.message.contains("not loaded"), "{c:?}");
+    }
+
+    #[test]
+    fn reports_render_every_check_and_a_summary() {
+        let checks = [
+            check("driver", Status::Ok, "NVIDIA driver 580.95.05 loaded", None),
+            check(
+                "dev-char",
+                Status::Warning,
+                "no links",
+                Some("nvshim system create-dev-char-links".into()),
+            ),
+            check("engine-crio", Status::Skip, "not installed", None),
+        ];
+        let text = render_text(&checks);
+        // Names padded to the widest, so the messages line up.
+        assert!(
+            text.lines()
+                .any(|l| l
+                    == "warning  dev-char     no links; fix: nvshim system create-dev-char-links"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("0 errors, 1 warnings, 1 ok, 1 skipped\n"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&render_json(&checks)).unwrap();
+        assert_eq!(json["exitCode"], 1);
+        assert_eq!(
+            json["checks"][1]["fix"],
+            "nvshim system create-dev-char-links"
+        );
+        assert!(json["checks"][0].get("fix").is_none());
+    }
+
     #[test]
     fn exit_codes() {
         let c = |s| check("x", s, "", None);
