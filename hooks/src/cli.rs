@@ -163,7 +163,7 @@ pub struct Fixups {
     /// `--bundle DIR`: the bundle nvshim-runtime edited. The root is then found from its
     /// config.json and the OCI state on stdin is not read: runc runs a createContainer hook from
     /// `runc init`, whose Go runtime writes the state a few milliseconds after the hook starts
-    /// (2.5 to 7 ms measured with runc 1.1.5, docs/benchmarks.md figure 9), and a hook that
+    /// (1 to 7 ms measured with runc 1.1.5 and 1.3.6, docs/benchmarks.md figure 9), and a hook that
     /// waits for it waits that long. A runtime tolerates a hook that leaves its stdin
     /// unread, as it must for any hook that needs no state.
     pub bundle: Option<PathBuf>,
