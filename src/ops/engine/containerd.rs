@@ -735,6 +735,17 @@ mod tests {
         toml::from_str(text).unwrap()
     }
 
+    /// The config after `configure` of a file holding `text`.
+    fn configured(o: &Options, text: &str) -> toml::Table {
+        fs::write(&o.config, text).unwrap();
+        parsed(&only_after(&plan(o).unwrap()))
+    }
+
+    /// The `nvidia` runtime's table under the CRI `plugin` (`io.containerd.grpc.v1.cri`, ...).
+    fn nvidia_runtime<'a>(t: &'a toml::Table, plugin: &str) -> &'a toml::Value {
+        at(t, &["plugins", plugin, "containerd", "runtimes", "nvidia"])
+    }
+
     fn at<'a>(t: &'a toml::Table, keys: &[&str]) -> &'a toml::Value {
         let mut cur = t.get(keys[0]).unwrap_or_else(|| panic!("no {}", keys[0]));
         for k in &keys[1..] {
@@ -775,14 +786,7 @@ root = "/var/lib/containerd"
             "{after}"
         );
         let t = parsed(&after);
-        let rt = [
-            "plugins",
-            "io.containerd.grpc.v1.cri",
-            "containerd",
-            "runtimes",
-            "nvidia",
-        ];
-        let nv = at(&t, &rt);
+        let nv = nvidia_runtime(&t, "io.containerd.grpc.v1.cri");
         assert_eq!(nv["runtime_type"].as_str(), Some(RUNC_SHIM));
         assert_eq!(nv["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(
@@ -869,22 +873,11 @@ root = "/var/lib/containerd"
     fn v3_layout() {
         let dir = tempfile::tempdir().unwrap();
         let o = opts(dir.path());
-        fs::write(
-            &o.config,
+        let t = configured(
+            &o,
             "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n  runtime_type = 'io.containerd.runc.v2'\n  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n    SystemdCgroup = true\n",
-        )
-        .unwrap();
-        let t = parsed(&only_after(&plan(&o).unwrap()));
-        let nv = at(
-            &t,
-            &[
-                "plugins",
-                "io.containerd.cri.v1.runtime",
-                "containerd",
-                "runtimes",
-                "nvidia",
-            ],
         );
+        let nv = nvidia_runtime(&t, "io.containerd.cri.v1.runtime");
         assert_eq!(nv["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(
             nv["options"]["BinaryName"].as_str(),
@@ -928,14 +921,12 @@ root = "/var/lib/containerd"
     fn version_1_layout() {
         let dir = tempfile::tempdir().unwrap();
         let o = opts(dir.path());
-        fs::write(
-            &o.config,
+        let t = configured(
+            &o,
             "[plugins.cri.containerd]\n  snapshotter = \"overlayfs\"\n",
-        )
-        .unwrap();
-        let t = parsed(&only_after(&plan(&o).unwrap()));
+        );
         assert!(t.get("version").is_none());
-        let nv = at(&t, &["plugins", "cri", "containerd", "runtimes", "nvidia"]);
+        let nv = nvidia_runtime(&t, "cri");
         assert_eq!(nv["runtime_type"].as_str(), Some(RUNC_SHIM));
     }
 
@@ -943,22 +934,11 @@ root = "/var/lib/containerd"
     fn existing_runtime_keeps_admin_settings() {
         let dir = tempfile::tempdir().unwrap();
         let o = opts(dir.path());
-        fs::write(
-            &o.config,
+        let t = configured(
+            &o,
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\n  runtime_type = \"io.containerd.runc.v2\"\n  privileged_without_host_devices = true\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\n    BinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
-        )
-        .unwrap();
-        let t = parsed(&only_after(&plan(&o).unwrap()));
-        let nv = at(
-            &t,
-            &[
-                "plugins",
-                "io.containerd.grpc.v1.cri",
-                "containerd",
-                "runtimes",
-                "nvidia",
-            ],
         );
+        let nv = nvidia_runtime(&t, "io.containerd.grpc.v1.cri");
         assert_eq!(nv["privileged_without_host_devices"].as_bool(), Some(true));
         assert_eq!(
             nv["options"]["BinaryName"].as_str(),
@@ -970,22 +950,11 @@ root = "/var/lib/containerd"
     fn inline_tables_are_edited_in_place() {
         let dir = tempfile::tempdir().unwrap();
         let o = opts(dir.path());
-        fs::write(
-            &o.config,
+        let t = configured(
+            &o,
             "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\nruntimes = { runc = { runtime_type = \"io.containerd.runc.v2\", options = { SystemdCgroup = true } } }\n",
-        )
-        .unwrap();
-        let t = parsed(&only_after(&plan(&o).unwrap()));
-        let nv = at(
-            &t,
-            &[
-                "plugins",
-                "io.containerd.grpc.v1.cri",
-                "containerd",
-                "runtimes",
-                "nvidia",
-            ],
         );
+        let nv = nvidia_runtime(&t, "io.containerd.grpc.v1.cri");
         assert_eq!(nv["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(
             nv["options"]["BinaryName"].as_str(),
@@ -1399,16 +1368,7 @@ root = "/var/lib/containerd"
         );
         p.apply().unwrap();
         let t = effective(&o, "io.containerd.cri.v1.runtime");
-        at(
-            &t,
-            &[
-                "plugins",
-                "io.containerd.cri.v1.runtime",
-                "containerd",
-                "runtimes",
-                "nvidia",
-            ],
-        );
+        nvidia_runtime(&t, "io.containerd.cri.v1.runtime");
         let reg = registration(&o).unwrap();
         assert_eq!(reg.binary.as_deref(), Some("/usr/bin/nvshim-runtime"));
         assert_eq!(reg.warnings.len(), 1);
