@@ -127,6 +127,13 @@ fn nvshim(args: &[&str]) -> Out {
     run(Command::new(NVSHIM).args(args), Duration::from_secs(30))
 }
 
+/// `nvshim runtime VERB --runtime ENGINE --config CONFIG EXTRA...`.
+fn runtime_cmd(verb: &str, engine: &str, config: &Path, extra: &[&str]) -> Out {
+    let mut args = vec!["runtime", verb, "--runtime", engine, "--config", s(config)];
+    args.extend_from_slice(extra);
+    nvshim(&args)
+}
+
 /// The release of the dockerd on PATH (Debian 12's 20.10, or the newer ones CI puts first).
 fn dockerd_version() -> (u64, u64) {
     nvshim::ops::engine::detect_version(
@@ -508,16 +515,7 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     let original = "{\n  \"log-driver\": \"journald\",\n  \"runtimes\": {\n    \"runsc\": {\"path\": \"/usr/bin/runsc\"}\n  },\n  \"storage-driver\": \"overlay2\"\n}\n";
     fs::write(&path, original).unwrap();
 
-    let dry = nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "docker",
-        "--config",
-        s(&path),
-        "--dry-run",
-    ])
-    .expect_ok();
+    let dry = runtime_cmd("configure", "docker", &path, &["--dry-run"]).expect_ok();
     assert!(dry.stdout.contains("+    \"nvidia\": {"), "{dry}");
     assert!(
         dry.stdout.starts_with(&format!("--- {}", path.display())),
@@ -529,16 +527,7 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
         "--dry-run wrote"
     );
 
-    nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "docker",
-        "--config",
-        s(&path),
-        "--set-as-default",
-    ])
-    .expect_ok();
+    runtime_cmd("configure", "docker", &path, &["--set-as-default"]).expect_ok();
     let v: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
     // The installed dockerd decides `features.cdi` (see docker_cdi_turned_on).
@@ -559,28 +548,11 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert_eq!(fs::read_to_string(&backup).unwrap(), original);
 
     let written = fs::read_to_string(&path).unwrap();
-    let again = nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "docker",
-        "--config",
-        s(&path),
-        "--set-as-default",
-    ])
-    .expect_ok();
+    let again = runtime_cmd("configure", "docker", &path, &["--set-as-default"]).expect_ok();
     assert!(again.stdout.contains("nothing to change"), "{again}");
     assert_eq!(fs::read_to_string(&path).unwrap(), written);
 
-    nvshim(&[
-        "runtime",
-        "unconfigure",
-        "--runtime",
-        "docker",
-        "--config",
-        s(&path),
-    ])
-    .expect_ok();
+    runtime_cmd("unconfigure", "docker", &path, &[]).expect_ok();
     let back: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(back, serde_json::from_str::<Value>(original).unwrap());
 }
@@ -599,14 +571,7 @@ fn configure_refuses_unparsable_configs_and_leaves_them_untouched() {
     ] {
         let path = tmp.path().join(name);
         fs::write(&path, text).unwrap();
-        let out = nvshim(&[
-            "runtime",
-            "configure",
-            "--runtime",
-            engine,
-            "--config",
-            s(&path),
-        ]);
+        let out = runtime_cmd("configure", engine, &path, &[]);
         assert!(!out.ok(), "{out}");
         assert!(
             out.stderr.contains(s(&path)),
@@ -645,26 +610,11 @@ fn configure_containerd_config_dump_shows_the_runtime() {
             .replace("SystemdCgroup = false", "SystemdCgroup = true"),
     )
     .unwrap();
-    nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        s(&path),
-    ])
-    .expect_ok();
-    assert!(nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        s(&path)
-    ])
-    .expect_ok()
-    .stdout
-    .contains("nothing to change"));
+    runtime_cmd("configure", "containerd", &path, &[]).expect_ok();
+    assert!(runtime_cmd("configure", "containerd", &path, &[])
+        .expect_ok()
+        .stdout
+        .contains("nothing to change"));
     let dumped = dump(&path);
     let nvidia = &cri_runtime(&dumped)["containerd"]["runtimes"]["nvidia"];
     assert_eq!(
@@ -693,15 +643,7 @@ fn configure_containerd_config_dump_shows_the_runtime() {
     )
     .unwrap();
     let before = fs::read_to_string(&main).unwrap();
-    let out = nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "containerd",
-        "--config",
-        s(&main),
-    ])
-    .expect_ok();
+    let out = runtime_cmd("configure", "containerd", &main, &[]).expect_ok();
     assert!(out.stdout.contains("99-nvshim.toml"), "{out}");
     assert_eq!(
         fs::read_to_string(&main).unwrap(),
@@ -719,15 +661,7 @@ fn configure_containerd_config_dump_shows_the_runtime() {
         cri["containerd"]["runtimes"]["nvidia"]["options"]["BinaryName"].as_str(),
         Some(SHIM)
     );
-    nvshim(&[
-        "runtime",
-        "unconfigure",
-        "--runtime",
-        "containerd",
-        "--config",
-        s(&main),
-    ])
-    .expect_ok();
+    runtime_cmd("unconfigure", "containerd", &main, &[]).expect_ok();
     assert!(!dir.join("conf.d/99-nvshim.toml").exists());
 }
 
@@ -942,15 +876,7 @@ fn configure_crio_writes_a_drop_in() {
     let main = tmp.path().join("crio.conf");
     fs::write(&main, "[crio.runtime]\ndefault_runtime = \"crun\"\n[crio.runtime.runtimes.crun]\nruntime_path = \"/usr/bin/crun\"\nmonitor_path = \"/usr/libexec/crio/conmon\"\n").unwrap();
     let before = fs::read_to_string(&main).unwrap();
-    nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "crio",
-        "--config",
-        s(&main),
-    ])
-    .expect_ok();
+    runtime_cmd("configure", "crio", &main, &[]).expect_ok();
     assert_eq!(fs::read_to_string(&main).unwrap(), before);
     let drop_in: toml::Table =
         toml::from_str(&fs::read_to_string(tmp.path().join("crio.conf.d/99-nvshim.toml")).unwrap())
@@ -962,15 +888,7 @@ fn configure_crio_writes_a_drop_in() {
         nv["monitor_path"].as_str(),
         Some("/usr/libexec/crio/conmon")
     );
-    nvshim(&[
-        "runtime",
-        "unconfigure",
-        "--runtime",
-        "crio",
-        "--config",
-        s(&main),
-    ])
-    .expect_ok();
+    runtime_cmd("unconfigure", "crio", &main, &[]).expect_ok();
     assert!(!tmp.path().join("crio.conf.d/99-nvshim.toml").exists());
 }
 
@@ -1074,15 +992,7 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
         daemon_conf["cdi-spec-dirs"] = json!([cdi_dir]);
     }
     fs::write(&managed, serde_json::to_vec_pretty(&daemon_conf).unwrap()).unwrap();
-    nvshim(&[
-        "runtime",
-        "configure",
-        "--runtime",
-        "docker",
-        "--config",
-        s(&daemon_json),
-    ])
-    .expect_ok();
+    runtime_cmd("configure", "docker", &daemon_json, &[]).expect_ok();
     let conf: Value = serde_json::from_slice(&fs::read(&daemon_json).unwrap()).unwrap();
     assert_eq!(conf["runtimes"]["nvidia"]["path"], SHIM);
     assert_eq!(conf["bridge"], "none");
@@ -1202,15 +1112,7 @@ fn docker_runs_gpu_containers_through_the_nvidia_runtime() {
 
     drop(daemon);
     // Unconfigure through the links: the default runtime goes away with the runtime.
-    nvshim(&[
-        "runtime",
-        "unconfigure",
-        "--runtime",
-        "docker",
-        "--config",
-        s(&daemon_json),
-    ])
-    .expect_ok();
+    runtime_cmd("unconfigure", "docker", &daemon_json, &[]).expect_ok();
     let conf: Value = serde_json::from_slice(&fs::read(&managed).unwrap()).unwrap();
     assert!(conf.get("default-runtime").is_none(), "{conf:#}");
     assert!(conf.get("runtimes").is_none(), "{conf:#}");
