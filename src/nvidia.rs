@@ -81,6 +81,24 @@ impl Capabilities {
         display: true,
         ngx: true,
     };
+
+    /// The capabilities set, in `NVIDIA_DRIVER_CAPABILITIES` spelling, in the order
+    /// `nvshim explain` lists them.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            Capability::Compute,
+            Capability::Compat32,
+            Capability::Graphics,
+            Capability::Utility,
+            Capability::Video,
+            Capability::Display,
+            Capability::Ngx,
+        ]
+        .into_iter()
+        .filter(|c| c.wanted(self))
+        .map(Capability::name)
+        .collect()
+    }
 }
 
 /// True when `caps` asks for any of `by`.

@@ -14,21 +14,7 @@ use nvshim::nvidia::Capabilities;
 use nvshim::request::{parse_requirement, parse_visible_devices, VisibleDevices};
 
 fn caps_text(c: &Capabilities) -> String {
-    let mut v = Vec::new();
-    for (on, name) in [
-        (c.compute, "compute"),
-        (c.compat32, "compat32"),
-        (c.graphics, "graphics"),
-        (c.utility, "utility"),
-        (c.video, "video"),
-        (c.display, "display"),
-        (c.ngx, "ngx"),
-    ] {
-        if on {
-            v.push(name);
-        }
-    }
-    v.join(",")
+    c.names().join(",")
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -32,7 +32,6 @@ use crate::edits::{self, ContainerEdits};
 use crate::edits::{Cause, EditGroup};
 use crate::host::Gpu;
 use crate::install;
-use crate::nvidia::Capabilities;
 use crate::request::{self, Request, Route, Source};
 use crate::runtime::RuntimeError;
 
@@ -207,22 +206,6 @@ pub struct GroupItem {
     pub intel_rdt: Option<Value>,
 }
 
-/// The capability names set, in `NVIDIA_DRIVER_CAPABILITIES` spelling.
-pub fn capability_names(c: &Capabilities) -> Vec<&'static str> {
-    [
-        (c.compute, "compute"),
-        (c.compat32, "compat32"),
-        (c.graphics, "graphics"),
-        (c.utility, "utility"),
-        (c.video, "video"),
-        (c.display, "display"),
-        (c.ngx, "ngx"),
-    ]
-    .into_iter()
-    .filter_map(|(on, name)| on.then_some(name))
-    .collect()
-}
-
 /// Explains what `create` would do to `input`. Never fails: a failure of `create` is part of
 /// the explanation. `low_level_runtime` is the result of the same lookup `nvshim-runtime` does
 /// before it touches the bundle (its failure is the error `create` would report first).
@@ -340,7 +323,7 @@ fn describe_request(out: &mut Explanation, spec: &Value, request: &Request) {
     out.privileged = request.privileged;
     out.requirements_disabled = request.disable_require;
     out.capabilities = if request.wants_gpus() {
-        capability_names(&request.capabilities)
+        request.capabilities.names()
     } else {
         Vec::new()
     };
@@ -840,12 +823,13 @@ pub fn render_text(e: &Explanation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nvidia::Capabilities;
 
     #[test]
     fn capabilities_in_env_spelling() {
         let c = Capabilities::parse(None).unwrap();
-        assert_eq!(capability_names(&c), vec!["compute", "utility"]);
-        assert_eq!(capability_names(&Capabilities::ALL).len(), 7);
+        assert_eq!(c.names(), vec!["compute", "utility"]);
+        assert_eq!(Capabilities::ALL.names().len(), 7);
     }
 
     #[test]
