@@ -380,23 +380,27 @@ impl MpsDirs {
     }
 }
 
-/// The DRA driver's two transient specs for a claim on the GPU at bus index 1 with MPS
-/// sharing: file name and YAML text of the base spec (kind `k8s.gpu.nvidia.com/device`, one
-/// device per GPU, `gpu-<index>`) and of the claim spec (kind `k8s.gpu.nvidia.com/claim`,
-/// device `<claimUID>-gpu-1` carrying `MpsControlDaemon.GetCDIContainerEdits`).
-fn dra_specs(w: &World, claim_uid: &str, mps: &MpsDirs) -> [(String, String); 2] {
-    let devices: Vec<Value> = w
-        .host
+/// One device per GPU, in bus order, named by `name(index)`, with the GPU's node.
+fn gpu_devices(w: &World, name: impl Fn(usize) -> String) -> Vec<Value> {
+    w.host
         .gpus_by_bus()
         .iter()
         .enumerate()
         .map(|(i, g)| {
             json!({
-                "name": format!("gpu-{i}"),
+                "name": name(i),
                 "containerEdits": {"deviceNodes": [node(&w.host, &format!("nvidia{}", g.minor))]}
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The DRA driver's two transient specs for a claim on the GPU at bus index 1 with MPS
+/// sharing: file name and YAML text of the base spec (kind `k8s.gpu.nvidia.com/device`, one
+/// device per GPU, `gpu-<index>`) and of the claim spec (kind `k8s.gpu.nvidia.com/claim`,
+/// device `<claimUID>-gpu-1` carrying `MpsControlDaemon.GetCDIContainerEdits`).
+fn dra_specs(w: &World, claim_uid: &str, mps: &MpsDirs) -> [(String, String); 2] {
+    let devices = gpu_devices(w, |i| format!("gpu-{i}"));
     let base = json!({
         "cdiVersion": "0.5.0",
         "kind": "k8s.gpu.nvidia.com/device",
@@ -577,18 +581,7 @@ fn spec_naming_nvidia_cdi_hook_runs_with_only_nvshim() {
     let hook = w.hook_link("nvidia-cdi-hook");
     assert_eq!(fs::read_link(&hook).unwrap(), hook_path());
     // `nvidia-ctk cdi generate`'s shape: kind nvidia.com/gpu, devices by index.
-    let devices: Vec<Value> = w
-        .host
-        .gpus_by_bus()
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            json!({
-                "name": i.to_string(),
-                "containerEdits": {"deviceNodes": [node(&w.host, &format!("nvidia{}", g.minor))]}
-            })
-        })
-        .collect();
+    let devices = gpu_devices(&w, |i| i.to_string());
     let spec = json!({
         "cdiVersion": "0.5.0",
         "kind": "nvidia.com/gpu",
