@@ -68,8 +68,6 @@ pub struct Plan {
     /// device plugin's mounts removed. A touched document can still equal the original (a
     /// retried create applies the same edits again), which [`Bundle::save_changed`] finds.
     pub touched: bool,
-    /// The `apply-cuda-memory-limits` hook added (also in `groups`): [`crate::memory_limits`].
-    pub memory_limit_hook: Option<edits::Hook>,
 }
 
 /// What [`plan_bundle`] found on its way, for `nvshim explain`: the hooks it removed and its
@@ -206,7 +204,6 @@ pub fn plan_bundle(
         cdi_devices: Vec::new(),
         groups: Vec::new(),
         edited,
-        memory_limit_hook: None,
         touched: false,
     };
     match route {
@@ -285,7 +282,7 @@ fn add_memory_limit_hook(
         return Ok(());
     };
     let added = ContainerEdits {
-        hooks: vec![hook.clone()],
+        hooks: vec![hook],
         ..Default::default()
     };
     edits::apply(&mut plan.edited, &added).map_err(|source| CreateError::Edit {
@@ -296,7 +293,6 @@ fn add_memory_limit_hook(
         cause: Cause::GpuMemoryLimits,
         edits: added,
     });
-    plan.memory_limit_hook = Some(hook);
     Ok(())
 }
 
