@@ -5,9 +5,8 @@
 //! `create` reads one file, `stat`s each spec directory and each spec file, and parses only
 //! the files that define the requested devices. Measured on the 2-core CI machine
 //! (`scripts/bench.sh`, docs/benchmarks.md): with 1,000 claim specs beside the node spec, a
-//! create costs about 2 ms more than with 2 files, against 11 ms more without the index; of
-//! those 2 ms, about 1 ms is the 1,000 `fstatat` calls and 0.4 ms reading and decoding the
-//! 200 KB index (allocation and page faults included).
+//! create costs about 2 ms more than with 2 files, against 11 ms more without the index (the
+//! text format of the index, before the binary one below).
 //!
 //! # What the index holds, and why an answer from it cannot be stale
 //!
@@ -40,19 +39,24 @@
 //! When the cache directory cannot be written (read-only root), nothing is written and every
 //! `create` scans as without an index.
 //!
-//! The format is a line per entry, not JSON: decoding it costs about 0.15 ms for 1,000 entries
-//! in a warm loop, where serde_json into `Value`s took 0.67 ms for 500 (release build, this
-//! repository's CI machine). The file ends with a [`checksum`] of a word at a time rather than
-//! std's SipHash, which took 0.85 M of a create's 7.8 M instructions on the 200 KB index of
-//! 1,000 spec files (callgrind).
+//! The format is binary: fixed-width little-endian keys and length-prefixed names and texts,
+//! which the entries borrow from the file's bytes, so that an unchanged entry costs its
+//! `fstatat` and little else. The text format before it (a line per entry, numbers in decimal,
+//! names escaped and copied) cost about 3,800 instructions per spec file beside the system
+//! call; this one about 740 (callgrind, a create asking for one node-spec GPU and one claim
+//! with 1,000 spec files: 6.30 M → 3.23 M instructions, 2.49 M with 2 files). The file ends
+//! with a [`checksum`] of a word at a time rather than std's SipHash, which took 0.85 M of a
+//! create's 7.8 M instructions on the 200 KB index of 1,000 spec files. What cannot go is the
+//! `fstatat` of each file, about 0.7 µs each on tmpfs on the 2-core CI machine (a C loop over
+//! 1,000 names, best of 50): no directory time moves when a file is rewritten in place.
 //!
-//! One file (700 lines of code, 350 of tests): the on-disk format and the staleness rule are one
+//! One file (780 lines of code, 600 of tests): the on-disk format and the staleness rule are one
 //! design, since the identity (`Key`) that is written is the one a fresh `stat` is compared with,
 //! and the refresh, the selection and the encoder and decoder all work on the same `Index`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::Metadata;
-use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -68,7 +72,7 @@ use super::spec_cache;
 /// systems), so 2 s covers every tick.
 pub const RACY_NS: i64 = 2_000_000_000;
 
-const MAGIC: &str = "nvshim-cdi-index 2";
+const MAGIC: &str = "nvshim-cdi-index 3";
 
 /// What identifies one version of a file or directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,49 +132,56 @@ impl Key {
     }
 }
 
-/// What a spec file holds, as far as resolution needs it.
+/// What a spec file holds, as far as resolution needs it. Entries read from the index borrow
+/// their text from the file's bytes (no copy per entry); entries read again own theirs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Content {
+enum Content<'a> {
     /// `<kind> <device> <device> ...`: one string, as the index stores it (a valid kind or
     /// device name holds no space: `name.rs`), split only for the kinds a `create` asks for.
-    Spec(String),
-    /// The message it failed to load with.
-    Error(String),
+    /// Bytes, not `str`: checking 1,000 entries as UTF-8 on every create cost 0.14 M
+    /// instructions, and only the few a request selects are ever shown.
+    Spec(Cow<'a, [u8]>),
+    /// The message it failed to load with (UTF-8, as written).
+    Error(Cow<'a, [u8]>),
 }
 
-impl Content {
-    fn of(spec: &Spec) -> Content {
+impl Content<'_> {
+    fn of(spec: &Spec) -> Content<'static> {
         let mut s = spec.kind.clone();
         for d in &spec.devices {
             s.push(' ');
             s.push_str(&d.name);
         }
-        Content::Spec(s)
+        Content::Spec(Cow::Owned(s.into_bytes()))
+    }
+
+    fn error(message: String) -> Content<'static> {
+        Content::Error(Cow::Owned(message.into_bytes()))
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct FileEntry {
-    /// The file name (bytes, escaped on disk).
-    name: Vec<u8>,
+struct FileEntry<'a> {
+    /// The file name, as its bytes.
+    name: Cow<'a, [u8]>,
     key: Key,
     trusted: bool,
-    content: Content,
+    content: Content<'a>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct DirEntry {
+struct DirEntry<'a> {
     /// The directory (cleaned), as configured.
     path: Vec<u8>,
     /// `None`: the directory does not exist.
     key: Option<Key>,
     trusted: bool,
-    files: Vec<FileEntry>,
+    files: Vec<FileEntry<'a>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Index {
-    dirs: Vec<DirEntry>,
+struct Index<'a> {
+    dirs: Vec<DirEntry<'a>>,
 }
 
 fn now_ns() -> i64 {
@@ -255,7 +266,8 @@ fn load_at(
 ) -> (Registry, Stats) {
     let clean: Vec<PathBuf> = dirs.iter().map(|d| super::registry::clean(d)).collect();
     let path = index_path(cache_dir, &clean);
-    let old = read_index(&path, clean.len());
+    let bytes = read_private(&path, "CDI index");
+    let old = bytes.as_deref().and_then(|b| decode(b, clean.len()));
     let full = |mut stats: Stats| {
         stats.full_scan = true;
         (Registry::load(dirs), stats)
@@ -294,12 +306,12 @@ type Parsed = HashMap<PathBuf, (Spec, Key)>;
 /// kept (moved, not copied), the others read again. `None` when something calls for a full
 /// scan instead (a directory that cannot be read or listed). The cached specs of files gone
 /// from a directory are removed from `cache_dir`.
-fn refresh(
+fn refresh<'a>(
     dirs: &[PathBuf],
-    old: Option<Index>,
+    old: Option<Index<'a>>,
     cache_dir: &Path,
     read_at: i64,
-) -> Option<(Index, Parsed, bool)> {
+) -> Option<(Index<'a>, Parsed, bool)> {
     let mut index = Index::default();
     let mut parsed = Parsed::new();
     let mut changed = old.is_none();
@@ -333,21 +345,22 @@ fn refresh(
         let key = Key::of_stat(&nix::sys::stat::fstat(dir_fd.as_raw_fd()).ok()?);
         // The names: the index's, in its order, when the directory is the same; else listed
         // again and matched to the old entries by name.
-        let (mut same, mut by_name): (Vec<FileEntry>, HashMap<Vec<u8>, FileEntry>) = match old_dir {
+        let (mut same, mut by_name): (Vec<FileEntry>, HashMap<Cow<[u8]>, FileEntry>) = match old_dir
+        {
             Some(d) if d.key == Some(key) && d.trusted => (d.files, HashMap::new()),
             other => {
                 changed = true;
                 let listed = list(dir)?;
-                let old: HashMap<Vec<u8>, FileEntry> = other
+                let old: HashMap<Cow<[u8]>, FileEntry> = other
                     .map(|d| d.files.into_iter().map(|f| (f.name.clone(), f)).collect())
                     .unwrap_or_default();
                 let placeholders = listed
                     .into_iter()
                     .map(|name| FileEntry {
-                        name,
+                        name: Cow::Owned(name),
                         key: Key::ZERO,
                         trusted: false,
-                        content: Content::Error(String::new()),
+                        content: Content::error(String::new()),
                     })
                     .collect();
                 (placeholders, old)
@@ -358,16 +371,12 @@ fn refresh(
             let old = if by_name.is_empty() {
                 None
             } else {
-                by_name.remove(&entry.name)
+                by_name.remove(&entry.name[..])
             };
-            let stat = nix::sys::stat::fstatat(
-                Some(dir_fd.as_raw_fd()),
-                std::ffi::OsStr::from_bytes(&entry.name),
-                nix::fcntl::AtFlags::AT_NO_AUTOMOUNT,
-            );
+            let stat = key_at(&dir_fd, &entry.name);
             let candidate = old.as_ref().unwrap_or(entry);
-            if let Ok(st) = &stat {
-                if candidate.trusted && candidate.key == Key::of_stat(st) {
+            if let Some(key) = stat {
+                if candidate.trusted && candidate.key == key {
                     if let Some(old) = old {
                         *entry = old;
                     }
@@ -377,27 +386,26 @@ fn refresh(
             changed = true;
             let path = dir.join(std::ffi::OsStr::from_bytes(&entry.name));
             match (stat, spec::read_file_with_meta(&path)) {
-                (Ok(_), Ok((spec, meta))) => {
+                (Some(_), Ok((spec, meta))) => {
                     let key = Key::of(&meta);
                     entry.content = Content::of(&spec);
                     entry.key = key;
                     entry.trusted = key.trusted_at(read_at);
                     parsed.insert(path, (spec, key));
                 }
-                (Ok(st), Err(e)) => {
-                    let key = Key::of_stat(&st);
-                    entry.content = Content::Error(e.to_string());
+                (Some(key), Err(e)) => {
+                    entry.content = Content::error(e.to_string());
                     entry.key = key;
                     entry.trusted = key.trusted_at(read_at);
                 }
                 // A dangling symlink, or a file gone since the listing: the error a full
                 // scan reports, tried again on every use (the zero key is never trusted).
-                (Err(_), Err(e)) => {
-                    entry.content = Content::Error(e.to_string());
+                (None, Err(e)) => {
+                    entry.content = Content::error(e.to_string());
                     entry.key = Key::ZERO;
                     entry.trusted = false;
                 }
-                (Err(_), Ok(_)) => return None,
+                (None, Ok(_)) => return None,
             }
         }
         // What is left of the old listing is gone from the directory.
@@ -414,6 +422,43 @@ fn refresh(
         });
     }
     Some((index, parsed, changed))
+}
+
+/// Whether `devices` (` <device> <device> ...`, as [`Content::Spec`] holds them after the kind)
+/// lists `device`. A substring search rather than a split of every entry: a claim request
+/// looks through every claim spec of its kind, 1,000 on a busy node.
+fn lists(devices: &[u8], device: &memchr::memmem::Finder) -> bool {
+    let len = device.needle().len();
+    device.find_iter(devices).any(|at| {
+        devices.get(at.wrapping_sub(1)) == Some(&b' ')
+            && matches!(devices.get(at + len), None | Some(b' '))
+    })
+}
+
+/// The key of `name` in `dir` (symlinks followed), `None` when it cannot be `stat`ed. The name
+/// goes to `fstatat` from the stack: nix's conversion scanned it twice for a NUL, 0.18 M
+/// instructions over 1,000 spec files (callgrind), a fifth of what each file cost beside its
+/// system call.
+fn key_at(dir: &OwnedFd, name: &[u8]) -> Option<Key> {
+    // NAME_MAX is 255: a longer name, or one holding a NUL, names no file.
+    let mut path = [0u8; 256];
+    if name.len() >= path.len() || memchr::memchr(0, name).is_some() {
+        return None;
+    }
+    path[..name.len()].copy_from_slice(name);
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `path` is NUL-terminated (zeroed, and the name is shorter and holds no NUL);
+    // `st` is a `stat` buffer that `fstatat` fills when it returns 0.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            path.as_ptr().cast(),
+            st.as_mut_ptr(),
+            libc::AT_NO_AUTOMOUNT,
+        )
+    };
+    // SAFETY: `fstatat` returned 0, so it filled `st`.
+    (rc == 0).then(|| Key::of_stat(unsafe { &st.assume_init() }))
 }
 
 /// The spec file names of `dir`, sorted as `os.ReadDir` sorts them; directories and names
@@ -438,17 +483,25 @@ fn list(dir: &Path) -> Option<Vec<Vec<u8>>> {
 /// changed since.
 fn select(
     dirs: &[PathBuf],
-    index: &Index,
+    index: &Index<'_>,
     names: &[String],
     parsed: &mut Parsed,
     cache_dir: &Path,
     read_at: i64,
     stats: &mut Stats,
 ) -> Option<Registry> {
-    let mut wanted: HashMap<&str, Vec<&str>> = HashMap::new();
+    // The kinds asked for, each with its devices: a request names one or two kinds, so a
+    // look along a list, not a hash of every file's kind.
+    // Each device with its substring finder, built once (building one per file cost more
+    // than the search).
+    let mut wanted: Vec<(&str, Vec<(&str, memchr::memmem::Finder)>)> = Vec::new();
     for n in names {
         let (kind, device) = n.split_once('=')?;
-        wanted.entry(kind).or_default().push(device);
+        let entry = (device, memchr::memmem::Finder::new(device));
+        match wanted.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, devices)) => devices.push(entry),
+            None => wanted.push((kind, vec![entry])),
+        }
     }
     let mut missing: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
     let mut reg = Registry::empty(dirs);
@@ -458,20 +511,20 @@ fn select(
                 Content::Error(message) => {
                     reg.push_error(ScanError::Cached {
                         path: dir.join(std::ffi::OsStr::from_bytes(&f.name)),
-                        message: message.clone(),
+                        message: String::from_utf8_lossy(message).into_owned(),
                     });
                     continue;
                 }
                 Content::Spec(line) => line,
             };
-            let mut fields = spec_line.split(' ');
-            let kind = fields.next().unwrap_or_default();
-            let Some(want) = wanted.get(kind) else {
+            let kind_end = memchr::memchr(b' ', spec_line).unwrap_or(spec_line.len());
+            let (kind, devices) = spec_line.split_at(kind_end);
+            let Some((kind, want)) = wanted.iter().find(|(k, _)| k.as_bytes() == kind) else {
                 continue;
             };
             let mut defines = false;
-            for d in fields {
-                if want.contains(&d) {
+            for (d, finder) in want {
+                if lists(devices, finder) {
                     defines = true;
                     missing.remove(format!("{kind}={d}").as_str());
                 }
@@ -487,7 +540,10 @@ fn select(
             let (spec, key, from_cache) = if let Some((spec, key)) = parsed.remove(&path) {
                 (spec, key, false)
             } else if let Some(spec) = (large && f.trusted)
-                .then(|| spec_cache::read(cache_dir, &path, &f.key, want))
+                .then(|| {
+                    let devices: Vec<&str> = want.iter().map(|(d, _)| *d).collect();
+                    spec_cache::read(cache_dir, &path, &f.key, &devices)
+                })
                 .flatten()
             {
                 stats.cached += 1;
@@ -520,37 +576,8 @@ fn select(
 
 // ---- the file ------------------------------------------------------------------------------
 
-/// Bytes outside `!`..`~`, and `%`, as `%XX`: names and messages stay one field on one line.
-fn escape(bytes: &[u8], out: &mut Vec<u8>) {
-    for &b in bytes {
-        if b <= b' ' || b == b'%' || b >= 0x7f {
-            out.extend_from_slice(format!("%{b:02x}").as_bytes());
-        } else {
-            out.push(b);
-        }
-    }
-}
-
-fn unescape(s: &[u8]) -> Option<Vec<u8>> {
-    if memchr::memchr(b'%', s).is_none() {
-        return Some(s.to_vec());
-    }
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if s[i] == b'%' {
-            let hex = std::str::from_utf8(s.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(s[i]);
-            i += 1;
-        }
-    }
-    Some(out)
-}
-
 pub(super) fn key_fields(k: &Key, out: &mut Vec<u8>) {
+    use std::io::Write as _;
     let _ = write!(
         out,
         "{} {} {} {} {}",
@@ -558,167 +585,153 @@ pub(super) fn key_fields(k: &Key, out: &mut Vec<u8>) {
     );
 }
 
-fn encode(index: &Index) -> Vec<u8> {
+// The file: the magic line, then for each directory `D`, its path (a u32 length, the bytes), a
+// state byte (0 missing, 1 untrusted, 2 trusted), its key unless missing, and its files (a
+// u32 count); for each file its key, a flags byte (1 trusted, 2 an error message), the name's
+// and the content's u32 lengths, the name and the content. A key is five little-endian u64s.
+// Then the body's length and checksum, as u64s.
+
+const TRUSTED: u8 = 1;
+const ERROR: u8 = 2;
+
+fn put_u32(out: &mut Vec<u8>, n: usize) {
+    // A name, path or message of 4 GiB cannot come from a directory listing or a spec.
+    out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+}
+
+fn put_key(out: &mut Vec<u8>, k: &Key) {
+    for n in [k.dev, k.ino, k.size, k.mtime as u64, k.ctime as u64] {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+}
+
+fn encode(index: &Index<'_>) -> Vec<u8> {
     let files: usize = index.dirs.iter().map(|d| d.files.len()).sum();
     let mut out = Vec::with_capacity(64 + files * 200);
-    let _ = writeln!(out, "{MAGIC}");
+    out.extend_from_slice(MAGIC.as_bytes());
+    out.push(b'\n');
     for d in &index.dirs {
-        out.extend_from_slice(b"D ");
-        escape(&d.path, &mut out);
+        out.push(b'D');
+        put_u32(&mut out, d.path.len());
+        out.extend_from_slice(&d.path);
         match &d.key {
-            None => out.extend_from_slice(b" missing\n"),
+            None => out.push(0),
             Some(k) => {
-                out.push(b' ');
-                key_fields(k, &mut out);
-                let _ = writeln!(out, " {}", u8::from(d.trusted));
+                out.push(1 + u8::from(d.trusted));
+                put_key(&mut out, k);
             }
         }
+        put_u32(&mut out, d.files.len());
         for f in &d.files {
-            out.extend_from_slice(b"F ");
-            key_fields(&f.key, &mut out);
-            let _ = write!(out, " {} ", u8::from(f.trusted));
-            escape(&f.name, &mut out);
-            // Space-separated words for a spec (a word holds no space), one escaped field for
-            // an error message.
-            match &f.content {
-                Content::Spec(line) => {
-                    out.extend_from_slice(b" S");
-                    for word in line.split(' ') {
-                        out.push(b' ');
-                        escape(word.as_bytes(), &mut out);
-                    }
-                }
-                Content::Error(m) => {
-                    out.extend_from_slice(b" E ");
-                    escape(m.as_bytes(), &mut out);
-                }
-            }
-            out.push(b'\n');
+            put_key(&mut out, &f.key);
+            let (flag, text) = match &f.content {
+                Content::Spec(line) => (0, line),
+                Content::Error(m) => (ERROR, m),
+            };
+            out.push(flag | if f.trusted { TRUSTED } else { 0 });
+            put_u32(&mut out, f.name.len());
+            put_u32(&mut out, text.len());
+            out.extend_from_slice(&f.name);
+            out.extend_from_slice(text);
         }
     }
-    let body_len = out.len();
+    let body_len = out.len() as u64;
     let h = checksum(&out);
-    let _ = writeln!(out, "END {body_len} {h:016x}");
+    out.extend_from_slice(&body_len.to_le_bytes());
+    out.extend_from_slice(&h.to_le_bytes());
     out
 }
 
-/// The next space-separated field of `line` from `*at`.
-fn field<'a>(line: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
-    let rest = line.get(*at..)?;
-    let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
-    *at += end + 1;
-    Some(&rest[..end])
+/// Reads the index's fields in order; every read is bounds-checked.
+struct Reader<'a> {
+    rest: &'a [u8],
 }
 
-fn number(f: &[u8]) -> Option<i64> {
-    let (neg, digits) = match f.split_first()? {
-        (b'-', rest) => (true, rest),
-        _ => (false, f),
-    };
-    if digits.is_empty() {
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.rest.split_at_checked(n)?;
+        self.rest = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Option<usize> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn key(&mut self) -> Option<Key> {
+        Some(Key {
+            dev: self.u64()?,
+            ino: self.u64()?,
+            size: self.u64()?,
+            mtime: self.u64()? as i64,
+            ctime: self.u64()? as i64,
+        })
+    }
+}
+
+/// The index in `bytes`, borrowing its names and texts from them, when it is whole and for
+/// `dirs` directories.
+fn decode(bytes: &[u8], dirs: usize) -> Option<Index<'_>> {
+    // The trailer first: a truncated or damaged file is not read at all.
+    let (body, trailer) = bytes.split_at_checked(bytes.len().checked_sub(16)?)?;
+    let mut t = Reader { rest: trailer };
+    if t.u64()? != body.len() as u64 || t.u64()? != checksum(body) {
         return None;
     }
-    let mut n: u64 = 0;
-    for &b in digits {
-        if !b.is_ascii_digit() {
+    let mut r = Reader {
+        rest: body.strip_prefix(MAGIC.as_bytes())?.strip_prefix(b"\n")?,
+    };
+    let mut index = Index {
+        dirs: Vec::with_capacity(dirs),
+    };
+    while !r.rest.is_empty() {
+        if r.u8()? != b'D' {
             return None;
         }
-        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-    }
-    let n = i64::try_from(n).ok()?;
-    Some(if neg { -n } else { n })
-}
-
-fn parse_key(line: &[u8], at: &mut usize) -> Option<Key> {
-    let mut unsigned = || -> Option<u64> {
-        let f = field(line, at)?;
-        let mut n: u64 = 0;
-        for &b in f {
-            if !b.is_ascii_digit() {
-                return None;
-            }
-            n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-        }
-        (!f.is_empty()).then_some(n)
-    };
-    let (dev, ino, size) = (unsigned()?, unsigned()?, unsigned()?);
-    Some(Key {
-        dev,
-        ino,
-        size,
-        mtime: number(field(line, at)?)?,
-        ctime: number(field(line, at)?)?,
-    })
-}
-
-fn decode(bytes: &[u8], dirs: usize) -> Option<Index> {
-    // The trailer first: a truncated or damaged file is not read at all.
-    let body_end = memchr::memrchr(b'\n', &bytes[..bytes.len().checked_sub(1)?])? + 1;
-    let (body, trailer) = bytes.split_at(body_end);
-    let trailer = std::str::from_utf8(trailer).ok()?.trim_end_matches('\n');
-    let mut t = trailer.split(' ');
-    if t.next()? != "END"
-        || t.next()?.parse::<usize>().ok()? != body.len()
-        || u64::from_str_radix(t.next()?, 16).ok()? != checksum(body)
-    {
-        return None;
-    }
-    let rest = body.strip_prefix(MAGIC.as_bytes())?.strip_prefix(b"\n")?;
-    let mut index = Index::default();
-    let mut start = 0;
-    for end in memchr::memchr_iter(b'\n', rest) {
-        let line = &rest[start..end];
-        start = end + 1;
-        let mut at = 2;
-        match line.get(..2)? {
-            b"D " => {
-                let path = unescape(field(line, &mut at)?)?;
-                if line.ends_with(b" missing") {
-                    index.dirs.push(DirEntry {
-                        path,
-                        key: None,
-                        trusted: true,
-                        files: Vec::new(),
-                    });
-                    continue;
-                }
-                let key = parse_key(line, &mut at)?;
-                let trusted = field(line, &mut at)? == b"1";
-                index.dirs.push(DirEntry {
-                    path,
-                    key: Some(key),
-                    trusted,
-                    files: Vec::new(),
-                });
-            }
-            b"F " => {
-                let key = parse_key(line, &mut at)?;
-                let trusted = field(line, &mut at)? == b"1";
-                let name = unescape(field(line, &mut at)?)?;
-                let tag = field(line, &mut at)?;
-                let text = String::from_utf8(unescape(line.get(at..)?)?).ok()?;
-                let content = match tag {
-                    b"S" => Content::Spec(text),
-                    b"E" => Content::Error(text),
-                    _ => return None,
-                };
-                index.dirs.last_mut()?.files.push(FileEntry {
-                    name,
-                    key,
-                    trusted,
-                    content,
-                });
-            }
+        let len = r.u32()?;
+        let path = r.take(len)?.to_vec();
+        let (key, trusted) = match r.u8()? {
+            0 => (None, true),
+            state @ (1 | 2) => (Some(r.key()?), state == 2),
             _ => return None,
+        };
+        let count = r.u32()?;
+        // Each file takes at least its key, flags and lengths: a damaged count cannot make
+        // this allocate more than the file could hold.
+        let mut files = Vec::with_capacity(count.min(r.rest.len() / 49));
+        for _ in 0..count {
+            let key = r.key()?;
+            let flags = r.u8()?;
+            let (name_len, text_len) = (r.u32()?, r.u32()?);
+            let name = Cow::Borrowed(r.take(name_len)?);
+            let text = Cow::Borrowed(r.take(text_len)?);
+            files.push(FileEntry {
+                name,
+                key,
+                trusted: flags & TRUSTED != 0,
+                content: if flags & ERROR != 0 {
+                    Content::Error(text)
+                } else {
+                    Content::Spec(text)
+                },
+            });
         }
+        index.dirs.push(DirEntry {
+            path,
+            key,
+            trusted,
+            files,
+        });
     }
-    (start == rest.len() && index.dirs.len() == dirs).then_some(index)
-}
-
-/// The index at `path`, when it is whole, for `dirs` directories, and only root or this user
-/// can have written it.
-fn read_index(path: &Path, dirs: usize) -> Option<Index> {
-    decode(&read_private(path, "CDI index")?, dirs)
+    (index.dirs.len() == dirs).then_some(index)
 }
 
 /// The bytes of a cache file (`what`: its name in the warning) that only root or this user can
@@ -749,7 +762,7 @@ pub(super) fn read_private(path: &Path, what: &str) -> Option<Vec<u8>> {
 }
 
 /// Writes the index ([`write_private`]).
-fn write_index(cache_dir: &Path, path: &Path, index: &Index) -> std::io::Result<()> {
+fn write_index(cache_dir: &Path, path: &Path, index: &Index<'_>) -> std::io::Result<()> {
     write_private(cache_dir, path, &encode(index))
 }
 
@@ -773,6 +786,7 @@ pub(super) fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std:
 mod tests {
     use super::*;
     use std::fs;
+    use std::io::Write as _;
 
     /// A moment after every file a test writes: entries count as trusted (not racy).
     fn later() -> i64 {
@@ -991,8 +1005,7 @@ mod tests {
         assert!(decode(&good, 2).is_some());
         // Truncated, one byte changed, empty, garbage: all refused, and rebuilt.
         let mut flipped = good.clone();
-        let i = good.iter().position(|&b| b == b'S').unwrap();
-        flipped[i + 2] ^= 1;
+        flipped[good.len() / 2] ^= 1;
         for bad in [&good[..good.len() / 2], &flipped[..], b"", b"\n\n\xff"] {
             assert!(decode(bad, 2).is_none());
             fs::write(&path, bad).unwrap();
@@ -1001,7 +1014,7 @@ mod tests {
         }
         // Writable by others: not used (and replaced by this user's).
         fs::set_permissions(&path, fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(read_index(&path, 2).is_none());
+        assert!(read_private(&path, "CDI index").is_none());
         d.check(&["v.com/c=a"], t);
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
@@ -1224,7 +1237,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_read_back_and_malformed_ones_are_refused() {
+    fn keys_read_back_and_short_ones_are_refused() {
         let key = Key {
             dev: u64::MAX,
             ino: 0,
@@ -1232,29 +1245,34 @@ mod tests {
             mtime: -1_700_000_000_123_456_789,
             ctime: i64::MAX,
         };
-        let mut line = Vec::new();
-        key_fields(&key, &mut line);
-        line.extend_from_slice(b" rest");
-        let mut at = 0;
-        assert_eq!(parse_key(&line, &mut at), Some(key));
-        assert_eq!(&line[at..], b"rest");
-        for bad in [
-            &b"1 2 3 4"[..],
-            b"1 2 3 4 ",
-            b"1  2 3 4 5",
-            b"1 2 -3 4 5",
-            b"1 2 3 4 -",
-            b"1 2 3 4 5x",
-            b"1 2 3 4 9223372036854775808",
-            b"18446744073709551616 2 3 4 5",
-        ] {
+        let mut bytes = Vec::new();
+        put_key(&mut bytes, &key);
+        bytes.extend_from_slice(b"rest");
+        let mut r = Reader { rest: &bytes };
+        assert_eq!(r.key(), Some(key));
+        assert_eq!(r.rest, b"rest");
+        for len in 0..40 {
             assert_eq!(
-                parse_key(bad, &mut 0),
+                Reader {
+                    rest: &bytes[..len]
+                }
+                .key(),
                 None,
-                "{}",
-                String::from_utf8_lossy(bad)
+                "{len} bytes"
             );
         }
+    }
+
+    #[test]
+    fn a_device_is_listed_only_as_a_whole_word() {
+        let lists = |devices: &[u8], d: &str| lists(devices, &memchr::memmem::Finder::new(d));
+        assert!(lists(b" gpu0 gpu1", "gpu1"));
+        assert!(lists(b" gpu0 gpu1", "gpu0"));
+        assert!(lists(b" gpu01 gpu0", "gpu0"));
+        assert!(!lists(b" gpu0 gpu1", "gpu"));
+        assert!(!lists(b" xgpu0 gpu01", "gpu0"));
+        assert!(!lists(b"gpu0", "gpu0"));
+        assert!(!lists(b"", "gpu0"));
     }
 
     #[test]
@@ -1295,7 +1313,7 @@ mod tests {
                     trusted: false,
                     files: vec![
                         FileEntry {
-                            name: b"a b%\n\xff.yaml".to_vec(),
+                            name: Cow::Owned(b"a b%\n\xff.yaml".to_vec()),
                             key: Key {
                                 dev: 6,
                                 ino: 7,
@@ -1304,10 +1322,10 @@ mod tests {
                                 ctime: 10,
                             },
                             trusted: true,
-                            content: Content::Error("line 1: bad\tthing %".into()),
+                            content: Content::Error(Cow::Borrowed(b"line 1: bad\tthing %")),
                         },
                         FileEntry {
-                            name: b"n.json".to_vec(),
+                            name: Cow::Borrowed(b"n.json"),
                             key: Key {
                                 dev: 6,
                                 ino: 8,
@@ -1316,7 +1334,7 @@ mod tests {
                                 ctime: 10,
                             },
                             trusted: true,
-                            content: Content::Spec("v.com/c a b:1".into()),
+                            content: Content::Spec(Cow::Borrowed(b"v.com/c a b:1")),
                         },
                     ],
                 },
