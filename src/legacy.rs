@@ -729,7 +729,13 @@ pub fn driver_files(
     driver_version: &str,
     gpus: &[Gpu],
 ) -> Result<DriverFiles, LegacyError> {
-    let cache = host.ld_cache()?;
+    // Only the cache entries of the libraries `caps` brings are read out of the node's cache.
+    let stems: Vec<&str> = nvidia::libraries_for(caps)
+        .chain(nvidia::libraries_32bit_for(caps))
+        .filter(|l| !matches!(l.naming, nvidia::Naming::Subdir(_)))
+        .map(|l| l.stem)
+        .collect();
+    let cache = host.ld_cache_of(&stems)?;
     let libs64 = host.libraries(
         &cache,
         nvidia::libraries_for(caps),

@@ -329,24 +329,59 @@ impl Host {
     /// (no SONAME links made) by the hook crate's port of ldconfig's directory scan. Only a
     /// root where that finds no library at all is an error.
     pub fn ld_cache(&self) -> Result<LdCache, HostError> {
+        self.ld_cache_only(|_| true)
+    }
+
+    /// [`Host::ld_cache`] with only the entries named `<stem>.so.<anything>` for one of
+    /// `stems` (none of which holds `.so.`): what [`Host::libraries`] looks up for them
+    /// ([`LdCache::parse_only`] says why).
+    pub fn ld_cache_of(&self, stems: &[&str]) -> Result<LdCache, HostError> {
+        // Looked up by the stem's first 8 bytes and length, as one integer: a binary search
+        // of the names themselves cost 490 instructions an entry, most of it `memcmp` calls.
+        let key = |stem: &[u8]| {
+            let mut word = [0u8; 8];
+            let n = stem.len().min(8);
+            word[..n].copy_from_slice(&stem[..n]);
+            (u64::from_le_bytes(word), stem.len())
+        };
+        let mut keys: Vec<((u64, usize), &[u8])> = stems
+            .iter()
+            .map(|s| (key(s.as_bytes()), s.as_bytes()))
+            .collect();
+        keys.sort_unstable();
+        self.ld_cache_only(|name| {
+            let Some(at) = name.windows(4).position(|w| w == b".so.") else {
+                return false;
+            };
+            let stem = &name[..at];
+            let k = key(stem);
+            let first = keys.partition_point(|(other, _)| *other < k);
+            keys[first..]
+                .iter()
+                .take_while(|(other, _)| *other == k)
+                .any(|(_, s)| *s == stem)
+        })
+    }
+
+    fn ld_cache_only(&self, keep: impl FnMut(&[u8]) -> bool) -> Result<LdCache, HostError> {
         let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                return match self.scanned_ld_cache() {
+                return match self.scanned_ld_cache(keep) {
                     Some(cache) if !cache.entries.is_empty() => Ok(cache),
                     _ => Err(HostError::Read { path, source }),
                 };
             }
             Err(source) => return Err(HostError::Read { path, source }),
         };
-        LdCache::parse(&bytes).map_err(|source| HostError::LdCache { path, source })
+        LdCache::parse_only(&bytes, keep).map_err(|source| HostError::LdCache { path, source })
     }
 
     /// The libraries of the driver library directories under the driver root, as cache entries in
     /// ldconfig's order. `None` where the root cannot be opened or the architecture has no
     /// ldconfig rules here.
-    fn scanned_ld_cache(&self) -> Option<LdCache> {
+    fn scanned_ld_cache(&self, mut keep: impl FnMut(&[u8]) -> bool) -> Option<LdCache> {
         use nvshim_hook::ldconfig::{Scanner, DRIVER_LIBRARY_DIRS};
         let root = nvshim_hook::root::Root::open(&self.roots.driver_root).ok()?;
         let scanner = Scanner {
@@ -355,7 +390,12 @@ impl Host {
             make_links: false,
         };
         let (_, scan) = scanner.scan_dirs(DRIVER_LIBRARY_DIRS.iter().copied());
-        let mut entries: Vec<_> = scan.entries.into_iter().map(|(e, _, _)| e).collect();
+        let mut entries: Vec<_> = scan
+            .entries
+            .into_iter()
+            .map(|(e, _, _)| e)
+            .filter(|e| keep(e.name.as_bytes()))
+            .collect();
         entries.sort_by(nvshim_hook::ldcache::compare);
         Some(LdCache {
             entries: entries
@@ -1098,6 +1138,76 @@ mod tests {
 
     /// Banners as real hosts print them (each line copied from a host's
     /// `/proc/driver/nvidia/version`), with the version each must give.
+    #[test]
+    fn ld_cache_of_keeps_exactly_the_entries_of_the_stems() {
+        use nvshim_hook::ldcache::{serialize, CacheEntry};
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir_all(tmp.path().join("etc")).unwrap();
+        let names = [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libcudart.so.13",
+            "libcudadebugger.so.1",
+            "libnvidia-ml.so.1",
+            "libnvidia-gl.so.1",
+            "libnvidia-glcore.so.580.65.06",
+            "libnvidia-glcore.so.x.so.1",
+            "libz.so.1",
+            "libnvidia-ml",
+        ];
+        let entries: Vec<CacheEntry> = names
+            .iter()
+            .map(|n| CacheEntry {
+                flags: 0x0303,
+                name: n.to_string(),
+                path: format!("/usr/lib/x86_64-linux-gnu/{n}"),
+                os_version: 0,
+                hwcap: 0,
+                hwcaps: None,
+                isa_level: 0,
+            })
+            .collect();
+        let bytes = serialize(&entries, &Default::default(), "test");
+        fs::write(tmp.path().join("etc/ld.so.cache"), bytes).unwrap();
+        let host = Host::new(HostRoots {
+            driver_root: tmp.path().into(),
+            dev_root: tmp.path().into(),
+            proc_root: tmp.path().into(),
+        });
+        let stems = [
+            "libnvidia-glcore",
+            "libcuda",
+            "libnvidia-ml",
+            "libnvidia-gl",
+        ];
+        // What `Host::libraries` looks for: `<stem>.so.` at the start of the name.
+        let expected: Vec<LdCacheEntry> = host
+            .ld_cache()
+            .unwrap()
+            .entries
+            .into_iter()
+            .filter(|e| {
+                stems
+                    .iter()
+                    .any(|s| e.name.starts_with(&format!("{s}.so.")))
+            })
+            .collect();
+        let kept = host.ld_cache_of(&stems).unwrap().entries;
+        assert_eq!(kept, expected);
+        let mut kept_names: Vec<&str> = kept.iter().map(|e| e.name.as_str()).collect();
+        kept_names.sort_unstable();
+        assert_eq!(
+            kept_names,
+            [
+                "libcuda.so.1",
+                "libnvidia-gl.so.1",
+                "libnvidia-glcore.so.580.65.06",
+                "libnvidia-glcore.so.x.so.1",
+                "libnvidia-ml.so.1"
+            ]
+        );
+    }
+
     #[test]
     fn mig_minors_table_parsed_strictly_and_filtered() {
         let tmp = tempfile::tempdir().unwrap();
