@@ -420,7 +420,7 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
 fn cap_node(
     host: &Host,
     caps_major: u32,
-    minors: &std::collections::HashMap<String, u32>,
+    minors: &foldhash::HashMap<String, u32>,
     cap: &str,
     id: &str,
 ) -> Result<DeviceNode, LegacyError> {
@@ -629,7 +629,7 @@ fn mig_nodes(
             path: devices_path(host),
         })?;
     let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
-    let wanted: std::collections::HashSet<&str> = caps
+    let wanted: foldhash::HashSet<&str> = caps
         .iter()
         .flatten()
         .map(String::as_str)

@@ -262,7 +262,12 @@ impl Host {
     /// Stats `<dev-root>/dev/<name>` (no symlink following). `None` when it does not exist or
     /// is not a device node.
     pub fn device_node(&self, name: &str) -> Option<HostDeviceNode> {
-        let host_path = self.roots.dev_root.join("dev").join(name);
+        // One allocation for the path (two `join`s made three): a MIG `all` create stats 124.
+        let root = &self.roots.dev_root;
+        let mut host_path = PathBuf::with_capacity(root.as_os_str().len() + 5 + name.len());
+        host_path.push(root);
+        host_path.push("dev");
+        host_path.push(name);
         let meta = fs::symlink_metadata(&host_path).ok()?;
         let ft = meta.file_type();
         let kind = if ft.is_char_device() {
@@ -923,9 +928,10 @@ impl Host {
     /// MIG `all` create's instructions, callgrind). The whole file is still checked.
     pub fn mig_minors_of(
         &self,
-        wanted: &std::collections::HashSet<&str>,
-    ) -> Result<std::collections::HashMap<String, u32>, HostError> {
-        let mut out = std::collections::HashMap::with_capacity(wanted.len());
+        wanted: &foldhash::HashSet<&str>,
+    ) -> Result<foldhash::HashMap<String, u32>, HostError> {
+        let mut out =
+            <foldhash::HashMap<_, _> as foldhash::HashMapExt>::with_capacity(wanted.len());
         self.each_mig_minor(|cap, minor| {
             if wanted.contains(cap) {
                 out.insert(cap.to_string(), minor);
@@ -943,22 +949,29 @@ impl Host {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(source) => return Err(HostError::Read { path, source }),
         };
-        // ASCII splitting by hand: the table is the kernel module's, ASCII, and a MIG host's
-        // has a thousand lines (the `split_whitespace` iterators were half of this function).
-        for line in text
-            .split('\n')
-            .map(str::trim_ascii)
-            .filter(|l| !l.is_empty())
-        {
+        // ASCII splitting by hand, by byte: the table is the kernel module's, ASCII, and a
+        // MIG host's has a thousand lines (the `split_whitespace` iterators were half of this
+        // function, the `char` searches half of what was left).
+        let mut start = 0;
+        let ends = memchr::memchr_iter(b'\n', text.as_bytes()).chain([text.len()]);
+        for end in ends {
+            // Newlines are ASCII: both ends are `str` boundaries.
+            let line = text[start..end].trim_ascii();
+            start = end + 1;
+            if line.is_empty() {
+                continue;
+            }
             let not_two_words = || HostError::Parse {
                 path: path.clone(),
                 message: format!("line {line:?} is not \"<capability> <minor>\""),
             };
             let at = line
-                .find(|c: char| c.is_ascii_whitespace())
+                .bytes()
+                .position(|b| b.is_ascii_whitespace())
                 .ok_or_else(not_two_words)?;
+            // `at` is an ASCII byte's index, so both halves are `str` boundaries.
             let (cap, minor) = (&line[..at], line[at..].trim_ascii_start());
-            if minor.contains(|c: char| c.is_ascii_whitespace()) {
+            if minor.bytes().any(|b| b.is_ascii_whitespace()) {
                 return Err(not_two_words());
             }
             let minor = minor.parse::<u32>().map_err(|_| HostError::Parse {
@@ -1234,7 +1247,8 @@ mod tests {
                 ("gpu0/gi0/ci0/access".to_string(), 4)
             ]
         );
-        let wanted: std::collections::HashSet<&str> = ["monitor", "gpu0/gi0/ci0/access"].into();
+        let wanted: foldhash::HashSet<&str> =
+            ["monitor", "gpu0/gi0/ci0/access"].into_iter().collect();
         let got = host.mig_minors_of(&wanted).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got["gpu0/gi0/ci0/access"], 4);
