@@ -5,12 +5,16 @@
 //! others export one marker function. The cache lives in the system temp dir, keyed by driver
 //! version, CUDA version and a hash of the sources, and is filled atomically (build in a sibling
 //! temp dir, then rename) so that concurrent tests share it safely.
+//!
+//! The distribution's libraries ([`crate::FakeHost::add_system_libraries`]), some 400, are
+//! copies of one stub compiled with a placeholder SONAME, patched to each name: one gcc run
+//! instead of 400.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::host::{DriverLib, DRIVER_LIBS, DRIVER_LIBS_32};
 
@@ -260,6 +264,70 @@ fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &
         fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
     }
     Ok(())
+}
+
+/// The SONAME the system-library stub is compiled with: 100 bytes, longer than any name
+/// [`system_stub`] puts in its place.
+pub(crate) const SONAME_PLACEHOLDER: &str =
+    "nvshim-system-stub-soname-placeholder-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+
+/// Returns one compiled 64-bit shared object whose SONAME is [`SONAME_PLACEHOLDER`], the
+/// template of [`system_stub`]. Compiles it on first use (one gcc run, not one per library).
+pub(crate) fn compiled_system_stub() -> Result<PathBuf> {
+    const SOURCE: &str = "/* nvshim fake host: a distribution library. */\n\
+                          int nvshim_fake_system_library(void) { return 0; }\n";
+    let key = fnv1a(SOURCE.bytes().chain(SONAME_PLACEHOLDER.bytes()));
+    let dir = cached_dir(&format!("system-stub-{key:016x}"), |build| {
+        let c_file = build.join("system.c");
+        fs::write(&c_file, SOURCE).with_context(|| format!("writing {}", c_file.display()))?;
+        let out = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O2"])
+            .arg(format!("-Wl,-soname,{SONAME_PLACEHOLDER}"))
+            .arg("-o")
+            .arg(build.join("libsystem.so"))
+            .arg(&c_file)
+            .output()
+            .context("running gcc (needed to build the fake host's system libraries)")?;
+        if !out.status.success() {
+            bail!(
+                "gcc failed to build the system library stub: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        fs::remove_file(&c_file).with_context(|| format!("removing {}", c_file.display()))
+    })?;
+    Ok(dir.join("libsystem.so"))
+}
+
+/// `template` (the bytes of [`compiled_system_stub`]) with every occurrence of
+/// [`SONAME_PLACEHOLDER`] (in `.dynstr`) replaced by `soname` and NUL bytes to the same
+/// length: ldconfig and the dynamic linker read DT_SONAME up to its first NUL.
+pub(crate) fn system_stub(template: &[u8], soname: &str) -> Result<Vec<u8>> {
+    let placeholder = SONAME_PLACEHOLDER.as_bytes();
+    ensure!(
+        soname.len() < placeholder.len() && !soname.contains('\0'),
+        "SONAME {soname:?} does not fit the stub's {}-byte placeholder",
+        placeholder.len()
+    );
+    let mut name = soname.as_bytes().to_vec();
+    name.resize(placeholder.len(), 0);
+    let mut out = template.to_vec();
+    let mut replaced = 0;
+    let mut from = 0;
+    while let Some(at) = out[from..]
+        .windows(placeholder.len())
+        .position(|w| w == placeholder)
+    {
+        let at = from + at;
+        out[at..at + placeholder.len()].copy_from_slice(&name);
+        from = at + placeholder.len();
+        replaced += 1;
+    }
+    ensure!(
+        replaced > 0,
+        "the system library stub does not hold its placeholder SONAME"
+    );
+    Ok(out)
 }
 
 /// Copies a compiled stub to `dest`, creating its parent directory.
