@@ -107,8 +107,13 @@ gcc -O2 -static -o "$bin/hook-timer" scripts/bench/hook-timer.c
 # ---- the simulated host, configs, CDI spec ------------------------------------------------
 say "fake 8-GPU host, configs, CDI spec"
 host="$work/host"
-"$bin/nvshim-fake-host" "$host" --gpus 8 >/dev/null
-"$bin/nvshim-fake-host" "$work/mighost" --gpus 8 --mig 7 >/dev/null
+# --system-libs: the hosts' ld.so.cache also holds a real node's own libraries, about as
+# large as that node's (tests/fixtures/host: 520 entries) rather than the fake driver's 56
+# alone, since legacy create reads the cache on every container start. The driver-only host
+# gives figure 4 the driver's libraries alone, as the bind mounts bring them.
+"$bin/nvshim-fake-host" "$host" --gpus 8 --system-libs >/dev/null
+"$bin/nvshim-fake-host" "$work/mighost" --gpus 8 --mig 7 --system-libs >/dev/null
+"$bin/nvshim-fake-host" "$work/driverhost" --gpus 1 >/dev/null
 mkdir -p "$work/cdi" "$work/run"
 # Bundles on a tmpfs, as containerd, Docker and CRI-O keep them (/run/...): the file system
 # under the bundle is part of what create costs, and /run is tmpfs on their hosts.
@@ -260,7 +265,7 @@ for so in libc.so.6 libm.so.6 libz.so.1 libstdc++.so.6 libgcc_s.so.1 libssl.so.3
 done
 /sbin/ldconfig -r "$rootfs"
 cp "$rootfs/etc/ld.so.cache" "$work/run/hook/image-ld.so.cache"
-cp -a "$lib/." "$rootfs/usr/lib/x86_64-linux-gnu/"
+cp -a "$work/driverhost/usr/lib/x86_64-linux-gnu/." "$rootfs/usr/lib/x86_64-linux-gnu/"
 printf '{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"args":["sh"],"cwd":"/"}}\n' \
     > "$work/run/hook/config.json"
 printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":"%s","annotations":{}}' \

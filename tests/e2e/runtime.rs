@@ -813,6 +813,62 @@ fn all_capabilities_give_the_whole_driver() {
     assert_no_problems("NVIDIA_DRIVER_CAPABILITIES=all", &sorted(p), &r);
 }
 
+/// A node's own libraries in its ld.so.cache (a real node's, `FakeHost::add_system_libraries`)
+/// are not the driver's: legacy create of `all` writes the same mounts into config.json with
+/// them as without, none of them a library of the node's (`libcudart.so.13` looks like
+/// libcuda).
+#[test]
+fn system_libraries_in_the_cache_are_not_mounted() {
+    let w = World::new();
+    let env = [
+        ("NVIDIA_VISIBLE_DEVICES", "0"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+    ];
+    let mounts = |name: &str| {
+        let bundle = w.bundle(name, &["true"], &env);
+        let rt = w.shim();
+        let id = unique_id("nvshim-e2e-syslibs");
+        let out = rt.create(&bundle, &id).unwrap();
+        assert!(
+            out.success(),
+            "create ({name}) failed\n{out}\n{}",
+            w.shim_log()
+        );
+        rt.force_delete(&id);
+        bundle.config().unwrap()["mounts"].clone()
+    };
+    let driver_only = mounts("driver-only");
+    let libcuda = w.host.container_lib_path("libcuda");
+    assert!(
+        driver_only
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"] == *libcuda),
+        "{libcuda} not mounted: {driver_only}"
+    );
+    assert!(w.host.add_system_libraries().unwrap() > 400);
+    let with_system = mounts("with-system");
+    let system = nvshim_testsupport::host::system_library_names().unwrap();
+    let mounted_system: Vec<&str> = with_system
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["destination"].as_str())
+        .filter(|d| system.iter().any(|s| d.rsplit('/').next() == Some(*s)))
+        .collect();
+    assert!(
+        mounted_system.is_empty(),
+        "the node's own libraries are mounted: {mounted_system:?}"
+    );
+    assert!(
+        with_system == driver_only,
+        "the mounts changed with the node's libraries in the cache\nwithout: {}\nwith: {}",
+        serde_json::to_string_pretty(&driver_only).unwrap(),
+        serde_json::to_string_pretty(&with_system).unwrap()
+    );
+}
+
 /// The optional hooks never stop a container: `/etc/nvidia` read-only (NVIDIA 1.20.0 broke
 /// device plugins there) and no driver `/proc` in the container; the container starts, and the
 /// libraries still resolve.

@@ -30,9 +30,10 @@
 //! (libraries, binaries, firmware, `etc/ld.so.cache`) under one root, as the driver container's
 //! `/run/nvidia/driver`, and `dev/` and `proc/` under another, the host's. Optional extras:
 //! MIG capabilities ([`FakeHost::add_mig_caps`]: `proc/driver/nvidia-caps/mig-minors` and
-//! `dev/nvidia-caps/nvidia-cap<N>`) and IMEX channels ([`FakeHost::add_imex_channels`]).
+//! `dev/nvidia-caps/nvidia-cap<N>`), IMEX channels ([`FakeHost::add_imex_channels`]) and a real
+//! node's own libraries in `etc/ld.so.cache` ([`FakeHost::add_system_libraries`]).
 //!
-//! One file (1430 lines of code, 30 of tests): the layout above is one contract, and [`FakeHost`]'s
+//! One file (1500 lines of code, 55 of tests): the layout above is one contract, and [`FakeHost`]'s
 //! builder writes exactly what the tables beside it list ([`DRIVER_LIBS`], [`DRIVER_LIBS_32`],
 //! [`DRIVER_BINS`], the data files), which the tests also read to know what to expect. Holds the
 //! host spec, the driver file tables and the builder; the tables could move to their own module.
@@ -551,6 +552,44 @@ pub const DRIVER_LIBS_32: &[DriverLib] = &[
     lib32("libvdpau_nvidia", Soname::Major("1"), "vdpau"),
 ];
 
+/// A real GPU node's `ld.so.cache` as `ldconfig -p` lists it, one `NAME (libc6,x86-64) PATH`
+/// a line (`tests/fixtures/host/README.md` says where it comes from).
+const NODE_LD_CACHE: &str = include_str!("../../fixtures/host/h200-ubuntu-24.04-ldconfig-p.txt");
+const NODE_LD_CACHE_PATH: &str = "tests/fixtures/host/h200-ubuntu-24.04-ldconfig-p.txt";
+
+/// The names in the real node's cache that are not the fake driver's libraries (neither
+/// `<stem>.so` nor `<stem>.so.*` for a stem of [`DRIVER_LIBS`] or [`DRIVER_LIBS_32`]), each
+/// once, in the file's order: the distribution's libraries and the CUDA toolkit's.
+pub fn system_library_names() -> Result<Vec<&'static str>> {
+    let is_driver = |name: &str| {
+        DRIVER_LIBS.iter().chain(DRIVER_LIBS_32).any(|l| {
+            name.strip_prefix(l.stem)
+                .and_then(|rest| rest.strip_prefix(".so"))
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        })
+    };
+    let mut seen = BTreeSet::new();
+    let mut names = Vec::new();
+    for (i, line) in NODE_LD_CACHE.lines().enumerate() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let [name, "(libc6,x86-64)", path] = fields[..] else {
+            bail!(
+                "{NODE_LD_CACHE_PATH} line {}: {line:?} is not `NAME (libc6,x86-64) PATH`",
+                i + 1
+            );
+        };
+        ensure!(
+            path.rsplit_once('/').is_some_and(|(_, file)| file == name),
+            "{NODE_LD_CACHE_PATH} line {}: {path} is not a file named {name}",
+            i + 1
+        );
+        if !is_driver(name) && seen.insert(name) {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
 /// The fake driver's executables in `usr/bin`, with their capability (the 580 packages').
 pub const DRIVER_BINS: &[(&str, &str)] = &[
     ("nvidia-smi", "utility"),
@@ -913,6 +952,38 @@ impl FakeHost {
             }
         }
         Ok(())
+    }
+
+    /// Adds a real GPU node's own libraries to the host's `ld.so.cache`, so that it is about as
+    /// large as that node's (`tests/fixtures/host/`: 520 entries; the fake driver's alone are
+    /// 56, with these about 480): per name of [`system_library_names`], a 64-bit stub whose
+    /// SONAME is that name, unless a file of that name is there already. They all go in one
+    /// directory, where the node has them in several (its distribution's and the CUDA
+    /// toolkit's): a simplification, a reader of the cache meets the same names under other
+    /// paths. That directory is the layout's 64-bit library directory, but the Debian one for
+    /// [`Layout::UsrLocalNvidia`], whose `usr/local/nvidia/lib64` holds only the driver's. Then
+    /// rebuilds the cache. Returns how many stubs it added.
+    pub fn add_system_libraries(&self) -> Result<usize> {
+        let dir = self.root.join(match self.spec.layout {
+            Layout::UsrLocalNvidia => Layout::Debian.lib_dir(),
+            layout => layout.lib_dir(),
+        });
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let template_path = stubs::compiled_system_stub()?;
+        let template = fs::read(&template_path)
+            .with_context(|| format!("reading {}", template_path.display()))?;
+        let mut added = 0;
+        for name in system_library_names()? {
+            let path = dir.join(name);
+            if fs::symlink_metadata(&path).is_ok() {
+                continue;
+            }
+            fs::write(&path, stubs::system_stub(&template, name)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            added += 1;
+        }
+        self.build_ld_cache()?;
+        Ok(added)
     }
 
     /// The GPUs as specified (for [`FakeHostSpec::with_gpus`]: by minor).
@@ -1451,6 +1522,32 @@ mod tests {
         assert!(defines_key("  log-level=\"info\"", "log-level"));
         assert!(!defines_key("log-level-x = 1", "log-level"));
         assert!(!defines_key("# log-level = 1", "log-level"));
+    }
+
+    /// The real node's cache less the fake driver's libraries: its distribution's and the CUDA
+    /// toolkit's, each short enough for the stub's SONAME.
+    #[test]
+    fn system_libraries_are_the_node_cache_less_the_driver() {
+        let names = system_library_names().unwrap();
+        assert_eq!(names.len(), 423);
+        for name in [
+            "libc.so.6",
+            "libcudart.so.13",
+            "libnvrtc.so.13",
+            "libXNVCtrl.so.0",
+        ] {
+            assert!(names.contains(&name), "{name} missing");
+        }
+        for name in [
+            "libcuda.so",
+            "libcuda.so.1",
+            "libnvidia-ml.so.1",
+            "libnvidia-pkcs11-openssl3.so.580.159.04",
+        ] {
+            assert!(!names.contains(&name), "{name} is the driver's");
+        }
+        let longest = names.iter().map(|n| n.len()).max().unwrap();
+        assert!(longest < stubs::SONAME_PLACEHOLDER.len(), "{longest}");
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! `nvshim-fake-host DIR [--gpus N] [--driver-version V] [--frontend-name NAME]
-//!                  [--kernel-modules open|proprietary] [--mig N] [--config FILE]`
+//!                  [--kernel-modules open|proprietary] [--mig N] [--system-libs]
+//!                  [--config FILE]`
 //!
 //! Builds a simulated GPU host in DIR (for the demo and the benchmarks) and prints its layout.
 //! With `--mig N`, every GPU has N MIG devices (GPU instances 1..=N, compute instance 0 each:
-//! their capability nodes and the driver's `mig-minors` table). With `--config FILE`, also
-//! writes an nvshim config.toml pointing at it. Needs root and gcc.
+//! their capability nodes and the driver's `mig-minors` table). With `--system-libs`, its
+//! ld.so.cache also holds a real node's own libraries, as large as that node's
+//! (`FakeHost::add_system_libraries`). With `--config FILE`, also writes an nvshim config.toml
+//! pointing at it. Needs root and gcc.
 //!
 //! `nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...`
 //!
@@ -19,7 +22,8 @@ use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec, KernelModules};
 
 const USAGE: &str = "usage: nvshim-fake-host DIR [--gpus N] [--driver-version V] \
                      [--frontend-name nvidia|nvidia-frontend] \
-                     [--kernel-modules open|proprietary] [--mig N] [--config FILE]\n       \
+                     [--kernel-modules open|proprietary] [--mig N] [--system-libs] \
+                     [--config FILE]\n       \
                      nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...";
 
 struct Args {
@@ -29,6 +33,7 @@ struct Args {
     frontend_name: Option<String>,
     kernel_modules: KernelModules,
     mig: u32,
+    system_libs: bool,
     config: Option<PathBuf>,
     bundle: bool,
     env: Vec<String>,
@@ -42,6 +47,7 @@ fn parse_args() -> Result<Option<Args>> {
     let mut frontend_name = None;
     let mut kernel_modules = KernelModules::default();
     let mut mig = 0;
+    let mut system_libs = false;
     let mut config = None;
     let mut bundle = false;
     let mut env = Vec::new();
@@ -77,6 +83,7 @@ fn parse_args() -> Result<Option<Args>> {
                     .filter(|n| (1..=7).contains(n))
                     .with_context(|| format!("--mig {v:?}: 1 to 7 MIG devices per GPU"))?;
             }
+            "--system-libs" => system_libs = true,
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--bundle" => {
                 bundle = true;
@@ -111,6 +118,7 @@ fn parse_args() -> Result<Option<Args>> {
         frontend_name,
         kernel_modules,
         mig,
+        system_libs,
         config,
         bundle,
         env,
@@ -161,12 +169,20 @@ fn real_main() -> Result<()> {
             .collect();
         host.add_mig_caps(&instances)?;
     }
+    let system_libs = if args.system_libs {
+        host.add_system_libraries()?
+    } else {
+        0
+    };
     print!("{}", host.describe());
     if args.mig > 0 {
         println!(
             "  MIG: {} devices per GPU (caps nodes in dev/nvidia-caps)",
             args.mig
         );
+    }
+    if args.system_libs {
+        println!("  system libraries: {system_libs} more in etc/ld.so.cache (a real node's)");
     }
     if let Some(config) = args.config {
         host.write_config(&config, "")?;

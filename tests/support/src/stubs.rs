@@ -5,12 +5,16 @@
 //! others export one marker function. The cache lives in the system temp dir, keyed by driver
 //! version, CUDA version and a hash of the sources, and is filled atomically (build in a sibling
 //! temp dir, then rename) so that concurrent tests share it safely.
+//!
+//! The distribution's libraries ([`crate::FakeHost::add_system_libraries`]), some 400, are
+//! copies of one stub compiled with a placeholder SONAME, patched to each name: one gcc run
+//! instead of 400.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::host::{DriverLib, DRIVER_LIBS, DRIVER_LIBS_32};
 
@@ -135,34 +139,57 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
         key_parts.push(lib.soname(version));
         key_parts.push(stub_name(lib, version));
     }
-    let key_refs: Vec<&str> = key_parts.iter().map(String::as_str).collect();
+    let key = fnv1a(
+        key_parts
+            .iter()
+            .flat_map(|p| p.bytes().chain(std::iter::once(0))),
+    );
+    cached_dir(&format!("stubs-{version}-{key:016x}"), |build| {
+        build_driver_stubs(build, &sources, version)
+    })
+}
+
+/// `<temp dir>/nvshim-testsupport/<name>`, filled by `build` on first use: it fills a sibling
+/// temp dir, which is then renamed into place with a `.complete` marker, so that concurrent
+/// tests share one copy safely.
+fn cached_dir(name: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     let parent = std::env::temp_dir().join("nvshim-testsupport");
-    let dir = parent.join(format!(
-        "stubs-{version}-{:016x}",
-        fnv1a(
-            key_refs
-                .iter()
-                .flat_map(|p| p.bytes().chain(std::iter::once(0)))
-        )
-    ));
+    let dir = parent.join(name);
     if dir.join(".complete").exists() {
         return Ok(dir);
     }
     fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
-    let build = tempfile::Builder::new()
-        .prefix(".stubs-build-")
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}-build-"))
         .tempdir_in(&parent)
         .with_context(|| format!("creating a build dir in {}", parent.display()))?;
+    build(tmp.path())?;
+    fs::write(tmp.path().join(".complete"), b"")
+        .with_context(|| format!("marking {} complete", tmp.path().display()))?;
 
+    let built = tmp.keep();
+    if let Err(e) = fs::rename(&built, &dir) {
+        // Another test won the race: use its copy, drop ours.
+        let _ = fs::remove_dir_all(&built);
+        if !dir.join(".complete").exists() {
+            return Err(e)
+                .with_context(|| format!("moving {} to {}", built.display(), dir.display()));
+        }
+    }
+    Ok(dir)
+}
+
+/// Compiles the driver's stubs from `sources` into `build`.
+fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &str) -> Result<()> {
     // Start every gcc at once, then wait: a few hundred ms in all instead of a few seconds.
     let mut children: Vec<(String, Child)> = Vec::new();
-    fs::create_dir_all(build.path().join("i386"))
-        .with_context(|| format!("creating {}/i386", build.path().display()))?;
+    fs::create_dir_all(build.join("i386"))
+        .with_context(|| format!("creating {}/i386", build.display()))?;
     // No 32-bit C library is installed, so the 32-bit stubs link against a stand-in
     // `libc.so.6`: its name in their DT_NEEDED is what makes ldconfig tag them `libc6`, as it
     // tags the real driver's 32-bit libraries (and what a reader of the cache keys on).
-    let libc32 = build.path().join("libc.so.6");
-    let libc_c = build.path().join("libc32.c");
+    let libc32 = build.join("libc.so.6");
+    let libc_c = build.join("libc32.c");
     fs::write(&libc_c, "int nvshim_fake_libc(void) { return 0; }\n")
         .with_context(|| format!("writing {}", libc_c.display()))?;
     let out = Command::new("gcc")
@@ -184,10 +211,10 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    for (src, lib) in &sources {
-        let c_file = build.path().join(format!("{}.c", stub_name(lib, version)));
+    for (src, lib) in sources {
+        let c_file = build.join(format!("{}.c", stub_name(lib, version)));
         fs::write(&c_file, src).with_context(|| format!("writing {}", c_file.display()))?;
-        let out = build.path().join(stub_name(lib, version));
+        let out = build.join(stub_name(lib, version));
         let arch: Vec<std::ffi::OsString> = if lib.is_32bit() {
             vec![
                 "-m32".into(),
@@ -229,26 +256,78 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
             failures.join("; ")
         );
     }
-    for (_, lib) in &sources {
-        let c_file = build.path().join(format!("{}.c", stub_name(lib, version)));
+    for (_, lib) in sources {
+        let c_file = build.join(format!("{}.c", stub_name(lib, version)));
         fs::remove_file(&c_file).with_context(|| format!("removing {}", c_file.display()))?;
     }
     for f in [&libc32, &libc_c] {
         fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
     }
-    fs::write(build.path().join(".complete"), b"")
-        .with_context(|| format!("marking {} complete", build.path().display()))?;
+    Ok(())
+}
 
-    let built = build.keep();
-    if let Err(e) = fs::rename(&built, &dir) {
-        // Another test won the race: use its copy, drop ours.
-        let _ = fs::remove_dir_all(&built);
-        if !dir.join(".complete").exists() {
-            return Err(e)
-                .with_context(|| format!("moving {} to {}", built.display(), dir.display()));
+/// The SONAME the system-library stub is compiled with: 100 bytes, longer than any name
+/// [`system_stub`] puts in its place.
+pub(crate) const SONAME_PLACEHOLDER: &str =
+    "nvshim-system-stub-soname-placeholder-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+
+/// Returns one compiled 64-bit shared object whose SONAME is [`SONAME_PLACEHOLDER`], the
+/// template of [`system_stub`]. Compiles it on first use (one gcc run, not one per library).
+pub(crate) fn compiled_system_stub() -> Result<PathBuf> {
+    const SOURCE: &str = "/* nvshim fake host: a distribution library. */\n\
+                          int nvshim_fake_system_library(void) { return 0; }\n";
+    let key = fnv1a(SOURCE.bytes().chain(SONAME_PLACEHOLDER.bytes()));
+    let dir = cached_dir(&format!("system-stub-{key:016x}"), |build| {
+        let c_file = build.join("system.c");
+        fs::write(&c_file, SOURCE).with_context(|| format!("writing {}", c_file.display()))?;
+        let out = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O2"])
+            .arg(format!("-Wl,-soname,{SONAME_PLACEHOLDER}"))
+            .arg("-o")
+            .arg(build.join("libsystem.so"))
+            .arg(&c_file)
+            .output()
+            .context("running gcc (needed to build the fake host's system libraries)")?;
+        if !out.status.success() {
+            bail!(
+                "gcc failed to build the system library stub: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
+        fs::remove_file(&c_file).with_context(|| format!("removing {}", c_file.display()))
+    })?;
+    Ok(dir.join("libsystem.so"))
+}
+
+/// `template` (the bytes of [`compiled_system_stub`]) with every occurrence of
+/// [`SONAME_PLACEHOLDER`] (in `.dynstr`) replaced by `soname` and NUL bytes to the same
+/// length: ldconfig and the dynamic linker read DT_SONAME up to its first NUL.
+pub(crate) fn system_stub(template: &[u8], soname: &str) -> Result<Vec<u8>> {
+    let placeholder = SONAME_PLACEHOLDER.as_bytes();
+    ensure!(
+        soname.len() < placeholder.len() && !soname.contains('\0'),
+        "SONAME {soname:?} does not fit the stub's {}-byte placeholder",
+        placeholder.len()
+    );
+    let mut name = soname.as_bytes().to_vec();
+    name.resize(placeholder.len(), 0);
+    let mut out = template.to_vec();
+    let mut replaced = 0;
+    let mut from = 0;
+    while let Some(at) = out[from..]
+        .windows(placeholder.len())
+        .position(|w| w == placeholder)
+    {
+        let at = from + at;
+        out[at..at + placeholder.len()].copy_from_slice(&name);
+        from = at + placeholder.len();
+        replaced += 1;
     }
-    Ok(dir)
+    ensure!(
+        replaced > 0,
+        "the system library stub does not hold its placeholder SONAME"
+    );
+    Ok(out)
 }
 
 /// Copies a compiled stub to `dest`, creating its parent directory.

@@ -332,3 +332,31 @@ fn rhel_layout_puts_the_driver_in_lib64() {
         .join("usr/lib64/xorg/modules/drivers/nvidia_drv.so")
         .is_file());
 }
+
+/// A real node's own libraries: stubs with their names as SONAMEs, indexed by the real
+/// `ldconfig` beside the driver's (whose entries stay as they were), added once.
+#[test]
+fn system_libraries_join_the_driver_in_the_cache() {
+    let (_tmp, host) = build(1);
+    let list = |host: &FakeHost| {
+        let out = Command::new("/sbin/ldconfig")
+            .args(["-p", "-C"])
+            .arg(host.root().join("etc/ld.so.cache"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = list(&host);
+    assert_eq!(host.add_system_libraries().unwrap(), 423);
+    let after = list(&host);
+    for line in before.lines().skip(1) {
+        assert!(after.contains(line), "{line} gone from\n{after}");
+    }
+    for soname in ["libc.so.6", "libcudart.so.13", "libz.so"] {
+        let line = format!("\t{soname} (libc6,x86-64) => /lib/x86_64-linux-gnu/{soname}\n");
+        assert!(after.contains(&line), "{line:?} not in\n{after}");
+    }
+    let entries = after.lines().count() - 1;
+    assert!(entries > 450, "{entries} entries:\n{after}");
+    assert_eq!(host.add_system_libraries().unwrap(), 0);
+}
