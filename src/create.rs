@@ -324,7 +324,7 @@ fn apply_cdi(
     for e in registry.errors() {
         trace.warn(format!("skipping CDI spec: {e}"));
     }
-    let grouped = match registry.resolve_grouped(&names) {
+    let grouped = match registry.into_grouped(&names) {
         Ok(g) => g,
         Err(source) if plan.request.cdi_already_applied => {
             trace.warn(format!(
