@@ -5,8 +5,8 @@
 //! `create` reads one file, `stat`s each spec directory and each spec file, and parses only
 //! the files that define the requested devices. Measured on the 2-core CI machine
 //! (`scripts/bench.sh`, docs/benchmarks.md): with 1,000 claim specs beside the node spec, a
-//! create costs about 2 ms more than with 2 files, against 11 ms more without the index (the
-//! text format of the index, before the binary one below).
+//! create costs about 1.3 ms more than with 2 files; with 500, 0.6 ms more, against 6 ms more
+//! without the index.
 //!
 //! # What the index holds, and why an answer from it cannot be stale
 //!
@@ -47,8 +47,9 @@
 //! with 1,000 spec files: 6.30 M → 3.23 M instructions, 2.49 M with 2 files). The file ends
 //! with a [`checksum`] of a word at a time rather than std's SipHash, which took 0.85 M of a
 //! create's 7.8 M instructions on the 200 KB index of 1,000 spec files. What cannot go is the
-//! `fstatat` of each file, about 0.7 µs each on tmpfs on the 2-core CI machine (a C loop over
-//! 1,000 names, best of 50): no directory time moves when a file is rewritten in place.
+//! `fstatat` of each file, about 0.63 µs each on tmpfs on the 2-core CI machine (a C loop over
+//! figure 7's 1,000 spec names, best of 30, docs/benchmarks.md): no directory time moves when
+//! a file is rewritten in place.
 //!
 //! One file (780 lines of code, 600 of tests): the on-disk format and the staleness rule are one
 //! design, since the identity (`Key`) that is written is the one a fresh `stat` is compared with,
