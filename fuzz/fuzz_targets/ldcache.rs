@@ -1,9 +1,10 @@
 //! `nvshim_hook::ldcache`: the ld.so.cache reader (the host's cache on every create, and the
 //! container's in the update-ldcache hook) and the writer it feeds.
 //!
-//! Properties: parsing never panics, whatever the bytes; and a cache that parses, written back
+//! Properties: parsing never panics, whatever the bytes; a cache that parses, written back
 //! with `serialize` and parsed again, has the same entries (what the hook relies on when it
-//! rewrites a container's cache that it read).
+//! rewrites a container's cache that it read); and `parse_only` (what a create runs) keeps
+//! exactly the entries its filter accepts of what `parse` gives.
 #![no_main]
 
 use std::collections::BTreeSet;
@@ -12,9 +13,22 @@ use libfuzzer_sys::fuzz_target;
 use nvshim_hook::ldcache::{self, LdCache};
 
 fuzz_target!(|data: &[u8]| {
+    let keep = |name: &[u8]| name.len() % 2 == 1;
+    let only = LdCache::parse_only(data, keep);
     let Ok(cache) = LdCache::parse(data) else {
         return;
     };
+    let expected: Vec<_> = cache
+        .entries
+        .iter()
+        .filter(|e| keep(e.name.as_bytes()))
+        .cloned()
+        .collect();
+    assert_eq!(
+        only.expect("parse_only fails where parse does not").entries,
+        expected,
+        "parse_only kept other entries than its filter accepts"
+    );
     let _ = cache.lookup("libcuda.so.1");
     let entries = cache.cache_entries();
     let written = ldcache::serialize(&entries, &BTreeSet::new(), "nvshim-fuzz");

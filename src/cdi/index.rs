@@ -1343,6 +1343,27 @@ mod tests {
         };
         assert_eq!(decode(&encode(&index), 2), Some(index.clone()));
         assert_eq!(decode(&encode(&index), 3), None);
+        // Damage that gets past the checksum (a file sealed again after it was cut or changed)
+        // is refused or read, never a panic or a huge allocation: every read is bounds-checked.
+        let bytes = encode(&index);
+        let body = &bytes[..bytes.len() - 16];
+        let sealed = |body: &[u8]| {
+            let mut out = body.to_vec();
+            out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+            out.extend_from_slice(&checksum(body).to_le_bytes());
+            out
+        };
+        assert_eq!(decode(&sealed(body), 2), Some(index.clone()));
+        for cut in 0..body.len() {
+            assert_eq!(decode(&sealed(&body[..cut]), 2), None, "cut at {cut}");
+        }
+        for at in 0..body.len() {
+            for change in [0x01, 0x80, 0xff] {
+                let mut damaged = body.to_vec();
+                damaged[at] ^= change;
+                let _ = decode(&sealed(&damaged), 2);
+            }
+        }
     }
 
     #[test]
