@@ -930,8 +930,7 @@ impl Host {
         &self,
         wanted: &foldhash::HashSet<&str>,
     ) -> Result<foldhash::HashMap<String, u32>, HostError> {
-        let mut out =
-            <foldhash::HashMap<_, _> as foldhash::HashMapExt>::with_capacity(wanted.len());
+        let mut out = foldhash::HashMap::with_capacity_and_hasher(wanted.len(), Default::default());
         self.each_mig_minor(|cap, minor| {
             if wanted.contains(cap) {
                 out.insert(cap.to_string(), minor);
