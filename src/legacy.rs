@@ -11,7 +11,8 @@
 //! Beyond whole GPUs, the forms Kubernetes device plugins and DRA drivers hand down:
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
-//!   `N` from `<proc-root>/driver/nvidia-caps/mig-minors` (NVIDIA `internal/nvcaps`). NVML is loaded only to map a MIG index or UUID to its
+//!   `N` from the capability's own file under `<proc-root>/driver/nvidia/capabilities`
+//!   ([`Host::capability_minor`]). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
 //!   loads it.
 //! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`
@@ -58,7 +59,7 @@ pub enum LegacyError {
     },
     #[error("unknown MIG device {id:?} in NVIDIA_VISIBLE_DEVICES; {available}")]
     UnknownMig { id: String, available: String },
-    #[error("MIG device {id:?}: no {capability:?} line in {file} (is the nvidia-caps part of the driver loaded?)")]
+    #[error("MIG device {id:?}: no file for its capability {capability:?} under {file} (was the MIG instance destroyed, or is the nvidia-caps part of the driver not loaded?)")]
     MigCapability {
         id: String,
         capability: String,
@@ -416,21 +417,15 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
     ]
 }
 
-/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` from `mig-minors`.
-fn cap_node(
-    host: &Host,
-    caps_major: u32,
-    minors: &foldhash::HashMap<String, u32>,
-    cap: &str,
-    id: &str,
-) -> Result<DeviceNode, LegacyError> {
-    let minor = minors
-        .get(cap)
-        .copied()
+/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap`, its minor from the
+/// capability's own file ([`Host::capability_minor`]).
+fn cap_node(host: &Host, caps_major: u32, cap: &str, id: &str) -> Result<DeviceNode, LegacyError> {
+    let minor = host
+        .capability_minor(cap)?
         .ok_or_else(|| LegacyError::MigCapability {
             id: id.to_string(),
             capability: cap.to_string(),
-            file: host.roots().proc_root.join("driver/nvidia-caps/mig-minors"),
+            file: host.roots().proc_root.join("driver/nvidia/capabilities"),
         })?;
     Ok(node(
         host,
@@ -628,24 +623,16 @@ fn mig_nodes(
             name: "nvidia-caps",
             path: devices_path(host),
         })?;
-    let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
-    let wanted: foldhash::HashSet<&str> = caps
-        .iter()
-        .flatten()
-        .map(String::as_str)
-        .chain(["config", "monitor"])
-        .collect();
-    let minors = host.mig_minors_of(&wanted)?;
-    for (m, caps) in migs.iter().zip(&caps) {
+    for m in migs {
         let group = groups
             .iter_mut()
             .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
             .expect("every MIG device's parent is selected");
-        for cap in caps {
+        for cap in mig_capabilities(m) {
             group
                 .edits
                 .device_nodes
-                .push(cap_node(host, caps_major, &minors, cap, &m.id)?);
+                .push(cap_node(host, caps_major, &cap, &m.id)?);
         }
     }
     for (var, value, capability) in [
@@ -661,7 +648,7 @@ fn mig_nodes(
         // The capability is global; listed GPUs only have to exist (libnvidia-container
         // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
         select_gpus(value, &snapshot.gpus)?;
-        let n = cap_node(host, caps_major, &minors, capability, var)?;
+        let n = cap_node(host, caps_major, capability, var)?;
         if !edits.device_nodes.iter().any(|d| d.path == n.path) {
             edits.device_nodes.push(n);
         }
@@ -1432,11 +1419,13 @@ mod tests {
         }
 
         // A MIG device brings its parent's node and its two capability nodes, grouped under the
-        // parent GPU; `mig-minors` as the kernel module writes it (capability, minor).
-        write(
-            "driver/nvidia-caps/mig-minors",
-            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n",
-        );
+        // parent GPU; each capability's minor in its own file, as the kernel module writes it.
+        for (cap, minor) in [("gpu0/mig/gi1/access", 12), ("gpu0/mig/gi1/ci0/access", 13)] {
+            write(
+                &format!("driver/nvidia/capabilities/{cap}"),
+                &format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"),
+            );
+        }
         let request = Request {
             devices: VisibleDevices::List(vec![
                 "0".into(),

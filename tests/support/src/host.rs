@@ -67,6 +67,8 @@ pub const MIG_MONITOR_MINOR: u32 = 2;
 /// table (`gi0`..`gi14`, `ci0`..`ci7`).
 const MIG_GPU_INSTANCES: u32 = 15;
 const MIG_COMPUTE_INSTANCES: u32 = 8;
+/// GPUs the driver's `mig-minors` table has rows for.
+const MIG_MAX_GPUS: u32 = 32;
 
 /// The `nvidia-cap<N>` minor the driver gives a MIG capability: `config` 1, `monitor` 2, then
 /// per GPU minor a block of 15 GPU instances, each its `access` followed by 8 compute
@@ -76,6 +78,26 @@ const MIG_COMPUTE_INSTANCES: u32 = 8;
 pub fn mig_cap_minor(gpu_minor: u32, gi: u32, ci: Option<u32>) -> u32 {
     let per_gi = 1 + MIG_COMPUTE_INSTANCES;
     3 + gpu_minor * MIG_GPU_INSTANCES * per_gi + gi * per_gi + ci.map_or(0, |c| 1 + c)
+}
+
+/// The driver's `/proc/driver/nvidia-caps/mig-minors`: `config`, `monitor`, then every
+/// capability of the 32 GPUs the driver provides for, whatever is installed (4,322 lines, as
+/// the lent H200's 580.159.04 driver writes it: tests/fixtures/host/h200-mig-minors.txt).
+pub fn mig_minors_table() -> String {
+    let mut table = format!("config {MIG_CONFIG_MINOR}\nmonitor {MIG_MONITOR_MINOR}\n");
+    for g in 0..MIG_MAX_GPUS {
+        for gi in 0..MIG_GPU_INSTANCES {
+            let _ = writeln!(table, "gpu{g}/gi{gi}/access {}", mig_cap_minor(g, gi, None));
+            for ci in 0..MIG_COMPUTE_INSTANCES {
+                let _ = writeln!(
+                    table,
+                    "gpu{g}/gi{gi}/ci{ci}/access {}",
+                    mig_cap_minor(g, gi, Some(ci))
+                );
+            }
+        }
+    }
+    table
 }
 
 /// One simulated GPU.
@@ -876,26 +898,24 @@ impl FakeHost {
     /// instance's and compute instance's `access` (the nodes `nvidia-smi` creates for the
     /// instances that exist). Returns the node minors made.
     pub fn add_mig_caps(&self, instances: &[(u32, u32, u32)]) -> Result<Vec<u32>> {
-        let mut table = format!("config {MIG_CONFIG_MINOR}\nmonitor {MIG_MONITOR_MINOR}\n");
-        let mut minors: Vec<u32> = self.spec.gpus.iter().map(|g| g.minor).collect();
-        minors.sort_unstable();
-        for g in minors {
-            for gi in 0..MIG_GPU_INSTANCES {
-                let _ = writeln!(table, "gpu{g}/gi{gi}/access {}", mig_cap_minor(g, gi, None));
-                for ci in 0..MIG_COMPUTE_INSTANCES {
-                    let _ = writeln!(
-                        table,
-                        "gpu{g}/gi{gi}/ci{ci}/access {}",
-                        mig_cap_minor(g, gi, Some(ci))
-                    );
-                }
-            }
-        }
         write(
             &self.proc_root.join("driver/nvidia-caps/mig-minors"),
-            &table,
+            &mig_minors_table(),
         )?;
+        // `config` and `monitor` have their own files too, with the modes the H200's driver
+        // gives them (0400, 0444).
+        let caps = self.proc_root.join("driver/nvidia/capabilities/mig");
+        for (name, minor, mode) in [
+            ("config", MIG_CONFIG_MINOR, 256),
+            ("monitor", MIG_MONITOR_MINOR, 292),
+        ] {
+            write(
+                &caps.join(name),
+                &format!("DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"),
+            )?;
+        }
         let mut made = vec![MIG_CONFIG_MINOR, MIG_MONITOR_MINOR];
+
         for &(g, gi, ci) in instances {
             ensure!(
                 self.spec.gpus.iter().any(|x| x.minor == g),
@@ -1526,6 +1546,14 @@ mod tests {
 
     /// The real node's cache less the fake driver's libraries: its distribution's and the CUDA
     /// toolkit's, each short enough for the stub's SONAME.
+    #[test]
+    fn the_mig_minors_table_is_the_drivers() {
+        assert_eq!(
+            mig_minors_table(),
+            include_str!("../../fixtures/host/h200-mig-minors.txt")
+        );
+    }
+
     #[test]
     fn system_libraries_are_the_node_cache_less_the_driver() {
         let names = system_library_names().unwrap();
