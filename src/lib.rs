@@ -25,6 +25,7 @@
 
 pub mod atomic;
 pub mod bundle;
+pub mod cache;
 pub mod cdi;
 pub mod config;
 pub mod create;

@@ -57,81 +57,16 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fs::Metadata;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::registry::{LoadedSpec, Registry, ScanError};
 use super::spec::{self, Spec};
 use super::spec_cache;
-
-/// How much older than the read an entry's ctime must be to be trusted: file timestamps come
-/// from a clock that ticks every few milliseconds (and every second or two on some file
-/// systems), so 2 s covers every tick.
-pub const RACY_NS: i64 = 2_000_000_000;
+use crate::cache::{checksum, hash, now_ns, read_private, write_private, Key};
 
 const MAGIC: &str = "nvshim-cdi-index 3";
-
-/// What identifies one version of a file or directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Key {
-    pub(super) dev: u64,
-    pub(super) ino: u64,
-    pub(super) size: u64,
-    /// Nanoseconds since the epoch (an i64 holds them until 2262).
-    pub(super) mtime: i64,
-    pub(super) ctime: i64,
-}
-
-impl Key {
-    const ZERO: Key = Key {
-        dev: 0,
-        ino: 0,
-        size: 0,
-        mtime: 0,
-        ctime: 0,
-    };
-
-    fn of(m: &Metadata) -> Key {
-        Key {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: m
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(m.mtime_nsec()),
-            ctime: m
-                .ctime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(m.ctime_nsec()),
-        }
-    }
-
-    /// From `fstatat`, which a directory walk uses (same fields as [`Key::of`]).
-    fn of_stat(st: &nix::sys::stat::FileStat) -> Key {
-        Key {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            size: st.st_size as u64,
-            mtime: st
-                .st_mtime
-                .saturating_mul(1_000_000_000)
-                .saturating_add(st.st_mtime_nsec),
-            ctime: st
-                .st_ctime
-                .saturating_mul(1_000_000_000)
-                .saturating_add(st.st_ctime_nsec),
-        }
-    }
-
-    pub(super) fn trusted_at(&self, read_at: i64) -> bool {
-        self.ctime.saturating_add(RACY_NS) < read_at
-    }
-}
 
 /// What a spec file holds, as far as resolution needs it. Entries read from the index borrow
 /// their text from the file's bytes (no copy per entry); entries read again own theirs.
@@ -183,43 +118,6 @@ struct DirEntry<'a> {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Index<'a> {
     dirs: Vec<DirEntry<'a>>,
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
-/// std's SipHash with its fixed keys, for the names of the cache files: a file named by
-/// another build that hashes differently is only rebuilt.
-pub(super) fn hash(bytes: &[u8]) -> u64 {
-    use std::hash::Hasher;
-    #[allow(deprecated)]
-    let mut h = std::hash::SipHasher::new();
-    h.write(bytes);
-    h.finish()
-}
-
-/// The checksum that ends a cache file (the index, `spec_cache.rs`). It only has to notice a
-/// damaged or truncated file, since only root or this user can write one (`read_private`): so
-/// FxHash's step over 8-byte words (rotate, xor the word, multiply by an odd constant), about
-/// 0.6 instructions a byte where SipHash took 4.3. Each step is a bijection of the running
-/// value, so a change within one word always changes the result; the length is mixed in first.
-pub(super) fn checksum(bytes: &[u8]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let step =
-        |h: u64, word: [u8; 8]| (h.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
-    let mut words = bytes.chunks_exact(8);
-    let mut h = step(0, (bytes.len() as u64).to_le_bytes());
-    for w in &mut words {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(w);
-        h = step(h, word);
-    }
-    let mut tail = [0u8; 8];
-    tail[..words.remainder().len()].copy_from_slice(words.remainder());
-    step(h, tail)
 }
 
 /// Where the index of `dirs` lives under `cache_dir`.
@@ -577,15 +475,6 @@ fn select(
 
 // ---- the file ------------------------------------------------------------------------------
 
-pub(super) fn key_fields(k: &Key, out: &mut Vec<u8>) {
-    use std::io::Write as _;
-    let _ = write!(
-        out,
-        "{} {} {} {} {}",
-        k.dev, k.ino, k.size, k.mtime, k.ctime
-    );
-}
-
 // The file: the magic line, then for each directory `D`, its path (a u32 length, the bytes), a
 // state byte (0 missing, 1 untrusted, 2 trusted), its key unless missing, and its files (a
 // u32 count); for each file its key, a flags byte (1 trusted, 2 an error message), the name's
@@ -735,59 +624,19 @@ fn decode(bytes: &[u8], dirs: usize) -> Option<Index<'_>> {
     (index.dirs.len() == dirs).then_some(index)
 }
 
-/// The bytes of a cache file (`what`: its name in the warning) that only root or this user can
-/// have written: a regular file (not followed if a symlink) owned by root or this user and
-/// writable by its owner only. Otherwise whoever could write it could hide a higher-priority
-/// definition or change what a device brings.
-pub(super) fn read_private(path: &Path, what: &str) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    let owner_ok = meta.uid() == euid || meta.uid() == 0;
-    if !meta.is_file() || !owner_ok || meta.permissions().mode() & 0o022 != 0 {
-        tracing::warn!(
-            "{what} {} is not a file owned by root or uid {euid} and writable only by its owner: not used (remove it)",
-            path.display()
-        );
-        return None;
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
-    file.read_to_end(&mut bytes).ok()?;
-    Some(bytes)
-}
-
 /// Writes the index ([`write_private`]).
 fn write_index(cache_dir: &Path, path: &Path, index: &Index<'_>) -> std::io::Result<()> {
     write_private(cache_dir, path, &encode(index))
 }
 
-/// Writes a cache file with [`crate::atomic::write`], mode 0600 in a 0700 directory. Not
-/// flushed: it lives on /run (tmpfs), and a lost or damaged one is only rebuilt.
-pub(super) fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(cache_dir)?;
-    let opts = crate::atomic::Options {
-        mode: 0o600,
-        owner: None,
-        durability: crate::atomic::Durability::None,
-    };
-    crate::atomic::write(path, bytes, &opts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::RACY_NS;
     use std::fs;
     use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::SystemTime;
 
     /// A moment after every file a test writes: entries count as trusted (not racy).
     fn later() -> i64 {
@@ -1274,22 +1123,6 @@ mod tests {
         assert!(!lists(b" xgpu0 gpu01", "gpu0"));
         assert!(!lists(b"gpu0", "gpu0"));
         assert!(!lists(b"", "gpu0"));
-    }
-
-    #[test]
-    fn the_checksum_notices_any_one_changed_byte_and_the_length() {
-        let bytes: Vec<u8> = (0..41u8).collect();
-        let sum = checksum(&bytes);
-        for i in 0..bytes.len() {
-            for bit in 0..8 {
-                let mut changed = bytes.clone();
-                changed[i] ^= 1 << bit;
-                assert_ne!(checksum(&changed), sum, "byte {i} bit {bit}");
-            }
-        }
-        assert_ne!(checksum(&bytes[..40]), sum);
-        assert_ne!(checksum(&[&bytes[..], &[0]].concat()), sum);
-        assert_ne!(checksum(b""), checksum(b"\0"));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! `create` decodes the global edits and the devices it asks for, and only the names of the
 //! others. Measured on that spec (35 KB of JSON, 17 devices), one device asked for: decoding
 //! the whole spec took 1.07 M instructions, the spec and the one device 0.50 M; checking the
-//! file 0.15 M with SipHash, 0.02 M with [`index::checksum`]. The create went from 16.2 M to
+//! file 0.15 M with SipHash, 0.02 M with [`cache::checksum`]. The create went from 16.2 M to
 //! 3.0 M instructions. serde_json rather than a format of our own: the spec is a tree of a dozen
 //! types, and the derived decoder is the one the specs already go through.
 //!
@@ -25,7 +25,7 @@
 //! was parsed from (device, inode, size, mtime, ctime: the index's [`Key`], from the `fstat`
 //! of the open file that was read) and that version's spec. It is used only when
 //! - the index trusts the file's entry: a fresh `stat` of the file in this `create` gave the
-//!   same identity, and its ctime is more than [`super::index::RACY_NS`] older than the
+//!   same identity, and its ctime is more than [`crate::cache::RACY_NS`] older than the
 //!   moment this `create` started reading (git's racily-clean rule), and
 //! - that identity equals the cached one.
 //!
@@ -57,8 +57,8 @@ use std::io::Write as _;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::index::{self, Key};
 use super::spec::{Device, Spec};
+use crate::cache::{self, Key};
 
 const MAGIC: &str = concat!("nvshim-cdi-spec 1 ", env!("CARGO_PKG_VERSION"));
 
@@ -67,7 +67,7 @@ pub(super) const MIN_BYTES: u64 = 4096;
 
 /// Where the parsed form of the spec file at `spec_path` lives under `cache_dir`.
 pub(super) fn path(cache_dir: &Path, spec_path: &Path) -> PathBuf {
-    let h = index::hash(spec_path.as_os_str().as_bytes());
+    let h = cache::hash(spec_path.as_os_str().as_bytes());
     cache_dir.join(format!("cdi-spec-{h:016x}"))
 }
 
@@ -76,7 +76,7 @@ pub(super) fn path(cache_dir: &Path, spec_path: &Path) -> PathBuf {
 /// names (module doc).
 pub(super) fn read(cache_dir: &Path, spec_path: &Path, key: &Key, wanted: &[&str]) -> Option<Spec> {
     decode(
-        &index::read_private(&path(cache_dir, spec_path), "CDI spec cache")?,
+        &cache::read_private(&path(cache_dir, spec_path), "CDI spec cache")?,
         key,
         wanted,
     )
@@ -89,7 +89,7 @@ pub(super) fn write(cache_dir: &Path, spec_path: &Path, key: &Key, spec: &Spec) 
     let Some(bytes) = encode(key, spec) else {
         return;
     };
-    if let Err(e) = index::write_private(cache_dir, &target, &bytes) {
+    if let Err(e) = cache::write_private(cache_dir, &target, &bytes) {
         tracing::debug!("CDI spec cache {} not written: {e}", target.display());
     }
 }
@@ -101,7 +101,7 @@ pub(super) fn forget(cache_dir: &Path, spec_path: &Path) {
 
 fn key_line(key: &Key) -> Vec<u8> {
     let mut out = Vec::with_capacity(64);
-    index::key_fields(key, &mut out);
+    cache::key_fields(key, &mut out);
     out
 }
 
@@ -133,7 +133,7 @@ fn encode(key: &Key, spec: &Spec) -> Option<Vec<u8>> {
 
 /// Appends the trailer: the body's length and checksum.
 fn seal(mut body: Vec<u8>) -> Vec<u8> {
-    let (len, h) = (body.len(), index::checksum(&body));
+    let (len, h) = (body.len(), cache::checksum(&body));
     let _ = writeln!(body, "END {len} {h:016x}");
     body
 }
@@ -147,7 +147,7 @@ fn decode(bytes: &[u8], key: &Key, wanted: &[&str]) -> Option<Spec> {
     let mut t = trailer.split(' ');
     if t.next()? != "END"
         || t.next()?.parse::<usize>().ok()? != body.len()
-        || u64::from_str_radix(t.next()?, 16).ok()? != index::checksum(body)
+        || u64::from_str_radix(t.next()?, 16).ok()? != cache::checksum(body)
         || t.next().is_some()
     {
         return None;
