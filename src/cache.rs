@@ -1,5 +1,6 @@
 //! The private cache files nvshim keeps under `cache-dir` (`/run/nvshim`: the CDI index and
-//! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`), and the identity rule that
+//! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`; what the GPUs' `/proc` files
+//! say, `src/host/gpu_cache.rs`), and the identity rule that
 //! makes an answer from them safe: an entry is used only while a fresh `stat` of what it
 //! describes gives the same [`Key`], and only once that key's ctime is more than [`RACY_NS`]
 //! older than the moment it was read (git's "racily clean" rule). A cache file is written atomically, is private to root or this
@@ -112,6 +113,23 @@ pub fn checksum(bytes: &[u8]) -> u64 {
     step(h, tail)
 }
 
+/// `body` with the trailer [`unseal`] checks: its length and [`checksum`], as little-endian
+/// u64s.
+pub fn seal(mut body: Vec<u8>) -> Vec<u8> {
+    let (len, sum) = (body.len() as u64, checksum(&body));
+    body.extend_from_slice(&len.to_le_bytes());
+    body.extend_from_slice(&sum.to_le_bytes());
+    body
+}
+
+/// The body of what [`seal`] wrote; `None` when it is truncated or damaged.
+pub fn unseal(bytes: &[u8]) -> Option<&[u8]> {
+    let (body, trailer) = bytes.split_at_checked(bytes.len().checked_sub(16)?)?;
+    let (len, sum) = trailer.split_at(8);
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+    (word(len) == body.len() as u64 && word(sum) == checksum(body)).then_some(body)
+}
+
 /// `k` as five decimal fields (the spec cache's key line).
 pub fn key_fields(k: &Key, out: &mut Vec<u8>) {
     use std::io::Write as _;
@@ -168,6 +186,20 @@ pub fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sealed_body_reads_back_and_any_damage_is_refused() {
+        let sealed = seal(b"gpu 0".to_vec());
+        assert_eq!(unseal(&sealed), Some(&b"gpu 0"[..]));
+        for cut in 0..sealed.len() {
+            assert_eq!(unseal(&sealed[..cut]), None, "cut at {cut}");
+        }
+        for at in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[at] ^= 1;
+            assert_eq!(unseal(&bad), None, "byte {at}");
+        }
+    }
 
     #[test]
     fn the_checksum_notices_any_one_changed_byte_and_the_length() {

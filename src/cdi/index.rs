@@ -64,7 +64,7 @@ use std::path::{Path, PathBuf};
 use super::registry::{LoadedSpec, Registry, ScanError};
 use super::spec::{self, Spec};
 use super::spec_cache;
-use crate::cache::{checksum, hash, now_ns, read_private, write_private, Key};
+use crate::cache::{hash, now_ns, read_private, seal, unseal, write_private, Key};
 
 const MAGIC: &str = "nvshim-cdi-index 3";
 
@@ -479,7 +479,7 @@ fn select(
 // state byte (0 missing, 1 untrusted, 2 trusted), its key unless missing, and its files (a
 // u32 count); for each file its key, a flags byte (1 trusted, 2 an error message), the name's
 // and the content's u32 lengths, the name and the content. A key is five little-endian u64s.
-// Then the body's length and checksum, as u64s.
+// Then the body's length and checksum ([`seal`]).
 
 const TRUSTED: u8 = 1;
 const ERROR: u8 = 2;
@@ -525,11 +525,7 @@ fn encode(index: &Index<'_>) -> Vec<u8> {
             out.extend_from_slice(text);
         }
     }
-    let body_len = out.len() as u64;
-    let h = checksum(&out);
-    out.extend_from_slice(&body_len.to_le_bytes());
-    out.extend_from_slice(&h.to_le_bytes());
-    out
+    seal(out)
 }
 
 /// Reads the index's fields in order; every read is bounds-checked.
@@ -571,11 +567,7 @@ impl<'a> Reader<'a> {
 /// `dirs` directories.
 fn decode(bytes: &[u8], dirs: usize) -> Option<Index<'_>> {
     // The trailer first: a truncated or damaged file is not read at all.
-    let (body, trailer) = bytes.split_at_checked(bytes.len().checked_sub(16)?)?;
-    let mut t = Reader { rest: trailer };
-    if t.u64()? != body.len() as u64 || t.u64()? != checksum(body) {
-        return None;
-    }
+    let body = unseal(bytes)?;
     let mut r = Reader {
         rest: body.strip_prefix(MAGIC.as_bytes())?.strip_prefix(b"\n")?,
     };
@@ -1180,12 +1172,7 @@ mod tests {
         // is refused or read, never a panic or a huge allocation: every read is bounds-checked.
         let bytes = encode(&index);
         let body = &bytes[..bytes.len() - 16];
-        let sealed = |body: &[u8]| {
-            let mut out = body.to_vec();
-            out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-            out.extend_from_slice(&checksum(body).to_le_bytes());
-            out
-        };
+        let sealed = |body: &[u8]| seal(body.to_vec());
         assert_eq!(decode(&sealed(body), 2), Some(index.clone()));
         for cut in 0..body.len() {
             assert_eq!(decode(&sealed(&body[..cut]), 2), None, "cut at {cut}");

@@ -19,6 +19,7 @@ use nvshim_hook::ldcache::{Entry as LdCacheEntry, LdCache};
 use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
+mod gpu_cache;
 pub mod nvml;
 
 #[derive(Debug, Error)]
@@ -155,6 +156,8 @@ pub struct Host {
     /// library halves a create's `statx` calls). A `Host` lives for one command, so the host
     /// cannot change under it in a way that matters.
     resolved_dirs: std::cell::RefCell<std::collections::HashMap<String, Option<String>>>,
+    /// Where [`Host::gpus`] keeps what it read (`gpu_cache.rs`); `None`: nowhere.
+    cache_dir: Option<PathBuf>,
 }
 
 /// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
@@ -197,7 +200,15 @@ impl Host {
         Host {
             roots,
             resolved_dirs: Default::default(),
+            cache_dir: None,
         }
+    }
+
+    /// This host, keeping what [`Host::gpus`] reads in `cache_dir` (`src/host/gpu_cache.rs`);
+    /// an empty path keeps nothing (`cache-dir = ""`).
+    pub fn with_cache_dir(mut self, cache_dir: &Path) -> Host {
+        self.cache_dir = (!cache_dir.as_os_str().is_empty()).then(|| cache_dir.to_path_buf());
+        self
     }
 
     pub fn roots(&self) -> &HostRoots {
@@ -220,28 +231,11 @@ impl Host {
 
     /// The GPUs under `proc/driver/nvidia/gpus/*/information`, in PCI bus order.
     pub fn gpus(&self) -> Result<Vec<Gpu>, HostError> {
-        let dir = self.roots.proc_root.join("driver/nvidia/gpus");
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            // No GPU directory: the driver is loaded but sees no GPU (or is not loaded; the
-            // version file says which).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => return Err(HostError::Read { path: dir, source }),
-        };
-        let mut gpus = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| HostError::Read {
-                path: dir.clone(),
-                source,
-            })?;
-            let path = entry.path().join("information");
-            gpus.push(parse_information(&path, &read(&path)?)?);
-        }
-        gpus.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
-        for (i, g) in gpus.iter_mut().enumerate() {
-            g.index = i;
-        }
-        Ok(gpus)
+        gpu_cache::gpus(
+            &self.roots.proc_root.join("driver/nvidia/gpus"),
+            self.cache_dir.as_deref(),
+            crate::cache::now_ns(),
+        )
     }
 
     /// The `/proc` facts every GPU request needs ([`Snapshot`]).
