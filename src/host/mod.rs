@@ -936,7 +936,21 @@ impl Host {
             .proc_root
             .join("driver/nvidia/capabilities")
             .join(rel);
-        let text = match fs::read_to_string(&path) {
+        // One `read` into a buffer on the stack: the file is three short lines, and
+        // `read_to_string` added a `statx` and a second `read` to each of a MIG `all`
+        // create's 112 files.
+        let mut buf = [0u8; 256];
+        let read = fs::File::open(&path).and_then(|mut f| {
+            use std::io::Read;
+            let n = f.read(&mut buf)?;
+            if n < buf.len() {
+                return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+            let mut all = buf.to_vec();
+            f.read_to_end(&mut all)?;
+            Ok(String::from_utf8_lossy(&all).into_owned())
+        });
+        let text = match read {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(HostError::Read { path, source }),
