@@ -197,7 +197,13 @@ mod tests {
             .unwrap();
         }
 
-        /// The GPUs as read at `at`, and the minors straight from the files.
+        /// The one file the cache dir holds.
+        fn cache_file(&self) -> PathBuf {
+            let mut files = fs::read_dir(&self.cache).unwrap();
+            files.next().unwrap().unwrap().path()
+        }
+
+        /// The GPUs as read at `at`: (index, minor, bus id).
         fn gpus(&self, at: i64) -> Vec<(usize, u32, String)> {
             gpus(&self.gpus, Some(&self.cache), at)
                 .unwrap()
@@ -226,12 +232,7 @@ mod tests {
         assert_eq!(p.gpus(later()), expected);
         assert!(p.cache.exists());
         // What a create checks before it takes the cache's answer: the same names and keys.
-        let file = fs::read_dir(&p.cache)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        let file = p.cache_file();
         let names = [PathBuf::from("0000:1b:00.0"), PathBuf::from("0000:3b:00.0")];
         let keys: Vec<Option<Key>> = names
             .iter()
@@ -271,12 +272,7 @@ mod tests {
         let p = Proc::new();
         p.add(0, "0000:1b:00.0");
         p.gpus(later());
-        let file = fs::read_dir(&p.cache)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        let file = p.cache_file();
         let good = fs::read(&file).unwrap();
         for bad in [&good[..good.len() - 1], b"", &good[1..]] {
             fs::write(&file, bad).unwrap();
