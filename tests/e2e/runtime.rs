@@ -1095,3 +1095,86 @@ fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
         }
     }
 }
+
+/// The GPUs' `/proc` information is kept in `cache-dir` once its files are 2 s old
+/// (src/host/gpu_cache.rs: a real driver takes 0.2 ms per GPU to write one), and read again
+/// when a file is written again: after the two GPUs' `Device Minor`s are swapped, a legacy
+/// create of GPU 0 names the other node. (A real driver writes these files only when it
+/// creates them; the swap stands for a reload that numbered the GPUs the other way.)
+#[test]
+fn gpu_information_is_cached_and_read_again_when_it_changes() {
+    let w = World::new();
+    let gpus: Vec<(String, u32)> = w
+        .host
+        .gpus_by_bus()
+        .iter()
+        .map(|g| (g.bus_id.clone(), g.minor))
+        .collect();
+    assert_eq!(gpus.len(), 2);
+    // What the create decides from: older than the cache's 2 s rule.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let node_of_gpu0 = |name: &str| {
+        let bundle = w.bundle(name, &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+        let rt = w.shim();
+        let id = unique_id("nvshim-e2e-gpucache");
+        let out = rt.create(&bundle, &id).unwrap();
+        assert!(
+            out.success(),
+            "create ({name}) failed\n{out}\n{}",
+            w.shim_log()
+        );
+        rt.force_delete(&id);
+        let config = bundle.config().unwrap();
+        let nodes: Vec<String> = config["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|d| d["path"].as_str())
+            .filter(|p| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok())
+            .map(str::to_string)
+            .collect();
+        nodes
+    };
+    assert_eq!(node_of_gpu0("first"), [format!("/dev/nvidia{}", gpus[0].1)]);
+    let cache = w.config.parent().unwrap().join("cache");
+    let cached: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("gpus-"))
+        .collect();
+    assert_eq!(cached.len(), 1, "no GPU cache in {}", cache.display());
+    assert_eq!(
+        node_of_gpu0("cached"),
+        [format!("/dev/nvidia{}", gpus[0].1)]
+    );
+    // Swap the minors: each file written again.
+    let info = |bus: &str| {
+        w.host
+            .proc_root()
+            .join("driver/nvidia/gpus")
+            .join(bus)
+            .join("information")
+    };
+    let texts: Vec<String> = gpus
+        .iter()
+        .map(|(bus, _)| std::fs::read_to_string(info(bus)).unwrap())
+        .collect();
+    for (i, (bus, minor)) in gpus.iter().enumerate() {
+        let other = gpus[1 - i].1;
+        let swapped: String = texts[i]
+            .lines()
+            .map(|l| match l.strip_prefix("Device Minor:") {
+                Some(m) if m.trim() == minor.to_string() => format!("Device Minor:    {other}\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        assert_ne!(
+            swapped,
+            texts[i],
+            "no Device Minor line in {}",
+            info(bus).display()
+        );
+        std::fs::write(info(bus), swapped).unwrap();
+    }
+    assert_eq!(node_of_gpu0("after"), [format!("/dev/nvidia{}", gpus[1].1)]);
+}
