@@ -51,7 +51,7 @@
 //! figure 7's 1,000 spec names, best of 30, docs/benchmarks.md): no directory time moves when
 //! a file is rewritten in place.
 //!
-//! One file (780 lines of code, 600 of tests): the on-disk format and the staleness rule are one
+//! One file (620 lines of code, 600 of tests): the on-disk format and the staleness rule are one
 //! design, since the identity (`Key`) that is written is the one a fresh `stat` is compared with,
 //! and the refresh, the selection and the encoder and decoder all work on the same `Index`.
 

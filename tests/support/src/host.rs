@@ -33,7 +33,7 @@
 //! `dev/nvidia-caps/nvidia-cap<N>`), IMEX channels ([`FakeHost::add_imex_channels`]) and a real
 //! node's own libraries in `etc/ld.so.cache` ([`FakeHost::add_system_libraries`]).
 //!
-//! One file (1500 lines of code, 55 of tests): the layout above is one contract, and [`FakeHost`]'s
+//! One file (1520 lines of code, 65 of tests): the layout above is one contract, and [`FakeHost`]'s
 //! builder writes exactly what the tables beside it list ([`DRIVER_LIBS`], [`DRIVER_LIBS_32`],
 //! [`DRIVER_BINS`], the data files), which the tests also read to know what to expect. Holds the
 //! host spec, the driver file tables and the builder; the tables could move to their own module.
