@@ -269,6 +269,9 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
     // One runc state dir for all, as an engine has.
     let state = w.tmp.path().join("state-load");
     let log = w.tmp.path().join("runc-log.json");
+    // The host's /proc files 2 s old, so that the 50 creates write and read the GPU cache in
+    // cache-dir concurrently (src/host/gpu_cache.rs trusts only files older than that).
+    std::thread::sleep(std::time::Duration::from_millis(2100));
     let barrier = Barrier::new(bundles.len());
     let started = Instant::now();
     let outcomes: Vec<(RunOutput, String)> = std::thread::scope(|s| {
@@ -360,7 +363,7 @@ fn fifty_concurrent_gpu_containers_each_see_their_own_gpus() {
         Row {
             id: "L01-load",
             tried: "50 GPU containers created and started at once through nvshim-runtime on one 8-GPU host, one runc state dir",
-            how: "50 threads released by a barrier, each `create` + `start` of a busybox bundle asking for a different non-empty GPU subset (by index, UUID or bus id, one in three each); the in-container probe lists /dev/nvidia*, the devices cgroup and mknod results",
+            how: "50 threads released by a barrier once the host's /proc files are 2 s old (so the creates write and read the GPU cache in cache-dir at once), each `create` + `start` of a busybox bundle asking for a different non-empty GPU subset (by index, UUID or bus id, one in three each); the in-container probe lists /dev/nvidia*, the devices cgroup and mknod results",
             happened: "all 50 ran to completion; each saw exactly its own GPUs (nodes, cgroup rules, mknod EPERM for the others); every config.json is valid JSON with exactly its GPUs' nodes and its request unchanged; no temporary file, no container left",
         },
         w.tmp.path(),
