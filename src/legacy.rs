@@ -12,7 +12,7 @@
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
 //!   `N` from the capability's own file under `<proc-root>/driver/nvidia/capabilities`
-//!   ([`Host::capability_minor`]). NVML is loaded only to map a MIG index or UUID to its
+//!   ([`Host::capability_minors`]). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
 //!   loads it.
 //! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`
@@ -417,16 +417,20 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
     ]
 }
 
-/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap`, its minor from the
-/// capability's own file ([`Host::capability_minor`]).
-fn cap_node(host: &Host, caps_major: u32, cap: &str, id: &str) -> Result<DeviceNode, LegacyError> {
-    let minor = host
-        .capability_minor(cap)?
-        .ok_or_else(|| LegacyError::MigCapability {
-            id: id.to_string(),
-            capability: cap.to_string(),
-            file: host.roots().proc_root.join("driver/nvidia/capabilities"),
-        })?;
+/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` with its minor
+/// ([`Host::capability_minors`]; `None`: no file for it).
+fn cap_node(
+    host: &Host,
+    caps_major: u32,
+    cap: &str,
+    minor: Option<u32>,
+    id: &str,
+) -> Result<DeviceNode, LegacyError> {
+    let minor = minor.ok_or_else(|| LegacyError::MigCapability {
+        id: id.to_string(),
+        capability: cap.to_string(),
+        file: host.roots().proc_root.join("driver/nvidia/capabilities"),
+    })?;
     Ok(node(
         host,
         &format!("nvidia-caps/nvidia-cap{minor}"),
@@ -623,16 +627,21 @@ fn mig_nodes(
             name: "nvidia-caps",
             path: devices_path(host),
         })?;
-    for m in migs {
+    // All the MIG devices' capabilities in one look-up: one read of the cache for them all.
+    let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
+    let names: Vec<&str> = caps.iter().flatten().map(String::as_str).collect();
+    let mut minors = host.capability_minors(&names)?.into_iter();
+    for (m, caps) in migs.iter().zip(&caps) {
         let group = groups
             .iter_mut()
             .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
             .expect("every MIG device's parent is selected");
-        for cap in mig_capabilities(m) {
+        for cap in caps {
+            let minor = minors.next().flatten();
             group
                 .edits
                 .device_nodes
-                .push(cap_node(host, caps_major, &cap, &m.id)?);
+                .push(cap_node(host, caps_major, cap, minor, &m.id)?);
         }
     }
     for (var, value, capability) in [
@@ -648,7 +657,8 @@ fn mig_nodes(
         // The capability is global; listed GPUs only have to exist (libnvidia-container
         // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
         select_gpus(value, &snapshot.gpus)?;
-        let n = cap_node(host, caps_major, capability, var)?;
+        let minor = host.capability_minors(&[capability])?[0];
+        let n = cap_node(host, caps_major, capability, minor, var)?;
         if !edits.device_nodes.iter().any(|d| d.path == n.path) {
             edits.device_nodes.push(n);
         }

@@ -916,56 +916,32 @@ impl Host {
         Ok(out)
     }
 
-    /// The minor of MIG capability `cap` (named as `mig-minors` names it: `config`, `monitor`,
-    /// `gpu<N>/gi<G>/access`, `gpu<N>/gi<G>/ci<C>/access`) from the capability's own file,
-    /// `driver/nvidia/capabilities/{mig/config, gpu<N>/mig/gi<G>/ci<C>/access, ...}`, whose
-    /// `DeviceFileMinor: <n>` line NVIDIA's device plugin reads too. `Ok(None)`: no such file
-    /// (no such instance). What a create reads: on the lent H200 (driver 580.159.04) opening
-    /// `mig-minors` took 2.9 ms whatever was read of it (the driver writes all 4,322 lines for
-    /// 32 GPUs at open), a capability's file 11 µs.
-    pub fn capability_minor(&self, cap: &str) -> Result<Option<u32>, HostError> {
-        let rel = match cap {
-            "config" | "monitor" => format!("mig/{cap}"),
-            _ => match cap.split_once('/') {
-                Some((gpu, rest)) => format!("{gpu}/mig/{rest}"),
-                None => cap.to_string(),
-            },
-        };
-        let path = self
-            .roots
-            .proc_root
-            .join("driver/nvidia/capabilities")
-            .join(rel);
-        // One `read` into a buffer on the stack: the file is three short lines, and
-        // `read_to_string` added a `statx` and a second `read` to each of a MIG `all`
-        // create's 112 files.
-        let mut buf = [0u8; 256];
-        let read = fs::File::open(&path).and_then(|mut f| {
-            use std::io::Read;
-            let n = f.read(&mut buf)?;
-            if n < buf.len() {
-                return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
-            }
-            let mut all = buf.to_vec();
-            f.read_to_end(&mut all)?;
-            Ok(String::from_utf8_lossy(&all).into_owned())
-        });
-        let text = match read {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(HostError::Read { path, source }),
-        };
-        let minor = text
-            .lines()
-            .find_map(|l| l.strip_prefix("DeviceFileMinor:"))
-            .and_then(|m| m.trim().parse::<u32>().ok());
-        match minor {
-            Some(m) => Ok(Some(m)),
-            None => Err(HostError::Parse {
-                message: format!("no \"DeviceFileMinor: <number>\" line in {text:?}"),
-                path,
-            }),
-        }
+    /// The minors of MIG capabilities `caps` (named as `mig-minors` names them: `config`,
+    /// `monitor`, `gpu<N>/gi<G>/access`, `gpu<N>/gi<G>/ci<C>/access`), each from the
+    /// capability's own file, `driver/nvidia/capabilities/{mig/config,
+    /// gpu<N>/mig/gi<G>/ci<C>/access, ...}`, whose `DeviceFileMinor: <n>` line NVIDIA's device
+    /// plugin reads too; `None`: no such file (no such instance). What a create reads: on the
+    /// lent H200 (driver 580.159.04) opening `mig-minors` took 2.9 ms whatever was read of it
+    /// (the driver writes all 4,322 lines for 32 GPUs at open), a capability's file 11 µs and
+    /// its `stat` 1.9 µs: with a `cache-dir`, a file whose key is the cached one is only
+    /// `stat`ed (`gpu_cache.rs`).
+    pub fn capability_minors(&self, caps: &[&str]) -> Result<Vec<Option<u32>>, HostError> {
+        let rels: Vec<String> = caps
+            .iter()
+            .map(|&cap| match cap {
+                "config" | "monitor" => format!("mig/{cap}"),
+                _ => match cap.split_once('/') {
+                    Some((gpu, rest)) => format!("{gpu}/mig/{rest}"),
+                    None => cap.to_string(),
+                },
+            })
+            .collect();
+        gpu_cache::capability_minors(
+            &self.roots.proc_root.join("driver/nvidia/capabilities"),
+            &rels,
+            self.cache_dir.as_deref(),
+            crate::cache::now_ns(),
+        )
     }
 
     /// Calls `f` with each `<capability> <minor>` line of `driver/nvidia-caps/mig-minors`; no
@@ -1009,6 +985,44 @@ impl Host {
             f(cap, minor);
         }
         Ok(())
+    }
+}
+
+/// A capability file's minor (its `DeviceFileMinor: <n>` line); `Ok(None)` when it does not
+/// exist. One `read` into a buffer on the stack: the file is three short lines, and
+/// `read_to_string` added a `statx` and a second `read` to each of a MIG `all` create's 112.
+fn read_capability_minor(path: &Path) -> Result<Option<u32>, HostError> {
+    let mut buf = [0u8; 256];
+    let read = fs::File::open(path).and_then(|mut f| {
+        use std::io::Read;
+        let n = f.read(&mut buf)?;
+        if n < buf.len() {
+            return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        let mut all = buf.to_vec();
+        f.read_to_end(&mut all)?;
+        Ok(String::from_utf8_lossy(&all).into_owned())
+    });
+    let text = match read {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(HostError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let minor = text
+        .lines()
+        .find_map(|l| l.strip_prefix("DeviceFileMinor:"))
+        .and_then(|m| m.trim().parse::<u32>().ok());
+    match minor {
+        Some(m) => Ok(Some(m)),
+        None => Err(HostError::Parse {
+            message: format!("no \"DeviceFileMinor: <number>\" line in {text:?}"),
+            path: path.to_path_buf(),
+        }),
     }
 }
 
@@ -1300,14 +1314,17 @@ mod tests {
             dev_root: tmp.path().into(),
             proc_root: tmp.path().into(),
         });
-        let minor = |cap: &str| host.capability_minor(cap).unwrap();
+        let minor = |cap: &str| host.capability_minors(&[cap]).unwrap()[0];
         assert_eq!(minor("config"), Some(1));
         assert_eq!(minor("monitor"), None);
         assert_eq!(minor("gpu3/gi1/access"), Some(417));
         assert_eq!(minor("gpu3/gi1/ci0/access"), Some(418));
         assert_eq!(minor("gpu3/gi2/access"), None);
         fs::write(caps.join("mig/monitor"), "DeviceFileMode: 292\n").unwrap();
-        let e = host.capability_minor("monitor").unwrap_err().to_string();
+        let e = host
+            .capability_minors(&["monitor"])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("mig/monitor") && e.contains("DeviceFileMinor"),
             "{e}"
