@@ -111,7 +111,7 @@ pub struct Config {
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
     /// CDI request reads only the specs that define its devices, and the GPUs' `/proc` facts
-    /// (`host::gpu_cache`); empty: neither (every CDI `create` reads every spec). Made 0700 on
+    /// and MIG capability minors (`host::gpu_cache`); empty: neither (every CDI `create` reads every spec). Made 0700 on
     /// first use; a read-only one only costs the caches.
     pub cache_dir: PathBuf,
     /// Annotation key prefixes read as CDI device requests.
