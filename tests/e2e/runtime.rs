@@ -813,6 +813,22 @@ fn all_capabilities_give_the_whole_driver() {
     assert_no_problems("NVIDIA_DRIVER_CAPABILITIES=all", &sorted(p), &r);
 }
 
+/// `create` through the shim of a bundle `name` whose process is `true`, with `env`; asserts it
+/// succeeded, deletes the container and returns the edited config.json.
+fn created_config(w: &World, name: &str, env: &[(&str, &str)]) -> Value {
+    let bundle = w.bundle(name, &["true"], env);
+    let rt = w.shim();
+    let id = unique_id("nvshim-e2e");
+    let out = rt.create(&bundle, &id).unwrap();
+    assert!(
+        out.success(),
+        "create ({name}) failed\n{out}\n{}",
+        w.shim_log()
+    );
+    rt.force_delete(&id);
+    bundle.config().unwrap()
+}
+
 /// A node's own libraries in its ld.so.cache (a real node's, `FakeHost::add_system_libraries`)
 /// are not the driver's: legacy create of `all` writes the same mounts into config.json with
 /// them as without, none of them a library of the node's (`libcudart.so.13` looks like
@@ -824,19 +840,7 @@ fn system_libraries_in_the_cache_are_not_mounted() {
         ("NVIDIA_VISIBLE_DEVICES", "0"),
         ("NVIDIA_DRIVER_CAPABILITIES", "all"),
     ];
-    let mounts = |name: &str| {
-        let bundle = w.bundle(name, &["true"], &env);
-        let rt = w.shim();
-        let id = unique_id("nvshim-e2e-syslibs");
-        let out = rt.create(&bundle, &id).unwrap();
-        assert!(
-            out.success(),
-            "create ({name}) failed\n{out}\n{}",
-            w.shim_log()
-        );
-        rt.force_delete(&id);
-        bundle.config().unwrap()["mounts"].clone()
-    };
+    let mounts = |name: &str| created_config(&w, name, &env)["mounts"].clone();
     let driver_only = mounts("driver-only");
     let libcuda = w.host.container_lib_path("libcuda");
     assert!(
@@ -1114,17 +1118,7 @@ fn gpu_information_is_cached_and_read_again_when_it_changes() {
     // What the create decides from: older than the cache's 2 s rule.
     std::thread::sleep(std::time::Duration::from_millis(2100));
     let node_of_gpu0 = |name: &str| {
-        let bundle = w.bundle(name, &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
-        let rt = w.shim();
-        let id = unique_id("nvshim-e2e-gpucache");
-        let out = rt.create(&bundle, &id).unwrap();
-        assert!(
-            out.success(),
-            "create ({name}) failed\n{out}\n{}",
-            w.shim_log()
-        );
-        rt.force_delete(&id);
-        let config = bundle.config().unwrap();
+        let config = created_config(&w, name, &[("NVIDIA_VISIBLE_DEVICES", "0")]);
         let nodes: Vec<String> = config["linux"]["devices"]
             .as_array()
             .unwrap()
