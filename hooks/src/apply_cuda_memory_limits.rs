@@ -589,7 +589,7 @@ fn append_log(path: &Path, message: &str) {
 /// Where the NVML calls run. A dynamically linked hook loads NVML itself. The released
 /// `nvshim-hook` is static-pie (scripts/build-release.sh), and a static glibc program cannot
 /// load libnvidia-ml safely (the library would bring the host's `libc.so.6` in beside the
-/// static one; src/host/nvml.rs says the same of nvshim-runtime): it runs the dynamically
+/// static one; src/host/nvml/mod.rs says the same of nvshim-runtime): it runs the dynamically
 /// linked `nvshim` installed beside it, `nvshim nvml-set-memory-limits ...`, with an empty
 /// environment, and reads its one-line JSON answer. Which one is decided at run time, not by
 /// `cfg!(target_feature = "crt-static")`: build-release.sh links only the final binary
