@@ -20,7 +20,8 @@
 #   7. CDI create against spec directories of 2, 50, 500 and 1,000 files (a DRA driver's one
 #      spec per claim beside the node spec), with the index in cache-dir and without it;
 #   8. legacy create of `all` on a MIG host (8 GPUs x 7 MIG devices: every device's caps
-#      nodes, from /proc, no NVML);
+#      nodes, from /proc, no NVML), and of one MIG device by UUID (NVML's answer, through the
+#      fake NVML, from cache-dir; and without cache-dir, the nvml-query helper every time);
 #   9. the hooks of figure 3's GPU container, timed in place as runc runs them
 #      (scripts/bench/hook-timer.c), in total and against /bin/true in their place;
 #   6. peak memory (GNU time %M) of each.
@@ -136,6 +137,8 @@ config "$work/true.toml" /bin/true
 config "$work/runc.toml" runc
 config "$work/mig.toml" /bin/true
 sed -i "s|\"$host|\"$work/mighost|" "$work/mig.toml"
+config "$work/mig-nocache.toml" /bin/true "" ""
+sed -i "s|\"$host|\"$work/mighost|" "$work/mig-nocache.toml"
 
 # Fake NVML for `cdi generate`: the cdylib in place of the host's libnvidia-ml, answering from
 # a topology written from the fake host's /proc (scripts/lib/fake-nvml.sh).
@@ -150,6 +153,13 @@ NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim" cdi generate --output "$work/cdi/n
 if grep -q 'NVML not used' "$work/generate.err"; then
     echo "bench: cdi generate did not use the fake NVML:" >&2; cat "$work/generate.err" >&2; exit 1
 fi
+# The MIG host's NVML too, for a MIG device asked for by UUID (figure 8): its own topology,
+# with a MIG device per instance in its /proc.
+miglib="$work/mighost/usr/lib/x86_64-linux-gnu"
+cp "$bin/libnvshim_fake_nvml.so" "$(readlink -f "$miglib/libnvidia-ml.so.1")"
+migtopo="$work/mig-topology.json"
+fake_nvml_topology "$work/mighost" > "$migtopo"
+mig_uuid=$(grep -o 'MIG-[0-9a-f-]*' "$migtopo" | sed -n 20p)
 
 # Spec directories as a busy DRA node has them: the node spec and one claim spec per prepared
 # claim (k8s-dra-driver-gpu's transient specs; tests/fixtures/cdi/producers). A create asks for
@@ -181,6 +191,7 @@ bundle() { # NAME VISIBLE-DEVICES-or-empty CMD...
 }
 bundle legacy "0,3" /bin/true
 bundle migall all /bin/true
+bundle miguuid "$mig_uuid" /bin/true
 bundle cdi "nvidia.com/gpu=0,nvidia.com/gpu=3" /bin/true
 bundle plain "" /bin/true
 bundle full "0,3" true
@@ -244,6 +255,11 @@ done
 NVSHIM_CONFIG="$work/mig.toml" "$bin/nvshim-runtime" create --bundle "$work/run/migall" x
 grep -c 'nvidia-caps/nvidia-cap' "$work/run/migall/config.json" > /dev/null || { echo "bench: migall got no MIG caps nodes" >&2; exit 1; }
 cp "$work/run/migall.orig.json" "$work/run/migall/config.json"
+for c in mig mig-nocache; do
+    NVSHIM_CONFIG="$work/$c.toml" NVSHIM_FAKE_NVML_TOPOLOGY="$migtopo" "$bin/nvshim-runtime" create --bundle "$work/run/miguuid" x
+    [ "$(grep -o 'nvidia-caps/nvidia-cap[0-9]*' "$work/run/miguuid/config.json" | sort -u | wc -l)" = 2 ] || { echo "bench: miguuid did not get its MIG device's two caps nodes ($c)" >&2; exit 1; }
+    cp "$work/run/miguuid.orig.json" "$work/run/miguuid/config.json"
+done
 for b in legacy cdi docker; do
     NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/$b" x
     cmp -s "$work/run/$b/config.json" "$work/run/$b.orig.json" && { echo "bench: $b was not edited" >&2; exit 1; }
@@ -285,9 +301,9 @@ if [ -x "$bin/floor-musl" ]; then
     musl_cmd=$(printf ',{"name":"floor-musl","steps":[["%s","--root","%s","create","--bundle","%s/legacy","c1"]],"prepare":[["cp","%s/legacy.orig.json","%s/legacy/config.json"]]}' "$bin/floor-musl" "$st" "$R" "$R" "$R")
     musl_row=',{"figure":"the floor, musl static build (reference)","cmd":"floor-musl","baseline":"true"}'
 fi
-create_cmd() { # NAME BINARY BUNDLE-DIR CONFIG
-    printf '{"name":"%s","steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{"NVSHIM_CONFIG":"%s"}}' \
-        "$1" "$2" "$st" "$3" "$3" "$3" "$4"
+create_cmd() { # NAME BINARY BUNDLE-DIR CONFIG [MORE-ENV: ,"NAME":"VALUE"]
+    printf '{"name":"%s","steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{"NVSHIM_CONFIG":"%s"%s}}' \
+        "$1" "$2" "$st" "$3" "$3" "$3" "$4" "${5:-}"
 }
 cat > "$spec" <<EOF
 {"runs": $runs, "warmup": $warmup, "mem_runs": $mem_runs,
@@ -297,6 +313,8 @@ cat > "$spec" <<EOF
   $musl_cmd,
   $(create_cmd create-legacy "$bin/nvshim-runtime" "$R/legacy" "$work/true.toml"),
   $(create_cmd create-mig-all "$bin/nvshim-runtime" "$R/migall" "$work/mig.toml"),
+  $(create_cmd create-mig-uuid "$bin/nvshim-runtime" "$R/miguuid" "$work/mig.toml" ",\"NVSHIM_FAKE_NVML_TOPOLOGY\":\"$migtopo\""),
+  $(create_cmd create-mig-uuid-nocache "$bin/nvshim-runtime" "$R/miguuid" "$work/mig-nocache.toml" ",\"NVSHIM_FAKE_NVML_TOPOLOGY\":\"$migtopo\""),
   $(create_cmd create-docker "$bin/nvshim-runtime" "$R/docker" "$work/true.toml"),
   $(create_cmd create-cdi "$bin/nvshim-runtime" "$R/cdi" "$work/true.toml"),
   $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
@@ -340,6 +358,8 @@ cat > "$spec" <<EOF
   {"figure":"1. create, no GPU request","cmd":"create-plain","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, legacy, Docker 28's own config.json (2 of 8 GPUs, compute+utility, 9.7 KB with its seccomp profile)","cmd":"create-docker","baseline":"floor","goal_ms":0.25},
   {"figure":"8. create, legacy, all on a MIG host (8 GPUs x 7 MIG devices, no NVML)","cmd":"create-mig-all","baseline":"floor","goal_ms":0.25},
+  {"figure":"8. create, legacy, one MIG device by UUID (NVML's answer from cache-dir)","cmd":"create-mig-uuid","baseline":"floor","goal_ms":0.25},
+  {"figure":"8. the same without cache-dir (nvml-query helper, fake NVML), against the cached","cmd":"create-mig-uuid-nocache","baseline":"create-mig-uuid"},
   {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
   {"figure":"1. create, legacy, dynamically linked build (reference, not shipped)","cmd":"create-legacy-dynamic","baseline":"floor"},
   {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},

@@ -1,6 +1,6 @@
 //! The private cache files nvshim keeps under `cache-dir` (`/run/nvshim`: the CDI index and
 //! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`; what the GPUs' `/proc` files
-//! say, `src/host/gpu_cache.rs`), and the identity rule that
+//! say, `src/host/gpu_cache.rs`; NVML's answer, `src/host/nvml/cache.rs`), and the identity rule that
 //! makes an answer from them safe: an entry is used only while a fresh `stat` of what it
 //! describes gives the same [`Key`], and only once that key's ctime is more than [`RACY_NS`]
 //! older than the moment it was read (git's "racily clean" rule). A cache file is written atomically, is private to root or this

@@ -110,9 +110,10 @@ pub struct Config {
     /// CDI spec directories, lowest priority first.
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
-    /// CDI request reads only the specs that define its devices, and the GPUs' `/proc` facts
-    /// and MIG capability minors (`host::gpu_cache`); empty: neither (every CDI `create` reads every spec). Made 0700 on
-    /// first use; a read-only one only costs the caches.
+    /// CDI request reads only the specs that define its devices, the GPUs' `/proc` facts and
+    /// MIG capability minors (`host::gpu_cache`), and NVML's answer for MIG ids
+    /// (`host::nvml::cache`); empty: none of them (every CDI `create` reads every spec). Made
+    /// 0700 on first use; a read-only one only costs the caches.
     pub cache_dir: PathBuf,
     /// Annotation key prefixes read as CDI device requests.
     pub cdi_annotation_prefixes: Vec<String>,

@@ -123,12 +123,13 @@ fn check_requirements(
             Err(RequirementError::Unknown { .. })
                 if facts.gpus.iter().all(|g| g.arch.is_none()) =>
             {
-                let inventory =
-                    nvml::inventory(host, nvml).map_err(|e| RequirementError::NvmlUnavailable {
+                let inventory = nvml::inventory(host, nvml, &[]).map_err(|e| {
+                    RequirementError::NvmlUnavailable {
                         var: r.var.clone(),
                         expr: r.expr.clone(),
                         reason: e.to_string(),
-                    })?;
+                    }
+                })?;
                 for (slot, gpu) in facts.gpus.iter_mut().zip(gpus) {
                     if let Some(f) = inventory
                         .gpus
@@ -217,8 +218,8 @@ pub fn plan_bundle(
             };
             let snapshot = host.snapshot()?;
             let resolved =
-                legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut || {
-                    nvml::inventory(&host, &settings.nvml).map(|n| n.gpus)
+                legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
+                    nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
                 })?;
             trace.gpus = resolved.gpus.clone();
             check_requirements(

@@ -34,7 +34,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
-use crate::host::nvml::{self, GpuInfo, NvmlDiscoveryError};
+use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
 use crate::host::{
     normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError, HostFile,
     Snapshot, WordSize,
@@ -301,8 +301,10 @@ pub fn split_mig_ids(devices: &VisibleDevices) -> (VisibleDevices, Vec<(String, 
     }
 }
 
-/// NVML's GPUs with their MIG devices: what [`select_migs`] maps `G:M` and `MIG-<uuid>` with.
-pub type NvmlInventory<'a> = dyn FnMut() -> Result<Vec<GpuInfo>, NvmlDiscoveryError> + 'a;
+/// NVML's GPUs with their MIG devices: what [`select_migs`] maps `G:M` and `MIG-<uuid>` with,
+/// told which look-ups it is for (what a cached answer must still hold for).
+pub type NvmlInventory<'a> =
+    dyn FnMut(&[Lookup<'_>]) -> Result<Vec<GpuInfo>, NvmlDiscoveryError> + 'a;
 
 /// Resolves MIG ids to parent GPUs (from `gpus`, the /proc list) and instance ids. Calls
 /// `nvml` at most once, and only when an id needs it (`G:M`, `MIG-<uuid>`).
@@ -311,6 +313,14 @@ pub fn select_migs(
     gpus: &[Gpu],
     nvml: &mut NvmlInventory<'_>,
 ) -> Result<Vec<MigDevice>, LegacyError> {
+    let lookups: Vec<Lookup<'_>> = ids
+        .iter()
+        .filter_map(|(id, mig)| match mig {
+            MigId::Index { gpu, .. } => Some(Lookup::MigIndex { gpu: *gpu }),
+            MigId::Uuid(_) => Some(Lookup::MigUuid(id)),
+            MigId::Path { .. } => None,
+        })
+        .collect();
     let mut inventory: Option<Vec<GpuInfo>> = None;
     let mut out: Vec<MigDevice> = Vec::new();
     for (id, mig) in ids {
@@ -331,7 +341,7 @@ pub fn select_migs(
             }
             MigId::Index { .. } | MigId::Uuid(_) => {
                 if inventory.is_none() {
-                    inventory = Some(nvml().map_err(|source| LegacyError::Nvml {
+                    inventory = Some(nvml(&lookups).map_err(|source| LegacyError::Nvml {
                         id: id.clone(),
                         source,
                     })?);
@@ -1063,8 +1073,10 @@ mod tests {
     #[test]
     fn nvml_only_for_mig_ids_that_need_it() {
         let calls = std::cell::Cell::new(0);
-        let mut loader = || {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let mut loader = |lookups: &[Lookup<'_>]| {
             calls.set(calls.get() + 1);
+            asked.replace(lookups.iter().map(|l| format!("{l:?}")).collect());
             Ok(inventory())
         };
         // GPU ids and the explicit MIG-GPU form: no NVML.
@@ -1094,6 +1106,15 @@ mod tests {
             .collect();
         assert_eq!(ids, [(1, 2, 0), (1, 1, 0)]);
         assert_eq!(calls.get(), 1);
+        // Told what it is for (a cached answer is checked for those GPUs: src/host/nvml/cache.rs).
+        assert_eq!(
+            *asked.borrow(),
+            [
+                "MigIndex { gpu: 0 }",
+                "MigUuid(\"MIG-120\")",
+                "MigUuid(\"mig-010\")"
+            ]
+        );
         assert_eq!(
             mig_capabilities(&got[0]),
             [
@@ -1105,7 +1126,7 @@ mod tests {
 
     #[test]
     fn unknown_mig_devices_say_what_exists() {
-        let mut loader = || Ok(inventory());
+        let mut loader = |_: &[Lookup<'_>]| Ok(inventory());
         for id in ["0:7", "1:0", "5:0", "MIG-nope"] {
             let (_, migs) = split_mig_ids(&VisibleDevices::List(vec![id.into()]));
             let err = select_migs(&migs, &gpus(), &mut loader)
@@ -1121,7 +1142,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("GPU-aaaa"), "{err}");
-        let mut broken = || Err(NvmlDiscoveryError::NotInCache(PathBuf::from("/drv")));
+        let mut broken =
+            |_: &[Lookup<'_>]| Err(NvmlDiscoveryError::NotInCache(PathBuf::from("/drv")));
         let (_, migs) = split_mig_ids(&VisibleDevices::List(vec!["0:0".into()]));
         let err = select_migs(&migs, &gpus(), &mut broken)
             .unwrap_err()
@@ -1378,7 +1400,7 @@ mod tests {
                 capabilities: caps(c),
                 ..Default::default()
             };
-            let resolved = resolve(&request, &snapshot, &host, &settings, &mut || {
+            let resolved = resolve(&request, &snapshot, &host, &settings, &mut |_| {
                 panic!("no NVML for {devices:?}")
             })
             .unwrap_or_else(|e| panic!("{devices:?} {c}: {e}"));
@@ -1444,7 +1466,7 @@ mod tests {
             capabilities: caps("utility"),
             ..Default::default()
         };
-        let resolved = resolve(&request, &snapshot, &host, &settings, &mut || {
+        let resolved = resolve(&request, &snapshot, &host, &settings, &mut |_| {
             panic!("no NVML for a MIG-GPU-<uuid>/<gi>/<ci> id")
         })
         .unwrap();

@@ -733,6 +733,19 @@ fn mig_devices_by_index_and_uuid() {
         instance(2).to_vec(),
     ]
     .concat();
+    // NVML is loaded for MIG ids only: without its topology the fake NVML cannot initialise,
+    // which a MIG id reports and a whole-GPU request never notices. First, before an answer
+    // is in cache-dir (`mig_answers_are_cached_until_an_instance_is_recreated`).
+    let b = w.probe_bundle("no-nvml-gpu", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+    let r = w.run(&b);
+    assert_no_problems(
+        "whole GPU on a MIG host, NVML unusable",
+        &gpu_container_problems(&r, &w.host, &[w.gpu(1)]),
+        &r,
+    );
+    let b = w.probe_bundle("no-nvml-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:1")]);
+    assert_rejected(&w, &w.shim(), &b, &["\"0:1\"", "NVML"]);
+
     let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
     for (id, gi) in [
         ("0:1".to_string(), 2),
@@ -753,17 +766,6 @@ fn mig_devices_by_index_and_uuid() {
         assert_no_problems(&format!("MIG device {id}"), &p, &r);
     }
 
-    // NVML is loaded for MIG ids only: without its topology the fake NVML cannot initialise,
-    // which a MIG id reports and a whole-GPU request never notices.
-    let b = w.probe_bundle("no-nvml-gpu", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
-    let r = w.run(&b);
-    assert_no_problems(
-        "whole GPU on a MIG host, NVML unusable",
-        &gpu_container_problems(&r, &w.host, &[w.gpu(1)]),
-        &r,
-    );
-    let b = w.probe_bundle("no-nvml-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:1")]);
-    assert_rejected(&w, &w.shim(), &b, &["\"0:1\"", "NVML"]);
     let b = w.probe_bundle("unknown-mig", &[("NVIDIA_VISIBLE_DEVICES", "0:5")]);
     assert_rejected(&w, &shim, &b, &["\"0:5\"", "0:1 (MIG-"]);
 }
@@ -800,6 +802,54 @@ fn all_on_a_mig_host_includes_every_mig_device() {
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0), w.gpu(1)]);
     p.extend(caps_problems(&r, &w.host, &want, &denied));
     assert_no_problems("all on a MIG host, without NVML", &p, &r);
+}
+
+/// NVML's answer for a MIG UUID is kept in cache-dir (src/host/nvml/cache.rs) once the files it
+/// depends on are 2 s old: the same container then starts without NVML. The instance destroyed
+/// and created again (same GPU and compute instance ids, so the same minors; a new UUID, as
+/// NVIDIA's driver gives it) makes the driver's `/proc` files anew: the old UUID is refused
+/// and the new one served, from NVML, although nothing else on the host changed.
+#[test]
+fn mig_answers_are_cached_until_an_instance_is_recreated() {
+    let (w, mut topology, topo_file) = mig_world();
+    let minor = topology.gpus[0].minor;
+    let want = [
+        mig_cap_minor(minor, 1, None),
+        mig_cap_minor(minor, 1, Some(0)),
+    ];
+    // What the cache is keyed by: older than its 2 s rule.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let with_nvml = w.shim().env(TOPOLOGY_ENV, &topo_file);
+    let old_uuid = topology.gpus[0].mig_devices[0].uuid.clone();
+    let serves = |shim: &Runtime, name: &str, uuid: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", uuid)]);
+        let r = w.probe(shim, &b, false);
+        let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
+        p.extend(caps_problems(&r, &w.host, &want, &[]));
+        assert_no_problems(&format!("{name}: MIG device {uuid}"), &p, &r);
+    };
+    serves(&with_nvml, "asked", &old_uuid);
+    let cache = w.config.parent().unwrap().join("cache");
+    let kept = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("nvml-")
+        })
+        .count();
+    assert_eq!(kept, 1, "no NVML answer in {}", cache.display());
+    // NVML unusable (no topology): the cache answers.
+    serves(&w.shim(), "cached", &old_uuid);
+
+    // `nvidia-smi mig -dci -gi 1; -dgi -gi 1; -cgi ... -C`: the same ids, a new UUID.
+    w.host.destroy_mig_instance(minor, 1).unwrap();
+    w.host.add_mig_caps(&[(minor, 1, 0)]).unwrap();
+    let new_uuid = format!("MIG-{minor:08x}-5a5a-4000-8000-00000000beef");
+    topology.gpus[0].mig_devices[0].uuid = new_uuid.clone();
+    std::fs::write(&topo_file, serde_json::to_string(&topology).unwrap()).unwrap();
+    let b = w.probe_bundle("destroyed", &[("NVIDIA_VISIBLE_DEVICES", &old_uuid)]);
+    assert_rejected(&w, &with_nvml, &b, &[old_uuid.as_str(), &new_uuid]);
+    serves(&with_nvml, "recreated", &new_uuid);
 }
 
 #[test]
@@ -1023,8 +1073,24 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
         g.brand = Some("tesla".into());
     }
     let topo_file = w.install_fake_nvml(&topology);
-    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
 
+    // NVML that cannot initialise (no topology): the error says so, and how to proceed. First,
+    // before an answer is in cache-dir.
+    let b = w.probe_bundle(
+        "no-nvml",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "1"),
+            ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
+        ],
+    );
+    assert_rejected(
+        &w,
+        &w.shim(),
+        &b,
+        &["arch>=8.0", "NVML", "NVIDIA_DISABLE_REQUIRE"],
+    );
+
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
     let met = "cuda>=99.0 brand=tesla,arch>=9.0";
     let b = w.probe_bundle(
         "met",
@@ -1053,21 +1119,6 @@ fn arch_and_brand_requirements_are_checked_through_nvml() {
         &shim,
         &b,
         &["unsatisfied condition", "NVIDIA_REQUIRE_CUDA"],
-    );
-
-    // NVML that cannot initialise (no topology): the error says so, and how to proceed.
-    let b = w.probe_bundle(
-        "no-nvml",
-        &[
-            ("NVIDIA_VISIBLE_DEVICES", "1"),
-            ("NVIDIA_REQUIRE_ARCH", "arch>=8.0"),
-        ],
-    );
-    assert_rejected(
-        &w,
-        &w.shim(),
-        &b,
-        &["arch>=8.0", "NVML", "NVIDIA_DISABLE_REQUIRE"],
     );
 }
 

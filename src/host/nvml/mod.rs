@@ -9,6 +9,8 @@
 //! honoured the way the shim honours it. nvml-wrapper resolves NVML symbols lazily; a symbol
 //! the library lacks is an error of the call that needs it, never a crash.
 
+mod cache;
+
 use std::path::PathBuf;
 
 use nvml_wrapper::error::{nvml_try, NvmlError};
@@ -85,10 +87,13 @@ pub struct NvmlHost {
 /// The host path of `libnvidia-ml.so.1`, from the driver root's ld.so.cache.
 pub fn library_path(host: &Host) -> Result<PathBuf, NvmlDiscoveryError> {
     let root = &host.roots().driver_root;
-    let cache = host.ld_cache().map_err(|source| NvmlDiscoveryError::Host {
-        context: "reading the host's ld.so.cache",
-        source,
-    })?;
+    // Only libnvidia-ml's entries: a real node's cache has about 500 (tests/fixtures/host).
+    let cache = host
+        .ld_cache_of(&["libnvidia-ml"])
+        .map_err(|source| NvmlDiscoveryError::Host {
+            context: "reading the host's ld.so.cache",
+            source,
+        })?;
     cache
         .entries
         .iter()
@@ -254,9 +259,32 @@ pub enum NvmlAccess {
 /// The hidden `nvshim` subcommand [`NvmlAccess::Helper`] runs.
 pub const HELPER_SUBCOMMAND: &str = "nvml-query";
 
-/// The NVML inventory of the host, through `access`.
-pub fn inventory(host: &Host, access: &NvmlAccess) -> Result<NvmlHost, NvmlDiscoveryError> {
+/// What a create looks up in the NVML inventory, beside the GPUs' facts: which MIG devices'
+/// GPUs the answer must still describe ([`cache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// `MIG-<uuid>`.
+    MigUuid(&'a str),
+    /// `G:M`: a MIG device of the GPU with NVML index `gpu`.
+    MigIndex { gpu: u32 },
+}
+
+/// The NVML inventory a create asks for to make `lookups` (none: only the GPUs' facts), through
+/// `access`, or from `host`'s `cache-dir` while no file it relies on has changed ([`cache`]);
+/// without persistence modes.
+pub fn inventory(
+    host: &Host,
+    access: &NvmlAccess,
+    lookups: &[Lookup<'_>],
+) -> Result<NvmlHost, NvmlDiscoveryError> {
     let lib = library_path(host)?;
+    cache::answer(host, &lib, crate::cache::now_ns(), lookups, || {
+        query(lib.clone(), access)
+    })
+}
+
+/// What NVML at `lib` reports, through `access`.
+fn query(lib: PathBuf, access: &NvmlAccess) -> Result<NvmlHost, NvmlDiscoveryError> {
     let helper = match access {
         NvmlAccess::InProcess => return discover(lib),
         NvmlAccess::Helper(helper) => helper,

@@ -1,0 +1,543 @@
+//! NVML's answer for a create, kept in `cache-dir` (`nvml-<hash>`). A create asks NVML only to
+//! map a MIG id given as `MIG-<uuid>` or `G:M`, or to decide an `arch` or `brand` requirement
+//! term, and then through the `nvshim nvml-query` helper (`NvmlAccess::Helper`): +3.9 ms per
+//! create in issue 15's measurement, milliseconds more per GPU where NVML initialises slowly.
+//! What it answers changes only when the driver, a GPU or a MIG instance does.
+//!
+//! The answer is used only while every file that would show such a change gives the [`Key`] it
+//! was cached with, the same rule as the GPUs' and capabilities' caches (`gpu_cache.rs`,
+//! `src/cache.rs`): the library NVML was loaded from, `driver/nvidia/version`, each GPU's
+//! `information`, and the `access` file of every MIG GPU instance and compute instance under
+//! `driver/nvidia/capabilities`, in one [`Fingerprint`]. procfs makes a new inode, stamped with
+//! the clock, when the driver creates a file again, so a reloaded driver, a GPU removed and
+//! added back, or a MIG instance destroyed and created (same GPU and compute instance ids,
+//! new UUID) all show a new key: a container asking for a destroyed instance's UUID can never
+//! be given the instance that replaced it. Keyed by the MIG layout as ids alone, it could.
+//!
+//! A create checks only what its look-ups rely on: the library, the version and every GPU's
+//! `information` always (which GPUs there are, their NVML indices and facts), and the MIG
+//! instances of the GPUs its MIG ids name in the cached answer (a UUID's parent, `G`'s of
+//! `G:M`). An instance created on another GPU since cannot change those; a UUID the cached
+//! answer does not hold asks NVML. On the bench's 8-GPU x 7-MIG host, a create of one MIG
+//! device by UUID made 306 system calls with this check, 690 checking every instance (the 65
+//! directories of a whole walk: `strace -c`).
+//!
+//! An answer is kept only when the fingerprint of every GPU's instances was the same before
+//! and after NVML was asked, every key in it was more than [`cache::RACY_NS`] old, and every MIG
+//! device NVML reported has its two `access` files in it (a host whose `/proc` does not list its
+//! instances is asked every time). Persistence mode is not part of the answer: it changes
+//! without any file changing, and a create does not use it (`nvshim doctor` asks NVML itself).
+
+use std::path::{Path, PathBuf};
+
+use super::{Lookup, NvmlHost};
+use crate::cache::{self, Key};
+use crate::host::Host;
+
+const MAGIC: &[u8] = b"nvshim-nvml 2\n";
+
+/// Files with their keys, a line each (`F\t<path>\t<key>\n`), as one byte string to compare.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Lines {
+    bytes: Vec<u8>,
+    /// Every key older than [`cache::RACY_NS`] at the read.
+    trusted: bool,
+}
+
+impl Lines {
+    fn new() -> Lines {
+        Lines {
+            bytes: Vec::new(),
+            trusted: true,
+        }
+    }
+
+    /// Adds `path`'s key; `None` when it cannot be `stat`ed or holds a tab or newline.
+    fn add(&mut self, path: &Path, read_at: i64) -> Option<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.contains(&b'\t') || bytes.contains(&b'\n') {
+            return None;
+        }
+        let key = Key::of(&std::fs::metadata(path).ok()?);
+        self.trusted &= key.trusted_at(read_at);
+        self.bytes.extend_from_slice(b"F\t");
+        self.bytes.extend_from_slice(bytes);
+        self.bytes.push(b'\t');
+        cache::key_fields(&key, &mut self.bytes);
+        self.bytes.push(b'\n');
+        Some(())
+    }
+}
+
+/// What every answer depends on: the library NVML was loaded from, the driver's version file
+/// and each GPU's `information` (`None`: something could not be read; nothing is cached).
+fn common(host: &Host, lib: &Path, read_at: i64) -> Option<Lines> {
+    let mut lines = Lines::new();
+    lines.add(lib, read_at)?;
+    let nvidia = host.roots().proc_root.join("driver/nvidia");
+    lines.add(&nvidia.join("version"), read_at)?;
+    let gpus = nvidia.join("gpus");
+    for name in names(&gpus)? {
+        lines.add(&gpus.join(name).join("information"), read_at)?;
+    }
+    Some(lines)
+}
+
+/// The MIG instances of GPU `minor`: the `access` file of each GPU instance and compute
+/// instance under `capabilities/gpu<minor>/mig`, with the instances as (minor, gi, ci) added to
+/// `instances`. Empty without MIG instances.
+fn mig_instances(
+    host: &Host,
+    minor: u32,
+    read_at: i64,
+    instances: &mut Vec<(u32, u32, u32)>,
+) -> Option<Lines> {
+    let mig = host
+        .roots()
+        .proc_root
+        .join(format!("driver/nvidia/capabilities/gpu{minor}/mig"));
+    let mut lines = Lines::new();
+    for (gi, gi_dir) in numbered(&mig, "gi")? {
+        lines.add(&gi_dir.join("access"), read_at)?;
+        for (ci, ci_dir) in numbered(&gi_dir, "ci")? {
+            lines.add(&ci_dir.join("access"), read_at)?;
+            instances.push((minor, gi, ci));
+        }
+    }
+    Some(lines)
+}
+
+/// Everything an answer may be kept with: [`common`] and every GPU's [`mig_instances`].
+#[derive(Debug, PartialEq, Eq)]
+struct Fingerprint {
+    common: Lines,
+    /// By GPU minor, the GPUs with a `capabilities/gpu<minor>` directory.
+    gpus: Vec<(u32, Lines)>,
+    instances: Vec<(u32, u32, u32)>,
+}
+
+impl Fingerprint {
+    fn of(host: &Host, common: Lines, read_at: i64) -> Option<Fingerprint> {
+        let caps = host.roots().proc_root.join("driver/nvidia/capabilities");
+        let mut instances = Vec::new();
+        let gpus = numbered(&caps, "gpu")?
+            .into_iter()
+            .map(|(minor, _)| Some((minor, mig_instances(host, minor, read_at, &mut instances)?)))
+            .collect::<Option<_>>()?;
+        Some(Fingerprint {
+            common,
+            gpus,
+            instances,
+        })
+    }
+
+    fn trusted(&self) -> bool {
+        self.common.trusted && self.gpus.iter().all(|(_, l)| l.trusted)
+    }
+
+    /// Whether every MIG device in `answer` is one of the instances `/proc` lists.
+    fn covers(&self, answer: &NvmlHost) -> bool {
+        answer.gpus.iter().all(|g| {
+            g.migs.iter().all(|m| {
+                self.instances
+                    .contains(&(g.minor, m.gpu_instance, m.compute_instance))
+            })
+        })
+    }
+}
+
+/// The names in `dir`, sorted; none when it does not exist.
+fn names(dir: &Path) -> Option<Vec<std::ffi::OsString>> {
+    let mut out: Vec<std::ffi::OsString> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .ok()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(_) => return None,
+    };
+    out.sort();
+    Some(out)
+}
+
+/// The entries of `dir` named `<prefix><number>`, by number, with their paths.
+fn numbered(dir: &Path, prefix: &str) -> Option<Vec<(u32, PathBuf)>> {
+    let mut out: Vec<(u32, PathBuf)> = names(dir)?
+        .into_iter()
+        .filter_map(|n| {
+            let number = n.to_str()?.strip_prefix(prefix)?.parse().ok()?;
+            Some((number, dir.join(n)))
+        })
+        .collect();
+    out.sort_unstable();
+    Some(out)
+}
+
+/// NVML's answer for `lookups` through the cache in `host`'s `cache-dir` (module doc): `ask`
+/// runs only when the cache does not answer. `read_at` is now, in ns since the epoch.
+pub(super) fn answer<E>(
+    host: &Host,
+    lib: &Path,
+    read_at: i64,
+    lookups: &[Lookup<'_>],
+    ask: impl FnOnce() -> Result<NvmlHost, E>,
+) -> Result<NvmlHost, E> {
+    let Some(dir) = host.cache_dir.as_deref() else {
+        return ask().map(without_persistence);
+    };
+    let file = dir.join(format!("nvml-{:016x}", file_hash(host, lib)));
+    let now = common(host, lib, read_at);
+    if let Some(now) = &now {
+        let bytes = cache::read_private(&file, "NVML cache");
+        let cached = bytes.as_deref().and_then(Cached::decode);
+        if let Some(hit) = cached.and_then(|c| c.answers(host, now, lookups, read_at)) {
+            return Ok(hit);
+        }
+    }
+    let before = now.and_then(|c| Fingerprint::of(host, c, read_at));
+    let answer = without_persistence(ask()?);
+    let keep = before.filter(|fp| {
+        fp.trusted()
+            && fp.covers(&answer)
+            && common(host, lib, read_at)
+                .and_then(|c| Fingerprint::of(host, c, read_at))
+                .as_ref()
+                == Some(fp)
+    });
+    if let Some(body) = keep.and_then(|fp| encode(&fp, &answer)) {
+        if let Err(e) = cache::write_private(dir, &file, &body) {
+            tracing::debug!("NVML cache {} not written: {e}", file.display());
+        }
+    }
+    Ok(answer)
+}
+
+/// The cache file's name: one per `/proc` and library.
+fn file_hash(host: &Host, lib: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let mut bytes = host.roots().proc_root.as_os_str().as_bytes().to_vec();
+    bytes.push(0);
+    bytes.extend_from_slice(lib.as_os_str().as_bytes());
+    cache::hash(&bytes)
+}
+
+fn without_persistence(mut answer: NvmlHost) -> NvmlHost {
+    for g in &mut answer.gpus {
+        g.persistence_mode = None;
+    }
+    answer
+}
+
+/// [`common`]'s lines, then per GPU `G\t<minor>\n` and its [`mig_instances`] lines, then
+/// `J\t<answer as JSON>\n` (JSON escapes newlines), sealed.
+fn encode(fp: &Fingerprint, answer: &NvmlHost) -> Option<Vec<u8>> {
+    let json = serde_json::to_vec(answer).ok()?;
+    let mut body = MAGIC.to_vec();
+    body.extend_from_slice(&fp.common.bytes);
+    for (minor, lines) in &fp.gpus {
+        body.extend_from_slice(format!("G\t{minor}\n").as_bytes());
+        body.extend_from_slice(&lines.bytes);
+    }
+    body.extend_from_slice(b"J\t");
+    body.extend_from_slice(&json);
+    body.push(b'\n');
+    Some(cache::seal(body))
+}
+
+/// A whole cache file, its lines borrowed.
+struct Cached<'a> {
+    common: &'a [u8],
+    gpus: Vec<(u32, &'a [u8])>,
+    answer: NvmlHost,
+}
+
+impl<'a> Cached<'a> {
+    /// `None` when the file is not whole.
+    fn decode(bytes: &'a [u8]) -> Option<Cached<'a>> {
+        let body = cache::unseal(bytes)?.strip_prefix(MAGIC)?;
+        let (lines, json) = body.split_at(memchr::memmem::rfind(body, b"J\t")?);
+        let json = json.strip_prefix(b"J\t")?.strip_suffix(b"\n")?;
+        if !(lines.is_empty() || lines.ends_with(b"\n")) {
+            return None;
+        }
+        // Sections start at the `G` lines; what comes before them is the common part.
+        let mut starts: Vec<usize> = Vec::new();
+        let mut at = 0;
+        while at < lines.len() {
+            let end = at + memchr::memchr(b'\n', &lines[at..])? + 1;
+            match lines[at] {
+                b'G' => starts.push(at),
+                b'F' if lines[at..].starts_with(b"F\t") => {}
+                _ => return None,
+            }
+            at = end;
+        }
+        let common = &lines[..starts.first().copied().unwrap_or(lines.len())];
+        let mut gpus = Vec::with_capacity(starts.len());
+        for (i, &start) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).copied().unwrap_or(lines.len());
+            let section = &lines[start..end];
+            let head = memchr::memchr(b'\n', section)? + 1;
+            let minor = std::str::from_utf8(section[..head - 1].strip_prefix(b"G\t")?)
+                .ok()?
+                .parse()
+                .ok()?;
+            gpus.push((minor, &section[head..]));
+        }
+        let answer = serde_json::from_slice(json).ok()?;
+        Some(Cached {
+            common,
+            gpus,
+            answer,
+        })
+    }
+
+    /// The cached answer when `now` (the host's [`common`] part) is the cached one and every
+    /// GPU a look-up relies on has the cached MIG instances; `None` otherwise, or when a
+    /// look-up is not in the answer.
+    fn answers(
+        self,
+        host: &Host,
+        now: &Lines,
+        lookups: &[Lookup<'_>],
+        read_at: i64,
+    ) -> Option<NvmlHost> {
+        if now.bytes != self.common {
+            return None;
+        }
+        let gpus = &self.answer.gpus;
+        for lookup in lookups {
+            let parent = match lookup {
+                Lookup::MigUuid(uuid) => gpus
+                    .iter()
+                    .find(|g| g.migs.iter().any(|m| m.uuid.eq_ignore_ascii_case(uuid)))?,
+                Lookup::MigIndex { gpu } => gpus.iter().find(|g| g.index == *gpu)?,
+            };
+            let cached = self
+                .gpus
+                .iter()
+                .find(|(minor, _)| *minor == parent.minor)
+                .map_or(&[][..], |(_, lines)| lines);
+            let fresh = mig_instances(host, parent.minor, read_at, &mut Vec::new())?;
+            if fresh.bytes != cached {
+                return None;
+            }
+        }
+        Some(self.answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::RACY_NS;
+    use crate::host::nvml::{GpuInfo, MigInfo};
+    use crate::host::HostRoots;
+    use std::cell::Cell;
+    use std::fs;
+
+    /// A host's `/proc` with two GPUs (minors 0 and 1), MIG instance gi1/ci0 on GPU 0, and a
+    /// library file.
+    struct Proc {
+        tmp: tempfile::TempDir,
+        host: Host,
+        lib: PathBuf,
+    }
+
+    /// Writes `path` as a new file, as procfs makes a new inode for a file the driver creates
+    /// again (written in place, the same size within one clock tick would keep its key).
+    fn replace(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let new = path.with_extension("new");
+        fs::write(&new, text).unwrap();
+        fs::rename(&new, path).unwrap();
+    }
+
+    fn later() -> i64 {
+        cache::now_ns() + 10 * RACY_NS
+    }
+
+    impl Proc {
+        fn new() -> Proc {
+            let tmp = tempfile::tempdir().unwrap();
+            let proc_root = tmp.path().join("proc");
+            let nvidia = proc_root.join("driver/nvidia");
+            replace(&nvidia.join("version"), "NVRM version: 580.159.04\n");
+            for (minor, bus) in [(0, "0000:1b:00.0"), (1, "0000:3b:00.0")] {
+                let info = nvidia.join("gpus").join(bus).join("information");
+                replace(&info, &format!("Device Minor: {minor}\n"));
+            }
+            let lib = tmp.path().join("libnvidia-ml.so.1");
+            replace(&lib, "ELF");
+            let host = Host::new(HostRoots {
+                driver_root: tmp.path().to_path_buf(),
+                dev_root: tmp.path().to_path_buf(),
+                proc_root,
+            })
+            .with_cache_dir(&tmp.path().join("cache"));
+            let p = Proc { tmp, host, lib };
+            p.instance(0, 1, 0);
+            p
+        }
+
+        fn nvidia(&self) -> PathBuf {
+            self.host.roots().proc_root.join("driver/nvidia")
+        }
+
+        /// Creates MIG instance `gi`/`ci` on GPU `gpu`: its two `access` files, made again.
+        fn instance(&self, gpu: u32, gi: u32, ci: u32) {
+            let dir = self
+                .nvidia()
+                .join(format!("capabilities/gpu{gpu}/mig/gi{gi}"));
+            for file in [dir.join("access"), dir.join(format!("ci{ci}/access"))] {
+                replace(&file, &format!("DeviceFileMinor: {gi}{ci}\n"));
+            }
+        }
+
+        /// What NVML says: GPU 0 (index 0) with MIG device `uuid` at gi1/ci0, and GPU 1.
+        fn nvml(&self, uuid: &str) -> NvmlHost {
+            let gpu = |index: u32, migs: Vec<MigInfo>| GpuInfo {
+                index,
+                minor: index,
+                uuid: format!("GPU-{index}"),
+                name: "NVIDIA H200".into(),
+                bus_id: format!("0000:{}b:00.0", 1 + 2 * index),
+                mig_enabled: !migs.is_empty(),
+                migs,
+                arch: Some("9.0".into()),
+                brand: Some("nvidia".into()),
+                persistence_mode: Some(true),
+            };
+            let mig = MigInfo {
+                index: 0,
+                uuid: uuid.into(),
+                gpu_instance: 1,
+                compute_instance: 0,
+                name: "NVIDIA H200 MIG 1g.18gb".into(),
+            };
+            NvmlHost {
+                lib: self.lib.clone(),
+                driver_version: "580.159.04".into(),
+                gpus: vec![gpu(0, vec![mig]), gpu(1, Vec::new())],
+            }
+        }
+
+        /// The MIG UUID on GPU 0 that the cache, or NVML saying `says`, answers for `lookup`
+        /// at `at`, and whether NVML was asked.
+        fn ask(&self, says: &str, lookup: Option<Lookup<'_>>, at: i64) -> (String, bool) {
+            let asked = Cell::new(false);
+            let lookups: Vec<Lookup<'_>> = lookup.into_iter().collect();
+            let answer = answer(&self.host, &self.lib, at, &lookups, || {
+                asked.set(true);
+                Ok::<_, ()>(self.nvml(says))
+            })
+            .unwrap();
+            assert_eq!(answer.gpus[0].persistence_mode, None);
+            (answer.gpus[0].migs[0].uuid.clone(), asked.get())
+        }
+
+        fn uuid(&self, says: &str, uuid: &str, at: i64) -> (String, bool) {
+            self.ask(says, Some(Lookup::MigUuid(uuid)), at)
+        }
+    }
+
+    #[test]
+    fn kept_while_the_files_keep_their_keys_and_asked_again_when_an_instance_is_recreated() {
+        let p = Proc::new();
+        // Young files: asked every time, not kept.
+        assert_eq!(
+            p.uuid("MIG-a", "MIG-a", cache::now_ns()),
+            ("MIG-a".into(), true)
+        );
+        assert!(!p.tmp.path().join("cache").exists());
+        // Old enough: kept, then answered without NVML (case aside, as NVML compares).
+        assert_eq!(p.uuid("MIG-a", "MIG-a", later()), ("MIG-a".into(), true));
+        assert_eq!(p.uuid("MIG-b", "mig-A", later()), ("MIG-a".into(), false));
+        // A UUID the answer does not hold: NVML is asked (and its answer kept).
+        assert_eq!(p.uuid("MIG-b", "MIG-new", later()), ("MIG-b".into(), true));
+        assert_eq!(p.uuid("MIG-c", "MIG-b", later()), ("MIG-b".into(), false));
+        // The instance destroyed and created again (its files made anew): NVML is asked.
+        p.instance(0, 1, 0);
+        assert_eq!(p.uuid("MIG-c", "MIG-b", later()), ("MIG-c".into(), true));
+        assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-c".into(), false));
+        // An instance made on another GPU does not touch GPU 0's answer; one on GPU 0 does.
+        p.instance(1, 2, 0);
+        assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-c".into(), false));
+        p.instance(0, 2, 0);
+        assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-d".into(), true));
+        // `G:M` relies on GPU G's instances too.
+        let index = Some(Lookup::MigIndex { gpu: 0 });
+        assert_eq!(p.ask("MIG-e", index, later()), ("MIG-d".into(), false));
+        p.instance(0, 3, 0);
+        assert_eq!(p.ask("MIG-e", index, later()), ("MIG-e".into(), true));
+        // Without a MIG look-up (`arch`, `brand`), only the GPUs matter.
+        p.instance(0, 3, 0);
+        assert_eq!(p.ask("MIG-f", None, later()), ("MIG-e".into(), false));
+        // The driver reloaded, the library replaced, a GPU added: each asks again.
+        let nvidia = p.nvidia();
+        let changes: [&dyn Fn(); 3] = [
+            &|| replace(&nvidia.join("version"), "NVRM version: 580.159.05\n"),
+            &|| replace(&p.lib, "ELF"),
+            &|| replace(&nvidia.join("gpus/0000:5b:00.0/information"), "x"),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let (says, next) = (format!("MIG-{i}"), format!("MIG-{}", i + 1));
+            change();
+            assert_eq!(p.ask(&says, None, later()), (says.clone(), true), "{i}");
+            assert_eq!(p.ask(&next, None, later()), (says, false), "{i}");
+        }
+        // An instance destroyed: asked again.
+        fs::remove_dir_all(nvidia.join("capabilities/gpu0/mig/gi2")).unwrap();
+        assert_eq!(p.uuid("MIG-x", "MIG-2", later()), ("MIG-x".into(), true));
+    }
+
+    #[test]
+    fn not_kept_when_proc_does_not_list_a_mig_device_nvml_reports() {
+        let p = Proc::new();
+        fs::remove_dir_all(p.nvidia().join("capabilities")).unwrap();
+        assert_eq!(p.uuid("MIG-a", "MIG-a", later()), ("MIG-a".into(), true));
+        assert_eq!(p.uuid("MIG-b", "MIG-a", later()), ("MIG-b".into(), true));
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_cache_is_not_used_and_no_cache_dir_asks_every_time() {
+        let p = Proc::new();
+        p.uuid("MIG-a", "MIG-a", later());
+        let file = fs::read_dir(p.tmp.path().join("cache"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let good = fs::read(&file).unwrap();
+        for bad in [&good[..good.len() - 1], b"", &good[1..]] {
+            fs::write(&file, bad).unwrap();
+            assert_eq!(p.uuid("MIG-b", "MIG-a", later()), ("MIG-b".into(), true));
+            fs::write(&file, &good).unwrap();
+        }
+        // What decoding sees: both GPUs' sections (GPU 1 has none), and the answer.
+        let cached = Cached::decode(&good).unwrap();
+        assert_eq!(cached.gpus.len(), 1);
+        assert_eq!(cached.gpus[0].0, 0);
+        assert_eq!(cached.answer.gpus.len(), 2);
+        // Written for another host: refused.
+        let other = Lines {
+            bytes: b"F\t/other\t0 0 0 0 0\n".to_vec(),
+            trusted: true,
+        };
+        let cached = Cached::decode(&good).unwrap();
+        assert_eq!(cached.answers(&p.host, &other, &[], later()), None);
+        // No cache dir: NVML every time.
+        let host = Host::new(p.host.roots().clone());
+        let asked = Cell::new(0);
+        for _ in 0..2 {
+            answer(&host, &p.lib, later(), &[], || {
+                asked.set(asked.get() + 1);
+                Ok::<_, ()>(p.nvml("MIG-a"))
+            })
+            .unwrap();
+        }
+        assert_eq!(asked.get(), 2);
+    }
+}
