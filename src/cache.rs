@@ -130,14 +130,36 @@ pub fn unseal(bytes: &[u8]) -> Option<&[u8]> {
     (word(len) == body.len() as u64 && word(sum) == checksum(body)).then_some(body)
 }
 
-/// `k` as five decimal fields (the spec cache's key line).
+/// Appends `fields` to `out` as one line, tab-separated; `None` (with `out` cut back) when a
+/// field holds a tab or newline, which the line could not keep apart.
+pub fn line(out: &mut Vec<u8>, fields: &[&[u8]]) -> Option<()> {
+    let start = out.len();
+    for (i, f) in fields.iter().enumerate() {
+        if f.contains(&b'\t') || f.contains(&b'\n') {
+            out.truncate(start);
+            return None;
+        }
+        if i > 0 {
+            out.push(b'\t');
+        }
+        out.extend_from_slice(f);
+    }
+    out.push(b'\n');
+    Some(())
+}
+
+/// `k` as five decimal fields, space-separated (the spec cache's key line).
 pub fn key_fields(k: &Key, out: &mut Vec<u8>) {
-    use std::io::Write as _;
-    let _ = write!(
-        out,
-        "{} {} {} {} {}",
-        k.dev, k.ino, k.size, k.mtime, k.ctime
-    );
+    let mut buf = itoa::Buffer::new();
+    out.extend_from_slice(buf.format(k.dev).as_bytes());
+    for n in [k.ino, k.size] {
+        out.push(b' ');
+        out.extend_from_slice(buf.format(n).as_bytes());
+    }
+    for n in [k.mtime, k.ctime] {
+        out.push(b' ');
+        out.extend_from_slice(buf.format(n).as_bytes());
+    }
 }
 
 /// The bytes of a cache file (`what`: its name in the warning) that only root or this user can
@@ -199,6 +221,21 @@ mod tests {
             bad[at] ^= 1;
             assert_eq!(unseal(&bad), None, "byte {at}");
         }
+    }
+
+    #[test]
+    fn key_fields_are_the_decimal_numbers() {
+        let k = Key {
+            dev: u64::MAX,
+            ino: 0,
+            size: 42,
+            mtime: -1_500_000_000,
+            ctime: i64::MAX,
+        };
+        let mut out = b"x ".to_vec();
+        key_fields(&k, &mut out);
+        let want = format!("x {} 0 42 -1500000000 {}", u64::MAX, i64::MAX);
+        assert_eq!(String::from_utf8(out).unwrap(), want);
     }
 
     #[test]

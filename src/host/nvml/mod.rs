@@ -277,10 +277,13 @@ pub fn inventory(
     access: &NvmlAccess,
     lookups: &[Lookup<'_>],
 ) -> Result<NvmlHost, NvmlDiscoveryError> {
-    let lib = library_path(host)?;
-    cache::answer(host, &lib, crate::cache::now_ns(), lookups, || {
-        query(lib.clone(), access)
-    })
+    cache::answer(
+        host,
+        crate::cache::now_ns(),
+        lookups,
+        || library_path(host),
+        |lib| query(lib, access),
+    )
 }
 
 /// What NVML at `lib` reports, through `access`.
