@@ -192,34 +192,21 @@ fn parse_key(fields: &str) -> Option<Key> {
 /// fields, none of which may hold a tab or newline (`None` then: nothing is cached).
 fn encode(entries: &[(&OsStr, Key)], gpus: &[Gpu]) -> Option<Vec<u8>> {
     let mut out = MAGIC.to_vec();
-    let field = |out: &mut Vec<u8>, f: &[u8], last: bool| {
-        if f.contains(&b'\t') || f.contains(&b'\n') {
-            return false;
-        }
-        out.extend_from_slice(f);
-        out.push(if last { b'\n' } else { b'\t' });
-        true
-    };
     for (name, k) in entries {
         let mut key = Vec::new();
         cache::key_fields(k, &mut key);
-        if !(field(&mut out, b"D", false)
-            && field(&mut out, name.as_bytes(), false)
-            && field(&mut out, &key, true))
-        {
-            return None;
-        }
+        cache::line(&mut out, &[b"D", name.as_bytes(), &key])?;
     }
     for g in gpus {
         let minor = g.minor.to_string();
-        if !(field(&mut out, b"G", false)
-            && field(&mut out, minor.as_bytes(), false)
-            && field(&mut out, g.uuid.as_bytes(), false)
-            && field(&mut out, g.bus_id.as_bytes(), false)
-            && field(&mut out, g.model.as_bytes(), true))
-        {
-            return None;
-        }
+        let fields: [&[u8]; 5] = [
+            b"G",
+            minor.as_bytes(),
+            g.uuid.as_bytes(),
+            g.bus_id.as_bytes(),
+            g.model.as_bytes(),
+        ];
+        cache::line(&mut out, &fields)?;
     }
     Some(cache::seal(out))
 }
