@@ -1,8 +1,9 @@
 //! NVML's answer for a create, kept in `cache-dir` (`nvml-<hash>`). A create asks NVML only to
 //! map a MIG id given as `MIG-<uuid>` or `G:M`, or to decide an `arch` or `brand` requirement
-//! term, and then through the `nvshim nvml-query` helper (`NvmlAccess::Helper`): +3.9 ms per
-//! create in issue 15's measurement, milliseconds more per GPU where NVML initialises slowly.
-//! What it answers changes only when the driver, a GPU or a MIG instance does.
+//! term, and then through the `nvshim nvml-query` helper (`NvmlAccess::Helper`): a process
+//! that loads and initialises NVML, milliseconds per create on a real driver, more per GPU
+//! where it initialises slowly (docs/benchmarks.md, figure 8, has the bench's figure with the
+//! fake NVML). What it answers changes only when the driver, a GPU or a MIG instance does.
 //!
 //! The answer is used only while every file that would show such a change gives the [`Key`] it
 //! was cached with, the same rule as the GPUs' and capabilities' caches (`gpu_cache.rs`,
