@@ -164,28 +164,14 @@ pub(super) fn capability_minors(
 fn decode_caps(bytes: &[u8]) -> Option<foldhash::HashMap<String, (Key, u32)>> {
     let body = std::str::from_utf8(cache::unseal(bytes)?.strip_prefix(CAPS_MAGIC)?).ok()?;
     let mut out = foldhash::HashMap::default();
-    for line in body.lines() {
-        let mut fields = line.split('\t');
-        let (rel, key, minor) = (fields.next()?, fields.next()?, fields.next()?);
-        if fields.next().is_some() {
-            return None;
-        }
-        out.insert(rel.to_string(), (parse_key(key)?, minor.parse().ok()?));
+    for line in cache::lines(body) {
+        let [rel, key, minor] = cache::fields(line, b'\t')?;
+        out.insert(
+            rel.to_string(),
+            (cache::parse_key(key)?, minor.parse().ok()?),
+        );
     }
     Some(out)
-}
-
-/// A key as [`cache::key_fields`] writes it.
-fn parse_key(fields: &str) -> Option<Key> {
-    let mut n = fields.split(' ');
-    let key = Key {
-        dev: n.next()?.parse().ok()?,
-        ino: n.next()?.parse().ok()?,
-        size: n.next()?.parse().ok()?,
-        mtime: n.next()?.parse().ok()?,
-        ctime: n.next()?.parse().ok()?,
-    };
-    n.next().is_none().then_some(key)
 }
 
 /// The directory names with their files' keys, then the GPUs, a line each: tab-separated
@@ -216,28 +202,27 @@ fn decode(bytes: &[u8], names: &[PathBuf], keys: &[Option<Key>]) -> Option<Vec<G
     let body = std::str::from_utf8(cache::unseal(bytes)?.strip_prefix(MAGIC)?).ok()?;
     let mut dirs = 0;
     let mut gpus = Vec::new();
-    for line in body.lines() {
-        let fields: Vec<&str> = line.split('\t').collect();
-        match fields[..] {
-            ["D", name, key] => {
-                let expected = keys.get(dirs).copied().flatten()?;
-                let mut fresh = Vec::new();
-                cache::key_fields(&expected, &mut fresh);
-                if names.get(dirs)?.as_os_str().as_bytes() != name.as_bytes()
-                    || fresh != key.as_bytes()
-                {
-                    return None;
-                }
-                dirs += 1;
+    for line in cache::lines(body) {
+        if let Some(["D", name, key]) = cache::fields(line, b'\t') {
+            let expected = keys.get(dirs).copied().flatten()?;
+            let mut fresh = Vec::new();
+            cache::key_fields(&expected, &mut fresh);
+            if names.get(dirs)?.as_os_str().as_bytes() != name.as_bytes() || fresh != key.as_bytes()
+            {
+                return None;
             }
-            ["G", minor, uuid, bus_id, model] => gpus.push(Gpu {
+            dirs += 1;
+        } else {
+            let ["G", minor, uuid, bus_id, model] = cache::fields(line, b'\t')? else {
+                return None;
+            };
+            gpus.push(Gpu {
                 index: gpus.len(),
                 minor: minor.parse().ok()?,
                 uuid: uuid.to_string(),
                 bus_id: bus_id.to_string(),
                 model: model.to_string(),
-            }),
-            _ => return None,
+            });
         }
     }
     (dirs == names.len() && gpus.len() == names.len()).then_some(gpus)

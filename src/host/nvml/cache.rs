@@ -404,47 +404,42 @@ impl<'a> Cached<'a> {
 
 /// The answer as [`encode`] writes it.
 fn decode_answer(text: &str) -> Option<NvmlHost> {
-    let mut lines = text.strip_suffix('\n')?.split('\n');
+    let mut lines = cache::lines(text.strip_suffix('\n')?);
     let lib = PathBuf::from(lines.next()?.strip_prefix("L\t")?);
     let driver_version = lines.next()?.strip_prefix("V\t")?.to_string();
     let mut gpus: Vec<GpuInfo> = Vec::new();
     for line in lines {
-        // Split by byte, into at most 9 fields on the stack: `split(char)` collected into a
-        // `Vec` was two thirds of decoding the bench host's answer.
-        let mut fields = [""; 9];
-        let mut n = 0;
-        let mut start = 0;
-        for end in memchr::memchr_iter(b'\t', line.as_bytes()).chain([line.len()]) {
-            *fields.get_mut(n)? = &line[start..end];
-            n += 1;
-            start = end + 1;
-        }
-        match fields[..n] {
-            ["N", index, minor, uuid, name, bus_id, mig, arch, brand] => gpus.push(GpuInfo {
-                index: index.parse().ok()?,
-                minor: minor.parse().ok()?,
-                uuid: uuid.to_string(),
-                name: name.to_string(),
-                bus_id: bus_id.to_string(),
-                mig_enabled: match mig {
-                    "1" => true,
-                    "0" => false,
-                    _ => return None,
-                },
-                migs: Vec::new(),
-                arch: from_optional(arch)?,
-                brand: from_optional(brand)?,
-                persistence_mode: None,
-            }),
-            ["M", index, uuid, gi, ci, name] => gpus.last_mut()?.migs.push(MigInfo {
+        if line.starts_with("M\t") {
+            let [_, index, uuid, gi, ci, name] = cache::fields(line, b'\t')?;
+            gpus.last_mut()?.migs.push(MigInfo {
                 index: index.parse().ok()?,
                 uuid: uuid.to_string(),
                 gpu_instance: gi.parse().ok()?,
                 compute_instance: ci.parse().ok()?,
                 name: name.to_string(),
-            }),
-            _ => return None,
+            });
+            continue;
         }
+        let ["N", index, minor, uuid, name, bus_id, mig, arch, brand] = cache::fields(line, b'\t')?
+        else {
+            return None;
+        };
+        gpus.push(GpuInfo {
+            index: index.parse().ok()?,
+            minor: minor.parse().ok()?,
+            uuid: uuid.to_string(),
+            name: name.to_string(),
+            bus_id: bus_id.to_string(),
+            mig_enabled: match mig {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            },
+            migs: Vec::new(),
+            arch: from_optional(arch)?,
+            brand: from_optional(brand)?,
+            persistence_mode: None,
+        });
     }
     Some(NvmlHost {
         lib,
