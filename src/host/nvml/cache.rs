@@ -7,9 +7,9 @@
 //!
 //! The answer is used only while every file that would show such a change gives the [`Key`] it
 //! was cached with, the same rule as the GPUs' and capabilities' caches (`gpu_cache.rs`,
-//! `src/cache.rs`): the library NVML was loaded from, `driver/nvidia/version`, each GPU's
-//! `information`, and the `access` file of every MIG GPU instance and compute instance under
-//! `driver/nvidia/capabilities`, in one [`Fingerprint`]. procfs makes a new inode, stamped with
+//! `src/cache.rs`): the library NVML was loaded from and the ld.so.cache that named it,
+//! `driver/nvidia/version`, each GPU's `information`, and the `access` file of every MIG GPU
+//! instance and compute instance under `driver/nvidia/capabilities`, in one [`Fingerprint`]. procfs makes a new inode, stamped with
 //! the clock, when the driver creates a file again, so a reloaded driver, a GPU removed and
 //! added back, or a MIG instance destroyed and created (same GPU and compute instance ids,
 //! new UUID) all show a new key: a container asking for a destroyed instance's UUID can never
@@ -56,18 +56,14 @@ impl Lines {
     /// Adds `path`'s key; `None` when it cannot be `stat`ed or holds a tab or newline.
     fn add(&mut self, path: &Path, read_at: i64) -> Option<()> {
         use std::os::unix::ffi::OsStrExt;
-        let bytes = path.as_os_str().as_bytes();
-        if bytes.contains(&b'\t') || bytes.contains(&b'\n') {
-            return None;
-        }
         let key = Key::of(&std::fs::metadata(path).ok()?);
         self.trusted &= key.trusted_at(read_at);
-        self.bytes.extend_from_slice(b"F\t");
-        self.bytes.extend_from_slice(bytes);
-        self.bytes.push(b'\t');
-        cache::key_fields(&key, &mut self.bytes);
-        self.bytes.push(b'\n');
-        Some(())
+        let mut fields = Vec::with_capacity(64);
+        cache::key_fields(&key, &mut fields);
+        cache::line(
+            &mut self.bytes,
+            &[b"F", path.as_os_str().as_bytes(), &fields],
+        )
     }
 }
 
