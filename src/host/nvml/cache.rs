@@ -16,12 +16,12 @@
 //! be given the instance that replaced it. Keyed by the MIG layout as ids alone, it could.
 //!
 //! A create checks only what its look-ups rely on: the library, the version and every GPU's
-//! `information` always (which GPUs there are, their NVML indices and facts), and the MIG
-//! instances of the GPUs its MIG ids name in the cached answer (a UUID's parent, `G`'s of
-//! `G:M`). An instance created on another GPU since cannot change those; a UUID the cached
-//! answer does not hold asks NVML. On the bench's 8-GPU x 7-MIG host, a create of one MIG
-//! device by UUID made 306 system calls with this check, 690 checking every instance (the 65
-//! directories of a whole walk: `strace -c`).
+//! `information` always (which GPUs there are, their NVML indices and facts); for a UUID, the
+//! two files of the instance the cached answer gives it (instances made or destroyed beside it
+//! do not move it); for `G:M`, every instance of GPU `G` (`M` is an index among them). A UUID
+//! the cached answer does not hold asks NVML. On the bench's 8-GPU x 7-MIG host, a create of
+//! one MIG device by UUID made 690 system calls checking every instance (the 65 directories of
+//! a whole walk), 306 checking its GPU's, 252 checking its own two files (`strace -c`).
 //!
 //! An answer is kept only when the fingerprint of every GPU's instances was the same before
 //! and after NVML was asked, every key in it was more than [`cache::RACY_NS`] old, and every MIG
@@ -377,21 +377,41 @@ impl<'a> Cached<'a> {
             return None;
         }
         let gpus = &self.answer.gpus;
-        for lookup in lookups {
-            let parent = match lookup {
-                Lookup::MigUuid(uuid) => gpus
-                    .iter()
-                    .find(|g| g.migs.iter().any(|m| m.uuid.eq_ignore_ascii_case(uuid)))?,
-                Lookup::MigIndex { gpu } => gpus.iter().find(|g| g.index == *gpu)?,
-            };
-            let cached = self
-                .gpus
+        let section = |minor: u32| {
+            self.gpus
                 .iter()
-                .find(|(minor, _)| *minor == parent.minor)
-                .map_or(&[][..], |(_, lines)| lines);
-            let fresh = mig_instances(host, parent.minor, read_at, &mut Vec::new())?;
-            if fresh.bytes != cached {
-                return None;
+                .find(|(m, _)| *m == minor)
+                .map_or(&[][..], |(_, lines)| lines)
+        };
+        for lookup in lookups {
+            match lookup {
+                // A UUID stays its instance's while the instance's two files keep their keys:
+                // instances made or destroyed beside it do not move it.
+                Lookup::MigUuid(uuid) => {
+                    let (gpu, mig) = gpus.iter().find_map(|g| {
+                        let m = g.migs.iter().find(|m| m.uuid.eq_ignore_ascii_case(uuid))?;
+                        Some((g, m))
+                    })?;
+                    let gi = host.roots().proc_root.join(format!(
+                        "driver/nvidia/capabilities/gpu{}/mig/gi{}",
+                        gpu.minor, mig.gpu_instance
+                    ));
+                    let ci = gi.join(format!("ci{}", mig.compute_instance));
+                    for file in [gi.join("access"), ci.join("access")] {
+                        let mut fresh = Lines::new();
+                        fresh.add(&file, read_at)?;
+                        // A whole cached line: `F\t` starts one only, as no path holds a tab.
+                        memchr::memmem::find(section(gpu.minor), &fresh.bytes)?;
+                    }
+                }
+                // `M` is a handle index among the GPU's instances: all of them must be the same.
+                Lookup::MigIndex { gpu } => {
+                    let parent = gpus.iter().find(|g| g.index == *gpu)?;
+                    let fresh = mig_instances(host, parent.minor, read_at, &mut Vec::new())?;
+                    if fresh.bytes != section(parent.minor) {
+                        return None;
+                    }
+                }
             }
         }
         Some(self.answer)
@@ -578,13 +598,15 @@ mod tests {
         p.instance(0, 1, 0);
         assert_eq!(p.uuid("MIG-c", "MIG-b", later()), ("MIG-c".into(), true));
         assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-c".into(), false));
-        // An instance made on another GPU does not touch GPU 0's answer; one on GPU 0 does.
+        // Instances made beside it, on another GPU or on its own, do not move a UUID...
         p.instance(1, 2, 0);
-        assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-c".into(), false));
         p.instance(0, 2, 0);
-        assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-d".into(), true));
-        // `G:M` relies on GPU G's instances too.
+        assert_eq!(p.uuid("MIG-d", "MIG-c", later()), ("MIG-c".into(), false));
+        // ...but `G:M` relies on every instance of GPU G (only G's).
         let index = Some(Lookup::MigIndex { gpu: 0 });
+        assert_eq!(p.ask("MIG-d", index, later()), ("MIG-d".into(), true));
+        assert_eq!(p.ask("MIG-e", index, later()), ("MIG-d".into(), false));
+        p.instance(1, 3, 0);
         assert_eq!(p.ask("MIG-e", index, later()), ("MIG-d".into(), false));
         p.instance(0, 3, 0);
         assert_eq!(p.ask("MIG-e", index, later()), ("MIG-e".into(), true));
@@ -604,8 +626,10 @@ mod tests {
             assert_eq!(p.ask(&says, None, later()), (says.clone(), true), "{i}");
             assert_eq!(p.ask(&next, None, later()), (says, false), "{i}");
         }
-        // An instance destroyed: asked again.
+        // Another instance destroyed: still its; its own destroyed: asked again.
         fs::remove_dir_all(nvidia.join("capabilities/gpu0/mig/gi2")).unwrap();
+        assert_eq!(p.uuid("MIG-x", "MIG-2", later()), ("MIG-2".into(), false));
+        fs::remove_dir_all(nvidia.join("capabilities/gpu0/mig/gi1/ci0")).unwrap();
         assert_eq!(p.uuid("MIG-x", "MIG-2", later()), ("MIG-x".into(), true));
     }
 
