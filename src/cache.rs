@@ -190,6 +190,19 @@ pub fn parse_key(text: &str) -> Option<Key> {
     })
 }
 
+/// An optional text as a field: `None` empty, `Some(x)` as `=x`.
+pub fn optional_field(v: Option<&str>) -> Vec<u8> {
+    v.map_or_else(Vec::new, |v| [b"=", v.as_bytes()].concat())
+}
+
+/// What [`optional_field`] wrote; `None` when it is not such a field.
+pub fn parse_optional_field(field: &str) -> Option<Option<String>> {
+    match field {
+        "" => Some(None),
+        f => Some(Some(f.strip_prefix('=')?.to_string())),
+    }
+}
+
 /// `k` as five decimal fields, space-separated (the spec cache's key line).
 pub fn key_fields(k: &Key, out: &mut Vec<u8>) {
     let mut buf = itoa::Buffer::new();

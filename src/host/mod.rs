@@ -20,6 +20,7 @@ use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
 mod gpu_cache;
+mod ld_entries;
 pub mod nvml;
 
 #[derive(Debug, Error)]
@@ -334,6 +335,7 @@ impl Host {
     /// [`Host::ld_cache`] with only the entries named `<stem>.so.<anything>` for one of
     /// `stems` (none of which holds `.so.`): what [`Host::libraries`] looks up for them
     /// ([`LdCache::parse_only`] says why).
+    /// With a `cache-dir`, the entries are kept there for the cache's key (`ld_entries.rs`).
     pub fn ld_cache_of(&self, stems: &[&str]) -> Result<LdCache, HostError> {
         // Looked up by the stem's first 8 bytes and length, as one integer: a binary search
         // of the names themselves cost 490 instructions an entry, most of it `memcmp` calls.
@@ -343,12 +345,10 @@ impl Host {
             word[..n].copy_from_slice(&stem[..n]);
             (u64::from_le_bytes(word), stem.len())
         };
-        let mut keys: Vec<((u64, usize), &[u8])> = stems
-            .iter()
-            .map(|s| (key(s.as_bytes()), s.as_bytes()))
-            .collect();
+        let mut keys: Vec<((u64, usize), &str)> =
+            stems.iter().map(|s| (key(s.as_bytes()), *s)).collect();
         keys.sort_unstable();
-        self.ld_cache_only(|name| {
+        let keep = |name: &[u8]| {
             let Some(at) = name.windows(4).position(|w| w == b".so.") else {
                 return false;
             };
@@ -358,8 +358,25 @@ impl Host {
             keys[first..]
                 .iter()
                 .take_while(|(other, _)| *other == k)
-                .any(|(_, s)| *s == stem)
-        })
+                .any(|(_, s)| s.as_bytes() == stem)
+        };
+        if let Some(dir) = &self.cache_dir {
+            let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
+            let sorted: Vec<&str> = keys.iter().map(|(_, s)| *s).collect();
+            let now = crate::cache::now_ns();
+            let read = ld_entries::entries_of(&path, &sorted, dir, now, |bytes| {
+                LdCache::parse_only(bytes, keep)
+            });
+            match read {
+                Some(Ok(parsed)) => {
+                    return parsed.map_err(|source| HostError::LdCache { path, source })
+                }
+                Some(Err(source)) => return Err(HostError::Read { path, source }),
+                // No ld.so.cache to stat: scanned, as below.
+                None => {}
+            }
+        }
+        self.ld_cache_only(keep)
     }
 
     fn ld_cache_only(&self, keep: impl FnMut(&[u8]) -> bool) -> Result<LdCache, HostError> {
@@ -1249,6 +1266,9 @@ mod tests {
             .collect();
         let kept = host.ld_cache_of(&stems).unwrap().entries;
         assert_eq!(kept, expected);
+        // The same through a cache-dir (ld_entries.rs tests when it is used).
+        let cached = host.clone().with_cache_dir(&tmp.path().join("cache"));
+        assert_eq!(cached.ld_cache_of(&stems).unwrap().entries, expected);
         let mut kept_names: Vec<&str> = kept.iter().map(|e| e.name.as_str()).collect();
         kept_names.sort_unstable();
         assert_eq!(

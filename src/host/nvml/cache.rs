@@ -252,19 +252,6 @@ fn without_persistence(mut answer: NvmlHost) -> NvmlHost {
     answer
 }
 
-/// `None` as an empty field, `Some(x)` as `=x`.
-fn optional(v: &Option<String>) -> Vec<u8> {
-    v.as_ref()
-        .map_or_else(Vec::new, |v| [b"=", v.as_bytes()].concat())
-}
-
-fn from_optional(field: &str) -> Option<Option<String>> {
-    match field {
-        "" => Some(None),
-        f => Some(Some(f.strip_prefix('=')?.to_string())),
-    }
-}
-
 /// [`common`]'s lines, then per GPU `G\t<minor>\n` and its [`mig_instances`] lines, then the
 /// answer: `L\t<library>`, `V\t<driver version>`, and per GPU an `N` line (index, minor, UUID,
 /// name, bus id, MIG enabled, arch, brand) with an `M` line per MIG device (index, UUID, GPU
@@ -284,7 +271,10 @@ fn encode(fp: &Fingerprint, answer: &NvmlHost) -> Option<Vec<u8>> {
     for g in &answer.gpus {
         let (index, minor) = (g.index.to_string(), g.minor.to_string());
         let mig = if g.mig_enabled { b"1" } else { b"0" };
-        let (arch, brand) = (optional(&g.arch), optional(&g.brand));
+        let (arch, brand) = (
+            cache::optional_field(g.arch.as_deref()),
+            cache::optional_field(g.brand.as_deref()),
+        );
         let n: [&[u8]; 9] = [
             b"N",
             index.as_bytes(),
@@ -452,8 +442,8 @@ fn decode_answer(text: &str) -> Option<NvmlHost> {
                 _ => return None,
             },
             migs: Vec::new(),
-            arch: from_optional(arch)?,
-            brand: from_optional(brand)?,
+            arch: cache::parse_optional_field(arch)?,
+            brand: cache::parse_optional_field(brand)?,
             persistence_mode: None,
         });
     }
