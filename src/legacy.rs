@@ -36,8 +36,8 @@ use crate::config::Config;
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
 use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
 use crate::host::{
-    normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostError, HostFile,
-    Snapshot, WordSize,
+    normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostDeviceNode,
+    HostError, HostFile, Snapshot, WordSize,
 };
 use crate::nvidia::{
     self, brings, Capabilities, DRM_BROUGHT_BY, HOOK_ENV, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS,
@@ -152,7 +152,11 @@ pub fn select_gpus(devices: &VisibleDevices, gpus: &[Gpu]) -> Result<Vec<Gpu>, L
 /// A device node with the major and minor the driver registered, and mode and owner from the
 /// host node when it exists (runc creates the node in the container from these numbers).
 fn node(host: &Host, name: &str, major: u32, minor: u32) -> DeviceNode {
-    let found = host.device_node(name);
+    node_as_found(host.device_node(name), name, major, minor)
+}
+
+/// [`node`] with the host's node already `stat`ed (`None`: not there).
+fn node_as_found(found: Option<HostDeviceNode>, name: &str, major: u32, minor: u32) -> DeviceNode {
     if let Some(n) = &found {
         if (n.major, n.minor) != (major, minor) {
             tracing::warn!(
@@ -191,12 +195,14 @@ fn control_nodes(host: &Host, majors: &DeviceMajors) -> Vec<DeviceNode> {
     let mut nodes = vec![node(host, "nvidiactl", majors.nvidia, NVIDIACTL_MINOR)];
     if let Some(uvm) = majors.nvidia_uvm {
         nodes.push(node(host, "nvidia-uvm", uvm, 0));
-        if host.device_node("nvidia-uvm-tools").is_some() {
-            nodes.push(node(host, "nvidia-uvm-tools", uvm, UVM_TOOLS_MINOR));
+        if let Some(found) = host.device_node("nvidia-uvm-tools") {
+            let tools = node_as_found(Some(found), "nvidia-uvm-tools", uvm, UVM_TOOLS_MINOR);
+            nodes.push(tools);
         }
     }
-    if host.device_node("nvidia-modeset").is_some() {
-        nodes.push(node(host, "nvidia-modeset", majors.nvidia, MODESET_MINOR));
+    if let Some(found) = host.device_node("nvidia-modeset") {
+        let modeset = node_as_found(Some(found), "nvidia-modeset", majors.nvidia, MODESET_MINOR);
+        nodes.push(modeset);
     }
     nodes
 }
