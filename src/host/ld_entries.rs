@@ -134,25 +134,9 @@ fn decode(bytes: &[u8], key_text: &[u8], stems: &[&str]) -> Option<LdCache> {
 mod tests {
     use super::*;
     use crate::cache::RACY_NS;
-    use nvshim_hook::ldcache::{serialize, CacheEntry};
+    use crate::host::tests::ld_so_cache_of as ld_so_cache;
     use std::cell::Cell;
     use std::fs;
-
-    fn ld_so_cache(names: &[&str]) -> Vec<u8> {
-        let entries: Vec<CacheEntry> = names
-            .iter()
-            .map(|n| CacheEntry {
-                flags: 0x0303,
-                name: n.to_string(),
-                path: format!("/usr/lib/x86_64-linux-gnu/{n}"),
-                os_version: 0,
-                hwcap: 0,
-                hwcaps: None,
-                isa_level: 0,
-            })
-            .collect();
-        serialize(&entries, &Default::default(), "ldconfig (GNU libc) 2.39")
-    }
 
     /// Writes `path` as a new file, as ldconfig does (a temporary file renamed over it).
     fn replace(path: &Path, bytes: &[u8]) {

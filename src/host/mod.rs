@@ -1208,11 +1208,29 @@ mod tests {
 
     const DEVICES: &str = "Character devices:\n  1 mem\n  4 /dev/vc/0\n195 nvidia\n508 nvidia-uvm\n509 nvidia-caps\n510 nvidia-caps-imex-channels\n\nBlock devices:\n  8 sd\n195 nvidia-bogus-block\n";
 
+    /// An ld.so.cache (glibc's format, written by the hook crate's writer) of 64-bit x86-64
+    /// entries named `names`, each in `/usr/lib/x86_64-linux-gnu`.
+    pub(super) fn ld_so_cache_of(names: &[&str]) -> Vec<u8> {
+        use nvshim_hook::ldcache::{serialize, CacheEntry};
+        let entries: Vec<CacheEntry> = names
+            .iter()
+            .map(|n| CacheEntry {
+                flags: 0x0303,
+                name: n.to_string(),
+                path: format!("/usr/lib/x86_64-linux-gnu/{n}"),
+                os_version: 0,
+                hwcap: 0,
+                hwcaps: None,
+                isa_level: 0,
+            })
+            .collect();
+        serialize(&entries, &Default::default(), "ldconfig (GNU libc) 2.39")
+    }
+
     /// Banners as real hosts print them (each line copied from a host's
     /// `/proc/driver/nvidia/version`), with the version each must give.
     #[test]
     fn ld_cache_of_keeps_exactly_the_entries_of_the_stems() {
-        use nvshim_hook::ldcache::{serialize, CacheEntry};
         let tmp = tempfile::tempdir().unwrap();
         fs::create_dir_all(tmp.path().join("etc")).unwrap();
         let names = [
@@ -1227,20 +1245,7 @@ mod tests {
             "libz.so.1",
             "libnvidia-ml",
         ];
-        let entries: Vec<CacheEntry> = names
-            .iter()
-            .map(|n| CacheEntry {
-                flags: 0x0303,
-                name: n.to_string(),
-                path: format!("/usr/lib/x86_64-linux-gnu/{n}"),
-                os_version: 0,
-                hwcap: 0,
-                hwcaps: None,
-                isa_level: 0,
-            })
-            .collect();
-        let bytes = serialize(&entries, &Default::default(), "test");
-        fs::write(tmp.path().join("etc/ld.so.cache"), bytes).unwrap();
+        fs::write(tmp.path().join("etc/ld.so.cache"), ld_so_cache_of(&names)).unwrap();
         let host = Host::new(HostRoots {
             driver_root: tmp.path().into(),
             dev_root: tmp.path().into(),
