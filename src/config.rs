@@ -111,9 +111,10 @@ pub struct Config {
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
     /// CDI request reads only the specs that define its devices, the GPUs' `/proc` facts and
-    /// MIG capability minors (`host::gpu_cache`), and NVML's answer for MIG ids
-    /// (`host::nvml::cache`); empty: none of them (every CDI `create` reads every spec). Made
-    /// 0700 on first use; a read-only one only costs the caches.
+    /// MIG capability minors (`host::gpu_cache`), NVML's answer for MIG ids
+    /// (`host::nvml::cache`) and the driver's ld.so.cache entries (`host::ld_entries`); empty:
+    /// none of them (every CDI `create` reads every spec). Made 0700 on first use; a read-only
+    /// one only costs the caches.
     pub cache_dir: PathBuf,
     /// Annotation key prefixes read as CDI device requests.
     pub cdi_annotation_prefixes: Vec<String>,

@@ -1,5 +1,6 @@
-//! The driver's entries of the host's ld.so.cache ([`Host::ld_cache_of`](super::Host::ld_cache_of)),
-//! kept in `cache-dir` (`ldcache-<hash>`) between creates. A real node's cache has about 500
+//! The driver's entries of the host's ld.so.cache
+//! ([`Host::ld_cache_of`](super::Host::ld_cache_of)), kept in `cache-dir` (`ldcache-<hash>`)
+//! between creates. A real node's cache has about 500
 //! entries (520 on the lent H200, tests/fixtures/host) and a legacy create wants the driver's few
 //! dozen: reading them out of the whole cache took 0.24 M of a legacy create's 1.9 M
 //! instructions (callgrind, the bench's 478-entry cache), reading them from here about 0.05 M.
