@@ -770,6 +770,93 @@ fn mig_devices_by_index_and_uuid() {
     assert_rejected(&w, &shim, &b, &["\"0:5\"", "0:1 (MIG-"]);
 }
 
+/// Twenty creates at once, asking for the two MIG devices by UUID in turn, while NVML's answer
+/// goes into cache-dir for the first time (src/host/nvml/cache.rs; the host's files 2 s old, so
+/// every create may write it): each gets its own device's two capability nodes and no other,
+/// and one answer is kept.
+#[test]
+fn concurrent_creates_by_mig_uuid_share_the_nvml_answer() {
+    let (w, topology, topo_file) = mig_world();
+    let minor = topology.gpus[0].minor;
+    let devices = &topology.gpus[0].mig_devices;
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let bundles: Vec<(Bundle, u32)> = (0..20)
+        .map(|k| {
+            let m = &devices[k % devices.len()];
+            let b = w.probe_bundle(&format!("c{k:02}"), &[("NVIDIA_VISIBLE_DEVICES", &m.uuid)]);
+            (b, m.gpu_instance_id)
+        })
+        .collect();
+    // A runtime per thread, moved into it (a `Runtime` is not shared between threads).
+    let runtimes: Vec<Runtime> = (0..bundles.len())
+        .map(|_| w.shim().env(TOPOLOGY_ENV, &topo_file))
+        .collect();
+    let barrier = std::sync::Barrier::new(bundles.len());
+    let outcomes: Vec<(RunOutput, String, Runtime)> = std::thread::scope(|s| {
+        let handles: Vec<_> = bundles
+            .iter()
+            .zip(runtimes)
+            .enumerate()
+            .map(|(k, ((b, _), rt))| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let id = unique_id(&format!("mig-uuid-{k:02}"));
+                    barrier.wait();
+                    (rt.create(b, &id).unwrap(), id, rt)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut problems = Vec::new();
+    for ((out, id, rt), (b, gi)) in outcomes.iter().zip(&bundles) {
+        if !out.success() {
+            problems.push(format!("{id}: create failed: {out}"));
+            continue;
+        }
+        let config: Value = serde_json::from_slice(&b.config_bytes().unwrap()).unwrap();
+        let mut caps: Vec<u64> = config["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/dev/nvidia-caps/"))
+            })
+            .filter_map(|d| d["minor"].as_u64())
+            .collect();
+        caps.sort_unstable();
+        let want = vec![
+            u64::from(mig_cap_minor(minor, *gi, None)),
+            u64::from(mig_cap_minor(minor, *gi, Some(0))),
+        ];
+        if caps != want {
+            problems.push(format!(
+                "{id} (gi{gi}): capability minors {caps:?}, expected {want:?}"
+            ));
+        }
+        rt.force_delete(id);
+    }
+    assert!(
+        problems.is_empty(),
+        "{problems:#?}\n--- nvshim.log ---\n{}",
+        w.shim_log()
+    );
+    let cache = w.config.parent().unwrap().join("cache");
+    let kept: Vec<String> = fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("nvml-"))
+        .collect();
+    assert_eq!(
+        kept.len(),
+        1,
+        "NVML answers in {}: {kept:?}",
+        cache.display()
+    );
+}
+
 /// `all` on a MIG host: every GPU and every MIG device (the parent's caps of both instances),
 /// as NVIDIA's `all`; not the config and monitor caps. The MIG devices come from the driver's
 /// /proc, so NVML is not needed: the same container starts without the fake NVML.
