@@ -55,8 +55,13 @@ impl Lines {
 
     /// Adds `path`'s key; `None` when it cannot be `stat`ed or holds a tab or newline.
     fn add(&mut self, path: &Path, read_at: i64) -> Option<()> {
+        self.add_stat(path, &std::fs::metadata(path).ok()?, read_at)
+    }
+
+    /// [`Lines::add`] with `path` already `stat`ed.
+    fn add_stat(&mut self, path: &Path, meta: &std::fs::Metadata, read_at: i64) -> Option<()> {
         use std::os::unix::ffi::OsStrExt;
-        let key = Key::of(&std::fs::metadata(path).ok()?);
+        let key = Key::of(meta);
         self.trusted &= key.trusted_at(read_at);
         let mut fields = Vec::with_capacity(64);
         cache::key_fields(&key, &mut fields);
@@ -75,10 +80,14 @@ fn common(host: &Host, lib: &Path, read_at: i64) -> Option<(Lines, bool)> {
     let mut lines = Lines::new();
     lines.add(lib, read_at)?;
     let ld_so_cache = crate::host::under_root(&host.roots().driver_root, "/etc/ld.so.cache");
-    let indexed = ld_so_cache.exists();
-    if indexed {
-        lines.add(&ld_so_cache, read_at)?;
-    }
+    // One `stat`: whether there is a cache, and its key.
+    let indexed = match std::fs::metadata(&ld_so_cache) {
+        Ok(meta) => {
+            lines.add_stat(&ld_so_cache, &meta, read_at)?;
+            true
+        }
+        Err(_) => false,
+    };
     let nvidia = host.roots().proc_root.join("driver/nvidia");
     lines.add(&nvidia.join("version"), read_at)?;
     let gpus = nvidia.join("gpus");
