@@ -32,12 +32,14 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+mod files_cache;
+
 use crate::config::Config;
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
 use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
 use crate::host::{
-    normalize_bus_id, under_root, DeviceMajors, DriverLibrary, Gpu, Host, HostDeviceNode,
-    HostError, HostFile, Snapshot, WordSize,
+    normalize_bus_id, DeviceMajors, DriverLibrary, Gpu, Host, HostDeviceNode, HostError, HostFile,
+    Snapshot, WordSize,
 };
 use crate::nvidia::{
     self, brings, Capabilities, DRM_BROUGHT_BY, HOOK_ENV, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS,
@@ -464,8 +466,27 @@ fn split(path: &str) -> (&str, &str) {
 /// development links the host has, `libcuda.so` (applications dlopen it) and
 /// `libnvidia-opticalflow.so` always, and `libGLX_indirect.so.0` (NVIDIA's `pkg/nvcdi`,
 /// `internal/discover/symlinks.go`).
-fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> Vec<String> {
-    let root = &host.roots().driver_root;
+/// The development link (`<dir>/<stem>.so`) a library of this driver version may have beside
+/// it, with its stem; `None` for a library not named by the driver version.
+fn dev_link_of<'a>(l: &'a DriverLibrary, suffix: &str) -> Option<(&'a str, String)> {
+    let (dir, file) = split(&l.file.container_path);
+    let stem = file.strip_suffix(suffix)?;
+    Some((stem, format!("{dir}/{stem}.so")))
+}
+
+/// Whether a library's development link is made whatever the host has (NVIDIA's rules).
+fn dev_link_always(l: &DriverLibrary, stem: &str) -> bool {
+    l.soname == "libcuda.so.1" || stem == "libnvidia-opticalflow"
+}
+
+/// The `--link` arguments for `libs`: SONAME links, development links (those the host has: in
+/// `dev_links` when the caller looked already, else looked at here), GLX's indirect link.
+fn library_links(
+    host: &Host,
+    libs: &[DriverLibrary],
+    driver_version: &str,
+    dev_links: Option<&[String]>,
+) -> Vec<String> {
     let mut links: Vec<(String, String)> = Vec::new();
     let mut add = |target: String, link: String| {
         if !links.iter().any(|(_, l)| *l == link) {
@@ -478,12 +499,15 @@ fn library_links(host: &Host, libs: &[DriverLibrary], driver_version: &str) -> V
         if l.soname != file {
             add(file.to_string(), format!("{dir}/{}", l.soname));
         }
-        let stem = file.strip_suffix(&suffix).unwrap_or(file);
-        let dev_link = format!("{dir}/{stem}.so");
-        if l.soname == "libcuda.so.1"
-            || stem == "libnvidia-opticalflow"
-            || std::fs::symlink_metadata(under_root(root, &dev_link))
-                .is_ok_and(|m| m.file_type().is_symlink())
+        // A library not named by the driver version has no development link to look for.
+        let Some((stem, dev_link)) = dev_link_of(l, &suffix) else {
+            continue;
+        };
+        if dev_link_always(l, stem)
+            || dev_links.map_or_else(
+                || host.is_symlink(&dev_link),
+                |found| found.contains(&dev_link),
+            )
         {
             add(l.soname.clone(), dev_link);
         }
@@ -560,6 +584,7 @@ pub fn resolve(
 
     let plan = HookPlan {
         libs: &files.libs,
+        dev_links: Some(&files.dev_links),
         links: files.links,
         cuda_compat: request.capabilities.compute,
         application_profile: brings(&request.capabilities, DRM_BROUGHT_BY),
@@ -722,25 +747,88 @@ fn bind(host_path: &Path, container_path: &str, options: &[&str]) -> Mount {
 }
 
 /// What the driver gives a container for its capabilities ([`crate::nvidia`]'s tables).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct DriverFiles {
     /// Libraries (64-bit, and 32-bit with `compat32`), executables, data files, X.Org modules,
     /// firmware and the daemons' sockets.
     pub mounts: Vec<Mount>,
     /// The mounted libraries, for the hooks.
     pub libs: Vec<DriverLibrary>,
+    /// The development links (`<stem>.so`, symlinks) the host has beside `libs`: their
+    /// container paths, for the hooks ([`HookPlan::dev_links`]).
+    pub dev_links: Vec<String>,
     /// Links the `create-symlinks` hook makes besides the libraries' own: (target, link).
     pub links: Vec<(String, String)>,
     /// DRM nodes of the GPUs, with the group to add when the node is not world read-write.
     pub drm_nodes: Vec<(DeviceNode, Option<u32>)>,
 }
 
-/// The driver's files `caps` brings, and the DRM nodes of `gpus` for graphics.
+/// The driver's files `caps` brings, and the DRM nodes of `gpus` for graphics. The files come
+/// from `cache-dir` while nothing they were found from has changed ([`files_cache`]); the DRM
+/// nodes, whose modes and groups matter, are looked at every time.
 pub fn driver_files(
     host: &Host,
     caps: &Capabilities,
     driver_version: &str,
     gpus: &[Gpu],
+) -> Result<DriverFiles, LegacyError> {
+    let mut out = match host.cache_dir() {
+        Some(dir) => files_cache::files_of(
+            host,
+            caps,
+            driver_version,
+            dir,
+            crate::cache::now_ns(),
+            || host_files(host, caps, driver_version),
+        )?,
+        None => host_files(host, caps, driver_version)?,
+    };
+    // The daemons' sockets, looked at every time: three `stat`s in `/run` and `/tmp`, whose
+    // entries change too often to key a cache on.
+    if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
+        for f in host
+            .ipc_paths()
+            .into_iter()
+            .filter(|f| f.container_path.ends_with("/socket"))
+        {
+            out.mounts
+                .push(bind(&f.host_path, &f.container_path, IPC_MOUNT_OPTIONS));
+        }
+    }
+    if brings(caps, DRM_BROUGHT_BY) {
+        let mut nodes = Vec::new();
+        for g in gpus {
+            nodes.extend(host.drm_nodes(&g.bus_id));
+        }
+        for n in &nodes {
+            // As NVIDIA ≥ 1.19 writes them: the node's group, added to the container's groups
+            // when the node is not world read-write (render and video groups).
+            let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
+            out.drm_nodes.push((
+                DeviceNode {
+                    path: n.container_path.clone(),
+                    host_path: None,
+                    kind: Some("c".into()),
+                    major: Some(n.major.into()),
+                    minor: Some(n.minor.into()),
+                    file_mode: Some(n.file_mode),
+                    permissions: Some("rwm".into()),
+                    uid: Some(n.uid),
+                    gid: Some(n.gid),
+                },
+                gid,
+            ));
+        }
+        out.links.extend(host.drm_by_path_links(&nodes));
+    }
+    Ok(out)
+}
+
+/// [`driver_files`] without the sockets and DRM nodes, looked up in the driver root.
+fn host_files(
+    host: &Host,
+    caps: &Capabilities,
+    driver_version: &str,
 ) -> Result<DriverFiles, LegacyError> {
     // Only the cache entries of the libraries `caps` brings are read out of the node's cache.
     let stems: Vec<&str> = nvidia::libraries_for(caps)
@@ -777,6 +865,14 @@ pub fn driver_files(
         driver_version,
         WordSize::Bits32,
     ));
+    let suffix = format!(".so.{driver_version}");
+    for l in &out.libs {
+        if let Some((stem, dev_link)) = dev_link_of(l, &suffix) {
+            if !dev_link_always(l, stem) && host.is_symlink(&dev_link) {
+                out.dev_links.push(dev_link);
+            }
+        }
+    }
     let mut files: Vec<HostFile> = out.libs.iter().map(|l| l.file.clone()).collect();
     files.extend(host.binaries(&nvidia::executables_for(caps), &lib_dirs));
     files.extend(
@@ -824,42 +920,6 @@ pub fn driver_files(
         out.mounts
             .push(bind(&f.host_path, &f.container_path, MOUNT_OPTIONS));
     }
-    if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
-        for f in host
-            .ipc_paths()
-            .into_iter()
-            .filter(|f| f.container_path.ends_with("/socket"))
-        {
-            out.mounts
-                .push(bind(&f.host_path, &f.container_path, IPC_MOUNT_OPTIONS));
-        }
-    }
-    if brings(caps, DRM_BROUGHT_BY) {
-        let mut nodes = Vec::new();
-        for g in gpus {
-            nodes.extend(host.drm_nodes(&g.bus_id));
-        }
-        for n in &nodes {
-            // As NVIDIA ≥ 1.19 writes them: the node's group, added to the container's groups
-            // when the node is not world read-write (render and video groups).
-            let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
-            out.drm_nodes.push((
-                DeviceNode {
-                    path: n.container_path.clone(),
-                    host_path: None,
-                    kind: Some("c".into()),
-                    major: Some(n.major.into()),
-                    minor: Some(n.minor.into()),
-                    file_mode: Some(n.file_mode),
-                    permissions: Some("rwm".into()),
-                    uid: Some(n.uid),
-                    gid: Some(n.gid),
-                },
-                gid,
-            ));
-        }
-        out.links.extend(host.drm_by_path_links(&nodes));
-    }
     Ok(out)
 }
 
@@ -869,6 +929,9 @@ pub struct HookPlan<'a> {
     /// The mounted libraries: their SONAME and development links, and their folders for the
     /// ld.so.cache.
     pub libs: &'a [DriverLibrary],
+    /// The development links of `libs` the host has, when already looked at
+    /// ([`DriverFiles::dev_links`]); `None`: looked at here.
+    pub dev_links: Option<&'a [String]>,
     /// Further links: (target, link).
     pub links: Vec<(String, String)>,
     /// `enable-cuda-compat`: the image's CUDA forward-compatibility libraries, when newer than
@@ -898,7 +961,7 @@ pub fn container_hooks(
     hook_path: &Path,
 ) -> Vec<Hook> {
     let mut args = vec!["nvshim-hook".to_string(), "fixups".to_string()];
-    let mut links = library_links(host, plan.libs, driver_version);
+    let mut links = library_links(host, plan.libs, driver_version, plan.dev_links);
     for (target, link) in &plan.links {
         let l = format!("{target}::{link}");
         if !links.contains(&l) {
@@ -1159,7 +1222,7 @@ mod tests {
 
     /// A driver root with a few files of each kind, built without root (no device nodes): the
     /// 580 driver's names, in the Debian multiarch layout.
-    fn driver_root() -> (tempfile::TempDir, Host) {
+    pub(super) fn driver_root() -> (tempfile::TempDir, Host) {
         use nvshim_hook::ldcache::{serialize, CacheEntry, FLAG_ELF_LIBC6, FLAG_X8664_LIB64};
         use std::os::unix::fs::symlink;
         const V: &str = "580.95.05";

@@ -303,6 +303,8 @@ fn global_edits(
     }
     let plan = legacy::HookPlan {
         libs: &files.libs,
+        // `files.libs` holds libraries `driver_files` did not look at.
+        dev_links: None,
         links: files.links,
         cuda_compat: true,
         application_profile: true,
@@ -333,6 +335,7 @@ fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerE
     }
     let plan = legacy::HookPlan {
         libs: &[],
+        dev_links: None,
         links: host.drm_by_path_links(&nodes),
         cuda_compat: false,
         application_profile: false,
