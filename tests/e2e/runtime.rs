@@ -357,6 +357,57 @@ fn utility_capability_brings_nvml_and_smi_but_not_cuda() {
     assert_no_problems("NVIDIA_DRIVER_CAPABILITIES=utility", &sorted(p), &r);
 }
 
+/// The driver's files a legacy create mounts are kept in cache-dir once what they were found
+/// from is 2 s old; removing a binary from the driver root, adding one, and putting a library's
+/// development link beside it each show in the next container (a stale answer would have runc
+/// mount a file that is gone, or leave out one that came).
+#[test]
+fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
+    let w = World::new();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let mounted = |name: &str, dest: &str| {
+        let r = w.probe(&w.shim(), &w.gpu_bundle(name, "0"), false);
+        let mut p = r.gpu_problems(&w.host, &[w.gpu(0)]);
+        p.extend(r.library_mounted_problems(&w.host, "libnvidia-ml"));
+        assert_no_problems(name, &p, &r);
+        (r.files.contains(dest), r)
+    };
+    let smi = "/usr/bin/nvidia-smi";
+    assert!(mounted("first", smi).0);
+    let cache = w.config.parent().unwrap().join("cache");
+    let kept: Vec<String> = fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("driver-files-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "no driver files kept in {}", cache.display());
+    assert!(mounted("cached", smi).0);
+
+    let host_smi = w.host.host_path(smi);
+    let bytes = fs::read(&host_smi).unwrap();
+    fs::remove_file(&host_smi).unwrap();
+    assert!(!mounted("smi removed", smi).0);
+    fs::write(&host_smi, &bytes).unwrap();
+    fs::set_permissions(
+        &host_smi,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    assert!(mounted("smi back", smi).0);
+
+    // libnvidia-ml.so beside the library: the hook makes the same link in the container.
+    let lib = w.host.container_lib_path("libnvidia-ml");
+    let (dir, _) = lib.rsplit_once('/').unwrap();
+    let dev = format!("{dir}/libnvidia-ml.so");
+    symlink("libnvidia-ml.so.1", w.host.host_path(&dev)).unwrap();
+    let (_, r) = mounted("development link", smi);
+    assert!(
+        r.links.contains_key(&dev),
+        "{dev} not linked in the container:\n{}",
+        r.raw
+    );
+}
+
 /// `create` must fail before touching anything: non-zero exit, a message on stderr containing
 /// each of `needles`, config.json byte-identical, no container in runc's state dir.
 #[track_caller]
