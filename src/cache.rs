@@ -1,7 +1,8 @@
 //! The private cache files nvshim keeps under `cache-dir` (`/run/nvshim`: the CDI index and
 //! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`; what the GPUs' `/proc` files
 //! say, `src/host/gpu_cache.rs`; NVML's answer, `src/host/nvml/cache.rs`; the driver's
-//! ld.so.cache entries, `src/host/ld_entries.rs`), and the identity rule that makes an answer
+//! ld.so.cache entries, `src/host/ld_entries.rs`; the driver files of a legacy create,
+//! `src/legacy/files_cache.rs`), and the identity rule that makes an answer
 //! from them safe: an entry is used only while a fresh `stat` of what it describes gives the
 //! same [`Key`], and only once that key's ctime is more than [`RACY_NS`] older than the moment
 //! it was read (git's "racily clean" rule). A cache file is written atomically, is private to

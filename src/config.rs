@@ -112,7 +112,8 @@ pub struct Config {
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
     /// CDI request reads only the specs that define its devices, the GPUs' `/proc` facts and
     /// MIG capability minors (`host::gpu_cache`), NVML's answer for MIG ids
-    /// (`host::nvml::cache`) and the driver's ld.so.cache entries (`host::ld_entries`); empty:
+    /// (`host::nvml::cache`), the driver's ld.so.cache entries (`host::ld_entries`) and the
+    /// driver files a legacy create mounts (`legacy::files_cache`); empty:
     /// none of them (every CDI `create` reads every spec). Made 0700 on first use; a read-only
     /// one only costs the caches.
     pub cache_dir: PathBuf,

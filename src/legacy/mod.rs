@@ -21,12 +21,12 @@
 //!   `nvidia-caps-imex-channels` of `/proc/devices`, minor `N`; the node must exist.
 //! - MPS: the host daemon's pipe directory, when it exists, for compute containers.
 //!
-//! One file (870 lines of code, 420 of tests): each part is a step of [`resolve`], which
-//! builds the edits, grouped by cause, from the selected GPUs, their device nodes, MIG and IMEX
-//! capability nodes, the driver files of the capabilities and the hooks. The steps stay public in
-//! one place because `ops::generate` writes a CDI spec with the same driver-file and hook steps (so
-//! a generated spec brings what a legacy request brings) and `memory_limits` selects GPUs and MIG
-//! devices with the same rules.
+//! One module (its driver files kept between creates in `files_cache.rs`): each part is a step
+//! of [`resolve`], which builds the edits, grouped by cause, from the selected GPUs, their
+//! device nodes, MIG and IMEX capability nodes, the driver files of the capabilities and the
+//! hooks. The steps stay public in one place because `ops::generate` writes a CDI spec with
+//! the same driver-file and hook steps (so a generated spec brings what a legacy request
+//! brings) and `memory_limits` selects GPUs and MIG devices with the same rules.
 
 use std::path::{Path, PathBuf};
 
