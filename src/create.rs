@@ -207,6 +207,8 @@ pub fn plan_bundle(
         edited,
         touched: false,
     };
+    // Mount sources known not to be directories (a legacy request's driver files).
+    let mut not_dirs = Vec::new();
     match route {
         Route::Nothing(_) => {}
         Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, tools, trace)?,
@@ -237,6 +239,7 @@ pub fn plan_bundle(
             })?;
             plan.gpus = resolved.gpus;
             plan.groups = resolved.groups;
+            not_dirs = resolved.not_dirs;
         }
     }
     add_memory_limit_hook(config, &mut plan, tools, trace)?;
@@ -245,12 +248,12 @@ pub fn plan_bundle(
     check_hooks_exist(plan.parts().flat_map(|e| &e.hooks), &tools.hook)?;
     if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
         let added = plan.parts().flat_map(|e| &e.mounts);
-        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, added).map_err(|source| {
-            CreateError::MountIntoBindMount {
+        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, added, &not_dirs).map_err(
+            |source| CreateError::MountIntoBindMount {
                 path: plan.bundle.config_path().to_path_buf(),
                 source,
-            }
-        })?;
+            },
+        )?;
     }
     Ok(plan)
 }

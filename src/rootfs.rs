@@ -151,6 +151,8 @@ struct Bind<'a> {
     source: &'a str,
     /// The engine's own (a volume), not one nvshim adds.
     own: bool,
+    /// Known not to be a directory (the caller found it a file or socket).
+    not_dir: bool,
     is_dir: std::cell::OnceCell<bool>,
     resolved: std::cell::OnceCell<String>,
 }
@@ -161,7 +163,9 @@ impl Bind<'_> {
     /// `/etc/resolv.conf`, `/dev/termination-log`, every library nvshim mounts) cannot.
     fn is_dir(&self) -> bool {
         *self.is_dir.get_or_init(|| {
-            self.source.is_empty() || std::fs::metadata(self.source).map_or(true, |md| md.is_dir())
+            !self.not_dir
+                && (self.source.is_empty()
+                    || std::fs::metadata(self.source).map_or(true, |md| md.is_dir()))
         })
     }
 }
@@ -180,7 +184,8 @@ fn is_within(path: &str, dir: &str) -> bool {
 
 /// Refuses the first of `added` (mounts nvshim adds; already in `spec`'s `mounts`) whose
 /// destination resolves inside another bind mount of `spec`, with the root filesystem at
-/// `rootfs`.
+/// `rootfs`. `not_dirs`: sources of `added` the caller knows are not directories (a legacy
+/// request's driver files, 27 `stat`s on the bench's host).
 ///
 /// What it costs depends on the spec: a source is `stat`ed to learn whether it is a directory,
 /// a destination resolved with a lookup per component. The engine's own binds are few and go
@@ -194,6 +199,7 @@ pub fn check_added_mounts<'a>(
     spec: &Value,
     rootfs: &Path,
     added: impl IntoIterator<Item = &'a Mount>,
+    not_dirs: &[String],
 ) -> Result<(), IntoBindMount> {
     let added: Vec<&Mount> = added.into_iter().collect();
     if added.is_empty() {
@@ -201,6 +207,8 @@ pub fn check_added_mounts<'a>(
     }
     let added_here: std::collections::HashSet<&str> =
         added.iter().map(|m| m.container_path.as_str()).collect();
+    let mut not_dirs: Vec<&str> = not_dirs.iter().map(String::as_str).collect();
+    not_dirs.sort_unstable();
     let binds: Vec<Bind> = spec
         .get("mounts")
         .and_then(Value::as_array)
@@ -209,10 +217,13 @@ pub fn check_added_mounts<'a>(
         .filter(|m| is_bind(m))
         .filter_map(|m| {
             let destination = m.get("destination")?.as_str()?;
+            let source = m.get("source").and_then(Value::as_str).unwrap_or("");
+            let own = !added_here.contains(destination);
             Some(Bind {
                 destination,
-                source: m.get("source").and_then(Value::as_str).unwrap_or(""),
-                own: !added_here.contains(destination),
+                source,
+                own,
+                not_dir: !own && not_dirs.binary_search(&source).is_ok(),
                 is_dir: Default::default(),
                 resolved: Default::default(),
             })
@@ -316,17 +327,43 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&spec, r, &added).unwrap_err();
+        let err = check_added_mounts(&spec, r, &added, &[]).unwrap_err();
         assert_eq!(err.resolved, "/tmp/nvidia-mps/libcuda.so.1");
         assert_eq!(err.bind, "/tmp/nvidia-mps");
         assert!(err.to_string().contains("on the host"), "{err}");
 
         // The same image without the volume, or with the directory real: fine.
         let no_volume = json!({"mounts": [spec["mounts"][0], spec["mounts"][2]]});
-        assert_eq!(check_added_mounts(&no_volume, r, &added), Ok(()));
+        assert_eq!(check_added_mounts(&no_volume, r, &added, &[]), Ok(()));
         std::fs::remove_file(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
         std::fs::create_dir(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        assert_eq!(check_added_mounts(&spec, r, &added), Ok(()));
+        assert_eq!(check_added_mounts(&spec, r, &added, &[]), Ok(()));
+    }
+
+    /// The MPS directory as a mount nvshim adds (a DRA claim's CDI spec brings it): refused
+    /// the same; and not `stat`ed when the caller says its source is not a directory (a
+    /// legacy request's driver files), so then the check trusts it.
+    #[test]
+    fn an_added_directory_counts_unless_the_caller_knows_it_is_not_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        let pipe = dir.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        std::fs::create_dir_all(r.join("usr/lib")).unwrap();
+        symlink("/tmp/nvidia-mps", r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        let mut mps = lib("/tmp/nvidia-mps");
+        mps.host_path = pipe.to_string_lossy().into_owned();
+        let added = vec![mps, lib("/usr/lib/x86_64-linux-gnu/libcuda.so.1")];
+        let spec = json!({"mounts": [
+            {"destination": "/tmp/nvidia-mps", "type": "bind", "source": added[0].host_path,
+             "options": ["rw", "bind"]},
+            {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
+             "source": added[1].host_path, "options": ["ro", "bind"]},
+        ]});
+        let err = check_added_mounts(&spec, r, &added, &[]).unwrap_err();
+        assert_eq!(err.bind, "/tmp/nvidia-mps");
+        let trusted = [added[0].host_path.clone()];
+        assert_eq!(check_added_mounts(&spec, r, &added, &trusted), Ok(()));
     }
 
     #[test]
@@ -339,7 +376,7 @@ mod tests {
             {"destination": "/usr/local/nvidia", "type": "bind", "source": "/home/kubernetes/bin/nvidia",
              "options": ["rbind", "ro"]},
         ]});
-        assert_eq!(check_added_mounts(&spec, r, &added), Ok(()));
+        assert_eq!(check_added_mounts(&spec, r, &added, &[]), Ok(()));
     }
 
     #[test]
@@ -357,6 +394,6 @@ mod tests {
             {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/docker/x/resolv.conf",
              "options": ["rbind", "rprivate"]},
         ]});
-        assert_eq!(check_added_mounts(&spec, r, &added), Ok(()));
+        assert_eq!(check_added_mounts(&spec, r, &added, &[]), Ok(()));
     }
 }

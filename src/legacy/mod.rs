@@ -530,6 +530,10 @@ pub struct Resolved {
     /// One group per GPU (its node, and the capability nodes of its selected MIG devices), then
     /// one [`Cause::Driver`] group with what any selection brings.
     pub groups: Vec<EditGroup>,
+    /// The host paths of the mounts in `groups` known not to be directories: the driver's
+    /// files and sockets, each found as one (or kept while its directory is unchanged, so still
+    /// one). `create`'s mount check need not `stat` them again.
+    pub not_dirs: Vec<String>,
 }
 
 /// Resolves a legacy request from the `/proc` facts in `snapshot`; `host` gives the driver's
@@ -563,6 +567,7 @@ pub fn resolve(
     imex_nodes(request, majors, host, &mut edits)?;
 
     let files = driver_files(host, &request.capabilities, &snapshot.driver_version, &gpus)?;
+    let not_dirs = files.mounts.iter().map(|m| m.host_path.clone()).collect();
     edits.mounts.extend(files.mounts);
     for (node, gid) in files.drm_nodes {
         if !edits.device_nodes.iter().any(|d| d.path == node.path) {
@@ -601,7 +606,11 @@ pub fn resolve(
         cause: Cause::Driver,
         edits,
     });
-    Ok(Resolved { gpus, groups })
+    Ok(Resolved {
+        gpus,
+        groups,
+        not_dirs,
+    })
 }
 
 /// The GPUs a request selects (then the parents of its MIG devices) and its MIG devices.
