@@ -170,11 +170,25 @@ impl Bind<'_> {
     }
 }
 
-fn is_bind(m: &Value) -> bool {
-    m.get("type").and_then(Value::as_str) == Some("bind")
-        || m.get("options")
-            .and_then(Value::as_array)
-            .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
+/// A bind mount's destination and source (empty when it has none); `None` for another mount or
+/// one without a destination. The mount's few members are walked once: looking each up by name
+/// hashed the name with SipHash, four times a mount (a fifth of this check on a CDI create).
+fn bind_of(m: &Value) -> Option<(&str, &str)> {
+    let (mut destination, mut source, mut bind) = (None, "", false);
+    for (key, value) in m.as_object()? {
+        match key.as_str() {
+            "destination" => destination = value.as_str(),
+            "source" => source = value.as_str().unwrap_or(""),
+            "type" => bind |= value.as_str() == Some("bind"),
+            "options" => {
+                bind |= value
+                    .as_array()
+                    .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
+            }
+            _ => {}
+        }
+    }
+    destination.filter(|_| bind).map(|d| (d, source))
 }
 
 fn is_within(path: &str, dir: &str) -> bool {
@@ -205,7 +219,7 @@ pub fn check_added_mounts<'a>(
     if added.is_empty() {
         return Ok(());
     }
-    let added_here: std::collections::HashSet<&str> =
+    let added_here: foldhash::HashSet<&str> =
         added.iter().map(|m| m.container_path.as_str()).collect();
     let mut not_dirs: Vec<&str> = not_dirs.iter().map(String::as_str).collect();
     not_dirs.sort_unstable();
@@ -214,10 +228,8 @@ pub fn check_added_mounts<'a>(
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter(|m| is_bind(m))
         .filter_map(|m| {
-            let destination = m.get("destination")?.as_str()?;
-            let source = m.get("source").and_then(Value::as_str).unwrap_or("");
+            let (destination, source) = bind_of(m)?;
             let own = !added_here.contains(destination);
             Some(Bind {
                 destination,
