@@ -122,6 +122,33 @@ pub struct Mount {
     pub options: Vec<String>,
 }
 
+impl Mount {
+    /// Appends this mount to a cache file as one line (`crate::cache::line`): `tag`, the host
+    /// path, the container path, the type (`crate::cache::optional_field`), then each option;
+    /// `None` when a field holds a tab or newline.
+    pub fn cache_line(&self, out: &mut Vec<u8>, tag: &[u8]) -> Option<()> {
+        let kind = crate::cache::optional_field(self.kind.as_deref());
+        let mut fields: Vec<&[u8]> = vec![
+            tag,
+            self.host_path.as_bytes(),
+            self.container_path.as_bytes(),
+            &kind,
+        ];
+        fields.extend(self.options.iter().map(|o| o.as_bytes()));
+        crate::cache::line(out, &fields)
+    }
+
+    /// The mount [`Mount::cache_line`] wrote, from the fields after its tag.
+    pub fn from_cache_fields<'a>(mut fields: impl Iterator<Item = &'a str>) -> Option<Mount> {
+        Some(Mount {
+            host_path: fields.next()?.to_string(),
+            container_path: fields.next()?.to_string(),
+            kind: crate::cache::parse_optional_field(fields.next()?)?,
+            options: fields.map(str::to_string).collect(),
+        })
+    }
+}
+
 /// CDI `hooks` entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -130,15 +130,7 @@ fn encode(key: &Key, spec: &Spec) -> Option<Vec<u8>> {
     serde_json::to_writer(&mut out, &head).ok()?;
     out.push(b'\n');
     for m in &mounts {
-        let kind = cache::optional_field(m.kind.as_deref());
-        let mut fields: Vec<&[u8]> = vec![
-            b"",
-            m.host_path.as_bytes(),
-            m.container_path.as_bytes(),
-            &kind,
-        ];
-        fields.extend(m.options.iter().map(|o| o.as_bytes()));
-        cache::line(&mut out, &fields)?;
+        m.cache_line(&mut out, b"")?;
     }
     for d in &spec.devices {
         out.extend_from_slice(d.name.as_bytes());
@@ -183,13 +175,10 @@ fn decode(bytes: &[u8], key: &Key, wanted: &[&str]) -> Option<Spec> {
     // The global mounts, a line each, after a tab (no device name starts with one).
     while lines.first() == Some(&b'\t') {
         let line = std::str::from_utf8(next_line(&mut lines)?).ok()?;
-        let mut fields = cache::split(line.get(1..)?, b'\t');
-        spec.container_edits.mounts.push(Mount {
-            host_path: fields.next()?.to_string(),
-            container_path: fields.next()?.to_string(),
-            kind: cache::parse_optional_field(fields.next()?)?,
-            options: fields.map(str::to_string).collect(),
-        });
+        let fields = cache::split(line.get(1..)?, b'\t');
+        spec.container_edits
+            .mounts
+            .push(Mount::from_cache_fields(fields)?);
     }
     while let Some(line) = next_line(&mut lines) {
         let space = memchr::memchr(b' ', line)?;

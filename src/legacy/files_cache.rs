@@ -161,15 +161,7 @@ fn encode(
         cache::line(&mut body, &[b"D", dir.as_os_str().as_bytes(), &key_text])?;
     }
     for m in &files.mounts {
-        let kind = cache::optional_field(m.kind.as_deref());
-        let mut fields: Vec<&[u8]> = vec![
-            b"M",
-            m.host_path.as_bytes(),
-            m.container_path.as_bytes(),
-            &kind,
-        ];
-        fields.extend(m.options.iter().map(|o| o.as_bytes()));
-        cache::line(&mut body, &fields)?;
+        m.cache_line(&mut body, b"M")?;
     }
     for l in &files.libs {
         cache::line(
@@ -212,16 +204,7 @@ fn decode(bytes: &[u8], head: &[u8]) -> Option<DriverFiles> {
                     return None;
                 }
             }
-            "M" => {
-                let [host_path, container_path, kind] =
-                    [fields.next()?, fields.next()?, fields.next()?];
-                out.mounts.push(Mount {
-                    host_path: host_path.to_string(),
-                    container_path: container_path.to_string(),
-                    kind: cache::parse_optional_field(kind)?,
-                    options: fields.map(str::to_string).collect(),
-                });
-            }
+            "M" => out.mounts.push(Mount::from_cache_fields(fields)?),
             "L" => {
                 let [host_path, container_path, soname] =
                     [fields.next()?, fields.next()?, fields.next()?];

@@ -843,12 +843,7 @@ fn concurrent_creates_by_mig_uuid_share_the_nvml_answer() {
         "{problems:#?}\n--- nvshim.log ---\n{}",
         w.shim_log()
     );
-    let cache = w.config.parent().unwrap().join("cache");
-    let kept: Vec<String> = fs::read_dir(&cache)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("nvml-"))
-        .collect();
+    let (cache, kept) = w.cache_files("nvml-");
     assert_eq!(
         kept.len(),
         1,
@@ -916,15 +911,8 @@ fn mig_answers_are_cached_until_an_instance_is_recreated() {
         assert_no_problems(&format!("{name}: MIG device {uuid}"), &p, &r);
     };
     serves(&with_nvml, "asked", &old_uuid);
-    let cache = w.config.parent().unwrap().join("cache");
-    let kept = std::fs::read_dir(&cache)
-        .unwrap()
-        .filter(|e| {
-            let name = e.as_ref().unwrap().file_name();
-            name.to_string_lossy().starts_with("nvml-")
-        })
-        .count();
-    assert_eq!(kept, 1, "no NVML answer in {}", cache.display());
+    let (cache, kept) = w.cache_files("nvml-");
+    assert_eq!(kept.len(), 1, "no NVML answer in {}", cache.display());
     // NVML unusable (no topology): the cache answers.
     serves(&w.shim(), "cached", &old_uuid);
 

@@ -374,12 +374,7 @@ fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
     };
     let smi = "/usr/bin/nvidia-smi";
     assert!(mounted("first", smi).0);
-    let cache = w.config.parent().unwrap().join("cache");
-    let kept: Vec<String> = fs::read_dir(&cache)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("driver-files-"))
-        .collect();
+    let (cache, kept) = w.cache_files("driver-files-");
     assert_eq!(kept.len(), 1, "no driver files kept in {}", cache.display());
     assert!(mounted("cached", smi).0);
 
@@ -1181,12 +1176,7 @@ fn gpu_information_is_cached_and_read_again_when_it_changes() {
         nodes
     };
     assert_eq!(node_of_gpu0("first"), [format!("/dev/nvidia{}", gpus[0].1)]);
-    let cache = w.config.parent().unwrap().join("cache");
-    let cached: Vec<String> = std::fs::read_dir(&cache)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("gpus-"))
-        .collect();
+    let (cache, cached) = w.cache_files("gpus-");
     assert_eq!(cached.len(), 1, "no GPU cache in {}", cache.display());
     assert_eq!(
         node_of_gpu0("cached"),

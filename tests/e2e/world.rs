@@ -160,6 +160,18 @@ impl World {
         self.host.write_config(&self.config, &text).unwrap();
     }
 
+    /// The config's `cache-dir` (beside the config), and the names of its files that start
+    /// with `prefix` (`gpus-`, `nvml-`, `driver-files-`).
+    pub fn cache_files(&self, prefix: &str) -> (PathBuf, Vec<String>) {
+        let cache = self.config.parent().unwrap().join("cache");
+        let names = fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        (cache, names)
+    }
+
     /// The GPU `NVIDIA_VISIBLE_DEVICES=<index>` selects.
     pub fn gpu(&self, index: usize) -> &FakeGpu {
         self.host.gpu_at_index(index).unwrap()
