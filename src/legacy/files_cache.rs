@@ -1,7 +1,6 @@
 //! The driver's files a create mounts ([`super::driver_files`] but the daemons' sockets and
-//! the DRM nodes, looked at every time), kept in
-//! `cache-dir` (`driver-files-<hash>`, one file per driver root and set of capabilities)
-//! between creates. Looking them up through the driver root was 372,000 of a legacy create's
+//! the DRM nodes, looked at every time), kept in `cache-dir` (`driver-files-<hash>`, one file
+//! per driver root and set of capabilities) between creates. Looking them up through the driver root was 372,000 of a legacy create's
 //! 1.72 M instructions and 60-odd of its `stat` and `readlink` calls (callgrind and strace,
 //! the bench's 8-GPU host: one per library, its SONAME link and its development link, per
 //! binary and search directory, per data file and firmware directory). A hit costs a
@@ -24,7 +23,8 @@
 //! alone: only on names, types and link targets. The answer is kept only when every key's
 //! ctime is more than [`cache::RACY_NS`] old (`src/cache.rs`): a change while the files were
 //! looked up leaves a young ctime where it happened, and the ld.so.cache must give the same
-//! key before and after. Paths holding a tab or newline are not kept (looked up every time).
+//! key before and after. Paths holding a tab or newline, or not UTF-8, are not kept (looked up
+//! every time).
 
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;
@@ -94,7 +94,8 @@ fn key_of(path: &Path) -> Option<Key> {
 }
 
 /// The first line: nvshim's build, the ld.so.cache's key, the driver version, the capabilities,
-/// the kernel release and the driver root; `None` when one cannot be a field.
+/// the kernel release and the driver root; `None` when one cannot be a field (a tab, a newline,
+/// not UTF-8).
 fn head(
     root: &Path,
     ld_key: &Key,
@@ -116,7 +117,8 @@ fn head(
             driver_version.as_bytes(),
             caps.as_bytes(),
             release.as_bytes(),
-            root.as_os_str().as_bytes(),
+            // The file is read back as UTF-8: another root is looked up every time.
+            root.to_str()?.as_bytes(),
         ],
     )?;
     Some(out)
@@ -142,9 +144,9 @@ fn dir_keys(dirs: Vec<PathBuf>) -> BTreeMap<PathBuf, Option<Key>> {
 }
 
 /// `head`, a `D` line per directory (path, key or empty), then an `M` line per mount (host
-/// path, container path, type, options...), an `L` line per library (host path, container path,
-/// SONAME), a `K` line per link (target, link) and a `V` line per development link, sealed; `None` when a field holds a tab or
-/// newline.
+/// path, container path, type, options...), an `L` line per library (host path, container
+/// path, SONAME), a `K` line per link (target, link) and a `V` line per development link,
+/// sealed; `None` when a field holds a tab or newline or is not UTF-8.
 fn encode(
     head: &[u8],
     dirs: &BTreeMap<PathBuf, Option<Key>>,
@@ -158,7 +160,7 @@ fn encode(
         if let Some(k) = key {
             cache::key_fields(k, &mut key_text);
         }
-        cache::line(&mut body, &[b"D", dir.as_os_str().as_bytes(), &key_text])?;
+        cache::line(&mut body, &[b"D", dir.to_str()?.as_bytes(), &key_text])?;
     }
     for m in &files.mounts {
         m.cache_line(&mut body, b"M")?;
