@@ -10,7 +10,8 @@
 # ranges:
 #   1. nvshim-runtime create (low-level runtime /bin/true), legacy and CDI GPU requests and a
 #      non-GPU container, against the floor and /bin/true; a legacy request in the config.json
-#      Docker 28 writes (tests/fixtures/oci);
+#      Docker 28 writes (tests/fixtures/oci); the CDI request in a pod's bundle (the kubelet's
+#      volumes bound in);
 #   2. pass-through calls (state, delete) the same way;
 #   3. create + start + delete of a busybox GPU container through nvshim-runtime over runc,
 #      against runc alone on the already-edited config.json;
@@ -210,6 +211,27 @@ spec["root"]["path"] = "rootfs"
 open(sys.argv[2], "w").write(json.dumps(spec, separators=(",", ":")))
 DOCKER
 cp "$work/run/docker.orig.json" "$work/run/docker/config.json"
+# The CDI bundle as a Kubernetes pod's container has it: the kubelet's volumes bound in, as
+# containerd's CRI plugin writes them (type bind; rbind, rprivate, ro or rw): the
+# service-account token directory, /etc/hosts and /dev/termination-log.
+mkdir -p "$work/pod-volumes/serviceaccount"
+echo "127.0.0.1 localhost" > "$work/pod-volumes/etc-hosts"
+: > "$work/pod-volumes/termination-log"
+cp -a "$work/run/cdi" "$work/run/pod"
+python3 - "$work/run/cdi.orig.json" "$work/run/pod.orig.json" "$work/pod-volumes" <<'POD'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+v = sys.argv[3]
+for dest, src, mode in [
+    ("/var/run/secrets/kubernetes.io/serviceaccount", v + "/serviceaccount", "ro"),
+    ("/etc/hosts", v + "/etc-hosts", "rw"),
+    ("/dev/termination-log", v + "/termination-log", "rw"),
+]:
+    spec["mounts"].append({"destination": dest, "type": "bind", "source": src,
+                           "options": ["rbind", "rprivate", mode]})
+json.dump(spec, open(sys.argv[2], "w"), indent=4)
+POD
+cp "$work/run/pod.orig.json" "$work/run/pod/config.json"
 # The same GPU bundle on disk (podman keeps bundles under /var/lib/containers).
 mkdir -p "$work/disk"
 cp -a "$work/run/legacy" "$work/disk/legacy"
@@ -260,7 +282,7 @@ for c in mig mig-nocache; do
     [ "$(grep -o 'nvidia-caps/nvidia-cap[0-9]*' "$work/run/miguuid/config.json" | sort -u | wc -l)" = 2 ] || { echo "bench: miguuid did not get its MIG device's two caps nodes ($c)" >&2; exit 1; }
     cp "$work/run/miguuid.orig.json" "$work/run/miguuid/config.json"
 done
-for b in legacy cdi docker; do
+for b in legacy cdi docker pod; do
     NVSHIM_CONFIG="$work/true.toml" "$bin/nvshim-runtime" create --bundle "$work/run/$b" x
     cmp -s "$work/run/$b/config.json" "$work/run/$b.orig.json" && { echo "bench: $b was not edited" >&2; exit 1; }
     cp "$work/run/$b.orig.json" "$work/run/$b/config.json"
@@ -317,6 +339,7 @@ cat > "$spec" <<EOF
   $(create_cmd create-mig-uuid-nocache "$bin/nvshim-runtime" "$R/miguuid" "$work/mig-nocache.toml" ",\"NVSHIM_FAKE_NVML_TOPOLOGY\":\"$migtopo\""),
   $(create_cmd create-docker "$bin/nvshim-runtime" "$R/docker" "$work/true.toml"),
   $(create_cmd create-cdi "$bin/nvshim-runtime" "$R/cdi" "$work/true.toml"),
+  $(create_cmd create-cdi-pod "$bin/nvshim-runtime" "$R/pod" "$work/true.toml"),
   $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
   $(create_cmd create-legacy-dynamic "$bin/nvshim-runtime-dynamic" "$R/legacy" "$work/true.toml"),
   $(create_cmd create-legacy-disk "$bin/nvshim-runtime" "$work/disk/legacy" "$work/true.toml"),
@@ -355,6 +378,7 @@ cat > "$spec" <<EOF
  "rows": [
   {"figure":"1. create, legacy request (2 of 8 GPUs)","cmd":"create-legacy","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, CDI request (2 of 8 GPUs)","cmd":"create-cdi","baseline":"floor","goal_ms":0.25},
+  {"figure":"1. create, the same CDI request in a pod's bundle (the kubelet's service-account directory, /etc/hosts and termination log bound in)","cmd":"create-cdi-pod","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, no GPU request","cmd":"create-plain","baseline":"floor","goal_ms":0.25},
   {"figure":"1. create, legacy, Docker 28's own config.json (2 of 8 GPUs, compute+utility, 9.7 KB with its seccomp profile)","cmd":"create-docker","baseline":"floor","goal_ms":0.25},
   {"figure":"8. create, legacy, all on a MIG host (8 GPUs x 7 MIG devices, no NVML)","cmd":"create-mig-all","baseline":"floor","goal_ms":0.25},
