@@ -403,6 +403,94 @@ fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
     );
 }
 
+/// Twenty creates at once, the driver files in cache-dir from a create before (the host 2 s old,
+/// so every create may write them again), and a driver binary removed from the host meanwhile.
+/// Each
+/// create gets the driver's libraries; one that planned before the removal may have runc fail
+/// to mount the binary (the race any runtime has), nothing else. The create after the removal
+/// succeeds without the binary: no answer kept from before the removal is used after it.
+#[test]
+fn concurrent_creates_share_the_driver_files_and_see_a_removal() {
+    let w = World::new();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let debugdump = "/usr/bin/nvidia-debugdump";
+    let host_debugdump = w.host.host_path(debugdump);
+    assert!(host_debugdump.is_file(), "the fake host has no {debugdump}");
+    let lib = w.host.container_lib_path("libnvidia-ml");
+    let first = w.gpu_bundle("first", "0");
+    let (rt, id) = (w.shim(), unique_id("files-first"));
+    let out = rt.create(&first, &id).unwrap();
+    rt.force_delete(&id);
+    assert!(out.success(), "{out}");
+    let (cache, kept) = w.cache_files("driver-files-");
+    assert_eq!(kept.len(), 1, "no driver files kept in {}", cache.display());
+    let bundles: Vec<Bundle> = (0..20)
+        .map(|k| w.gpu_bundle(&format!("c{k:02}"), "0"))
+        .collect();
+    let runtimes: Vec<Runtime> = (0..bundles.len()).map(|_| w.shim()).collect();
+    let barrier = std::sync::Barrier::new(bundles.len() + 1);
+    let outcomes: Vec<(RunOutput, String, Runtime)> = std::thread::scope(|s| {
+        let handles: Vec<_> = bundles
+            .iter()
+            .zip(runtimes)
+            .enumerate()
+            .map(|(k, (b, rt))| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let id = unique_id(&format!("files-{k:02}"));
+                    barrier.wait();
+                    (rt.create(b, &id).unwrap(), id, rt)
+                })
+            })
+            .collect();
+        barrier.wait();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        fs::remove_file(&host_debugdump).unwrap();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mounts_of = |b: &Bundle| -> Vec<String> {
+        let config: Value = serde_json::from_slice(&b.config_bytes().unwrap()).unwrap();
+        config["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["destination"].as_str().map(str::to_string))
+            .collect()
+    };
+    let mut problems = Vec::new();
+    for ((out, id, rt), b) in outcomes.iter().zip(&bundles) {
+        let mounts = mounts_of(b);
+        if !mounts.contains(&lib) {
+            problems.push(format!("{id}: {lib} not in config.json"));
+        }
+        let raced = mounts.contains(&debugdump.to_string())
+            && out
+                .stderr
+                .contains(&format!("{}: no such file", host_debugdump.display()));
+        if !out.success() && !raced {
+            problems.push(format!("{id}: create failed: {out}"));
+        }
+        rt.force_delete(id);
+    }
+    assert!(
+        problems.is_empty(),
+        "{problems:#?}\n--- nvshim.log ---\n{}",
+        w.shim_log()
+    );
+    let after = w.gpu_bundle("after", "0");
+    let id = unique_id("files-after");
+    let rt = w.shim();
+    let out = rt.create(&after, &id).unwrap();
+    assert!(out.success(), "{out}");
+    let mounted = mounts_of(&after);
+    rt.force_delete(&id);
+    assert!(mounted.contains(&lib), "{mounted:?}");
+    assert!(
+        !mounted.contains(&debugdump.to_string()),
+        "{debugdump} mounted after its removal: {mounted:?}"
+    );
+}
+
 /// `create` must fail before touching anything: non-zero exit, a message on stderr containing
 /// each of `needles`, config.json byte-identical, no container in runc's state dir.
 #[track_caller]
