@@ -35,7 +35,7 @@ use nvshim_testsupport::{
 use serde_json::{json, Value};
 
 use super::common::hook_path;
-use super::world::{SpecDirs, World};
+use super::world::{create_at_once, SpecDirs, World};
 
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
@@ -791,23 +791,7 @@ fn concurrent_creates_by_mig_uuid_share_the_nvml_answer() {
     let runtimes: Vec<Runtime> = (0..bundles.len())
         .map(|_| w.shim().env(TOPOLOGY_ENV, &topo_file))
         .collect();
-    let barrier = std::sync::Barrier::new(bundles.len());
-    let outcomes: Vec<(RunOutput, String, Runtime)> = std::thread::scope(|s| {
-        let handles: Vec<_> = bundles
-            .iter()
-            .zip(runtimes)
-            .enumerate()
-            .map(|(k, ((b, _), rt))| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let id = unique_id(&format!("mig-uuid-{k:02}"));
-                    barrier.wait();
-                    (rt.create(b, &id).unwrap(), id, rt)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let outcomes = create_at_once(bundles.iter().map(|(b, _)| b), runtimes, "mig-uuid", || {});
     let mut problems = Vec::new();
     for ((out, id, rt), (b, gi)) in outcomes.iter().zip(&bundles) {
         if !out.success() {

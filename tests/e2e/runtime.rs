@@ -21,7 +21,7 @@ use nvshim_testsupport::{
 use serde_json::{json, Value};
 
 use super::common::NVSHIM;
-use super::world::World;
+use super::world::{create_at_once, World};
 
 /// Plain runc with a fresh state dir under the world's temp dir: the harness tests' reference.
 fn runc(w: &World) -> Runtime {
@@ -428,25 +428,9 @@ fn concurrent_creates_share_the_driver_files_and_see_a_removal() {
         .map(|k| w.gpu_bundle(&format!("c{k:02}"), "0"))
         .collect();
     let runtimes: Vec<Runtime> = (0..bundles.len()).map(|_| w.shim()).collect();
-    let barrier = std::sync::Barrier::new(bundles.len() + 1);
-    let outcomes: Vec<(RunOutput, String, Runtime)> = std::thread::scope(|s| {
-        let handles: Vec<_> = bundles
-            .iter()
-            .zip(runtimes)
-            .enumerate()
-            .map(|(k, (b, rt))| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let id = unique_id(&format!("files-{k:02}"));
-                    barrier.wait();
-                    (rt.create(b, &id).unwrap(), id, rt)
-                })
-            })
-            .collect();
-        barrier.wait();
+    let outcomes = create_at_once(&bundles, runtimes, "files", || {
         std::thread::sleep(std::time::Duration::from_millis(10));
         fs::remove_file(&host_debugdump).unwrap();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let mounts_of = |b: &Bundle| -> Vec<String> {
         let config: Value = serde_json::from_slice(&b.config_bytes().unwrap()).unwrap();

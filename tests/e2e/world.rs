@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use nvshim_fake_nvml::Topology;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, Runtime,
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, ProbeReport, ProbeSpec, RunOutput, Runtime,
 };
 use tempfile::TempDir;
 
@@ -115,6 +115,37 @@ impl Builder {
         w.configure(&self.config);
         w
     }
+}
+
+/// Creates every bundle at once, each through its own runtime (a `Runtime` is not shared
+/// between threads), all released by one barrier; `meanwhile` runs on this thread as they
+/// start. Each outcome with its container id (`<name>-<k>`) and runtime, in the bundles' order.
+pub fn create_at_once<'b>(
+    bundles: impl IntoIterator<Item = &'b Bundle>,
+    runtimes: Vec<Runtime>,
+    name: &str,
+    meanwhile: impl FnOnce(),
+) -> Vec<(RunOutput, String, Runtime)> {
+    let bundles: Vec<&Bundle> = bundles.into_iter().collect();
+    let barrier = std::sync::Barrier::new(bundles.len() + 1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = bundles
+            .into_iter()
+            .zip(runtimes)
+            .enumerate()
+            .map(|(k, (b, rt))| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let id = unique_id(&format!("{name}-{k:02}"));
+                    barrier.wait();
+                    (rt.create(b, &id).unwrap(), id, rt)
+                })
+            })
+            .collect();
+        barrier.wait();
+        meanwhile();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 impl World {
