@@ -55,6 +55,11 @@ impl Key {
         }
     }
 
+    /// The key of what `path` names now, symlinks followed; `None` when it cannot be `stat`ed.
+    pub fn at(path: &Path) -> Option<Key> {
+        std::fs::metadata(path).ok().map(|m| Key::of(&m))
+    }
+
     /// From `fstatat`, which a directory walk uses (same fields as [`Key::of`]).
     pub fn of_stat(st: &nix::sys::stat::FileStat) -> Key {
         Key {

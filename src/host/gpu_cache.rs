@@ -52,7 +52,7 @@ pub(super) fn gpus(
     };
     names.sort();
     let info = |name: &Path| gpus_dir.join(name).join("information");
-    let key = |name: &Path| std::fs::metadata(info(name)).ok().map(|m| Key::of(&m));
+    let key = |name: &Path| Key::at(&info(name));
     let keys: Vec<Option<Key>> = match cache_dir {
         Some(_) => names.iter().map(|n| key(n)).collect(),
         None => vec![None; names.len()],
@@ -127,7 +127,7 @@ pub(super) fn capability_minors(
     let mut out = Vec::with_capacity(rels.len());
     for rel in rels {
         let path = caps_dir.join(rel);
-        let Some(key) = std::fs::metadata(&path).ok().map(|m| Key::of(&m)) else {
+        let Some(key) = Key::at(&path) else {
             // Gone (or never there): what a read says, an error or `None`.
             out.push(super::read_capability_minor(&path)?);
             continue;
@@ -143,7 +143,7 @@ pub(super) fn capability_minors(
             continue;
         }
         let minor = super::read_capability_minor(&path)?;
-        let same = std::fs::metadata(&path).ok().map(|m| Key::of(&m)) == Some(key);
+        let same = Key::at(&path) == Some(key);
         match minor {
             Some(m) if same && key.trusted_at(read_at) => fresh.push((rel, key, m)),
             _ => {}

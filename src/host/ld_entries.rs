@@ -31,7 +31,7 @@ pub(super) fn entries_of(
     parse: impl FnOnce(&[u8]) -> Result<LdCache, LdCacheError>,
 ) -> Option<std::io::Result<Result<LdCache, LdCacheError>>> {
     use std::os::unix::ffi::OsStrExt;
-    let key = Key::of(&std::fs::metadata(path).ok()?);
+    let key = Key::at(path)?;
     let mut key_text = Vec::with_capacity(64);
     cache::key_fields(&key, &mut key_text);
     let mut name = path.as_os_str().as_bytes().to_vec();
@@ -49,7 +49,7 @@ pub(super) fn entries_of(
         Err(e) => return Some(Err(e)),
     };
     let parsed = parse(&bytes);
-    let same = std::fs::metadata(path).ok().map(|m| Key::of(&m)) == Some(key);
+    let same = Key::at(path) == Some(key);
     if let Ok(entries) = &parsed {
         if same && key.trusted_at(read_at) {
             if let Some(body) = encode(&key_text, stems, entries) {

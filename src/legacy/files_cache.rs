@@ -53,7 +53,7 @@ pub(super) fn files_of<E>(
     let root = &host.roots().driver_root;
     let ld_cache = under_root(root, "/etc/ld.so.cache");
     // A driver root without an ld.so.cache is scanned by directory: not kept.
-    let Some(ld_key) = key_of(&ld_cache) else {
+    let Some(ld_key) = Key::at(&ld_cache) else {
         return look_up();
     };
     let caps = caps.names().join(",");
@@ -75,7 +75,7 @@ pub(super) fn files_of<E>(
     let dirs = host.take_lookups();
     let files = looked_up?;
     let trusted = |k: &Key| k.trusted_at(read_at);
-    if let Some(head) = head.filter(|_| key_of(&ld_cache) == Some(ld_key) && trusted(&ld_key)) {
+    if let Some(head) = head.filter(|_| Key::at(&ld_cache) == Some(ld_key) && trusted(&ld_key)) {
         let dirs = dir_keys(dirs);
         if dirs.values().flatten().all(trusted) {
             if let Some(body) = encode(&head, &dirs, &files) {
@@ -88,11 +88,6 @@ pub(super) fn files_of<E>(
     Ok(files)
 }
 
-/// The key of what `path` names now, symlinks followed; `None` when it is not there.
-fn key_of(path: &Path) -> Option<Key> {
-    std::fs::metadata(path).ok().map(|m| Key::of(&m))
-}
-
 /// The first line: nvshim's build, the ld.so.cache's key, the driver version, the capabilities,
 /// the kernel release and the driver root; `None` when one cannot be a field (a tab, a newline,
 /// not UTF-8).
@@ -103,7 +98,7 @@ fn head(
     caps: &str,
     release: &str,
 ) -> Option<Vec<u8>> {
-    let exe = key_of(Path::new("/proc/self/exe"))?;
+    let exe = Key::at(Path::new("/proc/self/exe"))?;
     let (mut exe_text, mut ld_text) = (Vec::new(), Vec::new());
     cache::key_fields(&exe, &mut exe_text);
     cache::key_fields(ld_key, &mut ld_text);
@@ -133,7 +128,7 @@ fn dir_keys(dirs: Vec<PathBuf>) -> BTreeMap<PathBuf, Option<Key>> {
             if d.as_os_str().is_empty() || out.contains_key(d) {
                 break;
             }
-            let key = key_of(d);
+            let key = Key::at(d);
             out.insert(d.to_path_buf(), key);
             if key.is_some() {
                 break;
@@ -202,7 +197,7 @@ fn decode(bytes: &[u8], head: &[u8]) -> Option<DriverFiles> {
                     "" => None,
                     k => Some(cache::parse_key(k)?),
                 };
-                if fields.next().is_some() || key_of(Path::new(dir)) != kept {
+                if fields.next().is_some() || Key::at(Path::new(dir)) != kept {
                     return None;
                 }
             }
