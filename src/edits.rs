@@ -244,6 +244,14 @@ fn to_value<T: Serialize>(v: &T, what: &'static str) -> Result<Value, EditError>
 /// does, and it is a few lines), lexically: `//` and `.` dropped, `..` removes the part before
 /// it (at the root it stays at the root; leading `..` of a relative path stay), `""` is `.`.
 pub fn go_clean(path: &str) -> String {
+    if is_clean(path) {
+        return path.to_string();
+    }
+    clean_parts(path)
+}
+
+/// [`go_clean`] by splitting and joining the parts.
+fn clean_parts(path: &str) -> String {
     let rooted = path.starts_with('/');
     let mut parts: Vec<&str> = Vec::new();
     for part in path.split('/') {
@@ -261,12 +269,28 @@ pub fn go_clean(path: &str) -> String {
     }
     let body = parts.join("/");
     if rooted {
-        format!("/{body}")
+        let mut out = String::with_capacity(body.len() + 1);
+        out.push('/');
+        out.push_str(&body);
+        out
     } else if body.is_empty() {
         ".".into()
     } else {
         body
     }
+}
+
+/// Whether [`go_clean`] returns `path` as it is: not empty, no empty, `.` or `..` part, no
+/// trailing `/` (but `/` itself). Most destinations are, and skip the split and join.
+fn is_clean(path: &str) -> bool {
+    if path == "/" {
+        return true;
+    }
+    let body = path.strip_prefix('/').unwrap_or(path);
+    !body.is_empty()
+        && body
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
 /// The CDI mount sort key: the number of `/` in the cleaned destination, exactly as the
@@ -971,8 +995,34 @@ mod tests {
             ("../../a", "../../a"),
             ("a/../..", ".."),
             ("./", "."),
+            (".", "."),
+            ("..", ".."),
+            ("a", "a"),
+            ("/a/b", "/a/b"),
+            ("/a/b/", "/a/b"),
+            ("/a/.b/..c", "/a/.b/..c"),
         ] {
             assert_eq!(go_clean(input), want, "{input:?}");
+            assert_eq!(clean_parts(input), want, "{input:?}");
+        }
+    }
+
+    /// The shortcut for a clean path returns what splitting and joining returns, for every
+    /// path of up to 7 of `/`, `.` and `a` (3,280 of them).
+    #[test]
+    fn a_path_taken_as_clean_is_what_cleaning_gives() {
+        let mut paths = vec![String::new()];
+        for _ in 0..7 {
+            let longer: Vec<String> = paths
+                .iter()
+                .filter(|p| p.len() == paths.last().map_or(0, String::len))
+                .flat_map(|p| ['/', '.', 'a'].map(|c| format!("{p}{c}")))
+                .collect();
+            paths.extend(longer);
+        }
+        assert_eq!(paths.len(), 3280);
+        for p in &paths {
+            assert_eq!(go_clean(p), clean_parts(p), "{p:?}");
         }
     }
 

@@ -136,12 +136,15 @@ impl RootFs {
     }
 }
 
+/// `dir/name` (`/name` at the root), without the formatting machinery: every step of every
+/// added destination's resolution joins one.
 fn join(dir: &str, name: &str) -> String {
-    if dir == "/" {
-        format!("/{name}")
-    } else {
-        format!("{dir}/{name}")
-    }
+    let dir = if dir == "/" { "" } else { dir };
+    let mut out = String::with_capacity(dir.len() + 1 + name.len());
+    out.push_str(dir);
+    out.push('/');
+    out.push_str(name);
+    out
 }
 
 /// A bind mount of the spec (by its type or options), whose source is asked whether it is a
@@ -252,7 +255,7 @@ pub fn check_added_mounts<'a>(
         let resolved = root.resolve(&m.container_path);
         // A destination written inside a volume is the operator's choice; only the image's
         // symlinks leading there are refused.
-        if resolved == go_clean(&format!("/{}", m.container_path)) {
+        if resolved == go_clean(&join("/", &m.container_path)) {
             continue;
         }
         // Every bind but the mount itself (a spec's own volumes, such as a DRA claim's MPS
