@@ -29,9 +29,11 @@
 //! [`run`] dispatches on it, so a hook's flags, its usage text and its dispatch are read and
 //! changed together.
 
-use std::ffi::OsString;
+use std::ffi::{CStr, OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::raw::{c_char, c_int};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::apply_cuda_memory_limits as memory_limits;
@@ -625,14 +627,33 @@ pub fn ensure_std_fds() {
     }
 }
 
-/// `main` for the binary.
-pub fn main() -> i32 {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    run(
-        &args,
-        std::io::stdin().lock(),
-        &mut std::io::stderr().lock(),
-    )
+/// The arguments C `main` was given, as `std::env::args_os` lists them. A `no_main` binary
+/// cannot rely on std for them: std records argv before `main` only on glibc (its
+/// `.init_array` functions receive argc and argv); musl calls them without, and a musl build
+/// saw no arguments at all.
+///
+/// # Safety
+/// `argv` must be `main`'s own: `argc` pointers to NUL-terminated strings that live as long
+/// as the process.
+pub unsafe fn args_of_main(argc: c_int, argv: *const *const c_char) -> Vec<OsString> {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() {
+        return Vec::new();
+    }
+    (0..count)
+        .map_while(|i| {
+            // SAFETY: i < argc, so argv[i] is within the array the caller vouches for.
+            let arg = unsafe { *argv.add(i) };
+            // SAFETY: a non-null argv entry is a NUL-terminated string (caller's contract).
+            (!arg.is_null()).then(|| unsafe { CStr::from_ptr(arg) })
+        })
+        .map(|arg| OsStr::from_bytes(arg.to_bytes()).to_os_string())
+        .collect()
+}
+
+/// `main` for the binary, with the arguments [`args_of_main`] read.
+pub fn main(args: &[OsString]) -> i32 {
+    run(args, std::io::stdin().lock(), &mut std::io::stderr().lock())
 }
 
 #[cfg(test)]
@@ -642,6 +663,29 @@ mod tests {
     fn p(args: &[&str]) -> Result<Command, Usage> {
         let v: Vec<OsString> = args.iter().map(OsString::from).collect();
         parse(&v)
+    }
+
+    /// What C `main` is given comes back as std lists it, bytes that are not UTF-8 included;
+    /// a null entry ends the list early, a null array or a negative count gives nothing.
+    #[test]
+    fn arguments_are_read_from_mains_own() {
+        let owned = [c"nvshim-runtime", c"create", c"--bundle", c"/run/b\xff"];
+        let mut argv: Vec<*const c_char> = owned.iter().map(|a| a.as_ptr()).collect();
+        // SAFETY: four live C strings.
+        let args = unsafe { args_of_main(4, argv.as_ptr()) };
+        let want: Vec<OsString> = owned
+            .iter()
+            .map(|a| OsStr::from_bytes(a.to_bytes()).to_os_string())
+            .collect();
+        assert_eq!(args, want);
+        assert_eq!(args[3].as_bytes(), b"/run/b\xff");
+        argv[2] = std::ptr::null();
+        // SAFETY: as above, with a null in place of the third.
+        assert_eq!(unsafe { args_of_main(4, argv.as_ptr()) }, want[..2]);
+        // SAFETY: nothing is read.
+        assert!(unsafe { args_of_main(-1, argv.as_ptr()) }.is_empty());
+        // SAFETY: a null array is checked before any read.
+        assert!(unsafe { args_of_main(2, std::ptr::null()) }.is_empty());
     }
 
     /// A stdin that must not be read.

@@ -12,8 +12,8 @@
 //!   instructions and 19 system calls on every call, pass-through ones included
 //!   (docs/benchmarks.md).
 //!
-//! `std::env::args_os` still works (std records argv from `.init_array` on glibc). What the
-//! runtime did that still matters is done here: fds 0-2 are made to exist, so no file the shim
+//! The arguments are read from `main`'s own (`nvshim_hook::cli::args_of_main`: std finds them
+//! before `main` only on glibc, and the shim ships as a musl build). What the runtime did that still matters is done here: fds 0-2 are made to exist, so no file the shim
 //! opens (config.json's temporary file) can land on them and receive an error message.
 
 #![no_main]
@@ -24,12 +24,18 @@ use std::os::raw::{c_char, c_int};
 use nvshim::config::{Config, CONFIG_ENV};
 use nvshim::{create, install, logging, runtime};
 
+/// # Safety
+/// Called by the C runtime only, with its own argc and argv.
 #[no_mangle]
-pub extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
     // `/dev/null` on a closed fd 0, 1 or 2, as Rust's runtime does before `main` (and so as
     // the shim always did: runc sees the same fds as before).
     nvshim_hook::cli::ensure_std_fds();
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // SAFETY: the argc and argv the C runtime passed to `main`.
+    let mut args: Vec<OsString> = unsafe { nvshim_hook::cli::args_of_main(argc, argv) };
+    if !args.is_empty() {
+        args.remove(0);
+    }
     // A command line nvshim cannot scan is runc's to reject, unless nvshim had to edit.
     let inv = runtime::parse_args(&args).unwrap_or_default();
     let err = run(&args, &inv);
