@@ -158,7 +158,7 @@ pub fn line(out: &mut Vec<u8>, fields: &[&[u8]]) -> Option<()> {
 /// The lines of a cache file's `body`, without their `\n` (a last one without it too).
 pub fn lines(body: &str) -> impl Iterator<Item = &str> {
     let mut start = 0;
-    memchr::memchr_iter(b'\n', body.as_bytes())
+    nvshim_hook::bytes::positions(b'\n', body.as_bytes())
         .chain([body.len()])
         .filter_map(move |end| {
             // `\n` is ASCII: both ends are `str` boundaries.
@@ -173,7 +173,7 @@ pub fn lines(body: &str) -> impl Iterator<Item = &str> {
 pub fn split(line: &str, sep: u8) -> impl Iterator<Item = &str> {
     debug_assert!(sep.is_ascii());
     let mut start = 0;
-    memchr::memchr_iter(sep, line.as_bytes())
+    nvshim_hook::bytes::positions(sep, line.as_bytes())
         .chain([line.len()])
         .map(move |end| {
             // `sep` is ASCII: both ends are `str` boundaries.

@@ -123,7 +123,7 @@ fn u64_at(buf: &[u8], at: usize) -> Option<u64> {
 /// Reads a NUL-terminated string starting at `at`.
 fn cstr_at(buf: &[u8], at: usize) -> Option<&[u8]> {
     let rest = buf.get(at..)?;
-    Some(&rest[..memchr::memchr(0, rest)?])
+    Some(&rest[..crate::bytes::find(0, rest)?])
 }
 
 impl LdCache {

@@ -10,6 +10,7 @@
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 
 pub mod apply_cuda_memory_limits;
+pub mod bytes;
 pub mod chmod;
 pub mod cli;
 pub mod create_symlinks;

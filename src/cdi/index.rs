@@ -65,6 +65,7 @@ use super::registry::{LoadedSpec, Registry, ScanError};
 use super::spec::{self, Spec};
 use super::spec_cache;
 use crate::cache::{hash, now_ns, read_private, seal, unseal, write_private, Key};
+use nvshim_hook::bytes::{self, Finder};
 
 const MAGIC: &str = "nvshim-cdi-index 3";
 
@@ -326,7 +327,7 @@ fn refresh<'a>(
 /// Whether `devices` (` <device> <device> ...`, as [`Content::Spec`] holds them after the kind)
 /// lists `device`. A substring search rather than a split of every entry: a claim request
 /// looks through every claim spec of its kind, 1,000 on a busy node.
-fn lists(devices: &[u8], device: &memchr::memmem::Finder) -> bool {
+fn lists(devices: &[u8], device: &Finder) -> bool {
     let len = device.needle().len();
     device.find_iter(devices).any(|at| {
         devices.get(at.wrapping_sub(1)) == Some(&b' ')
@@ -341,7 +342,7 @@ fn lists(devices: &[u8], device: &memchr::memmem::Finder) -> bool {
 fn key_at(dir: &OwnedFd, name: &[u8]) -> Option<Key> {
     // NAME_MAX is 255: a longer name, or one holding a NUL, names no file.
     let mut path = [0u8; 256];
-    if name.len() >= path.len() || memchr::memchr(0, name).is_some() {
+    if name.len() >= path.len() || bytes::find(0, name).is_some() {
         return None;
     }
     path[..name.len()].copy_from_slice(name);
@@ -393,10 +394,10 @@ fn select(
     // look along a list, not a hash of every file's kind.
     // Each device with its substring finder, built once (building one per file cost more
     // than the search).
-    let mut wanted: Vec<(&str, Vec<(&str, memchr::memmem::Finder)>)> = Vec::new();
+    let mut wanted: Vec<(&str, Vec<(&str, Finder)>)> = Vec::new();
     for n in names {
         let (kind, device) = n.split_once('=')?;
-        let entry = (device, memchr::memmem::Finder::new(device));
+        let entry = (device, Finder::new(device.as_bytes()));
         match wanted.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, devices)) => devices.push(entry),
             None => wanted.push((kind, vec![entry])),
@@ -416,7 +417,7 @@ fn select(
                 }
                 Content::Spec(line) => line,
             };
-            let kind_end = memchr::memchr(b' ', spec_line).unwrap_or(spec_line.len());
+            let kind_end = bytes::find(b' ', spec_line).unwrap_or(spec_line.len());
             let (kind, devices) = spec_line.split_at(kind_end);
             let Some((kind, want)) = wanted.iter().find(|(k, _)| k.as_bytes() == kind) else {
                 continue;
@@ -1107,7 +1108,7 @@ mod tests {
 
     #[test]
     fn a_device_is_listed_only_as_a_whole_word() {
-        let lists = |devices: &[u8], d: &str| lists(devices, &memchr::memmem::Finder::new(d));
+        let lists = |devices: &[u8], d: &str| lists(devices, &Finder::new(d.as_bytes()));
         assert!(lists(b" gpu0 gpu1", "gpu1"));
         assert!(lists(b" gpu0 gpu1", "gpu0"));
         assert!(lists(b" gpu01 gpu0", "gpu0"));

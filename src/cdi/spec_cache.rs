@@ -151,7 +151,7 @@ fn seal(mut body: Vec<u8>) -> Vec<u8> {
 fn decode(bytes: &[u8], key: &Key, wanted: &[&str]) -> Option<Spec> {
     // The trailer first: a truncated or damaged file is not read at all.
     let without_newline = bytes.strip_suffix(b"\n")?;
-    let body_end = memchr::memrchr(b'\n', without_newline)? + 1;
+    let body_end = nvshim_hook::bytes::rfind(b'\n', without_newline)? + 1;
     let (body, trailer) = bytes.split_at(body_end);
     let trailer = std::str::from_utf8(&trailer[..trailer.len() - 1]).ok()?;
     let mut t = trailer.split(' ');
@@ -163,7 +163,7 @@ fn decode(bytes: &[u8], key: &Key, wanted: &[&str]) -> Option<Spec> {
         return None;
     }
     let rest = body.strip_prefix(MAGIC.as_bytes())?.strip_prefix(b"\n")?;
-    let key_end = memchr::memchr(b'\n', rest)?;
+    let key_end = nvshim_hook::bytes::find(b'\n', rest)?;
     if rest[..key_end] != key_line(key)[..] {
         return None;
     }
@@ -181,7 +181,7 @@ fn decode(bytes: &[u8], key: &Key, wanted: &[&str]) -> Option<Spec> {
             .push(Mount::from_cache_fields(fields)?);
     }
     while let Some(line) = next_line(&mut lines) {
-        let space = memchr::memchr(b' ', line)?;
+        let space = nvshim_hook::bytes::find(b' ', line)?;
         let name = std::str::from_utf8(&line[..space]).ok()?;
         let device = if wanted.contains(&name) {
             let d: Device = serde_json::from_slice(&line[space + 1..]).ok()?;
@@ -199,7 +199,7 @@ fn decode(bytes: &[u8], key: &Key, wanted: &[&str]) -> Option<Spec> {
 
 /// The next line of `lines`, without its `\n`, taken off `lines`.
 fn next_line<'a>(lines: &mut &'a [u8]) -> Option<&'a [u8]> {
-    let end = memchr::memchr(b'\n', lines)?;
+    let end = nvshim_hook::bytes::find(b'\n', lines)?;
     let line = &lines[..end];
     *lines = &lines[end + 1..];
     Some(line)
@@ -283,7 +283,7 @@ mod tests {
         let i = good.iter().position(|&b| b == b'/').unwrap();
         flipped[i + 1] ^= 1;
         // Whole, but written by another build.
-        let body = &good[..memchr::memmem::rfind(&good, b"END ").unwrap()];
+        let body = &good[..good.windows(4).rposition(|w| w == b"END ").unwrap()];
         let other_build = seal(
             String::from_utf8(body.to_vec())
                 .unwrap()

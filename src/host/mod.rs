@@ -1041,7 +1041,7 @@ impl Host {
         // MIG host's has a thousand lines (the `split_whitespace` iterators were half of this
         // function, the `char` searches half of what was left).
         let mut start = 0;
-        let ends = memchr::memchr_iter(b'\n', text.as_bytes()).chain([text.len()]);
+        let ends = nvshim_hook::bytes::positions(b'\n', text.as_bytes()).chain([text.len()]);
         for end in ends {
             // Newlines are ASCII: both ends are `str` boundaries.
             let line = text[start..end].trim_ascii();

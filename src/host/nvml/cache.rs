@@ -327,14 +327,14 @@ impl<'a> Cached<'a> {
         let split = if body.starts_with(b"L\t") {
             0
         } else {
-            memchr::memmem::find(body, b"\nL\t")? + 1
+            nvshim_hook::bytes::find_str(body, b"\nL\t")? + 1
         };
         let (fingerprint, answer) = body.split_at(split);
         // Sections start at the `G` lines; what comes before them is the common part.
         let mut starts: Vec<usize> = Vec::new();
         let mut at = 0;
         while at < fingerprint.len() {
-            let end = at + memchr::memchr(b'\n', &fingerprint[at..])? + 1;
+            let end = at + nvshim_hook::bytes::find(b'\n', &fingerprint[at..])? + 1;
             let line = &fingerprint[at..end];
             if line.starts_with(b"G\t") {
                 starts.push(at);
@@ -348,7 +348,7 @@ impl<'a> Cached<'a> {
         for (i, &start) in starts.iter().enumerate() {
             let end = starts.get(i + 1).copied().unwrap_or(fingerprint.len());
             let section = &fingerprint[start..end];
-            let head = memchr::memchr(b'\n', section)? + 1;
+            let head = nvshim_hook::bytes::find(b'\n', section)? + 1;
             let minor = std::str::from_utf8(&section[2..head - 1])
                 .ok()?
                 .parse()
@@ -400,7 +400,7 @@ impl<'a> Cached<'a> {
                         let mut fresh = Lines::new();
                         fresh.add(&file, read_at)?;
                         // A whole cached line: `F\t` starts one only, as no path holds a tab.
-                        memchr::memmem::find(section(gpu.minor), &fresh.bytes)?;
+                        nvshim_hook::bytes::find_str(section(gpu.minor), &fresh.bytes)?;
                     }
                 }
                 // `M` is a handle index among the GPU's instances: all of them must be the same.
