@@ -87,9 +87,12 @@ say() { echo "== $*" >&2; }
 # the same build as `cargo build --release`. The binaries are copied out at once, since the
 # next build of the same binary with other flags relinks it in place.
 say "building release binaries (LTO; minutes on 2 cores)"
-# Reference only: nvshim-runtime dynamically linked, as plain `cargo build` makes it.
+# Reference only: nvshim-runtime dynamically linked, as plain `cargo build` makes it, and
+# linked static with glibc (what build-release.sh makes where the musl target is missing).
 cargo build --release --quiet -p nvshim --bin nvshim-runtime
 cp target/release/nvshim-runtime "$bin/nvshim-runtime-dynamic"
+cargo rustc --release --quiet -p nvshim --bin nvshim-runtime -- -C target-feature=+crt-static
+cp target/release/nvshim-runtime "$bin/nvshim-runtime-glibc"
 scripts/build-release.sh --quiet
 cp target/release/nvshim target/release/nvshim-runtime target/release/nvshim-hook "$bin/"
 cargo build --release --quiet -p nvshim-testsupport --bins -p nvshim-fake-nvml
@@ -135,6 +138,10 @@ ${5:-}
 EOF
 }
 config "$work/true.toml" /bin/true
+# The reference builds keep their own cache-dir: the driver-files cache is keyed on the binary
+# that wrote it (src/legacy/files_cache.rs), so builds sharing one would rewrite it in turn.
+config "$work/true-dynamic.toml" /bin/true "" "$work/run/cache-dynamic"
+config "$work/true-glibc.toml" /bin/true "" "$work/run/cache-glibc"
 config "$work/runc.toml" runc
 config "$work/mig.toml" /bin/true
 sed -i "s|\"$host|\"$work/mighost|" "$work/mig.toml"
@@ -321,7 +328,7 @@ spec="$work/spec.json"
 musl_cmd= musl_row=
 if [ -x "$bin/floor-musl" ]; then
     musl_cmd=$(printf ',{"name":"floor-musl","steps":[["%s","--root","%s","create","--bundle","%s/legacy","c1"]],"prepare":[["cp","%s/legacy.orig.json","%s/legacy/config.json"]]}' "$bin/floor-musl" "$st" "$R" "$R" "$R")
-    musl_row=',{"figure":"the floor, musl static build (reference)","cmd":"floor-musl","baseline":"true"}'
+    musl_row=',{"figure":"the floor, musl static build (reference)","cmd":"floor-musl","baseline":"true"},{"figure":"1. create, legacy, against the musl floor","cmd":"create-legacy","baseline":"floor-musl"},{"figure":"1. create, CDI, against the musl floor","cmd":"create-cdi","baseline":"floor-musl"}'
 fi
 create_cmd() { # NAME BINARY BUNDLE-DIR CONFIG [MORE-ENV: ,"NAME":"VALUE"]
     printf '{"name":"%s","steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{"NVSHIM_CONFIG":"%s"%s}}' \
@@ -341,7 +348,10 @@ cat > "$spec" <<EOF
   $(create_cmd create-cdi "$bin/nvshim-runtime" "$R/cdi" "$work/true.toml"),
   $(create_cmd create-cdi-pod "$bin/nvshim-runtime" "$R/pod" "$work/true.toml"),
   $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
-  $(create_cmd create-legacy-dynamic "$bin/nvshim-runtime-dynamic" "$R/legacy" "$work/true.toml"),
+  $(create_cmd create-legacy-dynamic "$bin/nvshim-runtime-dynamic" "$R/legacy" "$work/true-dynamic.toml"),
+  $(create_cmd create-legacy-glibc "$bin/nvshim-runtime-glibc" "$R/legacy" "$work/true-glibc.toml"),
+  $(create_cmd create-cdi-glibc "$bin/nvshim-runtime-glibc" "$R/cdi" "$work/true-glibc.toml"),
+  {"name":"state-glibc","steps":[["$bin/nvshim-runtime-glibc","--root","$st","state","c1"]],"env":{"NVSHIM_CONFIG":"$work/true-glibc.toml"}},
   $(create_cmd create-legacy-disk "$bin/nvshim-runtime" "$work/disk/legacy" "$work/true.toml"),
   {"name":"floor-disk","steps":[["$bin/floor","--root","$st","create","--bundle","$work/disk/legacy","c1"]],"prepare":[["cp","$work/disk/legacy.orig.json","$work/disk/legacy/config.json"]]},
   {"name":"state","steps":[["$bin/nvshim-runtime","--root","$st","state","c1"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}},
@@ -386,11 +396,14 @@ cat > "$spec" <<EOF
   {"figure":"8. the same without cache-dir (nvml-query helper, fake NVML), against the cached","cmd":"create-mig-uuid-nocache","baseline":"create-mig-uuid"},
   {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
   {"figure":"1. create, legacy, dynamically linked build (reference, not shipped)","cmd":"create-legacy-dynamic","baseline":"floor"},
+  {"figure":"1. create, legacy, glibc static build (reference: shipped before the musl build)","cmd":"create-legacy-glibc","baseline":"floor"},
+  {"figure":"1. create, CDI, glibc static build (reference)","cmd":"create-cdi-glibc","baseline":"floor"},
   {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},
   {"figure":"the floor itself (glibc static)","cmd":"floor","baseline":"true"}
   $musl_row,
   {"figure":"2. state (pass-through)","cmd":"state","baseline":"floor-state","goal_ms":0.1},
   {"figure":"2. delete (pass-through)","cmd":"delete","baseline":"floor-delete","goal_ms":0.1},
+  {"figure":"2. state, glibc static build (reference)","cmd":"state-glibc","baseline":"floor-state"},
   {"figure":"3. create+start+delete, busybox GPU container, over runc","cmd":"full-shim","baseline":"full-runc"},
   {"figure":"3. control: runc alone against runc alone (this figure's noise)","cmd":"full-runc-control","baseline":"full-runc"},
   {"figure":"4. nvshim-hook update-ldcache (first start)","cmd":"hook","baseline":"true-stdin","goal_ms":1.0},
@@ -403,6 +416,7 @@ cat > "$spec" <<EOF
   {"figure":"6. peak RSS: create, CDI","cmd":"create-cdi","metric":"rss","baseline":"true","goal_kib":3072},
   {"figure":"6. peak RSS: state","cmd":"state","metric":"rss","baseline":"true","goal_kib":3072},
   {"figure":"6. peak RSS: create, legacy, dynamically linked build (reference)","cmd":"create-legacy-dynamic","metric":"rss","baseline":"true"},
+  {"figure":"6. peak RSS: create, legacy, glibc static build (reference)","cmd":"create-legacy-glibc","metric":"rss","baseline":"true"},
   {"figure":"6. peak RSS: the floor","cmd":"floor","metric":"rss","baseline":"true"},
   {"figure":"6. peak RSS: update-ldcache","cmd":"hook","metric":"rss","baseline":"true-stdin"},
   {"figure":"6. peak RSS: ldconfig -r","cmd":"ldconfig","metric":"rss","baseline":"true-stdin"},

@@ -10,7 +10,8 @@
 //! and nothing but the binaries uses [`ops`] (`nvshim-runtime` never links the operator code).
 //! `tests/checks/layers.rs` checks it.
 //!
-//! - Model and edges: [`atomic`] (the one temp-file-and-rename write), [`config`], [`report`]
+//! - Model and edges: [`arena`] (`nvshim-runtime`'s allocator), [`atomic`] (the one
+//!   temp-file-and-rename write), [`config`], [`report`]
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`bundle`]
 //!   (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
@@ -23,6 +24,7 @@
 //! - [`ops`]: the operator tool (`nvshim`): CDI generate/refresh, explain, doctor, engine
 //!   configuration, node set-up.
 
+pub mod arena;
 pub mod atomic;
 pub mod bundle;
 pub mod cache;
