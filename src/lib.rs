@@ -10,7 +10,8 @@
 //! and nothing but the binaries uses [`ops`] (`nvshim-runtime` never links the operator code).
 //! `tests/checks/layers.rs` checks it.
 //!
-//! - Model and edges: [`arena`] (`nvshim-runtime`'s allocator), [`atomic`] (the one
+//! - Model and edges: [`arena`] and [`memcpy`] (`nvshim-runtime`'s allocator and `memcpy` in
+//!   its musl build), [`atomic`] (the one
 //!   temp-file-and-rename write), [`config`], [`report`]
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`bundle`]
@@ -36,6 +37,7 @@ pub mod host;
 pub mod install;
 pub mod legacy;
 pub mod logging;
+pub mod memcpy;
 pub mod memory_limits;
 pub mod nvidia;
 pub mod ops;

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 const ORDER: &[&str] = &[
     // model and edges: depend on nothing but earlier ones
     "arena",
+    "memcpy",
     "atomic",
     "cache",
     "config",
