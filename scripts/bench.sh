@@ -2,8 +2,8 @@
 # nvshim's benchmarks (docs/benchmarks.md says what each figure means and what they showed).
 #
 # Builds the release binaries as they ship (scripts/build-release.sh: nvshim-runtime and
-# nvshim-hook static-pie, nvshim dynamic: it dlopens libnvidia-ml), plus a dynamically linked
-# nvshim-runtime as a reference row, a simulated 8-GPU host, bundles on a tmpfs (engines keep
+# nvshim-hook static-pie, nvshim dynamic: it dlopens libnvidia-ml), plus nvshim-runtime
+# dynamically linked and linked static with glibc as reference rows, a simulated 8-GPU host, bundles on a tmpfs (engines keep
 # bundles under /run), and the floor: a static C program that only execs /bin/true
 # (scripts/bench/floor.c). Then times, side by side in one run, interleaved round by round
 # in a shuffled order (nvshim-bench, tests/support/src/bin/bench.rs), medians and interquartile

@@ -4,8 +4,9 @@
 //! handler with its sigaltstack, and the main thread's stack bounds, which glibc finds by
 //! parsing `/proc/self/maps`), about 20 system calls that a hook run on every container start
 //! does not need. The arguments are read from `main`'s own (`cli::args_of_main`: std finds
-//! them before `main` only on glibc). What the runtime did that still matters is done here: stdin, stdout and stderr are made to
-//! exist, so that no file the hook opens can land on fd 0-2 and receive its messages.
+//! them before `main` only on glibc). What the runtime did that still matters is done here:
+//! stdin, stdout and stderr are made to exist, so that no file the hook opens can land on fd
+//! 0-2 and receive its messages.
 
 #![no_main]
 

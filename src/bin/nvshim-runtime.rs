@@ -13,8 +13,9 @@
 //!   (docs/benchmarks.md).
 //!
 //! The arguments are read from `main`'s own (`nvshim_hook::cli::args_of_main`: std finds them
-//! before `main` only on glibc, and the shim ships as a musl build). What the runtime did that still matters is done here: fds 0-2 are made to exist, so no file the shim
-//! opens (config.json's temporary file) can land on them and receive an error message.
+//! before `main` only on glibc, and the shim ships as a musl build). What the runtime did that
+//! still matters is done here: fds 0-2 are made to exist, so no file the shim opens
+//! (config.json's temporary file) can land on them and receive an error message.
 
 #![no_main]
 
@@ -38,13 +39,11 @@ pub unsafe extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int 
     // the shim always did: runc sees the same fds as before).
     nvshim_hook::cli::ensure_std_fds();
     // SAFETY: the argc and argv the C runtime passed to `main`.
-    let mut args: Vec<OsString> = unsafe { nvshim_hook::cli::args_of_main(argc, argv) };
-    if !args.is_empty() {
-        args.remove(0);
-    }
+    let all: Vec<OsString> = unsafe { nvshim_hook::cli::args_of_main(argc, argv) };
+    let args = all.get(1..).unwrap_or_default();
     // A command line nvshim cannot scan is runc's to reject, unless nvshim had to edit.
-    let inv = runtime::parse_args(&args).unwrap_or_default();
-    let err = run(&args, &inv);
+    let inv = runtime::parse_args(args).unwrap_or_default();
+    let err = run(args, &inv);
     let msg = format!("nvshim: {}", nvshim::report::error_text(err.as_ref()));
     tracing::error!("{msg}");
     if let Some(log) = &inv.log {
