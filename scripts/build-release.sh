@@ -9,10 +9,10 @@
 #   glibc's static start-up alone costs about 0.3 ms more on a virtual machine (its CPU
 #   feature probe runs dozens of CPUID instructions, each trapped by the hypervisor; the two
 #   floors of figure 1), so the runtime is built for x86_64-unknown-linux-musl, with its own
-#   allocator and memcpy (src/arena.rs, src/memcpy.rs). Where that target cannot be installed (`rustup target add`), the
-#   runtime is linked static with glibc instead, and this script says so. The runtime never
-#   loads libnvidia-ml itself; the rare request that needs NVML asks the (dynamic) `nvshim`
-#   next to it.
+#   allocator and memcpy (src/arena.rs, src/memcpy.rs). Where that target cannot be installed
+#   (`rustup target add`), the runtime is linked static with glibc instead, and this script
+#   says so. The runtime never loads libnvidia-ml itself; the rare request that needs NVML
+#   asks the (dynamic) `nvshim` next to it.
 # Cargo has no per-package rustflags on stable, and a global crt-static would break proc-macros
 # and the fake NVML cdylib, hence `cargo rustc` for the hook.
 set -euo pipefail
