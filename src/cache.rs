@@ -157,15 +157,9 @@ pub fn line(out: &mut Vec<u8>, fields: &[&[u8]]) -> Option<()> {
 
 /// The lines of a cache file's `body`, without their `\n` (a last one without it too).
 pub fn lines(body: &str) -> impl Iterator<Item = &str> {
-    let mut start = 0;
-    nvshim_hook::bytes::positions(b'\n', body.as_bytes())
-        .chain([body.len()])
-        .filter_map(move |end| {
-            // `\n` is ASCII: both ends are `str` boundaries.
-            let line = body.get(start..end)?;
-            start = end + 1;
-            (end < body.len() || !line.is_empty()).then_some(line)
-        })
+    // [`split`] less the empty field after a final `\n`; an empty body has no line at all.
+    let count = if body.is_empty() { 0 } else { usize::MAX };
+    split(body.strip_suffix('\n').unwrap_or(body), b'\n').take(count)
 }
 
 /// `line` split at every `sep` (ASCII), by byte: `str::split(char)` cost a MIG `all` create

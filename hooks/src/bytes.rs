@@ -74,9 +74,17 @@ pub fn rfind(needle: u8, haystack: &[u8]) -> Option<usize> {
 /// Every position of `needle` in `haystack`, in order.
 pub fn positions(needle: u8, haystack: &[u8]) -> impl Iterator<Item = usize> + '_ {
     let one = imp::one(needle);
+    every(haystack, move |h| one.find(h))
+}
+
+/// Every match `find` reports in `haystack`, each search starting a byte after the last match.
+fn every<'h>(
+    haystack: &'h [u8],
+    find: impl Fn(&[u8]) -> Option<usize> + 'h,
+) -> impl Iterator<Item = usize> + 'h {
     let mut start = 0;
     std::iter::from_fn(move || {
-        let at = start + one.find(haystack.get(start..)?)?;
+        let at = start + find(haystack.get(start..)?)?;
         start = at + 1;
         Some(at)
     })
@@ -116,12 +124,7 @@ impl<'n> Finder<'n> {
     where
         'h: 'a,
     {
-        let mut start = 0;
-        std::iter::from_fn(move || {
-            let at = start + self.find(haystack.get(start..)?)?;
-            start = at + 1;
-            Some(at)
-        })
+        every(haystack, move |h| self.find(h))
     }
 }
 

@@ -1040,12 +1040,8 @@ impl Host {
         // ASCII splitting by hand, by byte: the table is the kernel module's, ASCII, and a
         // MIG host's has a thousand lines (the `split_whitespace` iterators were half of this
         // function, the `char` searches half of what was left).
-        let mut start = 0;
-        let ends = nvshim_hook::bytes::positions(b'\n', text.as_bytes()).chain([text.len()]);
-        for end in ends {
-            // Newlines are ASCII: both ends are `str` boundaries.
-            let line = text[start..end].trim_ascii();
-            start = end + 1;
+        for line in crate::cache::split(&text, b'\n') {
+            let line = line.trim_ascii();
             if line.is_empty() {
                 continue;
             }
