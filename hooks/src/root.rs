@@ -728,17 +728,18 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
     }
     let mut out = Vec::new();
     // Not zeroed: the kernel writes what is read (zeroing 32 KiB per directory was an eighth of
-    // a GPU container's fix-ups hook, callgrind).
-    let mut buf: Vec<u8> = Vec::with_capacity(32 * 1024);
+    // a GPU container's fix-ups hook, callgrind). On the stack, not the heap: a heap buffer
+    // freed under the entries allocated after it is not reused by nvshim-runtime's arena
+    // (src/arena.rs), so a walk of many small directories would leave 32 KiB behind each.
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 32 * 1024];
     loop {
-        buf.clear();
-        // SAFETY: `buf` has `buf.capacity()` writable bytes; getdents64 writes at most that many.
+        // SAFETY: `buf` has `buf.len()` writable bytes; getdents64 writes at most that many.
         let n = unsafe {
             libc::syscall(
                 libc::SYS_getdents64,
                 dir.as_raw_fd(),
                 buf.as_mut_ptr(),
-                buf.capacity(),
+                buf.len(),
             )
         };
         if n < 0 {
@@ -748,8 +749,8 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
             return Ok(out);
         }
         let n = n as usize;
-        // SAFETY: getdents64 initialised the first `n` bytes, and `n <= buf.capacity()`.
-        unsafe { buf.set_len(n) };
+        // SAFETY: getdents64 initialised the first `n` bytes, and `n <= buf.len()`.
+        let buf = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
         let mut at = 0usize;
         // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
         while at + 19 <= n {
