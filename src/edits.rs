@@ -479,19 +479,37 @@ fn rule_value(kind: &str, major: i64, minor: i64, access: &str) -> (String, Valu
     out.insert("type".into(), Value::String(kind.to_string()));
     out.insert("major".into(), Value::from(major));
     out.insert("minor".into(), Value::from(minor));
+    // Pushed piece by piece: `format!` and `to_string` made this a third of `apply_all` on a
+    // MIG `all` create's 125 rules (callgrind).
     let mut key = String::with_capacity(64);
     key.push('{');
     if !access.is_empty() {
         out.insert("access".into(), Value::String(access.to_string()));
         key.push_str("\"access\":");
-        key.push_str(&Value::String(access.to_string()).to_string());
+        push_json_str(&mut key, access);
         key.push(',');
     }
-    let kind_json = Value::String(kind.to_string()).to_string();
-    key.push_str(&format!(
-        "\"allow\":true,\"major\":{major},\"minor\":{minor},\"type\":{kind_json}}}"
-    ));
+    key.push_str("\"allow\":true,\"major\":");
+    key.push_str(itoa::Buffer::new().format(major));
+    key.push_str(",\"minor\":");
+    key.push_str(itoa::Buffer::new().format(minor));
+    key.push_str(",\"type\":");
+    push_json_str(&mut key, kind);
+    key.push('}');
     (key, Value::Object(out))
+}
+
+/// `s` as a JSON string, as serde_json writes it.
+fn push_json_str(out: &mut String, s: &str) {
+    if s.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f)
+    {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&Value::String(s.to_string()).to_string());
+    }
 }
 
 /// Each key's first position in a list (`None` keys are left out), for constant-time lookups.
@@ -1116,6 +1134,14 @@ mod tests {
                 serde_json::to_string(&reference).unwrap()
             );
             assert_eq!(key, canonical(&value));
+        }
+        // Text a CDI spec may give (quotes, control and non-ASCII characters) and numbers
+        // of every sign: the key is still the canonical form.
+        for access in ["r\"w\\", "rw\u{1}", "rw\u{7f}", "rwé", ""] {
+            for (major, minor) in [(-1, 0), (i64::MAX, i64::MIN)] {
+                let (key, value) = rule_value("c", major, minor, access);
+                assert_eq!(key, canonical(&value));
+            }
         }
     }
 

@@ -323,7 +323,7 @@ impl Host {
             _ => return None,
         };
         Some(HostDeviceNode {
-            container_path: format!("/dev/{name}"),
+            container_path: ["/dev/", name].concat(),
             host_path,
             kind,
             major: nix::sys::stat::major(st.st_rdev) as u32,
@@ -1044,9 +1044,9 @@ impl Host {
         let rels: Vec<String> = caps
             .iter()
             .map(|&cap| match cap {
-                "config" | "monitor" => format!("mig/{cap}"),
+                "config" | "monitor" => ["mig/", cap].concat(),
                 _ => match cap.split_once('/') {
-                    Some((gpu, rest)) => format!("{gpu}/mig/{rest}"),
+                    Some((gpu, rest)) => [gpu, "/mig/", rest].concat(),
                     None => cap.to_string(),
                 },
             })
