@@ -28,8 +28,6 @@ use std::path::{Path, PathBuf};
 use std::cell::RefCell;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::ser::{SerializeMap, Serializer};
-use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use thiserror::Error;
@@ -200,22 +198,25 @@ impl Bundle {
         self.render_spec(&self.spec)
     }
 
-    /// Serialises `spec` in the layout the original used (pretty if it had newlines).
+    /// Serialises `spec` in the layout the original used (pretty if it had newlines), as
+    /// serde_json would (`crate::json` says why not serde_json itself).
     pub fn render_spec(&self, spec: &Value) -> Vec<u8> {
         let pretty = self.original.contains(&b'\n');
         // Room for the edits up front: growing the buffer while writing copied it several
         // times (about 5% of a create's instructions, callgrind).
-        let mut out = Vec::with_capacity(self.original.len() * 4 + 4096);
-        // Serialising a Value into a Vec cannot fail: keys are strings, numbers are finite.
-        let doc = WithRaw {
-            spec,
-            raw: self.raw.as_ref(),
-        };
-        let _ = if pretty {
-            serde_json::to_writer_pretty(&mut out, &doc)
-        } else {
-            serde_json::to_writer(&mut out, &doc)
-        };
+        let mut w = crate::json::Writer::new(self.original.len() * 4 + 4096, pretty);
+        match (self.raw.as_ref(), spec.as_object()) {
+            (Some(raw), Some(root)) => w.object(|m| {
+                for (key, value) in root {
+                    match value.as_object() {
+                        Some(parent) if key == RAW_PARENT => write_parent(m.key(key), parent, raw),
+                        _ => m.key(key).value(value),
+                    }
+                }
+            }),
+            _ => w.value(spec),
+        }
+        let mut out = w.into_bytes();
         if pretty {
             out.push(b'\n');
         }
@@ -285,56 +286,21 @@ fn parse_faithful_with(
     Ok(value)
 }
 
-/// The document with its raw member put back in its place, for serialising.
-struct WithRaw<'a> {
-    spec: &'a Value,
-    raw: Option<&'a RawMember>,
-}
-
-impl Serialize for WithRaw<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (Some(raw), Some(root)) = (self.raw, self.spec.as_object()) else {
-            return self.spec.serialize(s);
-        };
-        let mut map = s.serialize_map(Some(root.len()))?;
-        for (key, value) in root {
-            match value.as_object() {
-                Some(parent) if key == RAW_PARENT => map.serialize_entry(
-                    key,
-                    &Parent {
-                        members: parent,
-                        raw,
-                    },
-                )?,
-                _ => map.serialize_entry(key, value)?,
-            }
-        }
-        map.end()
-    }
-}
-
 /// `linux` with the raw member at its index (after any members edits appended, when the
 /// object had fewer before it).
-struct Parent<'a> {
-    members: &'a Map<String, Value>,
-    raw: &'a RawMember,
-}
-
-impl Serialize for Parent<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.members.len() + 1))?;
-        let at = self.raw.index.min(self.members.len());
-        for (i, (key, value)) in self.members.iter().enumerate() {
+fn write_parent(w: &mut crate::json::Writer, members: &Map<String, Value>, raw: &RawMember) {
+    let at = raw.index.min(members.len());
+    w.object(|m| {
+        for (i, (key, value)) in members.iter().enumerate() {
             if i == at {
-                map.serialize_entry(RAW_KEY, &self.raw.text)?;
+                m.key(RAW_KEY).raw(raw.text.get());
             }
-            map.serialize_entry(key, value)?;
+            m.key(key).value(value);
         }
-        if at == self.members.len() {
-            map.serialize_entry(RAW_KEY, &self.raw.text)?;
+        if at == members.len() {
+            m.key(RAW_KEY).raw(raw.text.get());
         }
-        map.end()
-    }
+    });
 }
 
 /// Where a value sits, as a chain on the stack: a JSON pointer is only built for an error.

@@ -14,8 +14,8 @@
 //!   its musl build), [`atomic`] (the one
 //!   temp-file-and-rename write), [`config`], [`report`]
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
-//!   driver facts: files per capability, control nodes, mount options, hook env), [`bundle`]
-//!   (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
+//!   driver facts: files per capability, control nodes, mount options, hook env), [`json`]
+//!   (JSON text as serde_json writes it, faster), [`bundle`] (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
 //!   [`host::Snapshot`]; NVML under it), [`install`] (where
 //!   nvshim's binaries are), [`edits`] (container edits, their causes, and applying them).
 //! - The `create` pipeline: [`cdi`] (the CDI consumer: names, annotations, specs, registry,
@@ -35,6 +35,7 @@ pub mod create;
 pub mod edits;
 pub mod host;
 pub mod install;
+pub mod json;
 pub mod legacy;
 pub mod logging;
 pub mod memcpy;

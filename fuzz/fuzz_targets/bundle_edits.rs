@@ -6,7 +6,8 @@
 //!
 //! Properties: no panic; the duplicate-refusing parse gives serde_json's value; applying the same edits twice changes nothing (a retried `create`
 //! must not stack devices or mounts, docs/design.md §5); the edited document renders and
-//! reads back equal (the atomic save writes exactly what was computed); the lean load
+//! reads back equal (the atomic save writes exactly what was computed), in the bytes
+//! serde_json's writer gives (src/json.rs writes it); the lean load
 //! (`linux.seccomp` kept as text) accepts the same documents and renders the same document.
 #![no_main]
 
@@ -60,6 +61,17 @@ fuzz_target!(|data: &[u8]| {
     edits::apply(&mut lean.spec, &edits).expect("edits that applied to the full load");
     bundle.spec = once;
     let rendered = bundle.render();
+    // nvshim's writer (src/json.rs) writes what serde_json's would, in both layouts.
+    let mut serde_text = if config.contains(&b'\n') {
+        serde_json::to_vec_pretty(&bundle.spec)
+    } else {
+        serde_json::to_vec(&bundle.spec)
+    }
+    .expect("a Value serialises");
+    if config.contains(&b'\n') {
+        serde_text.push(b'\n');
+    }
+    assert_eq!(rendered, serde_text, "rendered differently from serde_json");
     let back: serde_json::Value =
         serde_json::from_slice(&rendered).expect("rendered config.json parses");
     assert_eq!(

@@ -23,6 +23,7 @@ const ORDER: &[&str] = &[
     "runtime",
     "logging",
     "nvidia",
+    "json",
     "bundle",
     "host",
     "install",
