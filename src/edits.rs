@@ -144,7 +144,12 @@ impl Mount {
             host_path: fields.next()?.to_string(),
             container_path: fields.next()?.to_string(),
             kind: crate::cache::parse_optional_field(fields.next()?)?,
-            options: fields.map(str::to_string).collect(),
+            options: {
+                // NVIDIA's mounts have five options; collecting grew the list twice a mount.
+                let mut options = Vec::with_capacity(6);
+                options.extend(fields.map(str::to_string));
+                options
+            },
         })
     }
 }

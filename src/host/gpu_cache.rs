@@ -35,8 +35,8 @@ pub(super) fn gpus(
 ) -> Result<Vec<Gpu>, HostError> {
     // getdents64 into a buffer on the stack: std's `read_dir` (musl's `opendir`) maps and
     // unmaps one for each listing (`Host::mig_instances` says what that cost).
-    let listed =
-        std::fs::File::open(gpus_dir).and_then(|dir| nvshim_hook::root::read_dir(dir.as_fd()));
+    let listed = std::fs::File::open(gpus_dir)
+        .and_then(|dir| nvshim_hook::root::read_dir_fresh(dir.as_fd()));
     let mut names: Vec<PathBuf> = match listed {
         Ok(entries) => entries
             .into_iter()

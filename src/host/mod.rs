@@ -346,7 +346,7 @@ impl Host {
         // each of the 72 directories of an 8-GPU host with 7 MIG devices a GPU, 7 system calls
         // and a page fault a directory where this makes 4 (strace).
         fn numbered(dir: BorrowedFd, prefix: &[u8]) -> Vec<(u32, Vec<u8>)> {
-            root::read_dir(dir)
+            root::read_dir_fresh(dir)
                 .unwrap_or_default()
                 .into_iter()
                 .filter_map(|e| {
