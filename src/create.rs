@@ -358,11 +358,12 @@ fn apply_cdi(
             legacy::name_bundle(hook, &tools.hook, &bundle);
         }
     }
+    let stale: Vec<String> = groups
+        .iter_mut()
+        .flat_map(|g| cdi::registry::stale_device_nodes_filling(&mut g.edits))
+        .collect();
     let parts: Vec<&ContainerEdits> = groups.iter().map(|g| &g.edits).collect();
-    for stale in parts
-        .iter()
-        .flat_map(|e| cdi::registry::stale_device_nodes(e))
-    {
+    for stale in stale {
         trace.warn(format!("stale CDI spec: {stale}"));
     }
     if plan.request.cdi_already_applied {
@@ -401,9 +402,15 @@ fn check_hooks_exist<'a>(
     hooks: impl IntoIterator<Item = &'a edits::Hook>,
     own_hook: &Path,
 ) -> Result<(), CreateError> {
+    // Each path once: a spec's hooks mostly run the same binary (NVIDIA's three, nvshim's).
+    let mut found: Vec<&str> = Vec::new();
     for h in hooks {
+        if found.contains(&h.path.as_str()) {
+            continue;
+        }
         let path = Path::new(&h.path);
         if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            found.push(&h.path);
             continue;
         }
         let hook = h.path.clone();

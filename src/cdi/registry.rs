@@ -504,35 +504,57 @@ fn normalize_empty(edits: &mut ContainerEdits) {
 /// otherwise gives a container where `nvidia-smi` works and `cuInit` fails (docs/field-notes.md
 /// §2.6). One `lstat` per node; a missing node is left to [`crate::edits::apply`] to report.
 pub fn stale_device_nodes(edits: &ContainerEdits) -> Vec<String> {
+    edits
+        .device_nodes
+        .iter()
+        .filter_map(|d| host_node(d)?.0)
+        .collect()
+}
+
+/// [`stale_device_nodes`] for `create`, which then applies the edits: a node the spec gives
+/// its type and numbers but not its mode gets the mode of the host node `lstat`ed here, as
+/// [`crate::edits::apply`] would fill it from its own `lstat` of the same node (CDI
+/// `fillMissingInfo`), so each node is `lstat`ed once, not twice.
+pub fn stale_device_nodes_filling(edits: &mut ContainerEdits) -> Vec<String> {
     let mut out = Vec::new();
-    for d in &edits.device_nodes {
-        let (Some(major), Some(minor)) = (d.major, d.minor) else {
+    for d in &mut edits.device_nodes {
+        let Some((stale, mode)) = host_node(d) else {
             continue;
         };
-        if major == 0 {
-            continue;
+        if d.file_mode.is_none() && d.kind.as_deref().is_some_and(|k| !k.is_empty()) {
+            d.file_mode = Some(mode);
         }
-        let host = d.host_path.as_deref().unwrap_or(&d.path);
-        let Ok(meta) = std::fs::symlink_metadata(host) else {
-            continue;
-        };
-        let ft = meta.file_type();
-        if !(ft.is_char_device() || ft.is_block_device()) {
-            continue;
-        }
-        let rdev = meta.rdev();
-        let (hmaj, hmin) = (
-            nix::sys::stat::major(rdev) as i64,
-            nix::sys::stat::minor(rdev) as i64,
-        );
-        if (hmaj, hmin) != (major, minor) {
-            out.push(format!(
-                "{} is {major}:{minor} in the spec but {hmaj}:{hmin} on the host ({host}); regenerate the spec",
-                d.path
-            ));
-        }
+        out.extend(stale);
     }
     out
+}
+
+/// For a node with its numbers (major not 0) whose host node is a character or block
+/// device: what is stale about it, if anything, and the host node's mode (permission bits).
+/// One `lstat`.
+fn host_node(d: &crate::edits::DeviceNode) -> Option<(Option<String>, u32)> {
+    let (major, minor) = (d.major?, d.minor?);
+    if major == 0 {
+        return None;
+    }
+    let host = d.host_path.as_deref().unwrap_or(&d.path);
+    let meta = std::fs::symlink_metadata(host).ok()?;
+    let ft = meta.file_type();
+    if !(ft.is_char_device() || ft.is_block_device()) {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let (hmaj, hmin) = (
+        nix::sys::stat::major(rdev) as i64,
+        nix::sys::stat::minor(rdev) as i64,
+    );
+    let stale = ((hmaj, hmin) != (major, minor)).then(|| {
+        format!(
+            "{} is {major}:{minor} in the spec but {hmaj}:{hmin} on the host ({host}); regenerate the spec",
+            d.path
+        )
+    });
+    Some((stale, meta.mode() & 0o7777))
 }
 
 /// Device nodes a spec names that do not exist on the host: a GPU removed or not yet probed,
