@@ -160,61 +160,16 @@ struct Bind<'a> {
     resolved: std::cell::OnceCell<String>,
 }
 
-impl<'a> Bind<'a> {
+impl Bind<'_> {
     /// Whether the host source is a directory (or cannot be told): only those can hold a
     /// mountpoint runc creates. File binds (Docker's and the kubelet's `/etc/hosts`,
     /// `/etc/resolv.conf`, `/dev/termination-log`, every library nvshim mounts) cannot.
-    fn is_dir(&self, sources: &Sources<'a>) -> bool {
+    fn is_dir(&self) -> bool {
         *self.is_dir.get_or_init(|| {
-            !self.not_dir && (self.source.is_empty() || sources.is_dir(self.source))
+            !self.not_dir
+                && (self.source.is_empty()
+                    || std::fs::metadata(self.source).map_or(true, |md| md.is_dir()))
         })
-    }
-}
-
-/// The bind sources' parent directories, each opened once (`O_PATH`), so that a source is
-/// `stat`ed by its name there: a CDI create on NVIDIA's 8-GPU spec adds 65 mounts from a
-/// handful of directories, and each whole path cost the walk of all its components.
-#[derive(Default)]
-struct Sources<'a> {
-    dirs: std::cell::RefCell<Vec<(&'a str, Option<OwnedFd>)>>,
-}
-
-impl<'a> Sources<'a> {
-    /// `stat` (symlinks followed) says a directory, or cannot say.
-    fn is_dir(&self, source: &'a str) -> bool {
-        let whole = || std::fs::metadata(source).map_or(true, |md| md.is_dir());
-        let (parent, name) = match source.rsplit_once('/') {
-            Some(("", name)) => ("/", name),
-            Some(split) => split,
-            None => return whole(),
-        };
-        if matches!(name, "" | "." | "..") {
-            return whole();
-        }
-        let mut dirs = self.dirs.borrow_mut();
-        let at = match dirs.iter().position(|(p, _)| *p == parent) {
-            Some(at) => at,
-            None => {
-                // `openat`: musl's `open` adds an `fcntl` for `O_CLOEXEC`, its `openat` does not.
-                let fd = nix::fcntl::openat(
-                    None,
-                    parent,
-                    OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-                .ok()
-                // SAFETY: `open` returned a new fd that nothing else owns.
-                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
-                dirs.push((parent, fd));
-                dirs.len() - 1
-            }
-        };
-        match &dirs[at].1 {
-            Some(fd) => fstatat(Some(fd.as_raw_fd()), name, AtFlags::empty()).map_or(true, |st| {
-                SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR
-            }),
-            None => whole(),
-        }
     }
 }
 
@@ -289,9 +244,8 @@ pub fn check_added_mounts<'a>(
             })
         })
         .collect();
-    let sources = Sources::default();
-    let own_dir = binds.iter().filter(|b| b.own).any(|b| b.is_dir(&sources));
-    if !own_dir && !binds.iter().filter(|b| !b.own).any(|b| b.is_dir(&sources)) {
+    let own_dir = binds.iter().filter(|b| b.own).any(Bind::is_dir);
+    if !own_dir && !binds.iter().filter(|b| !b.own).any(Bind::is_dir) {
         return Ok(());
     }
     let Some(mut root) = RootFs::open(rootfs) else {
@@ -308,7 +262,7 @@ pub fn check_added_mounts<'a>(
         // directory, count: they are mounted from the host too).
         let into = binds.iter().find(|b| {
             b.destination != m.container_path
-                && b.is_dir(&sources)
+                && b.is_dir()
                 && is_within(
                     &resolved,
                     b.resolved.get_or_init(|| root.resolve(b.destination)),
