@@ -512,17 +512,21 @@ pub fn stale_device_nodes(edits: &ContainerEdits) -> Vec<String> {
 }
 
 /// [`stale_device_nodes`] for `create`, which then applies the edits: a node the spec gives
-/// its type and numbers but not its mode gets the mode of the host node `lstat`ed here, as
-/// [`crate::edits::apply`] would fill it from its own `lstat` of the same node (CDI
-/// `fillMissingInfo`), so each node is `lstat`ed once, not twice.
+/// its numbers gets the type and mode it leaves out from the host node `lstat`ed here, as
+/// [`crate::edits::apply`] would fill them from its own `lstat` of the same node (CDI
+/// `fillMissingInfo`: an empty type is the host's, a missing mode the host's, the numbers the
+/// spec's), so each node is `lstat`ed once, not twice. `nvshim cdi generate` writes nodes so.
 pub fn stale_device_nodes_filling(edits: &mut ContainerEdits) -> Vec<String> {
     let mut out = Vec::new();
     for d in &mut edits.device_nodes {
-        let Some((stale, mode)) = host_node(d) else {
+        let Some((stale, kind, mode)) = host_node(d) else {
             continue;
         };
-        if d.file_mode.is_none() && d.kind.as_deref().is_some_and(|k| !k.is_empty()) {
-            d.file_mode = Some(mode);
+        let declared = d.kind.as_deref().unwrap_or("");
+        // A declared type the host's contradicts is left to `apply` to refuse.
+        if declared.is_empty() || declared == kind {
+            d.kind = Some(kind.into());
+            d.file_mode.get_or_insert(mode);
         }
         out.extend(stale);
     }
@@ -530,9 +534,9 @@ pub fn stale_device_nodes_filling(edits: &mut ContainerEdits) -> Vec<String> {
 }
 
 /// For a node with its numbers (major not 0) whose host node is a character or block
-/// device: what is stale about it, if anything, and the host node's mode (permission bits).
-/// One `lstat`.
-fn host_node(d: &crate::edits::DeviceNode) -> Option<(Option<String>, u32)> {
+/// device: what is stale about it, if anything, the host node's type (`c` or `b`) and its
+/// mode (permission bits). One `lstat`.
+fn host_node(d: &crate::edits::DeviceNode) -> Option<(Option<String>, &'static str, u32)> {
     let (major, minor) = (d.major?, d.minor?);
     if major == 0 {
         return None;
@@ -554,7 +558,8 @@ fn host_node(d: &crate::edits::DeviceNode) -> Option<(Option<String>, u32)> {
             d.path
         )
     });
-    Some((stale, meta.mode() & 0o7777))
+    let kind = if ft.is_char_device() { "c" } else { "b" };
+    Some((stale, kind, meta.mode() & 0o7777))
 }
 
 /// Device nodes a spec names that do not exist on the host: a GPU removed or not yet probed,
@@ -644,6 +649,43 @@ pub fn stale_spec(spec: &Spec, driver_version: Option<&str>) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::edits::DeviceNode;
+
+    /// Filling a node from the staleness check's `lstat` gives the document `apply` gives from
+    /// its own: every combination of a declared type and mode, on a real node (`/dev/null`,
+    /// c 1:3), with the numbers right and stale.
+    #[test]
+    fn filling_from_the_staleness_check_gives_what_apply_fills() {
+        for (major, minor) in [(1, 3), (1, 5)] {
+            for kind in [None, Some(""), Some("c"), Some("b"), Some("u"), Some("p")] {
+                for file_mode in [None, Some(0o600)] {
+                    let node = DeviceNode {
+                        path: "/dev/null".into(),
+                        kind: kind.map(str::to_string),
+                        major: Some(major),
+                        minor: Some(minor),
+                        file_mode,
+                        ..Default::default()
+                    };
+                    let plain = ContainerEdits {
+                        device_nodes: vec![node],
+                        ..Default::default()
+                    };
+                    let mut filled = plain.clone();
+                    let stale = stale_device_nodes_filling(&mut filled);
+                    assert_eq!(stale, stale_device_nodes(&plain));
+                    assert_eq!(stale.is_empty(), minor == 3);
+                    let (mut a, mut b) = (serde_json::json!({}), serde_json::json!({}));
+                    let (ra, rb) = (
+                        crate::edits::apply(&mut a, &plain),
+                        crate::edits::apply(&mut b, &filled),
+                    );
+                    let case = format!("{kind:?} {file_mode:?} {major}:{minor}");
+                    assert_eq!(ra.is_ok(), rb.is_ok(), "{case}");
+                    assert_eq!(a, b, "{case}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn into_grouped_gives_what_resolve_grouped_gives() {
