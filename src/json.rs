@@ -5,7 +5,7 @@
 //! Why not serde_json's own writer: a GPU create writes the whole config.json, most of it the
 //! mounts, device nodes and cgroup rules it adds, and serde_json's generic `Serializer` and
 //! `Formatter` push each comma, colon and indent through `io::Write` one small `memcpy` at a
-//! time. Writing a MIG `all` create's 53 KB document took 0.95 M of its 3.2 M instructions
+//! time. Writing a MIG `all` create's 53 KB document took 0.90 M of its 3.2 M instructions
 //! that way (callgrind, docs/benchmarks.md). Here the pieces are pushed onto the `Vec`
 //! directly and a string is checked for characters to escape eight bytes at a time. Numbers
 //! other than integers are written by serde_json itself; tests hold every other byte to its
