@@ -738,7 +738,7 @@ pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
     // freed under the entries allocated after it is not reused by nvshim-runtime's arena
     // (src/arena.rs), so a walk of many small directories faulted in a page of it each. One
     // page, as musl's `opendir` has half of: a larger frame is probed page by page, and 32 KiB
-    // cost a create eight page faults; a directory of more entries takes more calls.
+    // cost a legacy create five page faults; a directory of more entries takes more calls.
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
     loop {
         // SAFETY: `buf` has `buf.len()` writable bytes; getdents64 writes at most that many.

@@ -523,7 +523,7 @@ pub fn stale_device_nodes_filling(edits: &mut ContainerEdits) -> Vec<String> {
             continue;
         };
         let declared = d.kind.as_deref().unwrap_or("");
-        // A declared type the host's contradicts is left to `apply` to refuse.
+        // A declared type other than the host's is left to `apply`, as before.
         if declared.is_empty() || declared == kind {
             d.kind = Some(kind.into());
             d.file_mode.get_or_insert(mode);

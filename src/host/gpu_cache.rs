@@ -108,7 +108,7 @@ pub(super) fn capability_minors(
     read_at: i64,
 ) -> Result<Vec<Option<u32>>, HostError> {
     // Every file looked up relative to the directory, opened once: a MIG `all` create on 8
-    // GPUs × 7 MIG devices `stat`s 112 of them, each 7 path components shorter so.
+    // GPUs × 7 MIG devices `stat`s 112 of them, none walking the path down to the directory.
     let dir = match std::fs::File::open(caps_dir) {
         Ok(dir) => dir,
         // No capabilities at all: no such file.

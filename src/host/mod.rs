@@ -343,7 +343,7 @@ impl Host {
         use std::os::fd::{AsFd, BorrowedFd};
         // Each directory opened relative to its parent's fd and listed with one buffer on the
         // stack: std's `read_dir` (musl's `opendir`) mapped, touched and unmapped a buffer for
-        // each of the 72 directories of an 8-GPU host with 7 MIG devices a GPU, 7 system calls
+        // each of the 66 directories of an 8-GPU host with 7 MIG devices a GPU, 7 system calls
         // and a page fault a directory where this makes 4 (strace).
         fn numbered(dir: BorrowedFd, prefix: &[u8]) -> Vec<(u32, Vec<u8>)> {
             root::read_dir_fresh(dir)
