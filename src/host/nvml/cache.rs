@@ -160,13 +160,18 @@ impl Fingerprint {
     }
 }
 
-/// The names in `dir`, sorted; none when it does not exist.
+/// The names in `dir`, sorted; none when it does not exist. Listed with `getdents64` into a
+/// buffer on the stack (std's `read_dir` is musl's `opendir`, which maps and unmaps one).
 fn names(dir: &Path) -> Option<Vec<std::ffi::OsString>> {
-    let mut out: Vec<std::ffi::OsString> = match std::fs::read_dir(dir) {
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStringExt;
+    let listed =
+        std::fs::File::open(dir).and_then(|d| nvshim_hook::root::read_dir_fresh(d.as_fd()));
+    let mut out: Vec<std::ffi::OsString> = match listed {
         Ok(entries) => entries
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .ok()?,
+            .into_iter()
+            .map(|e| std::ffi::OsString::from_vec(e.name))
+            .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(_) => return None,
     };
