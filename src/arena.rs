@@ -11,10 +11,11 @@
 //! start-up and per-thread heaps). With this arena (and src/memcpy.rs), against glibc's static
 //! build, 120 interleaved runs with the bundle on disk: `state` 0.30 ms faster, legacy, CDI
 //! and pod creates 0.31 to 0.32 ms, 1,000 spec files 0.25 ms; peak RSS 1.25 to 2.77 MiB against
-//! 1.74 to 2.86 MiB. MIG `all` is the exception, 0.15 to 0.2 ms slower: it touches more fresh
+//! 1.74 to 2.86 MiB. MIG `all` was the exception, 0.15 to 0.2 ms slower: it touched more fresh
 //! pages (460 page faults against 347; `perf record -e page-faults`: first writes into arena
-//! memory, and about 66 per create in musl's own malloc, which `opendir` and the like still
-//! call). Lists of freed small blocks by size class were tried: 0.06 ms off legacy and CDI
+//! memory, and about 66 per create in musl's own malloc, which `opendir` called for each
+//! directory of the MIG walk; directories are now listed without it,
+//! `nvshim_hook::root::list_dir`). Lists of freed small blocks by size class were tried: 0.06 ms off legacy and CDI
 //! creates, nothing off MIG `all`, whose peak RSS went over 3 MiB; not kept. A create without
 //! the CDI index (every spec file parsed) holds what it freed: 10.6 MiB at 1,000 spec files
 //! against glibc's 4.3 MiB; handing blocks past 2 or 4 MiB to musl's malloc cut that to 5.8

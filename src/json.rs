@@ -163,13 +163,6 @@ impl Writer {
     }
 }
 
-/// The whole document `v`, as `serde_json::to_vec` (`pretty`: `to_vec_pretty`) writes it.
-pub fn to_vec(v: &Value, pretty: bool) -> Vec<u8> {
-    let mut w = Writer::new(128, pretty);
-    w.value(v);
-    w.into_bytes()
-}
-
 /// Whether serde_json escapes byte `b`.
 fn needs_escape(b: u8) -> bool {
     b < 0x20 || b == b'"' || b == b'\\'
@@ -267,6 +260,13 @@ fn escape(out: &mut Vec<u8>, b: u8) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The whole document `v`, as this module writes it.
+    fn to_vec(v: &Value, pretty: bool) -> Vec<u8> {
+        let mut w = Writer::new(128, pretty);
+        w.value(v);
+        w.into_bytes()
+    }
 
     fn same_as_serde_json(v: &Value) {
         assert_eq!(

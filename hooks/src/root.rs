@@ -729,6 +729,14 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
     read_dir_fresh(dir)
 }
 
+/// [`read_dir_fresh`] of the directory at a host path (not in a container root: no
+/// resolution beneath a root). What `create` uses in place of std's `read_dir`, which on musl
+/// is `opendir`: its `DIR` comes from musl's malloc as a fresh mapping, mapped and unmapped
+/// for each directory.
+pub fn list_dir(path: &Path) -> io::Result<Vec<DirEnt>> {
+    read_dir_fresh(File::open(path)?.as_fd())
+}
+
 /// [`read_dir`] of a directory fd just opened (never listed, so at its start): without the
 /// rewind, one system call fewer per directory (a walk of a MIG host's `/proc` opens 66).
 pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {

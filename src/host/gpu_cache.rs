@@ -33,11 +33,7 @@ pub(super) fn gpus(
     cache_dir: Option<&Path>,
     read_at: i64,
 ) -> Result<Vec<Gpu>, HostError> {
-    // getdents64 into a buffer on the stack: std's `read_dir` (musl's `opendir`) maps and
-    // unmaps one for each listing (`Host::mig_instances` says what that cost).
-    let listed = std::fs::File::open(gpus_dir)
-        .and_then(|dir| nvshim_hook::root::read_dir_fresh(dir.as_fd()));
-    let mut names: Vec<PathBuf> = match listed {
+    let mut names: Vec<PathBuf> = match nvshim_hook::root::list_dir(gpus_dir) {
         Ok(entries) => entries
             .into_iter()
             .map(|e| PathBuf::from(OsStr::from_bytes(&e.name)))

@@ -160,14 +160,10 @@ impl Fingerprint {
     }
 }
 
-/// The names in `dir`, sorted; none when it does not exist. Listed with `getdents64` into a
-/// buffer on the stack (std's `read_dir` is musl's `opendir`, which maps and unmaps one).
+/// The names in `dir`, sorted; none when it does not exist.
 fn names(dir: &Path) -> Option<Vec<std::ffi::OsString>> {
-    use std::os::fd::AsFd;
     use std::os::unix::ffi::OsStringExt;
-    let listed =
-        std::fs::File::open(dir).and_then(|d| nvshim_hook::root::read_dir_fresh(d.as_fd()));
-    let mut out: Vec<std::ffi::OsString> = match listed {
+    let mut out: Vec<std::ffi::OsString> = match nvshim_hook::root::list_dir(dir) {
         Ok(entries) => entries
             .into_iter()
             .map(|e| std::ffi::OsString::from_vec(e.name))
