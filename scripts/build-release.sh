@@ -9,7 +9,8 @@
 #   glibc's static start-up alone costs about 0.3 ms more on a virtual machine (its CPU
 #   feature probe runs dozens of CPUID instructions, each trapped by the hypervisor; the two
 #   floors of figure 1), so the runtime is built for x86_64-unknown-linux-musl, with its own
-#   allocator and memcpy (src/arena.rs, src/memcpy.rs). Where that target cannot be installed
+#   allocator and memcpy (src/arena.rs, src/memcpy.rs), the code a call runs placed first
+#   (scripts/link-hot-first.sh). Where that target cannot be installed
 #   (`rustup target add`), the runtime is linked static with glibc instead, and this script
 #   says so. The runtime never loads libnvidia-ml itself; the rare request that needs NVML
 #   asks the (dynamic) `nvshim` next to it.
@@ -22,7 +23,9 @@ cargo rustc --release -p nvshim-hook --bin nvshim-hook "$@" -- -C target-feature
 musl=x86_64-unknown-linux-musl
 if [ "$(uname -m)" = x86_64 ] && command -v rustup >/dev/null \
     && { rustup target list --installed | grep -qx "$musl" || rustup target add "$musl"; }; then
-  cargo build --release --target "$musl" -p nvshim --bin nvshim-runtime "$@"
+  # Linked with the functions a call runs placed first (scripts/link-hot-first.sh says why).
+  CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_LINKER="$PWD/scripts/link-hot-first.sh" \
+    cargo build --release --target "$musl" -p nvshim --bin nvshim-runtime "$@"
   cp "target/$musl/release/nvshim-runtime" target/release/nvshim-runtime.new
   mv target/release/nvshim-runtime.new target/release/nvshim-runtime
   runtime_libc=musl
