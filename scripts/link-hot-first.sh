@@ -4,12 +4,12 @@
 # together.
 #
 # Why: nvshim-runtime lives a millisecond, so every page of code it runs is mapped on first
-# use, and the kernel maps file pages 64 KiB at a time around each fault. In the default order
-# the ~400 functions a create runs are spread over the whole 2.2 MB of code: a legacy create
-# faulted in 39 of its 40 windows of the binary (`perf record -e page-faults -d`), about
-# 1.3 µs each, and unmapped them all again at the `execve` of runc. Placed first, they fill
-# about 11. Measured in paired runs (500 rounds each, docs/benchmarks.md): `state` 0.025 ms
-# and every create 0.05 to 0.06 ms faster, 26 page faults fewer on a legacy create.
+# use, and the kernel maps file pages 64 KiB at a time around each fault (about 1.3 µs a
+# fault here), then unmaps them all at the `execve` of runc. In the default order the ~400
+# functions a create runs are spread over the whole 2.2 MB of code: a legacy create faulted in
+# 39 of the binary's 40 windows (`perf record -e page-faults -d`); placed first, 13. Measured
+# in paired runs (500 rounds each, docs/benchmarks.md): `state` 0.05 ms and creates 0.10 ms
+# faster, a legacy create's peak RSS 2.3 → 1.4 MiB (fewer code pages mapped).
 #
 # How: rustc hands this script cc's arguments. With fat LTO every Rust function is in the one
 # object file rustc made, each in its own section. The listed names are demangled as `nm -C`
