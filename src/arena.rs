@@ -1,5 +1,6 @@
-//! `nvshim-runtime`'s allocator: memory carved front to back from 1 MiB mappings and not reused,
-//! because the process execs runc a millisecond after it starts.
+//! `nvshim-runtime`'s allocator: memory carved front to back from 1 MiB mappings, small freed
+//! blocks handed out again by size class, because the process execs runc a millisecond after it
+//! starts.
 //!
 //! Why not the C library's `malloc`. The shim ships as a static musl build (a static glibc
 //! program spends about 0.3 ms of every start in CPUID, which a hypervisor traps: the floors of
@@ -15,22 +16,28 @@
 //! pages (460 page faults against 347; `perf record -e page-faults`: first writes into arena
 //! memory, and about 66 per create in musl's own malloc, which `opendir` called for each
 //! directory of the MIG walk; directories are now listed without it,
-//! `nvshim_hook::root::list_dir`). Lists of freed small blocks by size class were tried: 0.06 ms off legacy and CDI
-//! creates, nothing off MIG `all`, whose peak RSS went over 3 MiB; not kept. A create without
-//! the CDI index (every spec file parsed) holds what it freed: 10.6 MiB at 1,000 spec files
-//! against glibc's 4.3 MiB; handing blocks past 2 or 4 MiB to musl's malloc cut that to 5.8
-//! MiB but cost 2 ms there and +0.02 ms on every create; not kept. No crate offers such an
-//! arena for the field: the bump allocators on crates.io are unmaintained experiments.
+//! `nvshim_hook::root::list_dir`). No crate offers such an arena for the field: the bump
+//! allocators on crates.io are unmaintained experiments.
 //!
-//! What it gives up: freed memory is reused only when it is the last block (a temporary's
-//! buffer, a `Vec` grown in place), so the peak is about what a call allocated in all. Blocks of
+//! Each fresh page a call touches costs it about 1.2 µs on this project's KVM guest (the fault,
+//! zeroing, the memory cgroup's charge; as much with `MAP_POPULATE`), so freed small blocks are
+//! handed out again: blocks up to 2 KiB come in 16 classes ([`CLASS_SIZES`]: 16-byte steps to
+//! 128, where most of a create's names, paths and map entries fall, then half powers of two),
+//! each with a list of its freed blocks. Paired runs of the same build with and without the
+//! lists (700 rounds each, docs/benchmarks.md): legacy, CDI and pod creates 0.02 to 0.03 ms
+//! faster, MIG `all` and 1,000 spec files 0.05 ms (6 to 12 page faults fewer); a create
+//! without the CDI index (every one of 1,000 spec files parsed) peaks at 3.7 MiB instead of
+//! 10.3 MiB. Power-of-two classes alone, tried before, cost MIG `all` the rounding.
+//!
+//! What it gives up: a freed block larger than 2 KiB is reused only when it is the last one (a
+//! temporary's buffer, a `Vec` grown in place), and a small one only for its class. Blocks of
 //! [`OWN_MAPPING`] bytes or more (a spec file read whole, config.json's output buffer) get
 //! their own mapping, unmapped when freed. So the arena suits a process that does one bounded
 //! job and execs or exits: only `nvshim-runtime` installs it; the operator tool `nvshim`,
 //! which can run for long, keeps the C library's allocator.
 //!
-//! It is thread-safe (a spin lock around three words: the shim runs one thread, so it is never
-//! contended) and returns null when the kernel refuses a mapping, as `GlobalAlloc` asks.
+//! It is thread-safe (a spin lock around its cursor and lists: the shim runs one thread, so it
+//! is never contended) and returns null when the kernel refuses a mapping, as `GlobalAlloc` asks.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;
@@ -45,17 +52,29 @@ pub const OWN_MAPPING: usize = 128 << 10;
 /// The page size every x86-64 and arm64 Linux maps with at least; mappings are aligned to it.
 const PAGE: usize = 4096;
 
+/// What a small block (up to 2 KiB, aligned to at most 16) holds, by its class: 16-byte steps
+/// to 128 (most of a create's blocks: names, paths, map entries), then half powers of two.
+const CLASS_SIZES: [usize; 16] = [
+    16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+];
+
+/// Every block is carved aligned to at least this: a freed block may be handed out again for
+/// any small layout of its class.
+const MIN_ALIGN: usize = 16;
+
 /// The allocator (`#[global_allocator]` in src/bin/nvshim-runtime.rs).
 pub struct Arena {
     locked: AtomicBool,
     state: UnsafeCell<State>,
 }
 
-/// The current chunk: the next free byte, its end, and where the last block starts.
+/// The current chunk: the next free byte, its end, and where the last block starts; and the
+/// freed small blocks of each class, each holding the address of the next in its first word.
 struct State {
     next: usize,
     end: usize,
     last: usize,
+    free: [usize; CLASS_SIZES.len()],
 }
 
 // SAFETY: `state` is only touched while `locked` is held (`Arena::with`).
@@ -69,6 +88,7 @@ impl Arena {
                 next: 0,
                 end: 0,
                 last: 0,
+                free: [0; CLASS_SIZES.len()],
             }),
         }
     }
@@ -91,6 +111,18 @@ impl Arena {
 impl Default for Arena {
     fn default() -> Arena {
         Arena::new()
+    }
+}
+
+/// The class of a small block ([`CLASS_SIZES`]); `None` for a larger or more aligned one.
+fn class(layout: Layout) -> Option<usize> {
+    let size = layout.size();
+    if layout.align() > MIN_ALIGN {
+        None
+    } else if size <= 128 {
+        Some(size.saturating_sub(1) / 16)
+    } else {
+        (8..CLASS_SIZES.len()).find(|&c| size <= CLASS_SIZES[c])
     }
 }
 
@@ -124,7 +156,7 @@ impl State {
     /// A block for `layout` from the current chunk, or from a new one when it does not fit
     /// (the rest of the old chunk is left unused).
     fn carve(&mut self, layout: Layout) -> *mut u8 {
-        let align = layout.align();
+        let align = layout.align().max(MIN_ALIGN);
         let fits = |next: usize, end: usize| {
             let start = next.checked_add(align - 1)? & !(align - 1);
             let stop = start.checked_add(layout.size())?;
@@ -157,17 +189,42 @@ impl State {
         self.last = start;
         start as *mut u8
     }
+
+    /// Whether `ptr` is the last block carved and reaches to the cursor with `len` bytes.
+    fn is_top(&self, ptr: *mut u8, len: usize) -> bool {
+        ptr as usize == self.last && self.last + len == self.next
+    }
+}
+
+/// The bytes a live block of `layout` holds in the arena: its class's size for a small one.
+fn reserved(layout: Layout) -> usize {
+    class(layout).map_or(layout.size(), |c| CLASS_SIZES[c])
 }
 
 // SAFETY: every block is carved from memory no other block overlaps (the cursor only moves
 // forward, except back to the start of the last block when that block is freed), aligned
 // as its layout asks, and stays mapped until it is freed (own mappings) or the process ends.
+// A block holds at least [`reserved`] bytes of its current layout: a small block carved for
+// its class, a larger one carved for its size or shrunk in place from a larger one (the last
+// block's end moved to what the new layout reserves), so a freed small block is handed out
+// again only for layouts its class holds, and it is 16-aligned as every block is.
 unsafe impl GlobalAlloc for Arena {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if own_mapping(layout) {
             return map(layout.size());
         }
-        self.with(|s| s.carve(layout))
+        match class(layout) {
+            None => self.with(|s| s.carve(layout)),
+            Some(c) => self.with(|s| match s.free[c] {
+                0 => s.carve(Layout::from_size_align(CLASS_SIZES[c], MIN_ALIGN).unwrap_or(layout)),
+                head => {
+                    // SAFETY: a listed block is free and holds the next one's address in its
+                    // first word (`dealloc`); nothing else reads or writes it.
+                    s.free[c] = unsafe { *(head as *const usize) };
+                    head as *mut u8
+                }
+            }),
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -177,8 +234,13 @@ unsafe impl GlobalAlloc for Arena {
             return;
         }
         self.with(|s| {
-            if ptr as usize == s.last && s.last + layout.size() == s.next {
+            if s.is_top(ptr, reserved(layout)) {
                 s.next = s.last;
+            } else if let Some(c) = class(layout) {
+                // SAFETY: the block is free, 16-aligned and holds at least `CLASS_SIZES[c]`
+                // bytes (the impl's invariant): its first word links it into its class's list.
+                unsafe { *(ptr as *mut usize) = s.free[c] };
+                s.free[c] = ptr as usize;
             }
         })
     }
@@ -188,15 +250,16 @@ unsafe impl GlobalAlloc for Arena {
             return std::ptr::null_mut();
         };
         if !own_mapping(layout) && !own_mapping(new) {
-            // The last block grows or shrinks where it is.
+            // The last block grows or shrinks where it is; another one keeps its place when
+            // what it holds is enough (a small block within its class).
+            let (old, want) = (reserved(layout), reserved(new));
             let in_place = self.with(|s| {
-                let top = ptr as usize == s.last && s.last + layout.size() == s.next;
-                let fits = s.last.checked_add(new_size).is_some_and(|e| e <= s.end);
-                if top && fits {
-                    s.next = s.last + new_size;
+                let fits = s.last.checked_add(want).is_some_and(|e| e <= s.end);
+                if s.is_top(ptr, old) && fits {
+                    s.next = s.last + want;
                     true
                 } else {
-                    new_size <= layout.size()
+                    want <= old
                 }
             });
             if in_place {
@@ -298,6 +361,54 @@ mod tests {
         }
     }
 
+    /// A freed small block is handed out again for its class, whatever the layout within it; a
+    /// small block grows within its class where it is; a large block shrunk into a class, at
+    /// the top of the chunk or not, serves that class once freed, and the blocks after it keep
+    /// their bytes.
+    #[test]
+    fn small_blocks_are_reused_by_class() {
+        let arena = Arena::new();
+        let (a, la) = block(&arena, 100, 8, 1);
+        let (keep, lkeep) = block(&arena, 24, 1, 2);
+        // SAFETY: `a` is live with layout `la`, not the last block.
+        unsafe { arena.dealloc(a, la) };
+        let (b, lb) = block(&arena, 110, 16, 3);
+        assert_eq!(b, a, "the 112-byte class's freed block");
+        // SAFETY: `b` is live with layout `lb`; 112 bytes are its class's.
+        assert_eq!(unsafe { arena.realloc(b, lb, 112) }, b);
+        // A large block shrunk where it is (not the last one), then freed into a class.
+        let (big, lbig) = block(&arena, 3000, 1, 4);
+        let (after, lafter) = block(&arena, 8, 1, 5);
+        // SAFETY: `big` is live with layout `lbig`.
+        let small = unsafe { arena.realloc(big, lbig, 64) };
+        assert_eq!(small, big);
+        // SAFETY: `small` is live with a 64-byte layout of alignment 1.
+        unsafe { arena.dealloc(small, Layout::from_size_align(64, 1).unwrap()) };
+        let (c, _) = block(&arena, 64, 16, 6);
+        assert_eq!(c, big);
+        // The last block shrunk into a class keeps what the class holds before the next one.
+        let (top, ltop) = block(&arena, 5000, 8, 7);
+        // SAFETY: `top` is live with layout `ltop`, the last block.
+        let top = unsafe { arena.realloc(top, ltop, 40) };
+        let (next, lnext) = block(&arena, 200, 8, 8);
+        assert!(
+            next as usize >= top as usize + 48,
+            "the class of 40 bytes holds 48"
+        );
+        // SAFETY: `top` is live with a 40-byte layout.
+        unsafe { arena.dealloc(top, Layout::from_size_align(40, 8).unwrap()) };
+        let (reused, lreused) = block(&arena, 48, 8, 9);
+        assert_eq!(reused, top);
+        assert!(holds(next, 200, 8) && holds(after, 8, 5) && holds(keep, 24, 2));
+        // SAFETY: live blocks of these layouts.
+        unsafe {
+            arena.dealloc(reused, lreused);
+            arena.dealloc(next, lnext);
+            arena.dealloc(after, lafter);
+            arena.dealloc(keep, lkeep);
+        }
+    }
+
     /// 100,000 allocations, frees and reallocations in a random order (a fixed-seed generator),
     /// of every size kind: each live block keeps its own bytes to the end.
     #[test]
@@ -316,6 +427,9 @@ mod tests {
             16,
             17,
             100,
+            128,
+            129,
+            700,
             2048,
             2049,
             5000,
@@ -329,7 +443,7 @@ mod tests {
             match rand(3) {
                 0 if live.len() < 300 => {
                     let size = sizes[rand(sizes.len())];
-                    let (p, l) = block(&arena, size, [1, 8, 16][rand(3)], tag);
+                    let (p, l) = block(&arena, size, [1, 8, 16, 32][rand(4)], tag);
                     live.push((p, l, tag));
                 }
                 1 if !live.is_empty() => {
