@@ -66,7 +66,7 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
             return e.into();
         }
     }
-    let self_exe = std::env::current_exe().ok();
+    let self_exe = install::self_exe();
     // Find the runtime before touching the bundle: no runtime, no edit.
     let runc = match runtime::find_low_level_runtime(
         &config.low_level_runtimes,

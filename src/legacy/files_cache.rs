@@ -7,8 +7,8 @@
 //! `stat` per directory the look-up read (17 there) and the decoding of the lines below.
 //!
 //! An answer depends on, and is kept with:
-//! - nvshim's own build (the key of `/proc/self/exe`): `crate::nvidia`'s tables say what to
-//!   look for;
+//! - nvshim's own build (its build ID, `crate::install::build_id`): `crate::nvidia`'s tables
+//!   say what to look for;
 //! - the driver version, the capabilities, the kernel release (firmware directories) and the
 //!   driver root;
 //! - the key of the driver root's `etc/ld.so.cache`, which names the libraries (`ldconfig`
@@ -88,6 +88,19 @@ pub(super) fn files_of<E>(
     Ok(files)
 }
 
+/// nvshim's build as a field: its build ID (`install::build_id`, no `/proc` look-up), else the
+/// key of `/proc/self/exe` (a build linked without one).
+fn build_key(out: &mut Vec<u8>) -> Option<()> {
+    match crate::install::build_id() {
+        Some(id) => {
+            out.extend_from_slice(b"id:");
+            out.extend_from_slice(id.as_bytes());
+        }
+        None => cache::key_fields(&Key::at(Path::new("/proc/self/exe"))?, out),
+    }
+    Some(())
+}
+
 /// The first line: nvshim's build, the ld.so.cache's key, the driver version, the capabilities,
 /// the kernel release and the driver root; `None` when one cannot be a field (a tab, a newline,
 /// not UTF-8).
@@ -98,9 +111,8 @@ fn head(
     caps: &str,
     release: &str,
 ) -> Option<Vec<u8>> {
-    let exe = Key::at(Path::new("/proc/self/exe"))?;
     let (mut exe_text, mut ld_text) = (Vec::new(), Vec::new());
-    cache::key_fields(&exe, &mut exe_text);
+    build_key(&mut exe_text)?;
     cache::key_fields(ld_key, &mut ld_text);
     let mut out = Vec::new();
     cache::line(
