@@ -3,10 +3,11 @@
 //! binary next to me, else `/usr/bin`", and for which binary is running ([`self_exe`],
 //! [`build_id`]).
 //!
-//! Neither reads `/proc/self`: the first look into it costs a process about 0.03 ms, most of
-//! it when the process's `/proc/<pid>` entries are torn down at its end (a static C program
-//! that reads `/proc/self/exe` before it execs `/bin/true`, against the same without, 1,500
-//! paired rounds: +0.031 ms), and `nvshim-runtime` looked into it on every call.
+//! Neither needs `/proc/self` ([`self_exe`] falls back to it only where the kernel ran no
+//! path): the first look into it costs a process about 0.03 ms, most of it when the process's
+//! `/proc/<pid>` entries are torn down at its end (a static C program that reads
+//! `/proc/self/exe` before it execs `/bin/true`, against the same without, 1,500 paired
+//! rounds: +0.031 ms), and `nvshim-runtime` looked into it on every call.
 
 use std::path::{Path, PathBuf};
 
