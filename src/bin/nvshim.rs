@@ -333,8 +333,7 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
 /// The nvshim-runtime installed beside this binary (a package's /usr/bin, a release tarball, a
 /// build's target dir), else the packages' path.
 fn default_runtime_path() -> PathBuf {
-    std::env::current_exe()
-        .ok()
+    nvshim::install::self_exe()
         .and_then(|exe| exe.parent().map(|d| d.join("nvshim-runtime")))
         .filter(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from(nvshim::ops::engine::DEFAULT_RUNTIME_PATH))
@@ -509,7 +508,7 @@ impl NamingArgs {
                 .clone()
                 .unwrap_or_else(|| default_class.to_string()),
             all_device: !self.no_all_device,
-            hook_path: nvshim::install::hook_path(config, std::env::current_exe().ok().as_deref()),
+            hook_path: nvshim::install::hook_path(config, nvshim::install::self_exe().as_deref()),
             ..Default::default()
         };
         if !self.strategies.is_empty() {
@@ -800,7 +799,7 @@ mod diagnostics {
             (None, Some(dir)) => explain::Input::Bundle(dir.clone()),
             (None, None) => explain::Input::Bundle(PathBuf::from(".")),
         };
-        let self_exe = std::env::current_exe().ok();
+        let self_exe = nvshim::install::self_exe();
         let hook = install::hook_path(config, self_exe.as_deref());
         // The lookup nvshim-runtime makes (it skips itself, so pass the runtime beside us).
         let shim = self_exe
@@ -838,7 +837,7 @@ mod diagnostics {
         opts.crio_config = args.crio_config.clone();
         opts.dev_char_path = args.dev_char_path.clone();
         opts.path_var = std::env::var_os("PATH");
-        opts.self_exe = std::env::current_exe().ok();
+        opts.self_exe = nvshim::install::self_exe();
         let checks = doctor::run(&opts);
         if args.format == "json" {
             println!("{}", doctor::render_json(&checks));
