@@ -82,6 +82,30 @@ impl Key {
     }
 }
 
+/// Whether the kernel itself keeps `dir`'s times on its file system, so that a change of its
+/// entries shows in its key: local disk and memory file systems (and overlays of them), not
+/// `/proc` or `/sys` (whose directories keep the time they were first looked at) nor network
+/// and FUSE file systems (times from a server or a daemon, possibly cached).
+pub fn keeps_dir_times(dir: &Path) -> bool {
+    // `statfs` magics (linux/magic.h; ZFS's and bcachefs's their own), as numbers: nix names
+    // only some of them on musl.
+    const LOCAL: [u32; 11] = [
+        0xef53,      // ext2, ext3, ext4
+        0x5846_5342, // xfs
+        0x9123_683e, // btrfs
+        0x0102_1994, // tmpfs
+        0x794c_7630, // overlayfs
+        0xf2f5_2010, // f2fs
+        0x2fc1_2fc1, // zfs
+        0x7371_7368, // squashfs
+        0xe0f5_e1e2, // erofs
+        0xca45_1a4e, // bcachefs
+        0x8584_58f6, // ramfs
+    ];
+    // The low 32 bits: `f_type` is a signed word on some targets.
+    nix::sys::statfs::statfs(dir).is_ok_and(|fs| LOCAL.contains(&(fs.filesystem_type().0 as u32)))
+}
+
 /// Now, in nanoseconds since the epoch: what [`Key::trusted_at`] is asked at.
 pub fn now_ns() -> i64 {
     SystemTime::now()
@@ -342,5 +366,13 @@ mod tests {
         assert_ne!(checksum(&bytes[..40]), sum);
         assert_ne!(checksum(&[&bytes[..], &[0]].concat()), sum);
         assert_ne!(checksum(b""), checksum(b"\0"));
+    }
+
+    #[test]
+    fn directory_times_kept_by_the_kernel_only_on_local_file_systems() {
+        assert!(keeps_dir_times(&std::env::temp_dir()));
+        assert!(!keeps_dir_times(Path::new("/proc")));
+        assert!(!keeps_dir_times(Path::new("/sys")));
+        assert!(!keeps_dir_times(Path::new("/no/such/dir")));
     }
 }

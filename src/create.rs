@@ -207,8 +207,9 @@ pub fn plan_bundle(
         edited,
         touched: false,
     };
-    // Mount sources known not to be directories (a legacy request's driver files).
-    let mut not_dirs = Vec::new();
+    // Mount sources known not to be directories (a legacy request's driver files); `None`:
+    // asked of the host through the bind-source cache (a CDI request's).
+    let mut not_dirs: Option<Vec<String>> = None;
     match route {
         Route::Nothing(_) => {}
         Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, tools, trace)?,
@@ -239,7 +240,7 @@ pub fn plan_bundle(
             })?;
             plan.gpus = resolved.gpus;
             plan.groups = resolved.groups;
-            not_dirs = resolved.not_dirs;
+            not_dirs = Some(resolved.not_dirs);
         }
     }
     add_memory_limit_hook(config, &mut plan, tools, trace)?;
@@ -248,7 +249,19 @@ pub fn plan_bundle(
     check_hooks_exist(plan.parts().flat_map(|e| &e.hooks), &tools.hook)?;
     if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
         let added = plan.parts().flat_map(|e| &e.mounts);
-        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, added, &not_dirs).map_err(
+        let kinds = |sources: &[&str]| match &mut not_dirs {
+            Some(files) => {
+                files.sort_unstable();
+                let known = |s: &&str| files.binary_search_by(|f| f.as_str().cmp(s)).is_ok();
+                sources.iter().map(|s| known(s).then_some(false)).collect()
+            }
+            None => {
+                let cache_dir =
+                    Some(config.cache_dir.as_path()).filter(|d| !d.as_os_str().is_empty());
+                crate::rootfs::bind_sources::kinds(sources, cache_dir, crate::cache::now_ns())
+            }
+        };
+        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, added, kinds).map_err(
             |source| CreateError::MountIntoBindMount {
                 path: plan.bundle.config_path().to_path_buf(),
                 source,

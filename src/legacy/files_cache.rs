@@ -23,7 +23,9 @@
 //! alone: only on names, types and link targets. The answer is kept only when every key's
 //! ctime is more than [`cache::RACY_NS`] old (`src/cache.rs`): a change while the files were
 //! looked up leaves a young ctime where it happened, and the ld.so.cache must give the same
-//! key before and after. Paths holding a tab or newline, or not UTF-8, are not kept (looked up
+//! key before and after; and only when every directory is on a file system whose directory
+//! times the kernel keeps itself ([`cache::keeps_dir_times`]: not NFS or FUSE, whose times
+//! come from a server or a daemon). Paths holding a tab or newline, or not UTF-8, are not kept (looked up
 //! every time).
 
 use std::collections::BTreeMap;
@@ -77,7 +79,9 @@ pub(super) fn files_of<E>(
     let trusted = |k: &Key| k.trusted_at(read_at);
     if let Some(head) = head.filter(|_| Key::at(&ld_cache) == Some(ld_key) && trusted(&ld_key)) {
         let dirs = dir_keys(dirs);
-        if dirs.values().flatten().all(trusted) {
+        let local =
+            |(dir, key): (&PathBuf, &Option<Key>)| key.is_none() || cache::keeps_dir_times(dir);
+        if dirs.values().flatten().all(trusted) && dirs.iter().all(local) {
             if let Some(body) = encode(&head, &dirs, &files) {
                 if let Err(e) = cache::write_private(cache_dir, &file, &body) {
                     tracing::debug!("driver files {} not written: {e}", file.display());

@@ -16,7 +16,7 @@
 //! resolved once per distinct directory (the driver's libraries share a handful), so the check
 //! costs a few dozen syscalls on a create that mounts the whole driver.
 
-use std::collections::HashMap;
+use std::cell::{Cell, OnceCell};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -26,6 +26,8 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::edits::{go_clean, Mount};
+
+pub mod bind_sources;
 
 /// Symlinks followed in one resolution, as the kernel's `MAXSYMLINKS`.
 const MAX_SYMLINKS: u32 = 40;
@@ -43,7 +45,7 @@ pub struct IntoBindMount {
 pub struct RootFs {
     fd: OwnedFd,
     /// Resolved directories, by container path.
-    dirs: HashMap<String, String>,
+    dirs: foldhash::HashMap<String, String>,
 }
 
 impl RootFs {
@@ -59,7 +61,7 @@ impl RootFs {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Some(RootFs {
             fd,
-            dirs: HashMap::new(),
+            dirs: Default::default(),
         })
     }
 
@@ -152,23 +154,23 @@ fn join(dir: &str, name: &str) -> String {
 struct Bind<'a> {
     destination: &'a str,
     source: &'a str,
-    /// The engine's own (a volume), not one nvshim adds.
-    own: bool,
-    /// Known not to be a directory (the caller found it a file or socket).
-    not_dir: bool,
-    is_dir: std::cell::OnceCell<bool>,
-    resolved: std::cell::OnceCell<String>,
+    /// The engine's own (a volume), not one nvshim adds; else its place among the added.
+    added: Option<usize>,
+    is_dir: OnceCell<bool>,
+    resolved: OnceCell<String>,
 }
 
 impl Bind<'_> {
     /// Whether the host source is a directory (or cannot be told): only those can hold a
     /// mountpoint runc creates. File binds (Docker's and the kubelet's `/etc/hosts`,
     /// `/etc/resolv.conf`, `/dev/termination-log`, every library nvshim mounts) cannot.
-    fn is_dir(&self) -> bool {
+    /// `known` answers for an added bind by its place where it can, without a `stat`.
+    fn is_dir(&self, known: impl FnOnce(usize) -> Option<bool>) -> bool {
         *self.is_dir.get_or_init(|| {
-            !self.not_dir
-                && (self.source.is_empty()
-                    || std::fs::metadata(self.source).map_or(true, |md| md.is_dir()))
+            self.added.and_then(known).unwrap_or_else(|| {
+                self.source.is_empty()
+                    || std::fs::metadata(self.source).map_or(true, |md| md.is_dir())
+            })
         })
     }
 }
@@ -201,8 +203,9 @@ fn is_within(path: &str, dir: &str) -> bool {
 
 /// Refuses the first of `added` (mounts nvshim adds; already in `spec`'s `mounts`) whose
 /// destination resolves inside another bind mount of `spec`, with the root filesystem at
-/// `rootfs`. `not_dirs`: sources of `added` the caller knows are not directories (a legacy
-/// request's driver files, 27 `stat`s on the bench's host).
+/// `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
+/// directory where that is known (a legacy request's driver files are not; a CDI request's
+/// through [`bind_sources`]): those are not `stat`ed here.
 ///
 /// What it costs depends on the spec: a source is `stat`ed to learn whether it is a directory,
 /// a destination resolved with a lookup per component. The engine's own binds are few and go
@@ -216,7 +219,7 @@ pub fn check_added_mounts<'a>(
     spec: &Value,
     rootfs: &Path,
     added: impl IntoIterator<Item = &'a Mount>,
-    not_dirs: &[String],
+    kinds: impl FnOnce(&[&str]) -> Vec<Option<bool>>,
 ) -> Result<(), IntoBindMount> {
     let added: Vec<&Mount> = added.into_iter().collect();
     if added.is_empty() {
@@ -224,8 +227,7 @@ pub fn check_added_mounts<'a>(
     }
     let added_here: foldhash::HashSet<&str> =
         added.iter().map(|m| m.container_path.as_str()).collect();
-    let mut not_dirs: Vec<&str> = not_dirs.iter().map(String::as_str).collect();
-    not_dirs.sort_unstable();
+    let mut sources: Vec<&str> = Vec::new();
     let binds: Vec<Bind> = spec
         .get("mounts")
         .and_then(Value::as_array)
@@ -233,19 +235,36 @@ pub fn check_added_mounts<'a>(
         .flatten()
         .filter_map(|m| {
             let (destination, source) = bind_of(m)?;
-            let own = !added_here.contains(destination);
+            let added = added_here.contains(destination).then(|| {
+                sources.push(source);
+                sources.len() - 1
+            });
             Some(Bind {
                 destination,
                 source,
-                own,
-                not_dir: !own && not_dirs.binary_search(&source).is_ok(),
+                added,
                 is_dir: Default::default(),
                 resolved: Default::default(),
             })
         })
         .collect();
-    let own_dir = binds.iter().filter(|b| b.own).any(Bind::is_dir);
-    if !own_dir && !binds.iter().filter(|b| !b.own).any(Bind::is_dir) {
+    // Asked once, when an added source's type is first needed.
+    let (asker, known) = (Cell::new(Some(kinds)), OnceCell::new());
+    let known = |i: usize| -> Option<bool> {
+        let known: &Vec<Option<bool>> =
+            known.get_or_init(|| asker.take().map_or_else(Vec::new, |ask| ask(&sources)));
+        known.get(i).copied().flatten()
+    };
+    let own_dir = binds
+        .iter()
+        .filter(|b| b.added.is_none())
+        .any(|b| b.is_dir(known));
+    if !own_dir
+        && !binds
+            .iter()
+            .filter(|b| b.added.is_some())
+            .any(|b| b.is_dir(known))
+    {
         return Ok(());
     }
     let Some(mut root) = RootFs::open(rootfs) else {
@@ -255,14 +274,14 @@ pub fn check_added_mounts<'a>(
         let resolved = root.resolve(&m.container_path);
         // A destination written inside a volume is the operator's choice; only the image's
         // symlinks leading there are refused.
-        if resolved == go_clean(&join("/", &m.container_path)) {
+        if resolved == as_written(&m.container_path) {
             continue;
         }
         // Every bind but the mount itself (a spec's own volumes, such as a DRA claim's MPS
         // directory, count: they are mounted from the host too).
         let into = binds.iter().find(|b| {
             b.destination != m.container_path
-                && b.is_dir()
+                && b.is_dir(known)
                 && is_within(
                     &resolved,
                     b.resolved.get_or_init(|| root.resolve(b.destination)),
@@ -280,6 +299,18 @@ pub fn check_added_mounts<'a>(
     Ok(())
 }
 
+/// A destination as it is written, cleaned and made absolute (what [`RootFs::resolve`] gives
+/// when no symlink is on the way); an absolute one is not joined to `/` first, which made
+/// every destination `//...` and cleaned it by splitting and joining (a pod's create: 111,000
+/// instructions for 65 mounts, callgrind).
+fn as_written(destination: &str) -> String {
+    if destination.starts_with('/') {
+        go_clean(destination)
+    } else {
+        go_clean(&join("/", destination))
+    }
+}
+
 /// The root filesystem of a config.json in `bundle_dir` (`root.path`, relative to the bundle).
 pub fn rootfs_path(spec: &Value, bundle_dir: &Path) -> Option<PathBuf> {
     let p = spec.pointer("/root/path")?.as_str()?;
@@ -291,6 +322,11 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::os::unix::fs::symlink;
+
+    /// Nothing known of the added sources: each is `stat`ed.
+    fn unknown(sources: &[&str]) -> Vec<Option<bool>> {
+        vec![None; sources.len()]
+    }
 
     fn lib(dest: &str) -> Mount {
         Mount {
@@ -342,17 +378,17 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&spec, r, &added, &[]).unwrap_err();
+        let err = check_added_mounts(&spec, r, &added, unknown).unwrap_err();
         assert_eq!(err.resolved, "/tmp/nvidia-mps/libcuda.so.1");
         assert_eq!(err.bind, "/tmp/nvidia-mps");
         assert!(err.to_string().contains("on the host"), "{err}");
 
         // The same image without the volume, or with the directory real: fine.
         let no_volume = json!({"mounts": [spec["mounts"][0], spec["mounts"][2]]});
-        assert_eq!(check_added_mounts(&no_volume, r, &added, &[]), Ok(()));
+        assert_eq!(check_added_mounts(&no_volume, r, &added, unknown), Ok(()));
         std::fs::remove_file(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
         std::fs::create_dir(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        assert_eq!(check_added_mounts(&spec, r, &added, &[]), Ok(()));
+        assert_eq!(check_added_mounts(&spec, r, &added, unknown), Ok(()));
     }
 
     /// The MPS directory as a mount nvshim adds (a DRA claim's CDI spec brings it): refused
@@ -375,10 +411,46 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": added[1].host_path, "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&spec, r, &added, &[]).unwrap_err();
+        let err = check_added_mounts(&spec, r, &added, unknown).unwrap_err();
         assert_eq!(err.bind, "/tmp/nvidia-mps");
-        let trusted = [added[0].host_path.clone()];
-        assert_eq!(check_added_mounts(&spec, r, &added, &trusted), Ok(()));
+        let trusted = |sources: &[&str]| {
+            assert_eq!(sources, [added[0].host_path.as_str(), &added[1].host_path]);
+            vec![Some(false), None]
+        };
+        assert_eq!(check_added_mounts(&spec, r, &added, trusted), Ok(()));
+    }
+
+    /// The added sources' types are asked for once, and not at all where no added source
+    /// matters: a pod's directory volume, no destination led elsewhere.
+    #[test]
+    fn added_sources_asked_once_and_only_when_needed() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path();
+        std::fs::create_dir_all(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        let added = vec![
+            lib("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+            lib("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+        ];
+        let mut mounts: Vec<Value> = added
+            .iter()
+            .map(|m| json!({"destination": m.container_path, "type": "bind", "source": m.host_path, "options": ["ro", "bind"]}))
+            .collect();
+        let asked = Cell::new(0);
+        let ask = |sources: &[&str]| {
+            asked.set(asked.get() + 1);
+            vec![Some(false); sources.len()]
+        };
+        let spec = json!({"mounts": mounts});
+        assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
+        assert_eq!(asked.get(), 1);
+        // A pod's service-account directory: destinations resolved, sources not asked.
+        mounts.push(
+            json!({"destination": "/var/run/secrets/kubernetes.io/serviceaccount",
+            "type": "bind", "source": r.to_str().unwrap(), "options": ["rbind", "ro"]}),
+        );
+        let spec = json!({"mounts": mounts});
+        assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
+        assert_eq!(asked.get(), 1);
     }
 
     #[test]
@@ -391,7 +463,7 @@ mod tests {
             {"destination": "/usr/local/nvidia", "type": "bind", "source": "/home/kubernetes/bin/nvidia",
              "options": ["rbind", "ro"]},
         ]});
-        assert_eq!(check_added_mounts(&spec, r, &added, &[]), Ok(()));
+        assert_eq!(check_added_mounts(&spec, r, &added, unknown), Ok(()));
     }
 
     #[test]
@@ -409,6 +481,6 @@ mod tests {
             {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/docker/x/resolv.conf",
              "options": ["rbind", "rprivate"]},
         ]});
-        assert_eq!(check_added_mounts(&spec, r, &added, &[]), Ok(()));
+        assert_eq!(check_added_mounts(&spec, r, &added, unknown), Ok(()));
     }
 }

@@ -1253,3 +1253,63 @@ fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
         "files were made in the host's MPS pipe directory"
     );
 }
+
+/// What the mount check learns of the specs' mount sources (which are directories) is kept in
+/// cache-dir once their directories are 2 s old (`src/rootfs/bind_sources.rs`). A source kept
+/// as a file that is then made a directory is seen as one: the red team's image above is
+/// refused as if nothing were kept (a stale answer would let runc create its mountpoints in
+/// the host directory).
+#[test]
+fn a_mount_source_kept_as_a_file_then_made_a_directory_is_seen() {
+    let w = world();
+    let claim_uid = "5b7c1e0a-2d4f-4e6a-8b9c-0d1e2f3a4b5c";
+    let mps = MpsDirs::new(&w, claim_uid);
+    // The pipe a file when the first container is made (the MPS daemon makes the directory).
+    fs::remove_dir(&mps.pipe).unwrap();
+    fs::write(&mps.pipe, b"").unwrap();
+    write_specs(&w.run_cdi, &dra_specs(&w, claim_uid, &mps));
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let devices = vec![
+        "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
+        format!("k8s.gpu.nvidia.com/claim={claim_uid}-gpu-1"),
+    ];
+    let rt = w.shim();
+    let first = annotated_bundle(&w, "pipe-a-file", claim_annotations(claim_uid, &devices));
+    let id = unique_id("k8s-e2e-kept-file");
+    let out = rt.create(&first, &id).unwrap();
+    rt.force_delete(&id);
+    assert!(out.success(), "{out}\n--- nvshim.log ---\n{}", w.shim_log());
+    let (cache, kept) = w.cache_files("bind-sources");
+    assert_eq!(kept.len(), 1, "no bind sources kept in {}", cache.display());
+    // (It ends with its length and checksum, in binary.)
+    let text = String::from_utf8_lossy(&fs::read(cache.join(&kept[0])).unwrap()).into_owned();
+    let pipe = mps.pipe.to_string_lossy();
+    assert!(
+        text.lines().any(|l| l == format!("F\t{pipe}")),
+        "{pipe} not kept as a file:\n{text}"
+    );
+
+    fs::remove_file(&mps.pipe).unwrap();
+    fs::create_dir(&mps.pipe).unwrap();
+    let b = annotated_bundle(
+        &w,
+        "symlinked-after",
+        claim_annotations(claim_uid, &devices),
+    );
+    let lib_dir = b.rootfs().path().join(LIB_DIR.trim_start_matches('/'));
+    let _ = fs::remove_dir_all(&lib_dir);
+    fs::create_dir_all(lib_dir.parent().unwrap()).unwrap();
+    symlink("/tmp/nvidia-mps", &lib_dir).unwrap();
+    let before = b.config_bytes().unwrap();
+    let id = unique_id("k8s-e2e-kept-dir");
+    let out = rt.create(&b, &id).unwrap();
+    rt.force_delete(&id);
+    assert!(!out.success(), "the container was created:\n{out}");
+    assert!(
+        out.stderr
+            .contains("inside the bind mount at /tmp/nvidia-mps"),
+        "{out}"
+    );
+    assert_eq!(b.config_bytes().unwrap(), before, "the bundle was edited");
+    assert_eq!(fs::read_dir(&mps.pipe).unwrap().count(), 0);
+}
