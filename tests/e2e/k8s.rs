@@ -1210,6 +1210,17 @@ fn void_from_the_image_next_to_unapplied_cdi_annotations_still_gets_the_devices(
     }
 }
 
+/// The red team's image: its library directory a symlink to `/tmp/nvidia-mps`, where a DRA
+/// claim mounts the MPS pipe directory read-write from the host; annotated for `devices`.
+fn red_team_bundle(w: &World, name: &str, claim_uid: &str, devices: &[String]) -> Bundle {
+    let b = annotated_bundle(w, name, claim_annotations(claim_uid, devices));
+    let lib_dir = b.rootfs().path().join(LIB_DIR.trim_start_matches('/'));
+    let _ = fs::remove_dir_all(&lib_dir);
+    fs::create_dir_all(lib_dir.parent().unwrap()).unwrap();
+    symlink("/tmp/nvidia-mps", &lib_dir).unwrap();
+    b
+}
+
 #[test]
 fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
     // The red team's image: its library directory is a symlink to where the DRA claim mounts
@@ -1223,15 +1234,7 @@ fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
         "k8s.gpu.nvidia.com/device=gpu-1".to_string(),
         format!("k8s.gpu.nvidia.com/claim={claim_uid}-gpu-1"),
     ];
-    let b = annotated_bundle(
-        &w,
-        "symlinked-libdir",
-        claim_annotations(claim_uid, &devices),
-    );
-    let lib_dir = b.rootfs().path().join(LIB_DIR.trim_start_matches('/'));
-    let _ = fs::remove_dir_all(&lib_dir);
-    fs::create_dir_all(lib_dir.parent().unwrap()).unwrap();
-    symlink("/tmp/nvidia-mps", &lib_dir).unwrap();
+    let b = red_team_bundle(&w, "symlinked-libdir", claim_uid, &devices);
     let before = b.config_bytes().unwrap();
 
     let rt = w.shim();
@@ -1291,15 +1294,7 @@ fn a_mount_source_kept_as_a_file_then_made_a_directory_is_seen() {
 
     fs::remove_file(&mps.pipe).unwrap();
     fs::create_dir(&mps.pipe).unwrap();
-    let b = annotated_bundle(
-        &w,
-        "symlinked-after",
-        claim_annotations(claim_uid, &devices),
-    );
-    let lib_dir = b.rootfs().path().join(LIB_DIR.trim_start_matches('/'));
-    let _ = fs::remove_dir_all(&lib_dir);
-    fs::create_dir_all(lib_dir.parent().unwrap()).unwrap();
-    symlink("/tmp/nvidia-mps", &lib_dir).unwrap();
+    let b = red_team_bundle(&w, "symlinked-after", claim_uid, &devices);
     let before = b.config_bytes().unwrap();
     let id = unique_id("k8s-e2e-kept-dir");
     let out = rt.create(&b, &id).unwrap();
