@@ -25,8 +25,8 @@
 //! looked up leaves a young ctime where it happened, and the ld.so.cache must give the same
 //! key before and after; and only when every directory is on a file system whose directory
 //! times the kernel keeps itself ([`cache::keeps_dir_times`]: not NFS or FUSE, whose times
-//! come from a server or a daemon). Paths holding a tab or newline, or not UTF-8, are not kept (looked up
-//! every time).
+//! come from a server or a daemon). Paths holding a tab or newline, or not UTF-8, are not
+//! kept (looked up every time).
 
 use std::collections::BTreeMap;
 use std::os::unix::ffi::OsStrExt;

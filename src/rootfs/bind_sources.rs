@@ -31,8 +31,8 @@ use crate::cache::{self, Key};
 
 const MAGIC: &[u8] = b"nvshim-bind-sources 1\n";
 
-/// Sources kept at most: past it, the file is written again with what the current create asked
-/// only (a node whose claims each bring a file of their own would otherwise grow it forever).
+/// Sources kept at most: past it, the file starts again from what the current create learnt
+/// (a node whose claims each bring a file of their own would otherwise grow it forever).
 const MAX_ENTRIES: usize = 4096;
 
 /// For each of `sources`, whether it is a directory, where that is known without a `stat` of
@@ -86,8 +86,8 @@ pub fn kinds(sources: &[&str], cache_dir: Option<&Path>, read_at: i64) -> Vec<Op
     if !dirs.iter().all(holds) {
         return out;
     }
-    // A directory with a new key loses what was kept of it; past the bound, only what this
-    // create asked is kept.
+    // A directory with a new key loses what was kept of it; past the bound, the file starts
+    // again from what this create learnt.
     if kept.entries.len() + learnt.len() > MAX_ENTRIES {
         kept = Kept::default();
     }
@@ -358,7 +358,7 @@ mod tests {
             (vec![known; 3], false)
         );
         assert_eq!(fs::read(&file).unwrap(), kept);
-        // Past the bound, what was kept before gives way to what this create asked.
+        // Past the bound, what was kept before gives way to what this create learnt.
         let rest: Vec<&str> = names[3..].iter().map(String::as_str).collect();
         assert!(rest.len() + 3 > MAX_ENTRIES);
         assert!(!asked(&rest, &cache_dir, later).1);
