@@ -208,13 +208,23 @@ for n in 2 50 500 1000; do
 done
 # Docker 28.5.2's own config.json for a GPU request (tests/fixtures/oci: compact, 9.7 KB, its
 # seccomp profile included; NVIDIA_VISIBLE_DEVICES=0,3, compute and utility), in a bundle with
-# the legacy bundle's rootfs.
+# the legacy bundle's rootfs. Its binds of the container's hostname, hosts and resolv.conf
+# point into the data root it was captured with: moved under the work dir and made, as dockerd
+# makes them before it runs runc (a missing source counts as a directory for the mount check,
+# which then resolves every destination: 40 lookups a real Docker create does not make).
 mkdir -p "$work/run/docker"
 cp -a "$work/run/legacy/rootfs" "$work/run/docker/rootfs"
-python3 - "$repo/tests/fixtures/oci/docker-28.5.2-config.json" "$work/run/docker.orig.json" <<'DOCKER'
-import json, sys
+python3 - "$repo/tests/fixtures/oci/docker-28.5.2-config.json" "$work/run/docker.orig.json" "$work/docker-data" <<'DOCKER'
+import json, os, sys
 spec = json.load(open(sys.argv[1]))
 spec["root"]["path"] = "rootfs"
+captured = "/tmp/dcap/data/"
+for m in spec["mounts"]:
+    if m.get("source", "").startswith(captured):
+        m["source"] = os.path.join(sys.argv[3], m["source"][len(captured):])
+        os.makedirs(os.path.dirname(m["source"]), exist_ok=True)
+        open(m["source"], "w").write("127.0.0.1 localhost\n")
+assert any(m.get("source", "").startswith(sys.argv[3]) for m in spec["mounts"]), "no Docker file binds"
 open(sys.argv[2], "w").write(json.dumps(spec, separators=(",", ":")))
 DOCKER
 cp "$work/run/docker.orig.json" "$work/run/docker/config.json"
