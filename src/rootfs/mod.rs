@@ -46,6 +46,9 @@ pub struct RootFs {
     fd: OwnedFd,
     /// Resolved directories, by container path.
     dirs: foldhash::HashMap<String, String>,
+    /// Resolved paths the root does not have: nothing below one is looked up (an image without
+    /// `/etc/OpenCL` has no `/etc/OpenCL/vendors/nvidia.icd` either).
+    missing: foldhash::HashSet<String>,
 }
 
 impl RootFs {
@@ -62,6 +65,7 @@ impl RootFs {
         Some(RootFs {
             fd,
             dirs: Default::default(),
+            missing: Default::default(),
         })
     }
 
@@ -118,13 +122,24 @@ impl RootFs {
             };
         }
         let next = join(cur, comp);
+        if self.missing.contains(cur) {
+            self.missing.insert(next.clone());
+            return next;
+        }
         let relative = next.trim_start_matches('/');
-        let is_link = fstatat(
+        let is_link = match fstatat(
             Some(self.fd.as_raw_fd()),
             relative,
             AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .is_ok_and(|st| SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK);
+        ) {
+            Ok(st) => SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK,
+            // Not there (or below a file): nor is anything below it.
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR) => {
+                self.missing.insert(next.clone());
+                false
+            }
+            Err(_) => false,
+        };
         if !is_link || depth >= MAX_SYMLINKS {
             return next;
         }
@@ -357,6 +372,12 @@ mod tests {
         assert_eq!(root.resolve("/usr/up/etc/x"), "/etc/x");
         assert_eq!(root.resolve("/../../etc/x"), "/etc/x");
         assert_eq!(root.resolve("/missing/dir/x"), "/missing/dir/x");
+        // Below a missing directory nothing is looked up, and `..` climbs back out of it.
+        assert!(root.missing.contains("/missing/dir/x"));
+        assert_eq!(
+            root.resolve("/missing/../lib/x86_64-linux-gnu/x"),
+            "/usr/lib/x86_64-linux-gnu/x"
+        );
         // A loop stops at the bound and leaves the rest as written.
         assert!(root.resolve("/loop1/x").ends_with("/x"));
     }
