@@ -235,6 +235,54 @@ mkdir -p "$work/pod-volumes/serviceaccount"
 echo "127.0.0.1 localhost" > "$work/pod-volumes/etc-hosts"
 : > "$work/pod-volumes/termination-log"
 cp -a "$work/run/cdi" "$work/run/pod"
+# Its image shaped as a real one, since a pod's create resolves every added destination in the
+# image (the busybox rootfs of the other bundles has no /usr at all): the tree of a Debian 12
+# base image, the packages of priority "required" and what they depend on (what debootstrap's
+# minbase variant and so the debian:bookworm image install), from this machine's own package
+# lists: merged /usr, directories and links as they are, files empty. Without dpkg, the
+# busybox rootfs stays.
+python3 - "$work/run/pod/rootfs" <<'IMAGE' || echo "bench: no Debian package lists: the pod's image is the busybox rootfs" >&2
+import os, re, shutil, subprocess, sys
+root = sys.argv[1]
+installed, todo = {}, []
+for l in subprocess.check_output(["dpkg-query", "-W", "-f=${Package}\t${Priority}\t${Pre-Depends}, ${Depends}\n"], text=True).splitlines():
+    name, prio, deps = l.split("\t")
+    # Each dependency: its first alternative this machine has.
+    alts = [[re.sub(r"[ (:].*", "", a.strip()) for a in d.split("|")] for d in deps.split(",") if d.strip()]
+    installed[name] = alts
+    if prio == "required":
+        todo.append(name)
+pkgs = set()
+while todo:
+    p = todo.pop()
+    if p in pkgs or p not in installed:
+        continue
+    pkgs.add(p)
+    for alts in installed[p]:
+        todo.extend([a for a in alts if a in installed][:1])
+paths = subprocess.check_output(["dpkg", "-L"] + sorted(pkgs), text=True).splitlines()
+shutil.rmtree(root)
+os.makedirs(root + "/usr")
+for top in ("bin", "lib", "lib64", "sbin"):
+    os.makedirs(f"{root}/usr/{top}", exist_ok=True)
+    os.symlink(f"usr/{top}", f"{root}/{top}")
+for p in sorted(set(paths)):
+    if not p.startswith("/") or p == "/":
+        continue
+    dst = root + p
+    if os.path.islink(p):
+        if not os.path.lexists(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(p), dst)
+    elif os.path.isdir(p):
+        os.makedirs(dst, exist_ok=True)
+    elif os.path.exists(p) and not os.path.lexists(dst):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        open(dst, "w").close()
+for d in ("proc", "sys", "dev", "tmp", "run", "etc", "root"):
+    os.makedirs(f"{root}/{d}", exist_ok=True)
+assert os.path.isdir(root + "/usr/lib/x86_64-linux-gnu"), "no /usr/lib/x86_64-linux-gnu"
+IMAGE
 python3 - "$work/run/cdi.orig.json" "$work/run/pod.orig.json" "$work/pod-volumes" <<'POD'
 import json, sys
 spec = json.load(open(sys.argv[1]))
