@@ -285,8 +285,23 @@ pub fn check_added_mounts<'a>(
     let Some(mut root) = RootFs::open(rootfs) else {
         return Ok(());
     };
-    for m in added {
-        let resolved = root.resolve(&m.container_path);
+    // Every added destination resolved first, and kept as its bind's: a destination the
+    // image's symlinks lead elsewhere (any under `/lib` in a merged-/usr image) is compared
+    // with every bind's, and asking whether a bind is a directory is left to the binds it
+    // lands in (asking every added source's kind cost a pod's create 19 system calls).
+    let by_destination: foldhash::HashMap<&str, &Bind> =
+        binds.iter().rev().map(|b| (b.destination, b)).collect();
+    let resolved: Vec<String> = added
+        .iter()
+        .map(|m| {
+            let r = root.resolve(&m.container_path);
+            if let Some(b) = by_destination.get(m.container_path.as_str()) {
+                let _ = b.resolved.set(r.clone());
+            }
+            r
+        })
+        .collect();
+    for (m, resolved) in added.iter().zip(resolved) {
         // A destination written inside a volume is the operator's choice; only the image's
         // symlinks leading there are refused.
         if resolved == as_written(&m.container_path) {
@@ -296,11 +311,11 @@ pub fn check_added_mounts<'a>(
         // directory, count: they are mounted from the host too).
         let into = binds.iter().find(|b| {
             b.destination != m.container_path
-                && b.is_dir(known)
                 && is_within(
                     &resolved,
                     b.resolved.get_or_init(|| root.resolve(b.destination)),
                 )
+                && b.is_dir(known)
         });
         if let Some(b) = into {
             return Err(IntoBindMount {
@@ -468,6 +483,18 @@ mod tests {
         mounts.push(
             json!({"destination": "/var/run/secrets/kubernetes.io/serviceaccount",
             "type": "bind", "source": r.to_str().unwrap(), "options": ["rbind", "ro"]}),
+        );
+        let spec = json!({"mounts": mounts});
+        assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
+        assert_eq!(asked.get(), 1);
+        // A merged-/usr image leads `/lib/...` into `/usr/lib/...`, inside no bind: still not
+        // asked (only a bind a destination lands in is asked whether it is a directory).
+        symlink("usr/lib", r.join("lib")).unwrap();
+        let mut added = added;
+        added.push(lib("/lib/firmware/nvidia/gsp_ga10x.bin"));
+        mounts.push(
+            json!({"destination": "/lib/firmware/nvidia/gsp_ga10x.bin", "type": "bind",
+            "source": "/lib/firmware/nvidia/gsp_ga10x.bin", "options": ["ro", "bind"]}),
         );
         let spec = json!({"mounts": mounts});
         assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
