@@ -261,7 +261,8 @@ while todo:
     for alts in installed[p]:
         todo.extend([a for a in alts if a in installed][:1])
 paths = subprocess.check_output(["dpkg", "-L"] + sorted(pkgs), text=True).splitlines()
-shutil.rmtree(root)
+# Built beside the busybox rootfs and swapped in whole at the end.
+final, root = root, root + ".debian"
 os.makedirs(root + "/usr")
 for top in ("bin", "lib", "lib64", "sbin"):
     os.makedirs(f"{root}/usr/{top}", exist_ok=True)
@@ -282,6 +283,8 @@ for p in sorted(set(paths)):
 for d in ("proc", "sys", "dev", "tmp", "run", "etc", "root"):
     os.makedirs(f"{root}/{d}", exist_ok=True)
 assert os.path.isdir(root + "/usr/lib/x86_64-linux-gnu"), "no /usr/lib/x86_64-linux-gnu"
+shutil.rmtree(final)
+os.rename(root, final)
 IMAGE
 python3 - "$work/run/cdi.orig.json" "$work/run/pod.orig.json" "$work/pod-volumes" <<'POD'
 import json, sys

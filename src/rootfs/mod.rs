@@ -227,9 +227,10 @@ fn is_within(path: &str, dir: &str) -> bool {
 /// first. When none is a directory (runc's and Docker's specs: files in `/etc`), the added
 /// ones are asked; all files (libraries, binaries), nothing needs resolving. When one is (a
 /// Kubernetes pod's service-account token, a DRA claim's directory), every added destination
-/// must be resolved anyway, and an added source is asked only for a destination the image's
-/// symlinks lead elsewhere: a create in a pod skips a `stat` per mount it adds (65 for a
-/// CDI request on NVIDIA's 8-GPU spec).
+/// must be resolved anyway, and a bind is asked whether it is a directory only when a
+/// destination the image's symlinks lead elsewhere lands inside it: a create in a pod asks
+/// none of the mounts it adds (65 for a CDI request on NVIDIA's 8-GPU spec), and nothing is
+/// looked up below a path the image lacks.
 pub fn check_added_mounts<'a>(
     spec: &Value,
     rootfs: &Path,
