@@ -15,7 +15,10 @@
 //! (device, inode, size, mtime, ctime of the file it names, symlinks followed) with the kind
 //! and device names it defines, or the error it failed with. An entry is used only when a
 //! fresh `stat` gives the same identity, so a changed, added, removed or renamed file (or a
-//! directory whose entries changed: its mtime and ctime move) is always read again.
+//! directory whose entries changed: its mtime and ctime move) is always read again. A
+//! directory's listing is kept only on a file system whose directory times the kernel keeps
+//! itself ([`crate::cache::keeps_dir_times`]); a spec directory on NFS or FUSE, whose times
+//! come from a server or a daemon, is listed again on every create.
 //!
 //! File times come from a coarse clock: two writes within one tick can leave the same mtime
 //! and ctime (and, with the same size, the same identity). An entry is therefore trusted only
@@ -245,11 +248,15 @@ fn refresh<'a>(
         let key = Key::of_stat(&nix::sys::stat::fstat(dir_fd.as_raw_fd()).ok()?);
         // The names: the index's, in its order, when the directory is the same; else listed
         // again and matched to the old entries by name.
+        // A listing is trusted only where the kernel keeps the directory's times itself (a
+        // spec directory on NFS or FUSE is listed on every create): asked when it is listed.
+        let mut local = true;
         let (mut same, mut by_name): (Vec<FileEntry>, HashMap<Cow<[u8]>, FileEntry>) = match old_dir
         {
             Some(d) if d.key == Some(key) && d.trusted => (d.files, HashMap::new()),
             other => {
                 changed = true;
+                local = crate::cache::keeps_dir_times(dir);
                 let listed = list(dir)?;
                 let old: HashMap<Cow<[u8]>, FileEntry> = other
                     .map(|d| d.files.into_iter().map(|f| (f.name.clone(), f)).collect())
@@ -317,7 +324,7 @@ fn refresh<'a>(
         index.dirs.push(DirEntry {
             path: dir_bytes,
             key: Some(key),
-            trusted: key.trusted_at(read_at),
+            trusted: local && key.trusted_at(read_at),
             files: same,
         });
     }
@@ -867,6 +874,22 @@ mod tests {
             fs::metadata(&d.cache).unwrap().permissions().mode() & 0o777,
             0o700
         );
+    }
+
+    /// A directory on a file system whose directory times the kernel does not keep (`/proc`
+    /// here; NFS and FUSE on a node) is listed again on every create: an added file there
+    /// could leave its time as it was. A local one is listed once.
+    #[test]
+    fn a_listing_is_kept_only_where_the_kernel_keeps_directory_times() {
+        let d = Dirs::new();
+        let t = later();
+        let (_, first) = load_at(&[PathBuf::from("/proc")], &[], &d.cache, t);
+        let (_, again) = load_at(&[PathBuf::from("/proc")], &[], &d.cache, t);
+        assert!(first.wrote && again.wrote, "{first:?} {again:?}");
+        fs::write(d.run.join("a.yaml"), spec_text("v.com/c", &[("a", "A=1")])).unwrap();
+        let (_, first) = load_at(std::slice::from_ref(&d.run), &[], &d.cache, t);
+        let (_, again) = load_at(std::slice::from_ref(&d.run), &[], &d.cache, t);
+        assert!(first.wrote && !again.wrote, "{first:?} {again:?}");
     }
 
     #[test]
