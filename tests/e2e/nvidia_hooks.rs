@@ -132,8 +132,21 @@ fn sections(stdout: &str) -> Vec<String> {
     stdout.split("===\n").map(str::to_string).collect()
 }
 
-fn mountinfo() -> String {
-    fs::read_to_string("/proc/self/mountinfo").unwrap()
+/// This process's mounts, less those inside other tests' worlds: tests run in parallel, and a
+/// reliability test mounts a small tmpfs in its own world meanwhile.
+fn mountinfo(w: &World) -> String {
+    let own = w.tmp.path().to_string_lossy().into_owned();
+    // Every world is a `nvshim-e2e-*` directory beside this one (tests/e2e/world.rs).
+    let worlds = format!("{}/nvshim-e2e-", w.tmp.path().parent().unwrap().display());
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let point = l.split(' ').nth(4).unwrap_or("");
+            !point.starts_with(&worlds) || point.starts_with(&own)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 #[test]
@@ -214,7 +227,7 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
             ),
         ],
     );
-    let mounts_before = mountinfo();
+    let mounts_before = mountinfo(&w);
     let out = run_runc(&w, &b);
     let s = sections(&out);
     assert!(s.len() >= 7, "{out}");
@@ -267,7 +280,7 @@ fn nvidia_cdi_hook_spec_in_nvidias_order() {
 
     // The host: its params file unchanged, no mount left in the test's namespace.
     assert_eq!(fs::read_to_string(host_params_file(&w)).unwrap(), PARAMS);
-    assert_eq!(mountinfo(), mounts_before);
+    assert_eq!(mountinfo(&w), mounts_before);
 }
 
 #[test]
