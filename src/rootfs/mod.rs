@@ -16,6 +16,7 @@
 //! resolved once per distinct directory (the driver's libraries share a handful), so the check
 //! costs a few dozen syscalls on a create that mounts the whole driver.
 
+use std::borrow::Cow;
 use std::cell::{Cell, OnceCell};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ use nix::sys::stat::{fstatat, Mode, SFlag};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::edits::{go_clean, Mount};
+use crate::edits::{go_clean, is_clean, Mount};
 
 pub mod bind_sources;
 
@@ -305,7 +306,7 @@ pub fn check_added_mounts<'a>(
     for (m, resolved) in added.iter().zip(resolved) {
         // A destination written inside a volume is the operator's choice; only the image's
         // symlinks leading there are refused.
-        if resolved == as_written(&m.container_path) {
+        if resolved == *as_written(&m.container_path) {
             continue;
         }
         // Every bind but the mount itself (a spec's own volumes, such as a DRA claim's MPS
@@ -333,12 +334,14 @@ pub fn check_added_mounts<'a>(
 /// A destination as it is written, cleaned and made absolute (what [`RootFs::resolve`] gives
 /// when no symlink is on the way); an absolute one is not joined to `/` first, which made
 /// every destination `//...` and cleaned it by splitting and joining (a pod's create: 111,000
-/// instructions for 65 mounts, callgrind).
-fn as_written(destination: &str) -> String {
-    if destination.starts_with('/') {
-        go_clean(destination)
+/// instructions for 65 mounts, callgrind), and a clean one is its own form (no copy).
+fn as_written(destination: &str) -> Cow<'_, str> {
+    if destination.starts_with('/') && is_clean(destination) {
+        Cow::Borrowed(destination)
+    } else if destination.starts_with('/') {
+        Cow::Owned(go_clean(destination))
     } else {
-        go_clean(&join("/", destination))
+        Cow::Owned(go_clean(&join("/", destination)))
     }
 }
 
