@@ -29,8 +29,16 @@
 //! without the CDI index (every one of 1,000 spec files parsed) peaks at 3.7 MiB instead of
 //! 10.3 MiB. Power-of-two classes alone, tried before, cost MIG `all` the rounding.
 //!
-//! What it gives up: a freed block larger than 2 KiB is reused only when it is the last one (a
-//! temporary's buffer, a `Vec` grown in place), and a small one only for its class. Blocks of
+//! A freed block larger than the largest class is kept (up to [`BIG_SLOTS`] of them) and
+//! handed out again, from its front, for the next large block it holds: a `Vec` grown past
+//! its block, a spec file's bytes read and parsed. Before, such a block was lost unless it
+//! was the last one carved; the bytes a create carved (instrumented arena) went down from 411
+//! to 350 KB for a CDI create, 694 to 588 KB for MIG `all` and 546 to 405 KB with 500 spec
+//! files, and in paired runs (600 rounds) those creates took 0.02, 0.04 and 0.04 ms less.
+//!
+//! What it gives up: a small freed block is reused only for its class, and a large one only
+//! for a block it holds at its front (the rest goes back: to the large ones, or to the largest
+//! class it holds). Blocks of
 //! [`OWN_MAPPING`] bytes or more (a spec file read whole, config.json's output buffer) get
 //! their own mapping, unmapped when freed. So the arena suits a process that does one bounded
 //! job and execs or exits: only `nvshim-runtime` installs it; the operator tool `nvshim`,
@@ -62,19 +70,24 @@ const CLASS_SIZES: [usize; 16] = [
 /// any small layout of its class.
 const MIN_ALIGN: usize = 16;
 
+/// How many freed blocks larger than the largest class are kept for reuse ([`State::big`]).
+const BIG_SLOTS: usize = 32;
+
 /// The allocator (`#[global_allocator]` in src/bin/nvshim-runtime.rs).
 pub struct Arena {
     locked: AtomicBool,
     state: UnsafeCell<State>,
 }
 
-/// The current chunk: the next free byte, its end, and where the last block starts; and the
-/// freed small blocks of each class, each holding the address of the next in its first word.
+/// The current chunk: the next free byte, its end, and where the last block starts; the
+/// freed small blocks of each class, each holding the address of the next in its first word;
+/// and freed larger blocks, as (address, bytes), `(0, 0)` for an empty slot.
 struct State {
     next: usize,
     end: usize,
     last: usize,
     free: [usize; CLASS_SIZES.len()],
+    big: [(usize, usize); BIG_SLOTS],
 }
 
 // SAFETY: `state` is only touched while `locked` is held (`Arena::with`).
@@ -89,6 +102,7 @@ impl Arena {
                 end: 0,
                 last: 0,
                 free: [0; CLASS_SIZES.len()],
+                big: [(0, 0); BIG_SLOTS],
             }),
         }
     }
@@ -190,11 +204,54 @@ impl State {
         start as *mut u8
     }
 
+    /// A freed large block for `layout` (larger than the largest class), the smallest that
+    /// holds it at its alignment; what it holds beyond goes back: to the large blocks, or to
+    /// the largest class it holds. `None`: none fits.
+    fn reuse(&mut self, layout: Layout) -> Option<*mut u8> {
+        let need = layout.size().checked_next_multiple_of(MIN_ALIGN)?;
+        let mut best: Option<usize> = None;
+        for (i, &(at, len)) in self.big.iter().enumerate() {
+            if len >= need && at % layout.align() == 0 && best.is_none_or(|b| len < self.big[b].1) {
+                best = Some(i);
+            }
+        }
+        let i = best?;
+        let (at, len) = std::mem::take(&mut self.big[i]);
+        let (rest, rest_len) = (at + need, len - need);
+        if rest_len > LARGEST_CLASS {
+            self.big[i] = (rest, rest_len);
+        } else if let Some(c) = CLASS_SIZES.iter().rposition(|&size| size <= rest_len) {
+            // SAFETY: `rest` is free (the block's tail), 16-aligned (`at` and `need` are) and
+            // holds `CLASS_SIZES[c]` bytes: its first word links it into its class's list.
+            unsafe { *(rest as *mut usize) = self.free[c] };
+            self.free[c] = rest;
+        }
+        Some(at as *mut u8)
+    }
+
+    /// Keeps a freed block of `len` bytes larger than the largest class for [`State::reuse`]:
+    /// in an empty slot, else in place of the smallest kept when it is larger.
+    fn keep_big(&mut self, at: usize, len: usize) {
+        let slot = self
+            .big
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, &(_, len))| len)
+            .map(|(i, _)| i);
+        if let Some(i) = slot.filter(|&i| self.big[i].1 < len) {
+            self.big[i] = (at, len);
+        }
+    }
+
     /// Whether `ptr` is the last block carved and reaches to the cursor with `len` bytes.
     fn is_top(&self, ptr: *mut u8, len: usize) -> bool {
         ptr as usize == self.last && self.last + len == self.next
     }
 }
+
+/// The largest class's size: larger blocks are carved for their size, and kept for reuse when
+/// freed ([`State::reuse`]).
+const LARGEST_CLASS: usize = CLASS_SIZES[CLASS_SIZES.len() - 1];
 
 /// The bytes a live block of `layout` holds in the arena: its class's size for a small one.
 fn reserved(layout: Layout) -> usize {
@@ -207,13 +264,20 @@ fn reserved(layout: Layout) -> usize {
 // A block holds at least [`reserved`] bytes of its current layout: a small block carved for
 // its class, a larger one carved for its size or shrunk in place from a larger one (the last
 // block's end moved to what the new layout reserves), so a freed small block is handed out
-// again only for layouts its class holds, and it is 16-aligned as every block is.
+// again only for layouts its class holds, and it is 16-aligned as every block is. A freed
+// larger block holds its size rounded up to 16 (the next block starts 16-aligned beyond it);
+// it is handed out again from its front, for a layout it holds at that layout's alignment,
+// and what it holds beyond the layout's size rounded up to 16 is kept as a free block of
+// its own (both 16-aligned).
 unsafe impl GlobalAlloc for Arena {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if own_mapping(layout) {
             return map(layout.size());
         }
         match class(layout) {
+            None if layout.size() > LARGEST_CLASS => {
+                self.with(|s| s.reuse(layout).unwrap_or_else(|| s.carve(layout)))
+            }
             None => self.with(|s| s.carve(layout)),
             Some(c) => self.with(|s| match s.free[c] {
                 0 => s.carve(Layout::from_size_align(CLASS_SIZES[c], MIN_ALIGN).unwrap_or(layout)),
@@ -241,6 +305,11 @@ unsafe impl GlobalAlloc for Arena {
                 // bytes (the impl's invariant): its first word links it into its class's list.
                 unsafe { *(ptr as *mut usize) = s.free[c] };
                 s.free[c] = ptr as usize;
+            } else if layout.size() > LARGEST_CLASS {
+                // What it holds, rounded up to the 16 bytes the next block starts beyond.
+                if let Some(len) = layout.size().checked_next_multiple_of(MIN_ALIGN) {
+                    s.keep_big(ptr as usize, len);
+                }
             }
         })
     }
