@@ -85,6 +85,10 @@ struct RawMember {
     text: Box<RawValue>,
 }
 
+/// A top-level member's name and what writes its value in its place, given the value the
+/// document holds ([`Bundle::render_spec_with`]).
+pub type MemberWriter<'a> = (&'a str, &'a dyn Fn(&mut crate::json::Writer, &Value));
+
 /// The object that holds the raw member, and the member's name.
 const RAW_PARENT: &str = "linux";
 const RAW_KEY: &str = "seccomp";
@@ -201,17 +205,30 @@ impl Bundle {
     /// Serialises `spec` in the layout the original used (pretty if it had newlines), as
     /// serde_json would (`crate::json` says why not serde_json itself).
     pub fn render_spec(&self, spec: &Value) -> Vec<u8> {
+        self.render_spec_with(spec, None)
+    }
+
+    /// [`Bundle::render_spec`], with the top-level member `member.0` written by `member.1`
+    /// (given the member's value in `spec`) instead of from `spec`: `create` writes the mounts
+    /// it adds straight from its edits (`edits::DeferredMounts`).
+    pub fn render_spec_with(&self, spec: &Value, member: Option<MemberWriter<'_>>) -> Vec<u8> {
         let pretty = self.original.contains(&b'\n');
         // Room for the edits up front: growing the buffer while writing copied it several
         // times (about 5% of a create's instructions, callgrind). A CDI create on NVIDIA's
         // 8-GPU spec writes 29 KB from 3 KB, a MIG `all` one 53 KB; pages never written are
         // never touched, so the room costs no memory.
         let mut w = crate::json::Writer::new(self.original.len() * 2 + 64 * 1024, pretty);
-        match (self.raw.as_ref(), spec.as_object()) {
-            (Some(raw), Some(root)) => w.object(|m| {
+        match spec.as_object() {
+            Some(root) if self.raw.is_some() || member.is_some() => w.object(|m| {
                 for (key, value) in root {
-                    match value.as_object() {
-                        Some(parent) if key == RAW_PARENT => write_parent(m.key(key), parent, raw),
+                    if let Some((_, write)) = member.filter(|(name, _)| name == key) {
+                        write(m.key(key), value);
+                        continue;
+                    }
+                    match (value.as_object(), self.raw.as_ref()) {
+                        (Some(parent), Some(raw)) if key == RAW_PARENT => {
+                            write_parent(m.key(key), parent, raw)
+                        }
                         _ => m.key(key).value(value),
                     }
                 }
@@ -247,7 +264,16 @@ impl Bundle {
     /// [`Bundle::save_spec`] unless `spec` renders to the bytes that were read (a retried
     /// `create`): then nothing is written. Whether it wrote.
     pub fn save_changed(&self, spec: &Value) -> Result<bool, BundleError> {
-        let bytes = self.render_spec(spec);
+        self.save_changed_with(spec, None)
+    }
+
+    /// [`Bundle::save_changed`] of what [`Bundle::render_spec_with`] writes.
+    pub fn save_changed_with(
+        &self,
+        spec: &Value,
+        member: Option<MemberWriter<'_>>,
+    ) -> Result<bool, BundleError> {
+        let bytes = self.render_spec_with(spec, member);
         if bytes == self.original {
             return Ok(false);
         }

@@ -60,10 +60,15 @@ pub struct Plan {
     pub cdi_devices: Vec<String>,
     /// The edits grouped by what caused them, as the resolvers made them (what `nvshim explain`
     /// shows): per GPU and the driver (legacy), per spec and device (CDI), then the memory-limit
-    /// hook. Applied as their concatenation ([`edits::apply_all`]), never copied into one.
+    /// hook. Applied as their concatenation ([`edits::apply_all_deferred`]), never copied into
+    /// one.
     pub groups: Vec<EditGroup>,
-    /// config.json after the edits.
+    /// config.json after the edits, but for its `mounts`: the list as loaded, what the edits
+    /// make of it in `mounts` ([`Plan::document`] has both in one document).
     pub edited: Value,
+    /// The document's mounts after the edits, the added ones kept as the edits' own (`None`:
+    /// no edit adds one): written straight into config.json ([`edits::DeferredMounts`]).
+    pub mounts: Option<edits::DeferredMounts>,
     /// Whether planning edited the document at all: an edit applied, Docker's hook or the
     /// device plugin's mounts removed. A touched document can still equal the original (a
     /// retried create applies the same edits again), which [`Bundle::save_changed`] finds.
@@ -95,6 +100,39 @@ impl Trace {
 impl Plan {
     fn parts(&self) -> impl Iterator<Item = &ContainerEdits> {
         self.groups.iter().map(|g| &g.edits)
+    }
+
+    /// config.json after the edits as one document (`edited` with its mounts built in).
+    pub fn document(&self) -> Result<Value, edits::EditError> {
+        let mut doc = self.edited.clone();
+        if let Some(mounts) = &self.mounts {
+            let parts: Vec<&ContainerEdits> = self.parts().collect();
+            mounts.materialize(&mut doc, &parts)?;
+        }
+        Ok(doc)
+    }
+
+    /// The bind mounts of the edited document (`edits::binds`), its added mounts among them.
+    fn binds(&self) -> Vec<(&str, &str)> {
+        match &self.mounts {
+            Some(mounts) => {
+                let parts: Vec<&ContainerEdits> = self.parts().collect();
+                mounts.binds(&self.edited, &parts)
+            }
+            None => edits::binds(&self.edited),
+        }
+    }
+
+    /// Writes the edited document into the bundle unless it renders to the bytes that were
+    /// read ([`Bundle::save_changed`]); whether it wrote.
+    fn save(&self) -> Result<bool, crate::bundle::BundleError> {
+        let Some(mounts) = &self.mounts else {
+            return self.bundle.save_changed(&self.edited);
+        };
+        let parts: Vec<&ContainerEdits> = self.parts().collect();
+        let write = |w: &mut crate::json::Writer, own: &Value| mounts.write(w, own, &parts);
+        self.bundle
+            .save_changed_with(&self.edited, Some(("mounts", &write)))
     }
 }
 
@@ -205,6 +243,7 @@ pub fn plan_bundle(
         cdi_devices: Vec::new(),
         groups: Vec::new(),
         edited,
+        mounts: None,
         touched: false,
     };
     // Mount sources known not to be directories (a legacy request's driver files); `None`:
@@ -234,10 +273,13 @@ pub fn plan_bundle(
                 &tools.nvml,
             )?;
             let parts: Vec<&ContainerEdits> = resolved.groups.iter().map(|g| &g.edits).collect();
-            edits::apply_all(&mut plan.edited, &parts).map_err(|source| CreateError::Edit {
-                path: config_path,
-                source,
-            })?;
+            plan.mounts =
+                edits::apply_all_deferred(&mut plan.edited, &parts).map_err(|source| {
+                    CreateError::Edit {
+                        path: config_path,
+                        source,
+                    }
+                })?;
             plan.gpus = resolved.gpus;
             plan.groups = resolved.groups;
             not_dirs = Some(resolved.not_dirs);
@@ -261,7 +303,7 @@ pub fn plan_bundle(
                 crate::rootfs::bind_sources::kinds(sources, cache_dir, crate::cache::now_ns())
             }
         };
-        crate::rootfs::check_added_mounts(&plan.edited, &rootfs, added, kinds).map_err(
+        crate::rootfs::check_added_mounts(&plan.binds(), &rootfs, added, kinds).map_err(
             |source| CreateError::MountIntoBindMount {
                 path: plan.bundle.config_path().to_path_buf(),
                 source,
@@ -298,6 +340,7 @@ fn add_memory_limit_hook(
     let Some(hook) = hook else {
         return Ok(());
     };
+    // A hook only: `edits::apply` builds any mount into `edited`, beside `plan.mounts`.
     let added = ContainerEdits {
         hooks: vec![hook],
         ..Default::default()
@@ -401,7 +444,7 @@ fn apply_cdi(
             names.join(", ")
         ));
     }
-    edits::apply_all(&mut plan.edited, &parts)
+    plan.mounts = edits::apply_all_deferred(&mut plan.edited, &parts)
         .map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;
     plan.groups = groups;
@@ -473,7 +516,7 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>
         }
         Err(e) => return Err(e),
     };
-    if plan.touched && plan.bundle.save_changed(&plan.edited)? {
+    if plan.touched && plan.save()? {
         tracing::info!(
             bundle = %dir.display(),
             gpus = ?plan.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),

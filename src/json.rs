@@ -47,6 +47,21 @@ impl Members<'_> {
     }
 }
 
+/// The items of an array being written ([`Writer::array`]).
+pub struct Items<'a> {
+    w: &'a mut Writer,
+    empty: bool,
+}
+
+impl Items<'_> {
+    /// Writes the separator; the item is written next, to the writer returned.
+    pub fn item(&mut self) -> &mut Writer {
+        self.w.separator(self.empty);
+        self.empty = false;
+        self.w
+    }
+}
+
 impl Writer {
     /// A writer into a buffer of `capacity` bytes; `pretty` as `to_writer_pretty`.
     pub fn new(capacity: usize, pretty: bool) -> Writer {
@@ -76,6 +91,18 @@ impl Writer {
         members(&mut m);
         let empty = m.empty;
         self.close(b'}', empty);
+    }
+
+    /// An array whose items `items` writes ([`Items::item`], then the item).
+    pub fn array(&mut self, items: impl FnOnce(&mut Items<'_>)) {
+        self.open(b'[');
+        let mut i = Items {
+            w: self,
+            empty: true,
+        };
+        items(&mut i);
+        let empty = i.empty;
+        self.close(b']', empty);
     }
 
     pub fn value(&mut self, v: &Value) {
@@ -148,7 +175,7 @@ impl Writer {
 
     /// `s` quoted, escaped as serde_json escapes: `"`, `\` and the control characters below
     /// 0x20 (`\b`, `\t`, `\n`, `\f`, `\r`, else `\u00XX` in lower-case hex); nothing else.
-    fn string(&mut self, s: &str) {
+    pub fn string(&mut self, s: &str) {
         let bytes = s.as_bytes();
         self.out.reserve(bytes.len() + 2);
         self.out.push(b'"');

@@ -296,12 +296,18 @@ pub fn explain(
                     }
                 }
             }
-            out.changes_bundle = plan.edited != original;
-            if out.changes_bundle {
-                out.diff = diff(&out.config_json, &original, &plan.edited);
-                out.result = Some(plan.edited.clone());
+            match plan.document() {
+                Ok(edited) => {
+                    out.changes_bundle = edited != original;
+                    if out.changes_bundle {
+                        out.diff = diff(&out.config_json, &original, &edited);
+                        out.result = Some(edited);
+                    }
+                    out.error = runtime_error;
+                }
+                // Not reached: planning applied the same mounts to the same document.
+                Err(e) => out.error = Some(runtime_error.unwrap_or_else(|| e.to_string())),
             }
-            out.error = runtime_error;
         }
         Err(e) => {
             out.gpus = trace.gpus.iter().map(GpuItem::from).collect();

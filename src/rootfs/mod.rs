@@ -191,35 +191,14 @@ impl Bind<'_> {
     }
 }
 
-/// A bind mount's destination and source (empty when it has none); `None` for another mount or
-/// one without a destination. The mount's few members are walked once: looking each up by name
-/// hashed the name with SipHash, four times a mount (a fifth of this check on a CDI create).
-fn bind_of(m: &Value) -> Option<(&str, &str)> {
-    let (mut destination, mut source, mut bind) = (None, "", false);
-    for (key, value) in m.as_object()? {
-        match key.as_str() {
-            "destination" => destination = value.as_str(),
-            "source" => source = value.as_str().unwrap_or(""),
-            "type" => bind |= value.as_str() == Some("bind"),
-            "options" => {
-                bind |= value
-                    .as_array()
-                    .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
-            }
-            _ => {}
-        }
-    }
-    destination.filter(|_| bind).map(|d| (d, source))
-}
-
 fn is_within(path: &str, dir: &str) -> bool {
     let dir = dir.trim_end_matches('/');
     dir.is_empty() || path == dir || path.strip_prefix(dir).is_some_and(|r| r.starts_with('/'))
 }
 
-/// Refuses the first of `added` (mounts nvshim adds; already in `spec`'s `mounts`) whose
-/// destination resolves inside another bind mount of `spec`, with the root filesystem at
-/// `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
+/// Refuses the first of `added` (mounts nvshim adds; already among `binds`, the bind mounts of
+/// the edited document as (destination, source): [`crate::edits::binds`]) whose destination
+/// resolves inside another of `binds`, with the root filesystem at `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
 /// directory where that is known (a legacy request's driver files are not; a CDI request's
 /// through [`bind_sources`]): those are not `stat`ed here.
 ///
@@ -233,7 +212,7 @@ fn is_within(path: &str, dir: &str) -> bool {
 /// none of the mounts it adds (65 for a CDI request on NVIDIA's 8-GPU spec), and nothing is
 /// looked up below a path the image lacks.
 pub fn check_added_mounts<'a>(
-    spec: &Value,
+    binds: &[(&'a str, &'a str)],
     rootfs: &Path,
     added: impl IntoIterator<Item = &'a Mount>,
     kinds: impl FnOnce(&[&str]) -> Vec<Option<bool>>,
@@ -245,24 +224,20 @@ pub fn check_added_mounts<'a>(
     let added_here: foldhash::HashSet<&str> =
         added.iter().map(|m| m.container_path.as_str()).collect();
     let mut sources: Vec<&str> = Vec::new();
-    let binds: Vec<Bind> = spec
-        .get("mounts")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|m| {
-            let (destination, source) = bind_of(m)?;
+    let binds: Vec<Bind> = binds
+        .iter()
+        .map(|&(destination, source)| {
             let added = added_here.contains(destination).then(|| {
                 sources.push(source);
                 sources.len() - 1
             });
-            Some(Bind {
+            Bind {
                 destination,
                 source,
                 added,
                 is_dir: Default::default(),
                 resolved: Default::default(),
-            })
+            }
         })
         .collect();
     // Asked once, when an added source's type is first needed.
@@ -418,17 +393,23 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&spec, r, &added, unknown).unwrap_err();
+        let err = check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown).unwrap_err();
         assert_eq!(err.resolved, "/tmp/nvidia-mps/libcuda.so.1");
         assert_eq!(err.bind, "/tmp/nvidia-mps");
         assert!(err.to_string().contains("on the host"), "{err}");
 
         // The same image without the volume, or with the directory real: fine.
         let no_volume = json!({"mounts": [spec["mounts"][0], spec["mounts"][2]]});
-        assert_eq!(check_added_mounts(&no_volume, r, &added, unknown), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&no_volume), r, &added, unknown),
+            Ok(())
+        );
         std::fs::remove_file(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
         std::fs::create_dir(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        assert_eq!(check_added_mounts(&spec, r, &added, unknown), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown),
+            Ok(())
+        );
     }
 
     /// The MPS directory as a mount nvshim adds (a DRA claim's CDI spec brings it): refused
@@ -451,13 +432,16 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": added[1].host_path, "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&spec, r, &added, unknown).unwrap_err();
+        let err = check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown).unwrap_err();
         assert_eq!(err.bind, "/tmp/nvidia-mps");
         let trusted = |sources: &[&str]| {
             assert_eq!(sources, [added[0].host_path.as_str(), &added[1].host_path]);
             vec![Some(false), None]
         };
-        assert_eq!(check_added_mounts(&spec, r, &added, trusted), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, trusted),
+            Ok(())
+        );
     }
 
     /// The added sources' types are asked for once, and not at all where no added source
@@ -481,7 +465,10 @@ mod tests {
             vec![Some(false); sources.len()]
         };
         let spec = json!({"mounts": mounts});
-        assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, ask),
+            Ok(())
+        );
         assert_eq!(asked.get(), 1);
         // A pod's service-account directory: destinations resolved, sources not asked.
         mounts.push(
@@ -489,7 +476,10 @@ mod tests {
             "type": "bind", "source": r.to_str().unwrap(), "options": ["rbind", "ro"]}),
         );
         let spec = json!({"mounts": mounts});
-        assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, ask),
+            Ok(())
+        );
         assert_eq!(asked.get(), 1);
         // A merged-/usr image leads `/lib/...` into `/usr/lib/...`, inside no bind: still not
         // asked (only a bind a destination lands in is asked whether it is a directory).
@@ -501,7 +491,10 @@ mod tests {
             "source": "/lib/firmware/nvidia/gsp_ga10x.bin", "options": ["ro", "bind"]}),
         );
         let spec = json!({"mounts": mounts});
-        assert_eq!(check_added_mounts(&spec, r, &added, ask), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, ask),
+            Ok(())
+        );
         assert_eq!(asked.get(), 1);
     }
 
@@ -515,7 +508,10 @@ mod tests {
             {"destination": "/usr/local/nvidia", "type": "bind", "source": "/home/kubernetes/bin/nvidia",
              "options": ["rbind", "ro"]},
         ]});
-        assert_eq!(check_added_mounts(&spec, r, &added, unknown), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown),
+            Ok(())
+        );
     }
 
     #[test]
@@ -533,6 +529,9 @@ mod tests {
             {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/docker/x/resolv.conf",
              "options": ["rbind", "rprivate"]},
         ]});
-        assert_eq!(check_added_mounts(&spec, r, &added, unknown), Ok(()));
+        assert_eq!(
+            check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown),
+            Ok(())
+        );
     }
 }
