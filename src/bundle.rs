@@ -85,9 +85,9 @@ struct RawMember {
     text: Box<RawValue>,
 }
 
-/// A top-level member's name and what writes its value in its place, given the value the
-/// document holds ([`Bundle::render_spec_with`]).
-pub type MemberWriter<'a> = (&'a str, &'a dyn Fn(&mut crate::json::Writer, &Value));
+/// A member of the document by its path of keys from the top, and what writes its value in
+/// its place, given the value the document holds there ([`Bundle::render_spec_with`]).
+pub type MemberWriter<'a> = (&'a [&'a str], &'a dyn Fn(&mut crate::json::Writer, &Value));
 
 /// The object that holds the raw member, and the member's name.
 const RAW_PARENT: &str = "linux";
@@ -205,13 +205,14 @@ impl Bundle {
     /// Serialises `spec` in the layout the original used (pretty if it had newlines), as
     /// serde_json would (`crate::json` says why not serde_json itself).
     pub fn render_spec(&self, spec: &Value) -> Vec<u8> {
-        self.render_spec_with(spec, None)
+        self.render_spec_with(spec, &[])
     }
 
-    /// [`Bundle::render_spec`], with the top-level member `member.0` written by `member.1`
-    /// (given the member's value in `spec`) instead of from `spec`: `create` writes the mounts
-    /// it adds straight from its edits (`edits::DeferredMounts`).
-    pub fn render_spec_with(&self, spec: &Value, member: Option<MemberWriter<'_>>) -> Vec<u8> {
+    /// [`Bundle::render_spec`], with each of `members` (a member by its path of keys from the
+    /// top, where `spec` has it) written by its writer, given the value `spec` holds there,
+    /// instead of from `spec`: `create` writes the mounts, device nodes and cgroup rules it
+    /// adds straight from its edits (`edits::Deferred`).
+    pub fn render_spec_with(&self, spec: &Value, members: &[MemberWriter<'_>]) -> Vec<u8> {
         let pretty = self.original.contains(&b'\n');
         // Room for the edits up front: growing the buffer while writing copied it several
         // times (about 5% of a create's instructions, callgrind). A CDI create on NVIDIA's
@@ -219,20 +220,9 @@ impl Bundle {
         // never touched, so the room costs no memory.
         let mut w = crate::json::Writer::new(self.original.len() * 2 + 64 * 1024, pretty);
         match spec.as_object() {
-            Some(root) if self.raw.is_some() || member.is_some() => w.object(|m| {
-                for (key, value) in root {
-                    if let Some((_, write)) = member.filter(|(name, _)| name == key) {
-                        write(m.key(key), value);
-                        continue;
-                    }
-                    match (value.as_object(), self.raw.as_ref()) {
-                        (Some(parent), Some(raw)) if key == RAW_PARENT => {
-                            write_parent(m.key(key), parent, raw)
-                        }
-                        _ => m.key(key).value(value),
-                    }
-                }
-            }),
+            Some(root) if self.raw.is_some() || !members.is_empty() => {
+                self.write_object(&mut w, root, &mut Vec::new(), members)
+            }
             _ => w.value(spec),
         }
         let mut out = w.into_bytes();
@@ -264,20 +254,54 @@ impl Bundle {
     /// [`Bundle::save_spec`] unless `spec` renders to the bytes that were read (a retried
     /// `create`): then nothing is written. Whether it wrote.
     pub fn save_changed(&self, spec: &Value) -> Result<bool, BundleError> {
-        self.save_changed_with(spec, None)
+        self.write_changed(&self.render_spec(spec))
     }
 
-    /// [`Bundle::save_changed`] of what [`Bundle::render_spec_with`] writes.
-    pub fn save_changed_with(
-        &self,
-        spec: &Value,
-        member: Option<MemberWriter<'_>>,
-    ) -> Result<bool, BundleError> {
-        let bytes = self.render_spec_with(spec, member);
+    /// Writes `bytes` (a rendered document) as [`Bundle::save_spec`] does, unless they are the
+    /// bytes that were read; whether it wrote.
+    pub fn write_changed(&self, bytes: &[u8]) -> Result<bool, BundleError> {
         if bytes == self.original {
             return Ok(false);
         }
-        self.write(&bytes).map(|()| true)
+        self.write(bytes).map(|()| true)
+    }
+
+    /// The object `map`, at `at` (its path of keys from the top), with the raw member in
+    /// `linux` (loaded lean) and `members` written in their places; objects on the way to one
+    /// of them written member by member, every other value whole.
+    fn write_object<'v>(
+        &self,
+        w: &mut crate::json::Writer,
+        map: &'v Map<String, Value>,
+        at: &mut Vec<&'v str>,
+        members: &[MemberWriter<'_>],
+    ) {
+        let raw = self.raw.as_ref().filter(|_| matches!(at[..], [RAW_PARENT]));
+        // After any members edits appended, when the object had fewer before it.
+        let raw_at = raw.map(|r| r.index.min(map.len()));
+        w.object(|m| {
+            for (i, (key, value)) in map.iter().enumerate() {
+                if let (Some(raw), true) = (raw, raw_at == Some(i)) {
+                    m.key(RAW_KEY).raw(raw.text.get());
+                }
+                at.push(key);
+                let below = |path: &[&str]| path.len() > at.len() && path.starts_with(at);
+                if let Some((_, write)) = members.iter().find(|(path, _)| **path == at[..]) {
+                    write(m.key(key), value);
+                } else if let Some(object) = value.as_object().filter(|_| {
+                    members.iter().any(|(path, _)| below(path))
+                        || (self.raw.is_some() && matches!(at[..], [RAW_PARENT]))
+                }) {
+                    self.write_object(m.key(key), object, at, members);
+                } else {
+                    m.key(key).value(value);
+                }
+                at.pop();
+            }
+            if let (Some(raw), true) = (raw, raw_at == Some(map.len())) {
+                m.key(RAW_KEY).raw(raw.text.get());
+            }
+        });
     }
 
     fn write(&self, bytes: &[u8]) -> Result<(), BundleError> {
@@ -312,23 +336,6 @@ fn parse_faithful_with(
     let value = Faithful { at: At::ROOT, raw }.deserialize(&mut de)?;
     de.end()?;
     Ok(value)
-}
-
-/// `linux` with the raw member at its index (after any members edits appended, when the
-/// object had fewer before it).
-fn write_parent(w: &mut crate::json::Writer, members: &Map<String, Value>, raw: &RawMember) {
-    let at = raw.index.min(members.len());
-    w.object(|m| {
-        for (i, (key, value)) in members.iter().enumerate() {
-            if i == at {
-                m.key(RAW_KEY).raw(raw.text.get());
-            }
-            m.key(key).value(value);
-        }
-        if at == members.len() {
-            m.key(RAW_KEY).raw(raw.text.get());
-        }
-    });
 }
 
 /// Where a value sits, as a chain on the stack: a JSON pointer is only built for an error.

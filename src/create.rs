@@ -63,12 +63,13 @@ pub struct Plan {
     /// hook. Applied as their concatenation ([`edits::apply_all_deferred`]), never copied into
     /// one.
     pub groups: Vec<EditGroup>,
-    /// config.json after the edits, but for its `mounts`: the list as loaded, what the edits
-    /// make of it in `mounts` ([`Plan::document`] has both in one document).
+    /// config.json after the edits, but for its `mounts`, `linux.devices` and
+    /// `linux.resources.devices`: those as loaded, what the edits make of them in `deferred`
+    /// ([`Plan::document`] has both in one document).
     pub edited: Value,
-    /// The document's mounts after the edits, the added ones kept as the edits' own (`None`:
-    /// no edit adds one): written straight into config.json ([`edits::DeferredMounts`]).
-    pub mounts: Option<edits::DeferredMounts>,
+    /// The mounts, device nodes and cgroup rules the edits add, kept as the edits' own and
+    /// written straight into config.json ([`edits::Deferred`]).
+    pub deferred: edits::Deferred,
     /// Whether planning edited the document at all: an edit applied, Docker's hook or the
     /// device plugin's mounts removed. A touched document can still equal the original (a
     /// retried create applies the same edits again), which [`Bundle::save_changed`] finds.
@@ -102,37 +103,26 @@ impl Plan {
         self.groups.iter().map(|g| &g.edits)
     }
 
-    /// config.json after the edits as one document (`edited` with its mounts built in).
+    /// config.json after the edits as one document (`edited` with `deferred` built in).
     pub fn document(&self) -> Result<Value, edits::EditError> {
         let mut doc = self.edited.clone();
-        if let Some(mounts) = &self.mounts {
-            let parts: Vec<&ContainerEdits> = self.parts().collect();
-            mounts.materialize(&mut doc, &parts)?;
-        }
+        let parts: Vec<&ContainerEdits> = self.parts().collect();
+        self.deferred.materialize(&mut doc, &parts)?;
         Ok(doc)
     }
 
     /// The bind mounts of the edited document (`edits::binds`), its added mounts among them.
     fn binds(&self) -> Vec<(&str, &str)> {
-        match &self.mounts {
-            Some(mounts) => {
-                let parts: Vec<&ContainerEdits> = self.parts().collect();
-                mounts.binds(&self.edited, &parts)
-            }
-            None => edits::binds(&self.edited),
-        }
+        let parts: Vec<&ContainerEdits> = self.parts().collect();
+        self.deferred.binds(&self.edited, &parts)
     }
 
     /// Writes the edited document into the bundle unless it renders to the bytes that were
-    /// read ([`Bundle::save_changed`]); whether it wrote.
+    /// read ([`crate::bundle::Bundle::save_changed`]); whether it wrote.
     fn save(&self) -> Result<bool, crate::bundle::BundleError> {
-        let Some(mounts) = &self.mounts else {
-            return self.bundle.save_changed(&self.edited);
-        };
         let parts: Vec<&ContainerEdits> = self.parts().collect();
-        let write = |w: &mut crate::json::Writer, own: &Value| mounts.write(w, own, &parts);
-        self.bundle
-            .save_changed_with(&self.edited, Some(("mounts", &write)))
+        self.deferred
+            .save_changed(&self.bundle, &self.edited, &parts)
     }
 }
 
@@ -243,7 +233,7 @@ pub fn plan_bundle(
         cdi_devices: Vec::new(),
         groups: Vec::new(),
         edited,
-        mounts: None,
+        deferred: edits::Deferred::default(),
         touched: false,
     };
     // Mount sources known not to be directories (a legacy request's driver files); `None`:
@@ -273,7 +263,7 @@ pub fn plan_bundle(
                 &tools.nvml,
             )?;
             let parts: Vec<&ContainerEdits> = resolved.groups.iter().map(|g| &g.edits).collect();
-            plan.mounts =
+            plan.deferred =
                 edits::apply_all_deferred(&mut plan.edited, &parts).map_err(|source| {
                     CreateError::Edit {
                         path: config_path,
@@ -340,7 +330,8 @@ fn add_memory_limit_hook(
     let Some(hook) = hook else {
         return Ok(());
     };
-    // A hook only: `edits::apply` builds any mount into `edited`, beside `plan.mounts`.
+    // A hook only: `edits::apply` would build a mount or device node into `edited`, beside
+    // `plan.deferred`.
     let added = ContainerEdits {
         hooks: vec![hook],
         ..Default::default()
@@ -444,7 +435,7 @@ fn apply_cdi(
             names.join(", ")
         ));
     }
-    plan.mounts = edits::apply_all_deferred(&mut plan.edited, &parts)
+    plan.deferred = edits::apply_all_deferred(&mut plan.edited, &parts)
         .map_err(|source| CreateError::Edit { path, source })?;
     plan.cdi_devices = names;
     plan.groups = groups;

@@ -16,10 +16,10 @@
 //! end, and identical cgroup rules and hooks are not appended again), because runtimes do call
 //! `create` twice on one bundle (a retried create, a legacy hook after the shim).
 //!
-//! `create` applies them with [`apply_all_deferred`]: everything but the mounts goes into the
-//! document, and the mounts it adds are written into config.json straight from the edits
-//! ([`DeferredMounts`]), in the order and form [`apply`] gives them (a test holds the two to
-//! the same bytes).
+//! `create` applies them with [`apply_all_deferred`]: everything but the mounts, device nodes
+//! and cgroup rules goes into the document, and those are written into config.json straight
+//! from the edits ([`Deferred`]), in the order and form [`apply`] gives them (a test holds the
+//! two to the same bytes).
 //!
 //! One file (660 lines of code, 280 of tests): one data type, [`ContainerEdits`], and the one
 //! [`apply`] that writes it, with the helpers `apply` alone uses (path cleaning, depth sort, device
@@ -35,7 +35,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+use crate::bundle::{Bundle, MemberWriter};
 use crate::host::Gpu;
+use crate::json::Writer;
 
 #[derive(Debug, Error)]
 pub enum EditError {
@@ -460,39 +462,80 @@ fn canonical(v: &Value) -> String {
 /// writes 124 nodes and as many cgroup rules, and the builders, `to_value` and [`canonical`]
 /// took 1.1 M of its 7.2 M instructions (callgrind). A test holds both to the builders' output.
 /// `kind` is checked by [`device_type`] first.
-fn device_value(d: &DeviceNode, kind: &str, user_uid: Option<u32>, user_gid: Option<u32>) -> Value {
+fn device_value(n: &AddedNode) -> Value {
+    let d = &n.node;
     let mut out = Map::with_capacity(7);
     out.insert("path".into(), Value::String(d.path.clone()));
-    out.insert("type".into(), Value::String(kind.to_string()));
+    out.insert("type".into(), Value::String(n.kind.clone()));
     out.insert("major".into(), Value::from(d.major.unwrap_or(0)));
     out.insert("minor".into(), Value::from(d.minor.unwrap_or(0)));
     if let Some(m) = d.file_mode {
         out.insert("fileMode".into(), Value::from(m));
     }
-    if let Some(uid) = d.uid.or(user_uid) {
+    if let Some(uid) = d.uid {
         out.insert("uid".into(), Value::from(uid));
     }
-    if let Some(gid) = d.gid.or(user_gid) {
+    if let Some(gid) = d.gid {
         out.insert("gid".into(), Value::from(gid));
     }
     Value::Object(out)
 }
 
+/// [`device_value`]'s object written directly: the same members in the same order.
+fn write_node(w: &mut Writer, n: &AddedNode) {
+    let d = &n.node;
+    w.object(|o| {
+        o.key("path").string(&d.path);
+        o.key("type").string(&n.kind);
+        o.key("major").value(&Value::from(d.major.unwrap_or(0)));
+        o.key("minor").value(&Value::from(d.minor.unwrap_or(0)));
+        if let Some(m) = d.file_mode {
+            o.key("fileMode").value(&Value::from(m));
+        }
+        if let Some(uid) = d.uid {
+            o.key("uid").value(&Value::from(uid));
+        }
+        if let Some(gid) = d.gid {
+            o.key("gid").value(&Value::from(gid));
+        }
+    });
+}
+
 /// An allowing cgroup rule for a `b` or `c` node as oci-spec's `LinuxDeviceCgroup` serialises
 /// it (`access` left out when empty: `omitempty` in the reference, what `permissions: none`
-/// gives), with its [`canonical`] key, written without building and sorting a map.
-fn rule_value(kind: &str, major: i64, minor: i64, access: &str) -> (String, Value) {
+/// gives).
+fn rule_value(r: &Rule) -> Value {
     let mut out = Map::with_capacity(5);
     out.insert("allow".into(), Value::Bool(true));
-    out.insert("type".into(), Value::String(kind.to_string()));
-    out.insert("major".into(), Value::from(major));
-    out.insert("minor".into(), Value::from(minor));
+    out.insert("type".into(), Value::String(r.kind.clone()));
+    out.insert("major".into(), Value::from(r.major));
+    out.insert("minor".into(), Value::from(r.minor));
+    if !r.access.is_empty() {
+        out.insert("access".into(), Value::String(r.access.clone()));
+    }
+    Value::Object(out)
+}
+
+/// [`rule_value`]'s object written directly: the same members in the same order.
+fn write_rule(w: &mut Writer, r: &Rule) {
+    w.object(|o| {
+        o.key("allow").value(&Value::Bool(true));
+        o.key("type").string(&r.kind);
+        o.key("major").value(&Value::from(r.major));
+        o.key("minor").value(&Value::from(r.minor));
+        if !r.access.is_empty() {
+            o.key("access").string(&r.access);
+        }
+    });
+}
+
+/// A rule's [`canonical`] key, written without building and sorting a map.
+fn rule_key(kind: &str, major: i64, minor: i64, access: &str) -> String {
     // Pushed piece by piece: `format!` and `to_string` made this a sixth of `apply_all` on a
     // MIG `all` create's 125 rules (callgrind).
     let mut key = String::with_capacity(64);
     key.push('{');
     if !access.is_empty() {
-        out.insert("access".into(), Value::String(access.to_string()));
         key.push_str("\"access\":");
         push_json_str(&mut key, access);
         key.push(',');
@@ -504,7 +547,7 @@ fn rule_value(kind: &str, major: i64, minor: i64, access: &str) -> (String, Valu
     key.push_str(",\"type\":");
     push_json_str(&mut key, kind);
     key.push('}');
-    (key, Value::Object(out))
+    key
 }
 
 /// `s` as a JSON string, as serde_json writes it.
@@ -571,22 +614,18 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) -> Result<(), EditError> 
 /// without building it: a plan keeps its edits grouped by cause, and a copy of a MIG host's
 /// 120 device nodes and the driver's mounts cost a tenth of the create.
 pub fn apply_all(spec: &mut Value, parts: &[&ContainerEdits]) -> Result<(), EditError> {
-    match apply_all_deferred(spec, parts)? {
-        Some(mounts) => mounts.materialize(spec, parts),
-        None => Ok(()),
-    }
+    apply_all_deferred(spec, parts)?.materialize(spec, parts)
 }
 
-/// [`apply_all`], but for the mounts: the document's `mounts` stays as it was, and what it
-/// becomes is returned ([`DeferredMounts`]: written in its place by [`DeferredMounts::write`],
-/// built into the document by [`DeferredMounts::materialize`]); `None` when no part adds a
-/// mount.
+/// [`apply_all`], but for the mounts, device nodes and cgroup rules the edits add: the
+/// document's `mounts`, `linux.devices` and `linux.resources.devices` stay as they were (made
+/// where missing), and what they become is returned ([`Deferred`]).
 pub fn apply_all_deferred(
     spec: &mut Value,
     parts: &[&ContainerEdits],
-) -> Result<Option<DeferredMounts>, EditError> {
+) -> Result<Deferred, EditError> {
     if parts.iter().all(|e| e.is_empty()) {
-        return Ok(None);
+        return Ok(Deferred::default());
     }
     // Resolve everything that can fail on the host first, so a failure leaves `spec` unchanged.
     let devices: Vec<DeviceNode> = parts
@@ -633,50 +672,49 @@ pub fn apply_all_deferred(
     }
 
     // Device nodes and their cgroup rules.
-    if !devices.is_empty() {
+    let devices = if devices.is_empty() {
+        None
+    } else {
         let mut nodes = Vec::with_capacity(devices.len());
         let mut rules = Vec::new();
-        for d in &devices {
+        for mut d in devices {
             let kind = d.kind.clone().unwrap_or_default();
             let typ = device_type(&d.path, &kind)?;
-            nodes.push((d.path.clone(), device_value(d, &kind, user_uid, user_gid)));
             if matches!(typ, LinuxDeviceType::B | LinuxDeviceType::C) {
                 let access = match d.permissions.as_deref() {
                     None | Some("") => "rwm",
                     Some("none") => "",
                     Some(p) => p,
                 };
-                let (major, minor) = (d.major.unwrap_or(0), d.minor.unwrap_or(0));
-                rules.push(rule_value(&kind, major, minor, access));
+                rules.push(Rule {
+                    kind: kind.clone(),
+                    major: d.major.unwrap_or(0),
+                    minor: d.minor.unwrap_or(0),
+                    access: access.to_string(),
+                });
             }
+            d.uid = d.uid.or(user_uid);
+            d.gid = d.gid.or(user_gid);
+            nodes.push(AddedNode { node: d, kind });
         }
         let linux = object_at(root, "linux", "linux")?;
-        let list = array_at(linux, "devices", "linux.devices")?;
-        let mut index = first_index(list.iter().map(|v| {
-            member(v, "path")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        }));
-        for (path, dev) in nodes {
-            match index.get(&path) {
-                Some(&i) => list[i] = dev,
-                None => {
-                    index.insert(path, list.len());
-                    list.push(dev);
-                }
-            }
-        }
-        if !rules.is_empty() {
+        let own = array_at(linux, "devices", "linux.devices")?;
+        let order = DeferredDevices::merge(own, &nodes);
+        let rules = if rules.is_empty() {
+            rules
+        } else {
             let resources = object_at(linux, "resources", "linux.resources")?;
             let list = array_at(resources, "devices", "linux.resources.devices")?;
             let mut seen: HashSet<String> = list.iter().map(canonical).collect();
-            for (key, rule) in rules {
-                if seen.insert(key) {
-                    list.push(rule);
-                }
-            }
-        }
-    }
+            rules.retain(|r| seen.insert(r.key()));
+            rules
+        };
+        Some(DeferredDevices {
+            order,
+            nodes,
+            rules,
+        })
+    };
 
     // Net devices: a map keyed by host interface name, last wins.
     if parts.iter().any(|e| !e.net_devices.is_empty()) {
@@ -735,7 +773,192 @@ pub fn apply_all_deferred(
             }
         }
     }
-    Ok(mounts)
+    Ok(Deferred { mounts, devices })
+}
+
+/// What [`apply_all_deferred`] leaves out of the document: the mounts, device nodes and cgroup
+/// rules the edits add, kept as the edits' own, in their final places. `create` writes them
+/// straight into config.json ([`Deferred::render`]); [`Deferred::materialize`] builds them
+/// into the document (what [`apply_all`] gives). Built first, each mount was a map of four
+/// members and its options a list of strings, a dozen allocations, and each device node and
+/// rule a map of five to seven: a CDI create on NVIDIA's 8-GPU spec adds 65 mounts and a MIG
+/// `all` create 124 nodes with as many rules (docs/benchmarks.md has what writing them
+/// directly saved).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Deferred {
+    mounts: Option<DeferredMounts>,
+    devices: Option<DeferredDevices>,
+}
+
+impl Deferred {
+    /// Builds what was deferred into `spec`, as [`apply_all`] leaves it. `spec` and `parts`
+    /// are the ones [`apply_all_deferred`] had.
+    pub fn materialize(
+        &self,
+        spec: &mut Value,
+        parts: &[&ContainerEdits],
+    ) -> Result<(), EditError> {
+        if let Some(mounts) = &self.mounts {
+            mounts.materialize(spec, parts)?;
+        }
+        if let Some(devices) = &self.devices {
+            devices.materialize(spec)?;
+        }
+        Ok(())
+    }
+
+    /// `spec` as [`crate::bundle::Bundle::render_spec`] writes it with what was deferred
+    /// built in, byte for byte, without building it.
+    pub fn render(&self, bundle: &Bundle, spec: &Value, parts: &[&ContainerEdits]) -> Vec<u8> {
+        let mut members: Vec<MemberWriter<'_>> = Vec::new();
+        let (mounts, nodes, rules);
+        if let Some(m) = &self.mounts {
+            mounts = move |w: &mut Writer, own: &Value| m.write(w, own, parts);
+            members.push((&["mounts"], &mounts));
+        }
+        if let Some(d) = &self.devices {
+            nodes = move |w: &mut Writer, own: &Value| d.write_nodes(w, own);
+            members.push((&["linux", "devices"], &nodes));
+            if !d.rules.is_empty() {
+                rules = move |w: &mut Writer, own: &Value| d.write_rules(w, own);
+                members.push((&["linux", "resources", "devices"], &rules));
+            }
+        }
+        bundle.render_spec_with(spec, &members)
+    }
+
+    /// [`Bundle::save_changed`] of what [`Deferred::render`] writes.
+    pub fn save_changed(
+        &self,
+        bundle: &Bundle,
+        spec: &Value,
+        parts: &[&ContainerEdits],
+    ) -> Result<bool, crate::bundle::BundleError> {
+        bundle.write_changed(&self.render(bundle, spec, parts))
+    }
+
+    /// The bind mounts ([`binds`]) of the document's final `mounts`.
+    pub fn binds<'a>(
+        &'a self,
+        spec: &'a Value,
+        parts: &[&'a ContainerEdits],
+    ) -> Vec<(&'a str, &'a str)> {
+        match &self.mounts {
+            Some(mounts) => mounts.binds(spec, parts),
+            None => binds(spec),
+        }
+    }
+}
+
+/// A device node an edit adds: filled from the host, its uid and gid defaulted to the
+/// process's, and its type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AddedNode {
+    node: DeviceNode,
+    kind: String,
+}
+
+/// An allowing cgroup rule an edit adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    kind: String,
+    major: i64,
+    minor: i64,
+    access: String,
+}
+
+impl Rule {
+    /// [`rule_value`]'s key: its [`canonical`] form.
+    fn key(&self) -> String {
+        rule_key(&self.kind, self.major, self.minor, &self.access)
+    }
+}
+
+/// Where a device node of the edited document comes from: the document's own
+/// `linux.devices` as loaded (its index), or an edit's (its index among the added).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeAt {
+    Own(usize),
+    Added(usize),
+}
+
+/// `linux.devices` after the edits (a node replaces the first with its path, else is
+/// appended), and the rules appended to `linux.resources.devices` (those not there already).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeferredDevices {
+    order: Vec<NodeAt>,
+    nodes: Vec<AddedNode>,
+    rules: Vec<Rule>,
+}
+
+impl DeferredDevices {
+    fn merge(own: &[Value], nodes: &[AddedNode]) -> Vec<NodeAt> {
+        let mut order: Vec<NodeAt> = (0..own.len()).map(NodeAt::Own).collect();
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(own.len() + nodes.len());
+        for (i, v) in own.iter().enumerate() {
+            if let Some(path) = member(v, "path").and_then(Value::as_str) {
+                index.entry(path).or_insert(i);
+            }
+        }
+        for (k, n) in nodes.iter().enumerate() {
+            match index.get(n.node.path.as_str()) {
+                Some(&at) => order[at] = NodeAt::Added(k),
+                None => {
+                    index.insert(&n.node.path, order.len());
+                    order.push(NodeAt::Added(k));
+                }
+            }
+        }
+        order
+    }
+
+    fn materialize(&self, spec: &mut Value) -> Result<(), EditError> {
+        let root = spec.as_object_mut().ok_or(EditError::SpecShape("(root)"))?;
+        let linux = object_at(root, "linux", "linux")?;
+        let own = array_at(linux, "devices", "linux.devices")?;
+        let mut taken: Vec<Option<Value>> = std::mem::take(own).into_iter().map(Some).collect();
+        *own = self
+            .order
+            .iter()
+            .map(|at| match *at {
+                NodeAt::Own(i) => taken[i].take().unwrap_or_default(),
+                NodeAt::Added(k) => device_value(&self.nodes[k]),
+            })
+            .collect();
+        if !self.rules.is_empty() {
+            let resources = object_at(linux, "resources", "linux.resources")?;
+            let list = array_at(resources, "devices", "linux.resources.devices")?;
+            list.extend(self.rules.iter().map(rule_value));
+        }
+        Ok(())
+    }
+
+    /// `linux.devices` (`own`, the document's as loaded) as [`DeferredDevices::materialize`]
+    /// leaves it, written.
+    fn write_nodes(&self, w: &mut Writer, own: &Value) {
+        let own = own.as_array().map_or(&[][..], Vec::as_slice);
+        w.array(|items| {
+            for at in &self.order {
+                match *at {
+                    NodeAt::Own(i) => items.item().value(&own[i]),
+                    NodeAt::Added(k) => write_node(items.item(), &self.nodes[k]),
+                }
+            }
+        });
+    }
+
+    /// `linux.resources.devices` (`own`) with the rules appended, written.
+    fn write_rules(&self, w: &mut Writer, own: &Value) {
+        let own = own.as_array().map_or(&[][..], Vec::as_slice);
+        w.array(|items| {
+            for v in own {
+                items.item().value(v);
+            }
+            for r in &self.rules {
+                write_rule(items.item(), r);
+            }
+        });
+    }
 }
 
 /// Where a mount of the edited document comes from: the document's own `mounts` as loaded
@@ -746,14 +969,10 @@ enum MountAt {
     Added(usize, usize),
 }
 
-/// The document's `mounts` after the edits, in their final order, with the added mounts not
-/// built as `Value`s: `create` writes them straight from the edits into config.json
-/// ([`DeferredMounts::write`]). Built, each added mount was a map of four members and its
-/// options a list of strings, a dozen allocations, and a CDI create on NVIDIA's 8-GPU spec
-/// adds 65: 0.12 MB of the 0.41 MB the create touched, and about a fifth of its instructions
-/// with their writing (docs/benchmarks.md).
+/// The document's `mounts` after the edits, in their final order, the added ones as the
+/// positions of the edits' own ([`Deferred`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeferredMounts {
+struct DeferredMounts {
     order: Vec<MountAt>,
 }
 
@@ -813,7 +1032,7 @@ impl DeferredMounts {
 
     /// Writes the mounts as the `mounts` member of `spec` (`own`, the document's as loaded),
     /// byte for byte what writing the materialized list writes.
-    pub fn write(&self, w: &mut crate::json::Writer, own: &Value, parts: &[&ContainerEdits]) {
+    fn write(&self, w: &mut Writer, own: &Value, parts: &[&ContainerEdits]) {
         let own = own.as_array().map_or(&[][..], Vec::as_slice);
         w.array(|items| {
             for at in &self.order {
@@ -826,7 +1045,7 @@ impl DeferredMounts {
     }
 
     /// The bind mounts ([`binds`]) of the document's final `mounts`.
-    pub fn binds<'a>(
+    fn binds<'a>(
         &'a self,
         spec: &'a Value,
         parts: &[&'a ContainerEdits],
@@ -884,7 +1103,7 @@ fn bind_of(m: &Value) -> Option<(&str, &str)> {
 }
 
 /// [`mount_value`]'s object written directly: the same members in the same order.
-fn write_mount(w: &mut crate::json::Writer, m: &Mount) {
+fn write_mount(w: &mut Writer, m: &Mount) {
     w.object(|o| {
         o.key("destination").string(&m.container_path);
         if let Some(t) = &m.kind {
@@ -1208,14 +1427,16 @@ mod tests {
         }
     }
 
-    /// Mounts written from the edits ([`DeferredMounts::write`]) are byte for byte the
-    /// document with them built in, pretty and compact, over what the merge meets: an own
-    /// mount replaced (the first of two with its destination), added ones replacing each
+    /// What [`Deferred::render`] writes straight from the edits is byte for byte the document
+    /// with it built in ([`apply_all`]), pretty and compact, over what the merges meet: an own
+    /// mount replaced (the first of two with its destination), added mounts replacing each
     /// other across parts, a depth sort that moves own and added, a type or options left out,
-    /// strings to escape, other members before and after, no `mounts` at all, seccomp kept
-    /// raw. The bind mounts the check reads are the built document's too.
+    /// strings to escape; device nodes replacing an own one and each other, with and without
+    /// the process's uid and gid, rules already there or repeated, `permissions: none`; other
+    /// members before and after, no `mounts` or `linux` at all, seccomp kept raw. The bind
+    /// mounts the check reads are the built document's too.
     #[test]
-    fn deferred_mounts_write_what_applied_ones_do() {
+    fn deferred_edits_write_what_applied_ones_do() {
         use crate::bundle::Bundle;
         let m = |dest: &str, src: &str, kind: Option<&str>, options: &[&str]| Mount {
             host_path: src.into(),
@@ -1223,8 +1444,25 @@ mod tests {
             kind: kind.map(str::to_string),
             options: options.iter().map(|o| o.to_string()).collect(),
         };
+        // Fully described: nothing is asked of the host.
+        let node =
+            |path: &str, minor: i64, permissions: Option<&str>, uid: Option<u32>| DeviceNode {
+                path: path.into(),
+                kind: Some("c".into()),
+                major: Some(195),
+                minor: Some(minor),
+                file_mode: Some(0o666),
+                permissions: permissions.map(str::to_string),
+                uid,
+                ..Default::default()
+            };
         let first = ContainerEdits {
             env: vec!["A=1".into()],
+            device_nodes: vec![
+                node("/dev/nvidia0", 0, None, None),
+                node("/dev/nvidiactl", 255, Some("rw"), Some(7)),
+                node("/dev/nvidia0", 0, Some("none"), None),
+            ],
             mounts: vec![
                 m(
                     "/usr/lib/libcuda.so.1",
@@ -1239,6 +1477,10 @@ mod tests {
             ..Default::default()
         };
         let second = ContainerEdits {
+            device_nodes: vec![
+                node("/dev/nvidia1", 1, None, None),
+                node("/dev/nvidiactl", 255, None, None),
+            ],
             mounts: vec![
                 m("/a", "/host/a2", None, &["bind"]),
                 m("/dev/shm", "shm", Some("tmpfs"), &["nosuid"]),
@@ -1256,17 +1498,21 @@ mod tests {
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "extra": {"kept": [1, 2.5]}},
             {"no": "destination"}
         ]"#;
+        let devices = r#"[{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}, {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 438}]"#;
+        let rules = r#"[{"allow": false, "access": "rwm"}, {"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]"#;
         let docs = [
             format!(
-                r#"{{"ociVersion": "1.2.0", "process": {{"env": ["B=2"]}}, "mounts": {own}, "linux": {{"seccomp": {{"defaultAction": "SCMP_ACT_ERRNO"}}, "devices": []}}}}"#
+                r#"{{"ociVersion": "1.2.0", "process": {{"env": ["B=2"], "user": {{"uid": 1000, "gid": 1000}}}}, "mounts": {own}, "linux": {{"seccomp": {{"defaultAction": "SCMP_ACT_ERRNO"}}, "devices": {devices}, "resources": {{"memory": {{}}, "devices": {rules}}}, "namespaces": []}}}}"#
             ),
-            format!(r#"{{"mounts": {own}}}"#),
+            format!(r#"{{"mounts": {own}, "linux": {{"resources": {{"devices": {rules}}}}}}}"#),
+            format!(r#"{{"linux": {{"devices": {devices}, "seccomp": {{}}}}}}"#),
             r#"{"ociVersion": "1.2.0", "process": {"env": []}, "hooks": {}}"#.to_string(),
         ];
-        let part_sets: [&[&ContainerEdits]; 3] = [
+        let part_sets: [&[&ContainerEdits]; 4] = [
             &[&first, &second],
             &[&second, &hook_only, &first],
             &[&first],
+            &[&hook_only],
         ];
         for doc in &docs {
             for pretty in [false, true] {
@@ -1282,18 +1528,15 @@ mod tests {
                     let mut built = bundle.spec.clone();
                     apply_all(&mut built, parts).unwrap();
                     let mut deferred = bundle.spec.clone();
-                    let mounts = apply_all_deferred(&mut deferred, parts).unwrap().unwrap();
-                    let write =
-                        |w: &mut crate::json::Writer, own: &Value| mounts.write(w, own, parts);
-                    let written = bundle.render_spec_with(&deferred, Some(("mounts", &write)));
+                    let left = apply_all_deferred(&mut deferred, parts).unwrap();
                     assert_eq!(
-                        String::from_utf8(written).unwrap(),
+                        String::from_utf8(left.render(&bundle, &deferred, parts)).unwrap(),
                         String::from_utf8(bundle.render_spec(&built)).unwrap(),
                         "{doc} pretty={pretty}"
                     );
-                    assert_eq!(mounts.binds(&deferred, parts), binds(&built));
+                    assert_eq!(left.binds(&deferred, parts), binds(&built));
                     let mut materialized = deferred.clone();
-                    mounts.materialize(&mut materialized, parts).unwrap();
+                    left.materialize(&mut materialized, parts).unwrap();
                     assert_eq!(materialized, built);
                 }
             }
@@ -1367,8 +1610,16 @@ mod tests {
             if let Some(g) = gid.or(Some(6)) {
                 b = b.gid(g);
             }
+            let added = AddedNode {
+                node: DeviceNode {
+                    uid: uid.or(Some(5)),
+                    gid: gid.or(Some(6)),
+                    ..d
+                },
+                kind: kind.into(),
+            };
             assert_eq!(
-                serde_json::to_string(&device_value(&d, kind, Some(5), Some(6))).unwrap(),
+                serde_json::to_string(&device_value(&added)).unwrap(),
                 serde_json::to_string(&b.build().unwrap()).unwrap()
             );
             let mut rule = LinuxDeviceCgroupBuilder::default()
@@ -1384,7 +1635,13 @@ mod tests {
                 .as_object_mut()
                 .unwrap()
                 .retain(|_, v| !v.is_null());
-            let (key, value) = rule_value(kind, 508, 21, access);
+            let r = Rule {
+                kind: kind.into(),
+                major: 508,
+                minor: 21,
+                access: access.into(),
+            };
+            let (key, value) = (r.key(), rule_value(&r));
             assert_eq!(
                 serde_json::to_string(&value).unwrap(),
                 serde_json::to_string(&reference).unwrap()
@@ -1395,8 +1652,13 @@ mod tests {
         // of every sign: the key is still the canonical form.
         for access in ["r\"w\\", "rw\u{1}", "rw\u{7f}", "rwé", ""] {
             for (major, minor) in [(-1, 0), (i64::MAX, i64::MIN)] {
-                let (key, value) = rule_value("c", major, minor, access);
-                assert_eq!(key, canonical(&value));
+                let r = Rule {
+                    kind: "c".into(),
+                    major,
+                    minor,
+                    access: access.into(),
+                };
+                assert_eq!(r.key(), canonical(&rule_value(&r)));
             }
         }
     }
