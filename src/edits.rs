@@ -875,13 +875,47 @@ impl Rule {
     }
 }
 
-/// Where a device node of the edited document comes from: the document's own
-/// `linux.devices` as loaded (its index), or an edit's (its index among the added).
+/// Where an entry of a deferred list of the edited document comes from: the document's own
+/// list as loaded (its index), or an edit (`A` says where among the added).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NodeAt {
+enum At<A> {
     Own(usize),
-    Added(usize),
+    Added(A),
 }
+
+/// The list `own` rebuilt in `order`, an added entry built by `added`.
+fn rebuild<A: Copy>(own: &mut Vec<Value>, order: &[At<A>], added: impl Fn(A) -> Value) {
+    let mut taken: Vec<Option<Value>> = std::mem::take(own).into_iter().map(Some).collect();
+    *own = order
+        .iter()
+        .map(|at| match *at {
+            At::Own(i) => taken[i].take().unwrap_or_default(),
+            At::Added(a) => added(a),
+        })
+        .collect();
+}
+
+/// The list `own` (the document's as loaded) in `order` written, byte for byte what writing
+/// the [`rebuild`] list writes when `write_added` writes what `added` builds.
+fn write_list<A: Copy>(
+    w: &mut Writer,
+    own: &Value,
+    order: &[At<A>],
+    write_added: impl Fn(&mut Writer, A),
+) {
+    let own = own.as_array().map_or(&[][..], Vec::as_slice);
+    w.array(|items| {
+        for at in order {
+            match *at {
+                At::Own(i) => items.item().value(&own[i]),
+                At::Added(a) => write_added(items.item(), a),
+            }
+        }
+    });
+}
+
+/// A device node's place: its index among the added.
+type NodeAt = At<usize>;
 
 /// `linux.devices` after the edits (a node replaces the first with its path, else is
 /// appended), and the rules appended to `linux.resources.devices` (those not there already).
@@ -894,7 +928,7 @@ struct DeferredDevices {
 
 impl DeferredDevices {
     fn merge(own: &[Value], nodes: &[AddedNode]) -> Vec<NodeAt> {
-        let mut order: Vec<NodeAt> = (0..own.len()).map(NodeAt::Own).collect();
+        let mut order: Vec<NodeAt> = (0..own.len()).map(At::Own).collect();
         let mut index: HashMap<&str, usize> = HashMap::with_capacity(own.len() + nodes.len());
         for (i, v) in own.iter().enumerate() {
             if let Some(path) = member(v, "path").and_then(Value::as_str) {
@@ -903,10 +937,10 @@ impl DeferredDevices {
         }
         for (k, n) in nodes.iter().enumerate() {
             match index.get(n.node.path.as_str()) {
-                Some(&at) => order[at] = NodeAt::Added(k),
+                Some(&at) => order[at] = At::Added(k),
                 None => {
                     index.insert(&n.node.path, order.len());
-                    order.push(NodeAt::Added(k));
+                    order.push(At::Added(k));
                 }
             }
         }
@@ -917,15 +951,7 @@ impl DeferredDevices {
         let root = spec.as_object_mut().ok_or(EditError::SpecShape("(root)"))?;
         let linux = object_at(root, "linux", "linux")?;
         let own = array_at(linux, "devices", "linux.devices")?;
-        let mut taken: Vec<Option<Value>> = std::mem::take(own).into_iter().map(Some).collect();
-        *own = self
-            .order
-            .iter()
-            .map(|at| match *at {
-                NodeAt::Own(i) => taken[i].take().unwrap_or_default(),
-                NodeAt::Added(k) => device_value(&self.nodes[k]),
-            })
-            .collect();
+        rebuild(own, &self.order, |k| device_value(&self.nodes[k]));
         if !self.rules.is_empty() {
             let resources = object_at(linux, "resources", "linux.resources")?;
             let list = array_at(resources, "devices", "linux.resources.devices")?;
@@ -937,15 +963,7 @@ impl DeferredDevices {
     /// `linux.devices` (`own`, the document's as loaded) as [`DeferredDevices::materialize`]
     /// leaves it, written.
     fn write_nodes(&self, w: &mut Writer, own: &Value) {
-        let own = own.as_array().map_or(&[][..], Vec::as_slice);
-        w.array(|items| {
-            for at in &self.order {
-                match *at {
-                    NodeAt::Own(i) => items.item().value(&own[i]),
-                    NodeAt::Added(k) => write_node(items.item(), &self.nodes[k]),
-                }
-            }
-        });
+        write_list(w, own, &self.order, |w, k| write_node(w, &self.nodes[k]));
     }
 
     /// `linux.resources.devices` (`own`) with the rules appended, written.
@@ -962,13 +980,8 @@ impl DeferredDevices {
     }
 }
 
-/// Where a mount of the edited document comes from: the document's own `mounts` as loaded
-/// (its index), or an edit (its part's index in the parts applied, and its index there).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum MountAt {
-    Own(usize),
-    Added(usize, usize),
-}
+/// A mount's place: its part's index in the parts applied, and its index there.
+type MountAt = At<(usize, usize)>;
 
 /// The document's `mounts` after the edits, in their final order, the added ones as the
 /// positions of the edits' own ([`Deferred`]).
@@ -982,7 +995,7 @@ impl DeferredMounts {
     /// else is appended; then a stable sort by the destination's depth (each computed once, a
     /// cleaned path per mount, not once per comparison).
     fn merge(own: &[Value], parts: &[&ContainerEdits]) -> DeferredMounts {
-        let mut order: Vec<MountAt> = (0..own.len()).map(MountAt::Own).collect();
+        let mut order: Vec<MountAt> = (0..own.len()).map(At::Own).collect();
         let mut index: HashMap<&str, usize> = HashMap::with_capacity(own.len());
         for (i, v) in own.iter().enumerate() {
             if let Some(d) = member(v, "destination").and_then(Value::as_str) {
@@ -992,19 +1005,19 @@ impl DeferredMounts {
         for (p, part) in parts.iter().enumerate() {
             for (i, m) in part.mounts.iter().enumerate() {
                 match index.get(m.container_path.as_str()) {
-                    Some(&at) => order[at] = MountAt::Added(p, i),
+                    Some(&at) => order[at] = At::Added((p, i)),
                     None => {
                         index.insert(&m.container_path, order.len());
-                        order.push(MountAt::Added(p, i));
+                        order.push(At::Added((p, i)));
                     }
                 }
             }
         }
         let destination = |at: &MountAt| match *at {
-            MountAt::Own(i) => member(&own[i], "destination")
+            At::Own(i) => member(&own[i], "destination")
                 .and_then(Value::as_str)
                 .unwrap_or(""),
-            MountAt::Added(p, i) => &parts[p].mounts[i].container_path,
+            At::Added((p, i)) => &parts[p].mounts[i].container_path,
         };
         order.sort_by_cached_key(|at| depth(destination(at)));
         DeferredMounts { order }
@@ -1019,29 +1032,15 @@ impl DeferredMounts {
     ) -> Result<(), EditError> {
         let root = spec.as_object_mut().ok_or(EditError::SpecShape("(root)"))?;
         let own = array_at(root, "mounts", "mounts")?;
-        let mut taken: Vec<Option<Value>> = std::mem::take(own).into_iter().map(Some).collect();
-        *own = self
-            .order
-            .iter()
-            .map(|at| match *at {
-                MountAt::Own(i) => taken[i].take().unwrap_or_default(),
-                MountAt::Added(p, i) => mount_value(&parts[p].mounts[i]),
-            })
-            .collect();
+        rebuild(own, &self.order, |(p, i)| mount_value(&parts[p].mounts[i]));
         Ok(())
     }
 
     /// Writes the mounts as the `mounts` member of `spec` (`own`, the document's as loaded),
     /// byte for byte what writing the materialized list writes.
     fn write(&self, w: &mut Writer, own: &Value, parts: &[&ContainerEdits]) {
-        let own = own.as_array().map_or(&[][..], Vec::as_slice);
-        w.array(|items| {
-            for at in &self.order {
-                match *at {
-                    MountAt::Own(i) => items.item().value(&own[i]),
-                    MountAt::Added(p, i) => write_mount(items.item(), &parts[p].mounts[i]),
-                }
-            }
+        write_list(w, own, &self.order, |w, (p, i)| {
+            write_mount(w, &parts[p].mounts[i])
         });
     }
 
@@ -1058,8 +1057,8 @@ impl DeferredMounts {
         self.order
             .iter()
             .filter_map(|at| match *at {
-                MountAt::Own(i) => bind_of(&own[i]),
-                MountAt::Added(p, i) => {
+                At::Own(i) => bind_of(&own[i]),
+                At::Added((p, i)) => {
                     let m = &parts[p].mounts[i];
                     let bind = m.kind.as_deref() == Some("bind")
                         || m.options.iter().any(|o| o == "bind" || o == "rbind");

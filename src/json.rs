@@ -83,26 +83,27 @@ impl Writer {
 
     /// An object whose members `members` writes ([`Members::key`], then the value).
     pub fn object(&mut self, members: impl FnOnce(&mut Members<'_>)) {
-        self.open(b'{');
-        let mut m = Members {
-            w: self,
-            empty: true,
-        };
-        members(&mut m);
-        let empty = m.empty;
-        self.close(b'}', empty);
+        self.enclosed(b'{', b'}', |w| {
+            let mut m = Members { w, empty: true };
+            members(&mut m);
+            m.empty
+        });
     }
 
     /// An array whose items `items` writes ([`Items::item`], then the item).
     pub fn array(&mut self, items: impl FnOnce(&mut Items<'_>)) {
-        self.open(b'[');
-        let mut i = Items {
-            w: self,
-            empty: true,
-        };
-        items(&mut i);
-        let empty = i.empty;
-        self.close(b']', empty);
+        self.enclosed(b'[', b']', |w| {
+            let mut i = Items { w, empty: true };
+            items(&mut i);
+            i.empty
+        });
+    }
+
+    /// `open`, what `body` writes (it says whether that was nothing), `close`.
+    fn enclosed(&mut self, open: u8, close: u8, body: impl FnOnce(&mut Writer) -> bool) {
+        self.open(open);
+        let empty = body(self);
+        self.close(close, empty);
     }
 
     pub fn value(&mut self, v: &Value) {
