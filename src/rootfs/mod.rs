@@ -337,6 +337,16 @@ mod tests {
         vec![None; sources.len()]
     }
 
+    /// The check over `spec`'s bind mounts, as `create` gives them.
+    fn check(
+        spec: &Value,
+        r: &Path,
+        added: &[Mount],
+        kinds: impl FnOnce(&[&str]) -> Vec<Option<bool>>,
+    ) -> Result<(), IntoBindMount> {
+        check_added_mounts(&crate::edits::binds(spec), r, added, kinds)
+    }
+
     fn lib(dest: &str) -> Mount {
         Mount {
             host_path: format!(
@@ -393,23 +403,17 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown).unwrap_err();
+        let err = check(&spec, r, &added, unknown).unwrap_err();
         assert_eq!(err.resolved, "/tmp/nvidia-mps/libcuda.so.1");
         assert_eq!(err.bind, "/tmp/nvidia-mps");
         assert!(err.to_string().contains("on the host"), "{err}");
 
         // The same image without the volume, or with the directory real: fine.
         let no_volume = json!({"mounts": [spec["mounts"][0], spec["mounts"][2]]});
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&no_volume), r, &added, unknown),
-            Ok(())
-        );
+        assert_eq!(check(&no_volume, r, &added, unknown), Ok(()));
         std::fs::remove_file(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
         std::fs::create_dir(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, unknown), Ok(()));
     }
 
     /// The MPS directory as a mount nvshim adds (a DRA claim's CDI spec brings it): refused
@@ -432,16 +436,13 @@ mod tests {
             {"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
              "source": added[1].host_path, "options": ["ro", "bind"]},
         ]});
-        let err = check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown).unwrap_err();
+        let err = check(&spec, r, &added, unknown).unwrap_err();
         assert_eq!(err.bind, "/tmp/nvidia-mps");
         let trusted = |sources: &[&str]| {
             assert_eq!(sources, [added[0].host_path.as_str(), &added[1].host_path]);
             vec![Some(false), None]
         };
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, trusted),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, trusted), Ok(()));
     }
 
     /// The added sources' types are asked for once, and not at all where no added source
@@ -465,10 +466,7 @@ mod tests {
             vec![Some(false); sources.len()]
         };
         let spec = json!({"mounts": mounts});
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, ask),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, ask), Ok(()));
         assert_eq!(asked.get(), 1);
         // A pod's service-account directory: destinations resolved, sources not asked.
         mounts.push(
@@ -476,10 +474,7 @@ mod tests {
             "type": "bind", "source": r.to_str().unwrap(), "options": ["rbind", "ro"]}),
         );
         let spec = json!({"mounts": mounts});
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, ask),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, ask), Ok(()));
         assert_eq!(asked.get(), 1);
         // A merged-/usr image leads `/lib/...` into `/usr/lib/...`, inside no bind: still not
         // asked (only a bind a destination lands in is asked whether it is a directory).
@@ -491,10 +486,7 @@ mod tests {
             "source": "/lib/firmware/nvidia/gsp_ga10x.bin", "options": ["ro", "bind"]}),
         );
         let spec = json!({"mounts": mounts});
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, ask),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, ask), Ok(()));
         assert_eq!(asked.get(), 1);
     }
 
@@ -508,10 +500,7 @@ mod tests {
             {"destination": "/usr/local/nvidia", "type": "bind", "source": "/home/kubernetes/bin/nvidia",
              "options": ["rbind", "ro"]},
         ]});
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, unknown), Ok(()));
     }
 
     #[test]
@@ -529,9 +518,6 @@ mod tests {
             {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/docker/x/resolv.conf",
              "options": ["rbind", "rprivate"]},
         ]});
-        assert_eq!(
-            check_added_mounts(&crate::edits::binds(&spec), r, &added, unknown),
-            Ok(())
-        );
+        assert_eq!(check(&spec, r, &added, unknown), Ok(()));
     }
 }
