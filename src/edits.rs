@@ -700,7 +700,11 @@ pub fn apply_all_deferred(
         }
         let linux = object_at(root, "linux", "linux")?;
         let own = array_at(linux, "devices", "linux.devices")?;
-        let order = DeferredDevices::merge(own, &nodes);
+        let order = merge(
+            own,
+            "path",
+            nodes.iter().map(|n| n.node.path.as_str()).enumerate(),
+        );
         let rules = if rules.is_empty() {
             rules
         } else {
@@ -883,6 +887,32 @@ enum At<A> {
     Added(A),
 }
 
+/// The CDI reference's merge of entries into a list: each replaces the first entry with its
+/// key (the own entries' member `name`, or an entry added before it), else is appended.
+fn merge<'a, A>(
+    own: &'a [Value],
+    name: &str,
+    added: impl Iterator<Item = (A, &'a str)>,
+) -> Vec<At<A>> {
+    let mut order: Vec<At<A>> = (0..own.len()).map(At::Own).collect();
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(own.len());
+    for (i, v) in own.iter().enumerate() {
+        if let Some(key) = member(v, name).and_then(Value::as_str) {
+            index.entry(key).or_insert(i);
+        }
+    }
+    for (a, key) in added {
+        match index.get(key) {
+            Some(&at) => order[at] = At::Added(a),
+            None => {
+                index.insert(key, order.len());
+                order.push(At::Added(a));
+            }
+        }
+    }
+    order
+}
+
 /// The list `own` rebuilt in `order`, an added entry built by `added`.
 fn rebuild<A: Copy>(own: &mut Vec<Value>, order: &[At<A>], added: impl Fn(A) -> Value) {
     let mut taken: Vec<Option<Value>> = std::mem::take(own).into_iter().map(Some).collect();
@@ -927,26 +957,6 @@ struct DeferredDevices {
 }
 
 impl DeferredDevices {
-    fn merge(own: &[Value], nodes: &[AddedNode]) -> Vec<NodeAt> {
-        let mut order: Vec<NodeAt> = (0..own.len()).map(At::Own).collect();
-        let mut index: HashMap<&str, usize> = HashMap::with_capacity(own.len() + nodes.len());
-        for (i, v) in own.iter().enumerate() {
-            if let Some(path) = member(v, "path").and_then(Value::as_str) {
-                index.entry(path).or_insert(i);
-            }
-        }
-        for (k, n) in nodes.iter().enumerate() {
-            match index.get(n.node.path.as_str()) {
-                Some(&at) => order[at] = At::Added(k),
-                None => {
-                    index.insert(&n.node.path, order.len());
-                    order.push(At::Added(k));
-                }
-            }
-        }
-        order
-    }
-
     fn materialize(&self, spec: &mut Value) -> Result<(), EditError> {
         let root = spec.as_object_mut().ok_or(EditError::SpecShape("(root)"))?;
         let linux = object_at(root, "linux", "linux")?;
@@ -995,24 +1005,10 @@ impl DeferredMounts {
     /// else is appended; then a stable sort by the destination's depth (each computed once, a
     /// cleaned path per mount, not once per comparison).
     fn merge(own: &[Value], parts: &[&ContainerEdits]) -> DeferredMounts {
-        let mut order: Vec<MountAt> = (0..own.len()).map(At::Own).collect();
-        let mut index: HashMap<&str, usize> = HashMap::with_capacity(own.len());
-        for (i, v) in own.iter().enumerate() {
-            if let Some(d) = member(v, "destination").and_then(Value::as_str) {
-                index.entry(d).or_insert(i);
-            }
-        }
-        for (p, part) in parts.iter().enumerate() {
-            for (i, m) in part.mounts.iter().enumerate() {
-                match index.get(m.container_path.as_str()) {
-                    Some(&at) => order[at] = At::Added((p, i)),
-                    None => {
-                        index.insert(&m.container_path, order.len());
-                        order.push(At::Added((p, i)));
-                    }
-                }
-            }
-        }
+        let added = parts.iter().enumerate().flat_map(|(p, part)| {
+            (part.mounts.iter().enumerate()).map(move |(i, m)| ((p, i), m.container_path.as_str()))
+        });
+        let mut order = merge(own, "destination", added);
         let destination = |at: &MountAt| match *at {
             At::Own(i) => member(&own[i], "destination")
                 .and_then(Value::as_str)
