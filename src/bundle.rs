@@ -251,14 +251,8 @@ impl Bundle {
         self.write(&self.render_spec(spec))
     }
 
-    /// [`Bundle::save_spec`] unless `spec` renders to the bytes that were read (a retried
-    /// `create`): then nothing is written. Whether it wrote.
-    pub fn save_changed(&self, spec: &Value) -> Result<bool, BundleError> {
-        self.write_changed(&self.render_spec(spec))
-    }
-
     /// Writes `bytes` (a rendered document) as [`Bundle::save_spec`] does, unless they are the
-    /// bytes that were read; whether it wrote.
+    /// bytes that were read (a retried `create`): then nothing is written. Whether it wrote.
     pub fn write_changed(&self, bytes: &[u8]) -> Result<bool, BundleError> {
         if bytes == self.original {
             return Ok(false);

@@ -72,7 +72,7 @@ pub struct Plan {
     pub deferred: edits::Deferred,
     /// Whether planning edited the document at all: an edit applied, Docker's hook or the
     /// device plugin's mounts removed. A touched document can still equal the original (a
-    /// retried create applies the same edits again), which [`Bundle::save_changed`] finds.
+    /// retried create applies the same edits again), which [`Bundle::write_changed`] finds.
     pub touched: bool,
 }
 
@@ -103,26 +103,28 @@ impl Plan {
         self.groups.iter().map(|g| &g.edits)
     }
 
+    /// The edits as the list [`edits::Deferred`] takes them.
+    fn part_list(&self) -> Vec<&ContainerEdits> {
+        self.parts().collect()
+    }
+
     /// config.json after the edits as one document (`edited` with `deferred` built in).
     pub fn document(&self) -> Result<Value, edits::EditError> {
         let mut doc = self.edited.clone();
-        let parts: Vec<&ContainerEdits> = self.parts().collect();
-        self.deferred.materialize(&mut doc, &parts)?;
+        self.deferred.materialize(&mut doc, &self.part_list())?;
         Ok(doc)
     }
 
     /// The bind mounts of the edited document (`edits::binds`), its added mounts among them.
     fn binds(&self) -> Vec<(&str, &str)> {
-        let parts: Vec<&ContainerEdits> = self.parts().collect();
-        self.deferred.binds(&self.edited, &parts)
+        self.deferred.binds(&self.edited, &self.part_list())
     }
 
     /// Writes the edited document into the bundle unless it renders to the bytes that were
-    /// read ([`crate::bundle::Bundle::save_changed`]); whether it wrote.
+    /// read ([`crate::bundle::Bundle::write_changed`]); whether it wrote.
     fn save(&self) -> Result<bool, crate::bundle::BundleError> {
-        let parts: Vec<&ContainerEdits> = self.parts().collect();
         self.deferred
-            .save_changed(&self.bundle, &self.edited, &parts)
+            .save_changed(&self.bundle, &self.edited, &self.part_list())
     }
 }
 

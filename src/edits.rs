@@ -832,7 +832,7 @@ impl Deferred {
         bundle.render_spec_with(spec, &members)
     }
 
-    /// [`Bundle::save_changed`] of what [`Deferred::render`] writes.
+    /// [`Bundle::write_changed`] of what [`Deferred::render`] writes.
     pub fn save_changed(
         &self,
         bundle: &Bundle,
