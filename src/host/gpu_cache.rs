@@ -1,22 +1,19 @@
-//! The GPUs as their `/proc/driver/nvidia/gpus/<bus>/information` files describe them, and the
-//! minors of MIG capabilities as their `/proc/driver/nvidia/capabilities/...` files give them,
-//! kept under `cache-dir` between creates. On the lent H200 (driver 580.159.04, the open kernel
+//! The GPUs as their `/proc/driver/nvidia/gpus/<bus>/information` files describe them, kept
+//! under `cache-dir` between creates. On the lent H200 (driver 580.159.04, the open kernel
 //! modules) reading one `information` file took 194 µs (median of 50; the driver asks the GPU
 //! for what it prints), where `version` took 10 µs: a legacy create on an 8-GPU node read about
-//! 1.5 ms of facts that do not change while the driver has the GPU. A capability's file took
-//! 11 µs to read and 1.9 µs to `stat`: a MIG `all` create on 8 GPUs × 7 MIG devices reads 112.
+//! 1.5 ms of facts that do not change while the driver has the GPU. (The minors of MIG
+//! capabilities are kept the same way, from the driver's table: `mig_table.rs`.)
 //!
 //! The cache answers only when `/proc/driver/nvidia/gpus` lists the same directories and each
-//! `information` file's fresh `stat` gives the [`Key`] it was cached with (for a capability,
-//! its own file's), a key more than [`RACY_NS`] old when it was cached (`src/cache.rs`).
-//! procfs stamps an inode with the clock when it makes it, and makes a new one when the driver
-//! creates the file again (the driver reloaded, a GPU removed and added back, a MIG instance
-//! destroyed and created), so such a file cannot show an old key; a file of
+//! `information` file's fresh `stat` gives the [`Key`] it was cached with, a key more than
+//! [`RACY_NS`] old when it was cached (`src/cache.rs`). procfs stamps an inode with the clock
+//! when it makes it, and makes a new one when the driver creates the file again (the driver
+//! reloaded, a GPU removed and added back), so such a file cannot show an old key; a file of
 //! a simulated host rewritten in place shows a new size or mtime. Anything else, a missing,
 //! damaged or foreign cache file or an unwritable `cache-dir`, reads the files as before.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -88,118 +85,6 @@ pub(super) fn gpus(
         }
     }
     Ok(gpus)
-}
-
-const CAPS_MAGIC: &[u8] = b"nvshim-caps 1\n";
-
-/// The minors of the capability files `rels` (relative to `caps_dir`), each `None` when the
-/// file does not exist, through the cache in `cache_dir` when there is one: a file whose fresh
-/// key is the one cached with its minor is only `stat`ed, not read. The driver makes a
-/// capability's file when it creates the MIG instance, so a recreated instance's file shows a
-/// new key (module doc).
-pub(super) fn capability_minors(
-    caps_dir: &Path,
-    rels: &[String],
-    cache_dir: Option<&Path>,
-    read_at: i64,
-) -> Result<Vec<Option<u32>>, HostError> {
-    // Every file looked up relative to the directory, opened once: a MIG `all` create on 8
-    // GPUs × 7 MIG devices `stat`s 112 of them, none walking the path down to the directory.
-    let dir = match std::fs::File::open(caps_dir) {
-        Ok(dir) => dir,
-        // No capabilities at all: no such file.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![None; rels.len()]),
-        Err(source) => {
-            return Err(HostError::Read {
-                path: caps_dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let dir = dir.as_fd();
-    let read_minor = |rel: &str| super::read_capability_minor(dir, caps_dir, rel);
-    let Some(cache_dir) = cache_dir else {
-        return rels.iter().map(|r| read_minor(r)).collect();
-    };
-    let key_of = |rel: &str| {
-        nix::sys::stat::fstatat(Some(dir.as_raw_fd()), rel, nix::fcntl::AtFlags::empty())
-            .ok()
-            .map(|st| Key::of_stat(&st))
-    };
-    let file = cache_dir.join(format!(
-        "caps-{:016x}",
-        cache::hash(caps_dir.as_os_str().as_bytes())
-    ));
-    let bytes = cache::read_private(&file, "MIG capability cache");
-    // Capability path → (its key, its minor), as written: a hit compares the fresh key's text
-    // and parses one minor, so the cached entries a create does not ask for cost a hash each
-    // (parsing every key cost a create asking for one MIG device 0.25 M instructions with 112
-    // cached; callgrind).
-    let cached = bytes.as_deref().and_then(decode_caps).unwrap_or_default();
-    // What this create read and may keep: (path, key, minor).
-    let mut fresh: Vec<(&str, Key, u32)> = Vec::new();
-    let mut key_text = Vec::with_capacity(64);
-    let mut out = Vec::with_capacity(rels.len());
-    for rel in rels {
-        let Some(key) = key_of(rel) else {
-            // Gone (or never there): what a read says, an error or `None`.
-            out.push(read_minor(rel)?);
-            continue;
-        };
-        key_text.clear();
-        cache::key_fields(&key, &mut key_text);
-        let hit = cached
-            .get(rel.as_str())
-            .filter(|(k, _)| k.as_bytes() == key_text)
-            .and_then(|(_, minor)| minor.parse().ok());
-        if let Some(minor) = hit {
-            out.push(Some(minor));
-            continue;
-        }
-        let minor = read_minor(rel)?;
-        let same = key_of(rel) == Some(key);
-        match minor {
-            Some(m) if same && key.trusted_at(read_at) => fresh.push((rel, key, m)),
-            _ => {}
-        }
-        out.push(minor);
-    }
-    if !fresh.is_empty() {
-        let mut body = CAPS_MAGIC.to_vec();
-        for (rel, (key, minor)) in &cached {
-            if !fresh.iter().any(|(r, _, _)| r == rel) {
-                cache::line(
-                    &mut body,
-                    &[rel.as_bytes(), key.as_bytes(), minor.as_bytes()],
-                );
-            }
-        }
-        for (rel, key, minor) in &fresh {
-            key_text.clear();
-            cache::key_fields(key, &mut key_text);
-            // A path with a tab or newline is not kept.
-            cache::line(
-                &mut body,
-                &[rel.as_bytes(), &key_text, minor.to_string().as_bytes()],
-            );
-        }
-        if let Err(e) = cache::write_private(cache_dir, &file, &cache::seal(body)) {
-            tracing::debug!("MIG capability cache {} not written: {e}", file.display());
-        }
-    }
-    Ok(out)
-}
-
-/// A capability cache's entries, borrowed: path → (key, minor) as written; `None` when it is
-/// not whole.
-fn decode_caps(bytes: &[u8]) -> Option<foldhash::HashMap<&str, (&str, &str)>> {
-    let body = std::str::from_utf8(cache::unseal(bytes)?.strip_prefix(CAPS_MAGIC)?).ok()?;
-    let mut out = foldhash::HashMap::default();
-    for line in cache::lines(body) {
-        let [rel, key, minor] = cache::fields(line, b'\t')?;
-        out.insert(rel, (key, minor));
-    }
-    Some(out)
 }
 
 /// The directory names with their files' keys, then the GPUs, a line each: tab-separated
@@ -364,75 +249,6 @@ mod tests {
         // No GPU directory: no GPU.
         fs::remove_dir_all(&p.gpus).unwrap();
         assert!(p.gpus(later()).is_empty());
-    }
-
-    #[test]
-    fn capability_minors_cached_while_their_files_keep_their_keys() {
-        let tmp = tempfile::tempdir().unwrap();
-        let caps = tmp.path().join("capabilities");
-        let cache_dir = tmp.path().join("cache");
-        let write = |rel: &str, minor: u32| {
-            let path = caps.join(rel);
-            fs::create_dir_all(path.parent().unwrap()).unwrap();
-            fs::write(
-                path,
-                format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"),
-            )
-            .unwrap();
-        };
-        write("gpu0/mig/gi1/access", 12);
-        write("gpu0/mig/gi1/ci0/access", 13);
-        let rels: Vec<String> = [
-            "gpu0/mig/gi1/access",
-            "gpu0/mig/gi1/ci0/access",
-            "gpu0/mig/gi2/access",
-        ]
-        .iter()
-        .map(|r| r.to_string())
-        .collect();
-        let minors = |at: i64| capability_minors(&caps, &rels, Some(&cache_dir), at).unwrap();
-        // Young files: read, not cached.
-        assert_eq!(minors(cache::now_ns()), [Some(12), Some(13), None]);
-        assert!(!cache_dir.exists());
-        assert_eq!(minors(later()), [Some(12), Some(13), None]);
-        let file = fs::read_dir(&cache_dir)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
-        let written = fs::read(&file).unwrap();
-        let entries = decode_caps(&written).unwrap();
-        assert_eq!(entries.len(), 2);
-        assert_eq!(entries["gpu0/mig/gi1/ci0/access"].1, "13");
-        // The same answer from the cache, and without one.
-        assert_eq!(minors(later()), [Some(12), Some(13), None]);
-        assert_eq!(
-            capability_minors(&caps, &rels, None, later()).unwrap(),
-            [Some(12), Some(13), None]
-        );
-        // A file written again (an instance destroyed and created: the driver makes a new
-        // file) is read again; one gone is `None`.
-        write("gpu0/mig/gi1/ci0/access", 99);
-        fs::remove_file(caps.join("gpu0/mig/gi1/access")).unwrap();
-        assert_eq!(minors(later()), [None, Some(99), None]);
-        // Another create's capabilities join the cached ones.
-        write("gpu0/mig/gi2/access", 21);
-        let other = ["gpu0/mig/gi2/access".to_string()];
-        let at = later();
-        assert_eq!(
-            capability_minors(&caps, &other, Some(&cache_dir), at).unwrap(),
-            [Some(21)]
-        );
-        let written = fs::read(&file).unwrap();
-        let entries = decode_caps(&written).unwrap();
-        // (gi1/access's entry stays: a gone file is never answered from the cache.)
-        assert_eq!(entries.len(), 3);
-        assert_eq!(entries["gpu0/mig/gi1/ci0/access"].1, "99");
-        assert_eq!(entries["gpu0/mig/gi2/access"].1, "21");
-        // A damaged cache is not used.
-        fs::write(&file, b"nvshim-caps 1\n").unwrap();
-        assert_eq!(minors(later()), [None, Some(99), Some(21)]);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use thiserror::Error;
 
 mod gpu_cache;
 mod ld_entries;
+mod mig_table;
 pub mod nvml;
 
 #[derive(Debug, Error)]
@@ -1032,31 +1033,47 @@ impl Host {
     }
 
     /// The minors of MIG capabilities `caps` (named as `mig-minors` names them: `config`,
-    /// `monitor`, `gpu<N>/gi<G>/access`, `gpu<N>/gi<G>/ci<C>/access`), each from the
-    /// capability's own file, `driver/nvidia/capabilities/{mig/config,
+    /// `monitor`, `gpu<N>/gi<G>/access`, `gpu<N>/gi<G>/ci<C>/access`); `None`: no such
+    /// capability. With a `cache-dir`, from the grid of `driver/nvidia-caps/mig-minors` kept
+    /// there (`mig_table.rs`: the table is read once, it cost the lent H200's driver 2.9 ms to
+    /// open); else from each capability's own file, `driver/nvidia/capabilities/{mig/config,
     /// gpu<N>/mig/gi<G>/ci<C>/access, ...}`, whose `DeviceFileMinor: <n>` line NVIDIA's device
-    /// plugin reads too; `None`: no such file (no such instance). What a create reads: on the
-    /// lent H200 (driver 580.159.04) opening `mig-minors` took 2.9 ms whatever was read of it
-    /// (the driver writes all 4,322 lines for 32 GPUs at open), a capability's file 11 µs and
-    /// its `stat` 1.9 µs: with a `cache-dir`, a file whose key is the cached one is only
-    /// `stat`ed (`gpu_cache.rs`).
+    /// plugin reads too (11 µs each there; `None`: no such file, no such instance). Which
+    /// instances exist is the caller's to know: the capabilities directory lists them.
     pub fn capability_minors(&self, caps: &[&str]) -> Result<Vec<Option<u32>>, HostError> {
-        let rels: Vec<String> = caps
-            .iter()
-            .map(|&cap| match cap {
-                "config" | "monitor" => ["mig/", cap].concat(),
-                _ => match cap.split_once('/') {
-                    Some((gpu, rest)) => [gpu, "/mig/", rest].concat(),
-                    None => cap.to_string(),
-                },
+        if let Some(cache_dir) = &self.cache_dir {
+            let path = self.roots.proc_root.join("driver/nvidia-caps/mig-minors");
+            if let Some(Some(table)) = mig_table::table(&path, cache_dir, crate::cache::now_ns()) {
+                return Ok(caps.iter().map(|cap| table.minor(cap)).collect());
+            }
+        }
+        let caps_dir = self.roots.proc_root.join("driver/nvidia/capabilities");
+        // Every file looked up relative to the directory, opened once.
+        let dir = match fs::File::open(&caps_dir) {
+            Ok(dir) => dir,
+            // No capabilities at all: no such file.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(vec![None; caps.len()])
+            }
+            Err(source) => {
+                return Err(HostError::Read {
+                    path: caps_dir,
+                    source,
+                })
+            }
+        };
+        caps.iter()
+            .map(|&cap| {
+                let rel = match cap {
+                    "config" | "monitor" => ["mig/", cap].concat(),
+                    _ => match cap.split_once('/') {
+                        Some((gpu, rest)) => [gpu, "/mig/", rest].concat(),
+                        None => cap.to_string(),
+                    },
+                };
+                read_capability_minor(std::os::fd::AsFd::as_fd(&dir), &caps_dir, &rel)
             })
-            .collect();
-        gpu_cache::capability_minors(
-            &self.roots.proc_root.join("driver/nvidia/capabilities"),
-            &rels,
-            self.cache_dir.as_deref(),
-            crate::cache::now_ns(),
-        )
+            .collect()
     }
 
     /// Calls `f` with each `<capability> <minor>` line of `driver/nvidia-caps/mig-minors`; no
@@ -1454,6 +1471,61 @@ mod tests {
         assert!(
             e.contains("mig/monitor") && e.contains("DeviceFileMinor"),
             "{e}"
+        );
+    }
+
+    /// With a `cache-dir`, the minors come from the driver's table once it is old enough to
+    /// keep: the same as each capability's own file gives (the files of an instance that
+    /// exists; which exist is the caller's to know).
+    #[test]
+    fn capability_minors_from_the_kept_table_match_their_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let proc = tmp.path();
+        let caps = proc.join("driver/nvidia/capabilities");
+        fs::create_dir_all(proc.join("driver/nvidia-caps")).unwrap();
+        fs::write(
+            proc.join("driver/nvidia-caps/mig-minors"),
+            nvshim_testsupport::host::mig_minors_table(),
+        )
+        .unwrap();
+        let names = [
+            "config",
+            "monitor",
+            "gpu3/gi1/access",
+            "gpu3/gi1/ci0/access",
+        ];
+        for (name, minor) in names.iter().zip([1, 2, 417, 418]) {
+            let rel = match name.split_once('/') {
+                Some((gpu, rest)) => format!("{gpu}/mig/{rest}"),
+                None => format!("mig/{name}"),
+            };
+            fs::create_dir_all(caps.join(&rel).parent().unwrap()).unwrap();
+            let text = format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\n");
+            fs::write(caps.join(rel), text).unwrap();
+        }
+        let roots = HostRoots {
+            driver_root: proc.into(),
+            dev_root: proc.into(),
+            proc_root: proc.into(),
+        };
+        let from_files = Host::new(roots.clone()).capability_minors(&names).unwrap();
+        assert_eq!(from_files, [Some(1), Some(2), Some(417), Some(418)]);
+        let cached = || {
+            let host = Host::new(roots.clone()).with_cache_dir(&proc.join("cache"));
+            host.capability_minors(&names).unwrap()
+        };
+        // The table just written: too young to keep, so not read; then read and kept.
+        assert_eq!(cached(), from_files);
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        fs::create_dir(proc.join("cache")).unwrap();
+        assert_eq!(cached(), from_files);
+        assert_eq!(fs::read_dir(proc.join("cache")).unwrap().count(), 1);
+        // The capabilities' files gone: answered from the kept table.
+        fs::remove_dir_all(&caps).unwrap();
+        assert_eq!(cached(), from_files);
+        assert_eq!(
+            Host::new(roots).capability_minors(&names).unwrap(),
+            [None; 4]
         );
     }
 
