@@ -130,7 +130,11 @@ pub fn read_host_params(path: &Path) -> Result<Option<Vec<u8>>, ParamsError> {
     if !root::is_regular(&st) {
         return Err(ParamsError::NotRegular { path: display });
     }
-    let mut buf = Vec::new();
+    // Room up front: `take` hides the size from `read_to_end`, which otherwise starts at 32
+    // bytes and doubles (7 reads for the simulated host's 844 bytes); procfs gives no size, and
+    // the driver's file is about 1.5 KB.
+    let size = (st.st_size as u64).clamp(4096, MAX_PARAMS + 1);
+    let mut buf = Vec::with_capacity(size as usize);
     File::from(fd)
         .take(MAX_PARAMS + 1)
         .read_to_end(&mut buf)
