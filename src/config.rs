@@ -110,8 +110,9 @@ pub struct Config {
     /// CDI spec directories, lowest priority first.
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
-    /// CDI request reads only the specs that define its devices, the GPUs' `/proc` facts and
-    /// MIG capability minors (`host::gpu_cache`), NVML's answer for MIG ids
+    /// CDI request reads only the specs that define its devices, the GPUs' `/proc` facts
+    /// (`host::gpu_cache`), the driver's MIG capability minors (`host::mig_table`), NVML's
+    /// answer for MIG ids
     /// (`host::nvml::cache`), the driver's ld.so.cache entries (`host::ld_entries`) and the
     /// driver files a legacy create mounts (`legacy::files_cache`); empty:
     /// none of them (every CDI `create` reads every spec). Made 0700 on first use; a read-only
