@@ -871,7 +871,8 @@ fn all_on_a_mig_host_includes_every_mig_device() {
 }
 
 /// NVML's answer for a MIG UUID is kept in cache-dir (src/host/nvml/cache.rs) once the files it
-/// depends on are 2 s old: the same container then starts without NVML. The instance destroyed
+/// depends on are 2 s old: the same container then starts without NVML, its capabilities'
+/// minors from the driver's `mig-minors` table kept there too. The instance destroyed
 /// and created again (same GPU and compute instance ids, so the same minors; a new UUID, as
 /// NVIDIA's driver gives it) makes the driver's `/proc` files anew: the old UUID is refused
 /// and the new one served, from NVML, although nothing else on the host changed.
@@ -897,6 +898,10 @@ fn mig_answers_are_cached_until_an_instance_is_recreated() {
     serves(&with_nvml, "asked", &old_uuid);
     let (cache, kept) = w.cache_files("nvml-");
     assert_eq!(kept.len(), 1, "no NVML answer in {}", cache.display());
+    // The capabilities' minors came from the driver's table, kept as its grid
+    // (src/host/mig_table.rs), old enough too.
+    let (cache, kept) = w.cache_files("mig-minors-");
+    assert_eq!(kept.len(), 1, "no MIG minors table in {}", cache.display());
     // NVML unusable (no topology): the cache answers.
     serves(&w.shim(), "cached", &old_uuid);
 
