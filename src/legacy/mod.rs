@@ -61,7 +61,7 @@ pub enum LegacyError {
     },
     #[error("unknown MIG device {id:?} in NVIDIA_VISIBLE_DEVICES; {available}")]
     UnknownMig { id: String, available: String },
-    #[error("MIG device {id:?}: no file for its capability {capability:?} under {file} (was the MIG instance destroyed, or is the nvidia-caps part of the driver not loaded?)")]
+    #[error("MIG device {id:?}: no minor for its capability {capability:?}: no file for it under {file}, or no row in the driver's nvidia-caps/mig-minors table (was the MIG instance destroyed, or is the nvidia-caps part of the driver not loaded?)")]
     MigCapability {
         id: String,
         capability: String,
@@ -454,7 +454,7 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
 }
 
 /// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` with its minor
-/// ([`Host::capability_minors`]; `None`: no file for it).
+/// ([`Host::capability_minors`]; `None`: no file or table row for it).
 fn cap_node(
     host: &Host,
     caps_major: u32,
