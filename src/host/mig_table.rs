@@ -110,10 +110,9 @@ impl MigTable {
             if line.is_empty() {
                 continue;
             }
-            let at = line.bytes().position(|b| b.is_ascii_whitespace())?;
-            // `at` is an ASCII byte's index, so both halves are `str` boundaries.
-            let minor = number(line[at..].trim_ascii_start())?;
-            match Cap::parse(&line[..at])? {
+            let (cap, minor) = super::mig_minors_words(line)?;
+            let minor = number(minor)?;
+            match Cap::parse(cap)? {
                 Cap::Config if config.replace(minor).is_some() => return None,
                 Cap::Monitor if monitor.replace(minor).is_some() => return None,
                 Cap::Config | Cap::Monitor => {}

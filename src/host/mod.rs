@@ -1097,15 +1097,7 @@ impl Host {
                 path: path.clone(),
                 message: format!("line {line:?} is not \"<capability> <minor>\""),
             };
-            let at = line
-                .bytes()
-                .position(|b| b.is_ascii_whitespace())
-                .ok_or_else(not_two_words)?;
-            // `at` is an ASCII byte's index, so both halves are `str` boundaries.
-            let (cap, minor) = (&line[..at], line[at..].trim_ascii_start());
-            if minor.bytes().any(|b| b.is_ascii_whitespace()) {
-                return Err(not_two_words());
-            }
+            let (cap, minor) = mig_minors_words(line).ok_or_else(not_two_words)?;
             let minor = minor.parse::<u32>().map_err(|_| HostError::Parse {
                 path: path.clone(),
                 message: format!("minor {minor:?} in line {line:?} is not a number"),
@@ -1114,6 +1106,15 @@ impl Host {
         }
         Ok(())
     }
+}
+
+/// A `mig-minors` line's two words, `<capability> <minor>`, the line trimmed and not blank;
+/// `None` for one word or three.
+fn mig_minors_words(line: &str) -> Option<(&str, &str)> {
+    let at = line.bytes().position(|b| b.is_ascii_whitespace())?;
+    // `at` is an ASCII byte's index, so both halves are `str` boundaries.
+    let (cap, minor) = (&line[..at], line[at..].trim_ascii_start());
+    (!minor.bytes().any(|b| b.is_ascii_whitespace())).then_some((cap, minor))
 }
 
 /// A capability file's minor (its `DeviceFileMinor: <n>` line), `rel` in `caps_dir` (opened as
