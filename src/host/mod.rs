@@ -168,6 +168,10 @@ pub struct Host {
     /// not open), so that each node is `stat`ed by its name in it rather than by its whole
     /// path: a MIG `all` create on 8 GPUs × 7 MIG devices `stat`s 124.
     dev_dir: std::cell::OnceCell<Option<std::sync::Arc<std::os::fd::OwnedFd>>>,
+    /// The driver's MIG minors as kept in `cache_dir` (`mig_table.rs`), looked up by the first
+    /// [`Host::capability_minors`] (`None` inside: not there or not kept): a create asking for
+    /// MIG devices and the `config` or `monitor` capability asks twice.
+    mig_table: std::cell::OnceCell<Option<mig_table::MigTable>>,
 }
 
 /// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
@@ -213,6 +217,7 @@ impl Host {
             cache_dir: None,
             looked_in: Default::default(),
             dev_dir: Default::default(),
+            mig_table: Default::default(),
         }
     }
 
@@ -1042,8 +1047,11 @@ impl Host {
     /// instances exist is the caller's to know: the capabilities directory lists them.
     pub fn capability_minors(&self, caps: &[&str]) -> Result<Vec<Option<u32>>, HostError> {
         if let Some(cache_dir) = &self.cache_dir {
-            let path = self.roots.proc_root.join("driver/nvidia-caps/mig-minors");
-            if let Some(Some(table)) = mig_table::table(&path, cache_dir, crate::cache::now_ns()) {
+            let table = self.mig_table.get_or_init(|| {
+                let path = self.roots.proc_root.join("driver/nvidia-caps/mig-minors");
+                mig_table::table(&path, cache_dir, crate::cache::now_ns()).flatten()
+            });
+            if let Some(table) = table {
                 return Ok(caps.iter().map(|cap| table.minor(cap)).collect());
             }
         }
