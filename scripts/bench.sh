@@ -68,13 +68,23 @@ cleanup() {
         done
     done
     if [ -n "$keep" ]; then
-        echo "bench: work dir kept: $work (bundles on a tmpfs there: umount $work/run when done)" >&2
+        echo "bench: work dir kept: $work (tmpfs mounts there: umount ${mounts[*]} when done)" >&2
     else
-        umount "$work/run" 2>/dev/null || true
+        for m in "${mounts[@]}"; do umount "$m" 2>/dev/null || true; done
         rm -rf "$work"
     fi
 }
+mounts=()
 trap cleanup EXIT
+# DIR's files moved onto a tmpfs mounted in its place (undone by cleanup).
+on_tmpfs() { # DIR
+    mv "$1" "$1.disk"
+    mkdir "$1"
+    mount -t tmpfs -o size=256m,mode=0755 tmpfs "$1"
+    mounts+=("$1")
+    cp -a "$1.disk/." "$1/"
+    rm -rf "$1.disk"
+}
 bin="$work/bin"
 mkdir -p "$bin"
 
@@ -119,10 +129,22 @@ host="$work/host"
 "$bin/nvshim-fake-host" "$host" --gpus 8 --system-libs >/dev/null
 "$bin/nvshim-fake-host" "$work/mighost" --gpus 8 --mig 7 --system-libs >/dev/null
 "$bin/nvshim-fake-host" "$work/driverhost" --gpus 1 >/dev/null
+# A real host's /proc and /dev are file systems in memory (procfs, devtmpfs), its driver
+# files on disk: the fake hosts' proc and dev go on a tmpfs, the rest stays on this disk. On
+# this kind of machine listing a MIG instance's directory (open, getdents64 until empty,
+# close) took 5.6 us in /proc, 5.8 us on tmpfs and 8.7 us on ext4, a `fstatat` of a device
+# node 1.5 us in devtmpfs, 1.4 us on tmpfs and 1.7 us on ext4 (a C loop, best of 30); a
+# MIG `all` create lists 66 of those directories (0.21 ms less on tmpfs, paired).
+for h in "$host" "$work/mighost" "$work/driverhost"; do
+    on_tmpfs "$h/proc"
+    on_tmpfs "$h/dev"
+done
 mkdir -p "$work/cdi" "$work/run"
 # Bundles on a tmpfs, as containerd, Docker and CRI-O keep them (/run/...): the file system
-# under the bundle is part of what create costs, and /run is tmpfs on their hosts.
+# under the bundle is part of what create costs, and /run is tmpfs on their hosts. The DRA
+# driver's spec files go there too (figure 7): it writes them into /var/run/cdi.
 mount -t tmpfs -o size=256m,mode=0755 tmpfs "$work/run"
+mounts+=("$work/run")
 
 config() { # FILE RUNTIME [SPEC-DIR CACHE-DIR EXTRA-LINE]
     cat > "$1" <<EOF
@@ -174,7 +196,7 @@ mig_uuid=$(grep -o 'MIG-[0-9a-f-]*' "$migtopo" | sed -n 20p)
 # one base device and the last claim's device. Each count has its own config and index dir.
 claim_uid() { printf '%08x-0000-4000-8000-%012x' "$1" "$1"; }
 for n in 2 50 500 1000; do
-    d="$work/cdi-$n"
+    d="$work/run/cdi-$n"
     mkdir -p "$d"
     cp "$work/cdi/nvidia.yaml" "$d/nvidia.yaml"
     for i in $(seq 1 $((n - 1))); do
