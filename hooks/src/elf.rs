@@ -13,6 +13,7 @@
 //! `.note.cuda.fwd_compatibility` (a port of NVIDIA's `GetCUDACompatElfHeader`,
 //! `cmd/nvidia-cdi-hook/cudacompat/cuda-elf-header.go`), with every read bounded as above.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -117,6 +118,11 @@ struct Reader<'a> {
     file: &'a File,
     size: u64,
     head: Vec<u8>,
+    /// The file's bytes from an offset: the last chunk [`Reader::cstr`] read past `head`. A
+    /// library's `DT_NEEDED` names and its `DT_SONAME` lie a few bytes apart in its string
+    /// table, so the second name is usually in the first one's chunk: one `pread` fewer per
+    /// library, as is every name that lies in `head`.
+    strings: RefCell<(u64, Vec<u8>)>,
 }
 
 impl Reader<'_> {
@@ -147,11 +153,22 @@ impl Reader<'_> {
             return None;
         }
         let len = (self.size - offset).min(MAX_NAME as u64 + 1) as usize;
+        if let Some(name) = held_cstr(&self.head, 0, offset, len) {
+            return name;
+        }
+        if let Some(name) = {
+            let last = self.strings.borrow();
+            held_cstr(&last.1, last.0, offset, len)
+        } {
+            return name;
+        }
         let mut chunk = 256.min(len);
         loop {
             let bytes = self.bytes(offset, chunk)?;
             if let Some(end) = bytes.iter().position(|&b| b == 0) {
-                return String::from_utf8(bytes[..end].to_vec()).ok();
+                let name = String::from_utf8(bytes[..end].to_vec()).ok();
+                *self.strings.borrow_mut() = (offset, bytes);
+                return name;
             }
             if chunk == len {
                 return None;
@@ -159,6 +176,16 @@ impl Reader<'_> {
             chunk = (chunk * 4).min(len);
         }
     }
+}
+
+/// [`Reader::cstr`]'s answer from bytes already read (`held`, the file's bytes from offset
+/// `at`) when they hold the name at `offset` and its NUL within `len` bytes; `None` when the
+/// name must be read.
+fn held_cstr(held: &[u8], at: u64, offset: u64, len: usize) -> Option<Option<String>> {
+    let start = usize::try_from(offset.checked_sub(at)?).ok()?;
+    let rest = held.get(start..)?;
+    let end = rest[..rest.len().min(len)].iter().position(|&b| b == 0)?;
+    Some(String::from_utf8(rest[..end].to_vec()).ok())
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -253,6 +280,7 @@ pub fn inspect(file: &File, size: u64, arch: Arch) -> Option<DsoInfo> {
         file,
         size,
         head: Vec::new(),
+        strings: RefCell::default(),
     };
     reader.head = reader.bytes(0, head_len)?;
     let h = &reader.head;
@@ -476,6 +504,7 @@ pub fn note(file: &File, size: u64, section: &str, owner: &str) -> Option<Vec<u8
         file,
         size,
         head: Vec::new(),
+        strings: RefCell::default(),
     };
     reader.head = reader.bytes(0, size.min(4096) as usize)?;
     let h = &reader.head;

@@ -540,3 +540,89 @@ fn host_ldconfig_fallback_matches_and_stays_inside() {
     let b = LdCache::parse(&fs::read(theirs.join("etc/ld.so.cache")).unwrap()).unwrap();
     assert_eq!(a.entries, b.entries);
 }
+
+/// The shared libraries of this machine's own Debian base (the packages a debian:bookworm image
+/// holds that ship libraries in `/usr/lib/x86_64-linux-gnu`), files and links as installed:
+/// real string tables, where the stubs above have one name each. `None` without dpkg.
+fn real_base_libraries(t: &Tree) -> Option<usize> {
+    let pkgs = [
+        "libc6",
+        "zlib1g",
+        "libzstd1",
+        "liblzma5",
+        "libbz2-1.0",
+        "libgcc-s1",
+        "libstdc++6",
+        "libacl1",
+        "libattr1",
+        "libselinux1",
+        "libpcre2-8-0",
+        "libcap2",
+        "libcrypt1",
+        "libgmp10",
+        "libtinfo6",
+        "libudev1",
+        "libsystemd0",
+        "libgcrypt20",
+        "libgpg-error0",
+        "liblz4-1",
+    ];
+    let out = std::process::Command::new("dpkg")
+        .arg("-L")
+        .args(pkgs)
+        .output()
+        .ok()?;
+    let mut n = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line
+            .strip_prefix("/usr/lib/x86_64-linux-gnu/")
+            .or_else(|| line.strip_prefix("/lib/x86_64-linux-gnu/"))
+        else {
+            continue;
+        };
+        if name.contains('/') || !name.contains(".so") {
+            continue;
+        }
+        let src = Path::new(line);
+        let dst = format!("{LIBDIR}/{name}");
+        if t.path(&dst).symlink_metadata().is_ok() {
+            continue;
+        }
+        match fs::read_link(src) {
+            Ok(target) => {
+                t.link(&dst, target.to_str().unwrap());
+            }
+            Err(_) if src.is_file() => {
+                fs::copy(src, t.path(&dst)).unwrap();
+                n += 1;
+            }
+            Err(_) => {}
+        }
+    }
+    (n > 0).then_some(n)
+}
+
+#[test]
+fn this_machines_own_libraries_with_and_without_cache() {
+    for with_cache in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        let Some(n) = real_base_libraries(&t) else {
+            eprintln!("skipped: no dpkg, no Debian base libraries to copy");
+            return;
+        };
+        assert!(n >= 20, "only {n} libraries copied");
+        if with_cache {
+            ldconfig_r(&image);
+        }
+        inject_driver(&t, LIBDIR, true);
+        compare(
+            work.path(),
+            &image,
+            &options(&[LIBDIR], false),
+            Resolver::Openat2,
+        );
+    }
+}
