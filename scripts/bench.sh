@@ -143,7 +143,7 @@ mkdir -p "$work/cdi" "$work/run"
 # Bundles on a tmpfs, as containerd, Docker and CRI-O keep them (/run/...): the file system
 # under the bundle is part of what create costs, and /run is tmpfs on their hosts. The DRA
 # driver's spec files go there too (figure 7): it writes them into /var/run/cdi.
-mount -t tmpfs -o size=256m,mode=0755 tmpfs "$work/run"
+mount -t tmpfs -o size=1g,mode=0755 tmpfs "$work/run"
 mounts+=("$work/run")
 
 config() { # FILE RUNTIME [SPEC-DIR CACHE-DIR EXTRA-LINE]
@@ -263,9 +263,9 @@ cp -a "$work/run/cdi" "$work/run/pod"
 # minbase variant and so the debian:bookworm image install), from this machine's own package
 # lists: merged /usr, directories and links as they are, files empty. Without dpkg, the
 # busybox rootfs stays.
-python3 - "$work/run/pod/rootfs" <<'IMAGE' || echo "bench: no Debian package lists: the pod's image is the busybox rootfs" >&2
+python3 - "$work/run/pod/rootfs" "$work/base-libs.txt" <<'IMAGE' || echo "bench: no Debian package lists: the pod's image is the busybox rootfs" >&2
 import os, re, shutil, subprocess, sys
-root = sys.argv[1]
+root, liblist = sys.argv[1:]
 installed, todo = {}, []
 for l in subprocess.check_output(["dpkg-query", "-W", "-f=${Package}\t${Priority}\t${Pre-Depends}, ${Depends}\n"], text=True).splitlines():
     name, prio, deps = l.split("\t")
@@ -283,6 +283,11 @@ while todo:
     for alts in installed[p]:
         todo.extend([a for a in alts if a in installed][:1])
 paths = subprocess.check_output(["dpkg", "-L"] + sorted(pkgs), text=True).splitlines()
+# The base's shared libraries, for the images of figures 4 and 9 (image_libs, below).
+with open(liblist, "w") as f:
+    for p in sorted(set(paths)):
+        if re.match(r"/(usr/)?lib/x86_64-linux-gnu/[^/]*\.so", p) and (os.path.islink(p) or os.path.isfile(p)):
+            f.write(p + "\n")
 # Built beside the busybox rootfs and swapped in whole at the end.
 final, root = root, root + ".debian"
 os.makedirs(root + "/usr")
@@ -334,10 +339,29 @@ grep -q '/dev/nvidia' "$work/run/full-edited/config.json" || { echo "bench: the 
 cp -a "$work/run/full-edited" "$work/run/full-edited2"
 # Its hook names the bundle nvshim-runtime edited (`fixups --bundle`): this copy's own.
 sed -i "s|\"$work/run/full-edited\"|\"$work/run/full-edited2\"|" "$work/run/full-edited2/config.json"
+# The images the hooks work on (figures 4 and 9) hold what a debian:bookworm image, and most
+# CUDA images built on one, hold in /usr/lib/x86_64-linux-gnu: the base's own shared libraries,
+# files and links as this machine has them (real ELF files: update-ldcache reads each library
+# of a folder it indexes), libc's ld.so.conf files and the ld.so.cache ldconfig wrote for them.
+# Without the package lists (no dpkg), the busybox rootfs and, for figure 4, a dozen stubs.
+image_libs() { # ROOTFS: returns 1 when there is no list
+    [ -s "$work/base-libs.txt" ] || return 1
+    local lib="$1/usr/lib/x86_64-linux-gnu" p
+    mkdir -p "$lib" "$1/etc/ld.so.conf.d"
+    while read -r p; do
+        [ -e "$lib/${p##*/}" ] || [ -L "$lib/${p##*/}" ] || cp -a "$p" "$lib/"
+    done < "$work/base-libs.txt"
+    cp /etc/ld.so.conf "$1/etc/"
+    for c in libc.conf x86_64-linux-gnu.conf; do
+        [ ! -f "/etc/ld.so.conf.d/$c" ] || cp "/etc/ld.so.conf.d/$c" "$1/etc/ld.so.conf.d/"
+    done
+    /sbin/ldconfig -r "$1"
+}
 # Figure 9: the same container's hooks, timed in place. runc runs each hook through
 # scripts/bench/hook-timer.c, which times it (`hooks`), or times /bin/true in its place
 # (`hooks-true`); every run starts from the image's pristine rootfs, a container's first start.
 cp -a "$work/run/full-edited/rootfs" "$work/run/rootfs-pristine"
+image_libs "$work/run/rootfs-pristine" || echo "bench: no Debian package lists: figure 9's image is the busybox rootfs" >&2
 for b in hooks hooks-true; do
     cp -a "$work/run/full-edited" "$work/run/$b"
     python3 - "$work/run/$b/config.json" "$bin/hook-timer" "$work/run/$b.times" "$b" <<'TIMED'
@@ -385,13 +409,15 @@ cp "$work/run/full.orig.json" "$work/run/full/config.json"
 rootfs="$work/run/hook/rootfs"
 mkdir -p "$rootfs/usr/lib/x86_64-linux-gnu" "$rootfs/etc"
 cp -a "$work/run/plain/rootfs/." "$rootfs/"
-echo 'int nvshim_stub(void) { return 0; }' > "$work/stub.c"
-for so in libc.so.6 libm.so.6 libz.so.1 libstdc++.so.6 libgcc_s.so.1 libssl.so.3 libcrypto.so.3 \
-          libffi.so.8 libexpat.so.1 libbz2.so.1.0 liblzma.so.5 libzstd.so.1; do
-    gcc -shared -fPIC -Wl,-soname,"$so" -o "$rootfs/usr/lib/x86_64-linux-gnu/$so.0.0" "$work/stub.c"
-    ln -s "$so.0.0" "$rootfs/usr/lib/x86_64-linux-gnu/$so"
-done
-/sbin/ldconfig -r "$rootfs"
+if ! image_libs "$rootfs"; then
+    echo 'int nvshim_stub(void) { return 0; }' > "$work/stub.c"
+    for so in libc.so.6 libm.so.6 libz.so.1 libstdc++.so.6 libgcc_s.so.1 libssl.so.3 libcrypto.so.3 \
+              libffi.so.8 libexpat.so.1 libbz2.so.1.0 liblzma.so.5 libzstd.so.1; do
+        gcc -shared -fPIC -Wl,-soname,"$so" -o "$rootfs/usr/lib/x86_64-linux-gnu/$so.0.0" "$work/stub.c"
+        ln -s "$so.0.0" "$rootfs/usr/lib/x86_64-linux-gnu/$so"
+    done
+    /sbin/ldconfig -r "$rootfs"
+fi
 cp "$rootfs/etc/ld.so.cache" "$work/run/hook/image-ld.so.cache"
 cp -a "$work/driverhost/usr/lib/x86_64-linux-gnu/." "$rootfs/usr/lib/x86_64-linux-gnu/"
 printf '{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"args":["sh"],"cwd":"/"}}\n' \
