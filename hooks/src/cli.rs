@@ -418,23 +418,34 @@ fn read_state(spec: Option<&str>, stdin: impl Read) -> Result<State, String> {
 
 /// Reads the state (see [`read_state`]) and opens the root.
 fn open_root(spec: Option<&str>, stdin: impl Read) -> Result<Root, String> {
-    let state = read_state(spec, stdin)?;
-    let root = state.container_root().map_err(|e| e.to_string())?;
-    Root::open(&root).map_err(|e| e.to_string())
+    open_container(spec, stdin).map(|(root, _)| root)
 }
 
-/// The container's root from the bundle's config.json, as [`State::container_root`] finds it
+/// The container's root, opened, and what config.json mounts in it (update-ldcache reads
+/// only the libraries mounted into a folder whose image cache it keeps).
+fn open_container(
+    spec: Option<&str>,
+    stdin: impl Read,
+) -> Result<(Root, Option<Vec<String>>), String> {
+    let state = read_state(spec, stdin)?;
+    opened(&state)
+}
+
+fn opened(state: &State) -> Result<(Root, Option<Vec<String>>), String> {
+    let c = state.container().map_err(|e| e.to_string())?;
+    Ok((Root::open(&c.root).map_err(|e| e.to_string())?, c.mounts))
+}
+
+/// The container's root from the bundle's config.json, as [`State::container`] finds it
 /// from a state naming that bundle (`fixups --bundle`).
-fn open_root_of_bundle(bundle: &Path) -> Result<Root, String> {
+fn open_bundle(bundle: &Path) -> Result<(Root, Option<Vec<String>>), String> {
     let dir = bundle
         .to_str()
         .ok_or_else(|| format!("--bundle {}: not UTF-8", bundle.display()))?;
-    let state = State {
+    opened(&State {
         bundle: dir.to_string(),
         ..State::default()
-    };
-    let root = state.container_root().map_err(|e| e.to_string())?;
-    Root::open(&root).map_err(|e| e.to_string())
+    })
 }
 
 /// Runs the hook: parses `args`, reads the state from `stdin`, reports on `err`. Returns the
@@ -491,9 +502,10 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
             if folders.is_empty() {
                 return 0;
             }
-            open_root(spec.as_deref(), stdin).and_then(|root| {
+            open_container(spec.as_deref(), stdin).and_then(|(root, mounts)| {
                 let mut opts = update_ldcache::Options::new(folders);
                 opts.ldconfig_path = ldconfig_path;
+                opts.mounted = mounts;
                 update_ldcache::run(&root, &opts)
                     .map(|r| r.warnings)
                     .map_err(|e| format!("update-ldcache: {e}"))
@@ -528,10 +540,10 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
             }))
         }
         Command::Fixups(f) => match &f.bundle {
-            Some(bundle) => open_root_of_bundle(bundle),
-            None => open_root(f.spec.as_deref(), stdin),
+            Some(bundle) => open_bundle(bundle),
+            None => open_container(f.spec.as_deref(), stdin),
         }
-        .and_then(|root| run_fixups(&root, &f)),
+        .and_then(|(root, mounts)| run_fixups(&root, &f, mounts)),
         Command::ApplyCudaMemoryLimits { options, spec } => read_state(spec.as_deref(), stdin)
             .and_then(|state| {
                 memory_limits::run(&state, &options, &memory_limits::HostPaths::default())
@@ -564,7 +576,7 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
 
 /// Runs `fixups` on the opened root; the warnings of the optional steps, or the first error of
 /// a required one.
-fn run_fixups(root: &Root, f: &Fixups) -> Result<Vec<String>, String> {
+fn run_fixups(root: &Root, f: &Fixups, mounts: Option<Vec<String>>) -> Result<Vec<String>, String> {
     let mut warnings = Vec::new();
     if !f.links.is_empty() {
         create_symlinks::run(root, &f.links).map_err(|e| format!("create-symlinks: {e}"))?;
@@ -579,6 +591,7 @@ fn run_fixups(root: &Root, f: &Fixups) -> Result<Vec<String>, String> {
     if !f.folders.is_empty() {
         let mut opts = update_ldcache::Options::new(f.folders.clone());
         opts.ldconfig_path = f.ldconfig_path.clone();
+        opts.mounted = mounts;
         let report =
             update_ldcache::run(root, &opts).map_err(|e| format!("update-ldcache: {e}"))?;
         warnings.extend(report.warnings);

@@ -18,7 +18,7 @@
 //! and links on the host, as root.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use thiserror::Error;
 
@@ -110,6 +110,8 @@ fn crossing(e: RootError, spec: &str) -> SymlinkError {
 pub fn run(root: &Root, links: &[Link]) -> Result<Report, SymlinkError> {
     let mut report = Report::default();
     let mut seen: Vec<&Link> = Vec::new();
+    // The directory of the link before: a driver's links share one.
+    let mut last: Option<(&str, OwnedFd)> = None;
     for l in links {
         if seen.contains(&l) {
             continue;
@@ -118,11 +120,20 @@ pub fn run(root: &Root, links: &[Link]) -> Result<Report, SymlinkError> {
         let spec = format!("{}::{}", l.target, l.link);
         let (parent, name) =
             root::split_parent(&l.link).ok_or_else(|| SymlinkError::NoName(spec.clone()))?;
-        let dir = match dev_relative(parent) {
-            Some(below) => dev_root(root)?.mkdir_all(below, 0o755, true),
-            None => root.mkdir_all(parent, 0o755, true),
+        if last.as_ref().is_some_and(|(p, _)| *p != parent) {
+            last = None;
         }
-        .map_err(|e| crossing(e, &spec))?;
+        let dir = match &mut last {
+            Some((_, dir)) => &*dir,
+            slot @ None => {
+                let dir = match dev_relative(parent) {
+                    Some(below) => dev_root(root)?.mkdir_all(below, 0o755, true),
+                    None => root.mkdir_all(parent, 0o755, true),
+                }
+                .map_err(|e| crossing(e, &spec))?;
+                &slot.insert((parent, dir)).1
+            }
+        };
         let display = root.display(&l.link);
         let current =
             root::symlink_target(dir.as_fd(), name).map_err(|source| SymlinkError::Link {

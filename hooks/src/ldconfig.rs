@@ -38,7 +38,7 @@
 //! side with the original; [`Config`] and [`Scanner`] carry the state ldconfig keeps in globals
 //! from configuration reading to the scan.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 
@@ -626,6 +626,43 @@ struct Local {
 }
 
 impl DirScan<'_> {
+    /// `only`, the links of the listing whose plain target is among them (to a fixpoint), the
+    /// links whose target has a `/`, and the names the listing could not type: what a scan
+    /// restricted to `only` must look at to find what ldconfig would find for those names.
+    /// Each link is read once (kept for [`Scanner::resolve`]).
+    fn leading_to(&mut self, only: &HashSet<String>) -> HashSet<Vec<u8>> {
+        let mut include: HashSet<Vec<u8>> = only.iter().map(|n| n.as_bytes().to_vec()).collect();
+        let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for (name, &kind) in &self.kinds {
+            match kind {
+                libc::DT_LNK => match root::readlinkat(self.fd, name.as_bytes()) {
+                    Ok(target) => {
+                        self.links.insert(name.clone(), target.clone());
+                        pending.push((name.as_bytes().to_vec(), target));
+                    }
+                    Err(_) => continue,
+                },
+                libc::DT_UNKNOWN => {
+                    include.insert(name.as_bytes().to_vec());
+                }
+                _ => {}
+            }
+        }
+        loop {
+            let before = include.len();
+            pending.retain(|(name, target)| {
+                let leads = target.contains(&b'/') || include.contains(target);
+                if leads {
+                    include.insert(name.clone());
+                }
+                !leads
+            });
+            if include.len() == before {
+                return include;
+            }
+        }
+    }
+
     /// Looks at `name`. A name the listing says is a regular file is opened at once, with
     /// `O_NOFOLLOW|O_NONBLOCK`, and read (it is a library candidate, and `fstat` on the open
     /// file is as cheap as `lstat`); anything else is only `lstat`ed, so that no FIFO or device
@@ -694,6 +731,15 @@ pub struct Scan {
     pub warnings: Vec<String>,
 }
 
+/// What [`Scanner::search_dir_only`] saw of a directory.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Every name listed.
+    pub names: HashSet<String>,
+    /// The names scanned: those asked for and the links leading to them.
+    pub looked_at: HashSet<Vec<u8>>,
+}
+
 /// Scans directories for libraries, as ldconfig's `search_dir`.
 pub struct Scanner<'a> {
     pub root: &'a Root,
@@ -715,16 +761,48 @@ impl Scanner<'_> {
     /// Scans `config.dirs[index]`. With `subdirs`, legacy hwcap subdirectories found are
     /// appended to `config.dirs` (ldconfig scans them after the configured ones).
     pub fn search_dir(&self, config: &mut Config, index: usize, subdirs: bool, scan: &mut Scan) {
+        self.search(config, index, subdirs, None, scan);
+    }
+
+    /// Scans only the names in `only` of `config.dirs[index]`, and the links that lead to
+    /// them (by plain names, to a fixpoint; a link whose target has a `/` is scanned too):
+    /// what update-ldcache rescans in a folder whose other entries it keeps from the image's
+    /// cache. `None` when the directory could not be read.
+    pub fn search_dir_only(
+        &self,
+        config: &mut Config,
+        index: usize,
+        only: &HashSet<String>,
+        scan: &mut Scan,
+    ) -> Option<Listing> {
+        self.search(config, index, false, Some(only), scan)
+    }
+
+    fn search(
+        &self,
+        config: &mut Config,
+        index: usize,
+        subdirs: bool,
+        only: Option<&HashSet<String>>,
+        scan: &mut Scan,
+    ) -> Option<Listing> {
         let dir = config.dirs[index].clone();
         let Ok(Some(fd)) = self.root.open_dir(&dir.path, false) else {
-            return;
+            return None;
         };
-        let (mut dlibs, created) =
-            self.scan_once(&dir, fd.as_fd(), config, subdirs, self.make_links, scan);
+        let (mut dlibs, created, listed) = self.scan_once(
+            &dir,
+            fd.as_fd(),
+            config,
+            subdirs,
+            self.make_links,
+            only,
+            scan,
+        );
         if created {
             // See the module documentation: index the links just made, in this run.
             dlibs = self
-                .scan_once(&dir, fd.as_fd(), config, false, false, scan)
+                .scan_once(&dir, fd.as_fd(), config, false, false, only, scan)
                 .0;
         }
         let hwcap = if dir.hwcaps.is_none() {
@@ -753,10 +831,13 @@ impl Scanner<'_> {
                 seq,
             ));
         }
+        listed
     }
 
-    /// One pass over a directory. Returns the libraries in insertion order and whether any
-    /// SONAME link was created.
+    /// One pass over a directory (over `only` and the links to it, when given). Returns the
+    /// libraries in insertion order, whether any SONAME link was created and, with `only`,
+    /// the names listed and looked at.
+    #[allow(clippy::too_many_arguments)]
     fn scan_once(
         &self,
         dir: &Dir,
@@ -764,14 +845,15 @@ impl Scanner<'_> {
         config: &mut Config,
         subdirs: bool,
         make_links: bool,
+        only: Option<&HashSet<String>>,
         scan: &mut Scan,
-    ) -> (Vec<Dlib>, bool) {
+    ) -> (Vec<Dlib>, bool, Option<Listing>) {
         let entries = match root::read_dir(fd) {
             Ok(e) => e,
             Err(e) => {
                 scan.warnings
                     .push(format!("{}: {e}", self.root.display(&dir.path)));
-                return (Vec::new(), false);
+                return (Vec::new(), false, None);
             }
         };
         let mut ctx = DirScan {
@@ -785,8 +867,12 @@ impl Scanner<'_> {
             links: HashMap::new(),
             seen: HashMap::new(),
         };
+        let include = only.map(|only| ctx.leading_to(only));
         let mut dlibs: Vec<Dlib> = Vec::new();
         for ent in entries {
+            if include.as_ref().is_some_and(|i| !i.contains(&ent.name[..])) {
+                continue;
+            }
             if !matches!(
                 ent.kind,
                 libc::DT_UNKNOWN | libc::DT_LNK | libc::DT_REG | libc::DT_DIR
@@ -906,7 +992,11 @@ impl Scanner<'_> {
                 }
             }
         }
-        (dlibs, created)
+        let listed = include.map(|looked_at| Listing {
+            names: ctx.kinds.into_keys().collect(),
+            looked_at,
+        });
+        (dlibs, created, listed)
     }
 
     /// Resolves a directory entry. Links whose targets are plain names are followed with
@@ -929,7 +1019,10 @@ impl Scanner<'_> {
         }
         let mut current = name.to_string();
         for _ in 0..MAX_LOCAL_LINKS {
-            let target = root::readlinkat(ctx.fd, current.as_bytes()).ok()?;
+            let target = match ctx.links.get(&current) {
+                Some(t) if current == name => t.clone(),
+                _ => root::readlinkat(ctx.fd, current.as_bytes()).ok()?,
+            };
             if current == name {
                 ctx.links.insert(name.to_string(), target.clone());
             }

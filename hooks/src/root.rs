@@ -302,6 +302,11 @@ impl Root {
         self.resolver.get()
     }
 
+    /// The device of the root directory (`st_dev`).
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+
     /// The root directory fd (`O_PATH`).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -803,9 +808,11 @@ pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
     }
 }
 
-/// A name for a temporary file next to `name`, unique to this process.
+/// A name for a temporary file next to `name`, unique to this process (whose id is asked
+/// once: a GPU container's fixups make ten links and more).
 fn temp_name(name: &str) -> String {
-    format!(".{name}.nvshim-{}", std::process::id())
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    format!(".{name}.nvshim-{}", PID.get_or_init(std::process::id))
 }
 
 /// Removes the entry `dir/name` (never a directory; a symlink itself, not its target). A

@@ -72,6 +72,23 @@ pub struct State {
 #[derive(Deserialize)]
 struct Config {
     root: Option<ConfigRoot>,
+    mounts: Option<Vec<ConfigMount>>,
+}
+
+#[derive(Deserialize)]
+struct ConfigMount {
+    #[serde(default)]
+    destination: String,
+}
+
+/// What a hook learns about the container from its state and config.json.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// The root filesystem on the host.
+    pub root: PathBuf,
+    /// Where config.json mounts something (`mounts[].destination`), container paths; `None`
+    /// when config.json could not be read (crun's state names the root without it).
+    pub mounts: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -144,32 +161,45 @@ impl State {
 
     /// The container's root filesystem on the host.
     pub fn container_root(&self) -> Result<PathBuf, StateError> {
-        let root = match self.root.as_deref().filter(|r| !r.is_empty()) {
-            Some(r) => PathBuf::from(r),
+        Ok(self.container()?.root)
+    }
+
+    /// The bundle's config.json, decoded as far as [`Config`] goes.
+    fn config(&self) -> Result<(PathBuf, Config), StateError> {
+        if self.bundle.is_empty() {
+            return Err(StateError::NoBundle {
+                from: format!("state of container {:?}", self.id),
+            });
+        }
+        let path = Path::new(&self.bundle).join("config.json");
+        let file = File::open(&path).map_err(|source| StateError::Config {
+            path: path.clone(),
+            source,
+        })?;
+        let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
+        let config = serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
+            path: path.clone(),
+            source,
+        })?;
+        Ok((path, config))
+    }
+
+    /// The container's root filesystem on the host, and what config.json mounts in it.
+    pub fn container(&self) -> Result<Container, StateError> {
+        let (root, mounts) = match self.root.as_deref().filter(|r| !r.is_empty()) {
+            // The mounts only help (update-ldcache): without them, nothing fails.
+            Some(r) => (
+                PathBuf::from(r),
+                self.config().ok().and_then(|(_, c)| c.mounts),
+            ),
             None => {
-                if self.bundle.is_empty() {
-                    return Err(StateError::NoBundle {
-                        from: format!("state of container {:?}", self.id),
-                    });
-                }
-                let bundle = Path::new(&self.bundle);
-                let path = bundle.join("config.json");
-                let file = File::open(&path).map_err(|source| StateError::Config {
-                    path: path.clone(),
-                    source,
-                })?;
-                let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
-                let config: Config =
-                    serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
-                        path: path.clone(),
-                        source,
-                    })?;
+                let (path, config) = self.config()?;
                 let rel = config
                     .root
                     .and_then(|r| r.path)
                     .filter(|p| !p.is_empty())
                     .ok_or(StateError::NoRootPath { path })?;
-                bundle.join(rel)
+                (Path::new(&self.bundle).join(rel), config.mounts)
             }
         };
         // NVIDIA refuses "" and "/": a hook must never treat the host root as the container's.
@@ -180,13 +210,54 @@ impl State {
         {
             return Err(StateError::BadRoot(root));
         }
-        Ok(root)
+        Ok(Container {
+            root,
+            mounts: mounts.map(|m| m.into_iter().map(|m| m.destination).collect()),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mounts_from_config_with_either_root() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"root":{"path":"rootfs"},"mounts":[{"destination":"/proc","type":"proc"},{"destination":"/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06","type":"bind","source":"/x"},{"type":"tmpfs"}]}"#,
+        )
+        .unwrap();
+        let bundle = dir.path().to_str().unwrap().to_string();
+        let want = Some(vec![
+            "/proc".to_string(),
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06".to_string(),
+            String::new(),
+        ]);
+        let state = State {
+            bundle: bundle.clone(),
+            ..State::default()
+        };
+        let c = state.container().unwrap();
+        assert_eq!(
+            (c.root, c.mounts),
+            (dir.path().join("rootfs"), want.clone())
+        );
+        // crun names the root: config.json is still read for its mounts, and not needed.
+        let state = State {
+            bundle,
+            root: Some("/run/crun/c1/rootfs".into()),
+            ..State::default()
+        };
+        assert_eq!(state.container().unwrap().mounts, want);
+        std::fs::remove_file(dir.path().join("config.json")).unwrap();
+        let c = state.container().unwrap();
+        assert_eq!(
+            (c.root, c.mounts),
+            (PathBuf::from("/run/crun/c1/rootfs"), None)
+        );
+    }
 
     #[test]
     fn root_from_bundle_config() {

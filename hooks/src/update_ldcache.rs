@@ -10,6 +10,17 @@
 //!   rescanned (so a stale entry of a scanned folder whose file is gone disappears, as ldconfig
 //!   would do). The rest of the image's libraries keep resolving exactly as before: the hook
 //!   never re-indexes the whole image (nvidia-container-toolkit#123, docs/field-notes.md §2.3).
+//!   When config.json's mounts are known ([`Options::mounted`]) and a folder is one the image's
+//!   own configuration names, on the root's file system (no mount over it or above it), the
+//!   image's ldconfig indexed its files: only the names mounted there and the links leading to
+//!   them (a SONAME or development link, made by create-symlinks or the image) are read, the
+//!   image's entries for the other names that are still there are kept, those whose name is
+//!   gone dropped. A driver's libraries go into `/usr/lib/x86_64-linux-gnu`, beside the 100 to
+//!   200 of a Debian or Ubuntu base image, every one of which ldconfig would open and read
+//!   (about six system calls each): on the bench's Debian 12 image, a GPU container's hooks
+//!   3.83 → 2.67 ms (docs/benchmarks.md). What it gives up, by design: a library of the image
+//!   changed after the image's ldconfig ran keeps the image's entry, where NVIDIA's hook (a
+//!   full `ldconfig`) would read it again;
 //!   The directories named by `/etc/ld.so.conf.d/00-compat-*.conf` (what `enable-cuda-compat`
 //!   writes just before this hook, nvshim's or NVIDIA's) are rescanned too: NVIDIA's hook
 //!   relies on a full ldconfig run to index them;
@@ -31,7 +42,7 @@
 //! is a symlink into a directory the runtime bind-mounted from the host (for example the
 //! writable `/tmp/nvidia-mps`) gets an error instead of files written on the host.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -41,7 +52,7 @@ use thiserror::Error;
 use crate::elf::Arch;
 use crate::fallback::{self, FallbackError};
 use crate::ldcache::{self, CacheEntry, LdCache, MAX_CACHE_LEN};
-use crate::ldconfig::{self, Scan, Scanner};
+use crate::ldconfig::{self, Listing, Scan, Scanner};
 use crate::root::{self, Root, RootError};
 
 /// The configuration file nvshim owns.
@@ -84,6 +95,10 @@ pub struct Options {
     pub system_dirs: Option<Vec<String>>,
     /// Use the host ldconfig even where the native writer works (tests of the fallback).
     pub force_fallback: bool,
+    /// What the runtime mounted into the container (config.json's mount destinations). With
+    /// them and the image's own cache, a folder is rescanned for the mounted libraries and the
+    /// links to them only (module documentation); `None` rescans every library in it.
+    pub mounted: Option<Vec<String>>,
 }
 
 impl Options {
@@ -95,6 +110,7 @@ impl Options {
             generator: format!("nvshim-hook {}", env!("CARGO_PKG_VERSION")),
             system_dirs: None,
             force_fallback: false,
+            mounted: None,
         }
     }
 }
@@ -348,18 +364,60 @@ fn glibc(
         Some(old) => {
             let mut scan = Scan::default();
             let mut scanned: BTreeSet<usize> = BTreeSet::new();
-            let compat = compat_dirs(root);
-            let ids = present.iter().map(|(_, dev, ino)| (*dev, *ino));
-            for (dev, ino) in ids.chain(compat) {
-                if let Some(i) = config.find(dev, ino) {
-                    if scanned.insert(i) {
-                        scanner.search_dir(&mut config, i, false, &mut scan);
+            // Folders rescanned for what was mounted in them only, with what they listed.
+            let mut kept: HashMap<usize, Listing> = HashMap::new();
+            let compat: Vec<usize> = compat_dirs(root)
+                .into_iter()
+                .filter_map(|(dev, ino)| config.find(dev, ino))
+                .collect();
+            let root_dev = root.dev();
+            for &(folder, dev, ino) in &present {
+                let Some(i) = config.find(dev, ino) else {
+                    continue;
+                };
+                if scanned.contains(&i) || kept.contains_key(&i) {
+                    continue;
+                }
+                // Only a folder the image's own configuration names was indexed by the
+                // image's ldconfig: one that 00-nvshim.conf adds is read whole.
+                let only = match &opts.mounted {
+                    Some(mounted)
+                        if dev == root_dev && !compat.contains(&i) && !new.contains(&folder) =>
+                    {
+                        let paths = [folder.as_str(), config.dirs[i].path.as_str()];
+                        mounted_names(root, mounted, (dev, ino), &paths)
                     }
+                    _ => None,
+                };
+                match only
+                    .and_then(|only| scanner.search_dir_only(&mut config, i, &only, &mut scan))
+                {
+                    Some(listing) => {
+                        kept.insert(i, listing);
+                    }
+                    None => {
+                        scanner.search_dir(&mut config, i, false, &mut scan);
+                        scanned.insert(i);
+                    }
+                }
+            }
+            for i in compat {
+                if !kept.contains_key(&i) && scanned.insert(i) {
+                    scanner.search_dir(&mut config, i, false, &mut scan);
                 }
             }
             let scanned_paths: BTreeSet<&str> = scanned
                 .iter()
                 .map(|&i| config.dirs[i].path.as_str())
+                .collect();
+            let kept_paths: HashMap<&str, &Listing> = kept
+                .iter()
+                .map(|(&i, l)| (config.dirs[i].path.as_str(), l))
+                .collect();
+            let rescanned: BTreeSet<&str> = scan
+                .entries
+                .iter()
+                .map(|(e, _, _)| e.path.as_str())
                 .collect();
             let rank: HashMap<&str, usize> = config
                 .dirs
@@ -370,9 +428,19 @@ fn glibc(
                 .collect();
             let mut all: Vec<(CacheEntry, usize, usize)> = Vec::new();
             for (seq, e) in old.cache_entries().into_iter().enumerate() {
-                let dir = e.path.rsplit_once('/').map_or("", |(d, _)| d);
+                let (dir, file) = e.path.rsplit_once('/').unwrap_or(("", ""));
                 if scanned_paths.contains(dir) {
                     continue;
+                }
+                // In a folder kept from the image's cache: the image's entry stays while its
+                // name is there and was not looked at again (then the rescan answers for it).
+                if let Some(l) = kept_paths.get(dir) {
+                    if !l.names.contains(file)
+                        || l.looked_at.contains(file.as_bytes())
+                        || rescanned.contains(e.path.as_str())
+                    {
+                        continue;
+                    }
                 }
                 if let Some(h) = &e.hwcaps {
                     hwcaps_names.insert(h.clone());
@@ -399,6 +467,55 @@ fn glibc(
         report.written.push(LD_SO_CACHE.into());
     }
     Ok(())
+}
+
+/// The names in the folder `id` (named `paths`) at which config.json's `mounted` destinations
+/// put something, compared by the identity of their parent directory; `None` when a mount
+/// covers the folder itself or a directory above it (its files are then not the image's).
+fn mounted_names(
+    root: &Root,
+    mounted: &[String],
+    id: (u64, u64),
+    paths: &[&str],
+) -> Option<HashSet<String>> {
+    let mut names = HashSet::new();
+    let mut parents: HashMap<&str, Option<(u64, u64)>> = HashMap::new();
+    for m in mounted {
+        let m = m.trim_end_matches('/');
+        let covers = |p: &&str| {
+            m.is_empty()
+                || p.strip_prefix(m)
+                    .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+        };
+        if paths.iter().any(covers) {
+            return None;
+        }
+        let Some((parent, name)) = m.rsplit_once('/') else {
+            continue;
+        };
+        let parent = if parent.is_empty() { "/" } else { parent };
+        if paths.contains(&parent) {
+            names.insert(name.to_string());
+            continue;
+        }
+        // A directory named otherwise may still be the folder (`/lib` and `/usr/lib` in a
+        // merged-/usr image): compared by identity, for library names only (the sockets,
+        // binaries and device nodes a GPU container mounts cost no look).
+        if !ldconfig::is_dso(name) {
+            continue;
+        }
+        let pid = *parents.entry(parent).or_insert_with(|| {
+            root.stat(parent)
+                .ok()
+                .flatten()
+                .filter(root::is_dir)
+                .map(|st| (st.st_dev, st.st_ino))
+        });
+        if pid == Some(id) && !name.is_empty() {
+            names.insert(name.to_string());
+        }
+    }
+    Some(names)
 }
 
 /// The directories (by identity) that `/etc/ld.so.conf.d/00-compat-*.conf` files name: CUDA

@@ -108,9 +108,57 @@ fn inject_driver(t: &Tree, dir: &str, links: bool) {
     }
 }
 
+/// The driver's files in `image` (named `*.so.580.65.06`), as container paths: what the
+/// runtime bind-mounts, and so what config.json's mounts name.
+fn driver_mounts(image: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut dirs = vec![image.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let ty = e.file_type().unwrap();
+            let name = e.file_name().into_string().unwrap();
+            if ty.is_dir() {
+                dirs.push(e.path());
+            } else if ty.is_file() && name.ends_with(".so.580.65.06") {
+                let rel = e
+                    .path()
+                    .strip_prefix(image)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.push(format!("/{rel}"));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// [`compare_one`] twice: rescanning every library of the folders (no mounts known), and
+/// with the driver's files named as config.json's mounts (the image's cache kept for the rest
+/// of the folders): both must give what ldconfig gives. Returns the first hook's root.
+fn compare(work: &Path, image: &Path, opts: &Options, resolver: Resolver) -> std::path::PathBuf {
+    let mut full = opts.clone();
+    full.mounted = None;
+    let ours = compare_one(&work.join("full"), image, &full, resolver);
+    let mut kept = opts.clone();
+    kept.mounted = Some(driver_mounts(image));
+    let ours_kept = compare_one(&work.join("kept"), image, &kept, resolver);
+    assert_eq!(symlinks(&ours), symlinks(&ours_kept));
+    ours
+}
+
 /// Runs the hook on a copy of `image` and the reference on another copy with the hook's
 /// configuration files, then compares caches and links. Returns the hook's root.
-fn compare(work: &Path, image: &Path, opts: &Options, resolver: Resolver) -> std::path::PathBuf {
+fn compare_one(
+    work: &Path,
+    image: &Path,
+    opts: &Options,
+    resolver: Resolver,
+) -> std::path::PathBuf {
+    fs::create_dir_all(work).unwrap();
     let ours = work.join("ours");
     let theirs = work.join("theirs");
     copy_tree(image, &ours);
@@ -624,5 +672,79 @@ fn this_machines_own_libraries_with_and_without_cache() {
             &options(&[LIBDIR], false),
             Resolver::Openat2,
         );
+    }
+}
+
+/// The kept-cache mode, where it differs from ldconfig by design: a library of the image is
+/// not read again, so one whose file changed after the image's ldconfig ran keeps the image's
+/// entry (a full rescan drops it), while one whose name is gone loses it, as with ldconfig.
+#[test]
+fn kept_cache_does_not_read_the_images_own_libraries() {
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    debian_image(&t);
+    ldconfig_r(&image);
+    inject_driver(&t, LIBDIR, true);
+    // After the image's cache was written: libz's file is no ELF any more (were it read, its
+    // entry would go), libxml2 is gone.
+    fs::write(
+        t.path(&format!("{LIBDIR}/libz.so.1.2.13")),
+        "not an ELF file",
+    )
+    .unwrap();
+    fs::remove_file(t.path(&format!("{LIBDIR}/libxml2.so.2.9.14"))).unwrap();
+    fs::remove_file(t.path(&format!("{LIBDIR}/libxml2.so.2"))).unwrap();
+    let mut opts = options(&[LIBDIR], false);
+    opts.mounted = Some(driver_mounts(&image));
+    let r = hook(&image, &opts, Resolver::Openat2);
+    let has = |cache: &LdCache, path: &str| cache.entries.iter().any(|e| e.path == path);
+    let libz = "/lib/x86_64-linux-gnu/libz.so.1";
+    let cache = LdCache::parse(&fs::read(image.join("etc/ld.so.cache")).unwrap()).unwrap();
+    assert!(has(&cache, libz), "{r:?}");
+    assert_eq!(cache.lookup("libxml2.so.2"), None);
+    assert_eq!(
+        cache.lookup("libnvidia-ml.so.1"),
+        Some("/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    );
+    assert_eq!(
+        cache.lookup("libcuda.so.1"),
+        Some("/usr/local/lib/libcuda.so.1")
+    );
+    // A full rescan reads libz and drops it.
+    opts.mounted = None;
+    hook(&image, &opts, Resolver::Openat2);
+    let cache = LdCache::parse(&fs::read(image.join("etc/ld.so.cache")).unwrap()).unwrap();
+    assert!(!has(&cache, libz));
+}
+
+/// A mount that covers the folder itself (or a directory above it) hides the image's files:
+/// every library there is read, as with no mounts known.
+#[test]
+fn a_mount_over_the_folder_rescans_all_of_it() {
+    for over in [LIBDIR, "/usr/lib", "/usr/lib/x86_64-linux-gnu/"] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        ldconfig_r(&image);
+        inject_driver(&t, LIBDIR, true);
+        fs::write(
+            t.path(&format!("{LIBDIR}/libz.so.1.2.13")),
+            "not an ELF file",
+        )
+        .unwrap();
+        let mut opts = options(&[LIBDIR], false);
+        let mut mounted = driver_mounts(&image);
+        mounted.push(over.to_string());
+        opts.mounted = Some(mounted);
+        hook(&image, &opts, Resolver::Openat2);
+        let cache = LdCache::parse(&fs::read(image.join("etc/ld.so.cache")).unwrap()).unwrap();
+        let libz = "/lib/x86_64-linux-gnu/libz.so.1";
+        assert!(
+            !cache.entries.iter().any(|e| e.path == libz),
+            "mount at {over}"
+        );
+        assert!(cache.lookup("libnvidia-ml.so.1").is_some());
     }
 }

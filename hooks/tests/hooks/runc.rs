@@ -246,6 +246,50 @@ fn existing_cache_entries_survive() {
     );
 }
 
+/// A glibc image whose library folder the driver's libcuda is mounted into, with the cache its
+/// ldconfig wrote: the hook reads config.json's mounts through the state runc gives it, reads
+/// the mounted library and the links to it, and keeps the image's own entries without reading
+/// its libraries (libz's file, garbled after the image's ldconfig ran, keeps its entry).
+#[test]
+fn image_cache_of_the_folder_kept_and_mounted_libcuda_added() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = new_bundle(work.path());
+    let t = Tree::new(bundle.rootfs().path());
+    t.file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+        .file(
+            "/etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+            &format!("{LIBDIR}\n"),
+        )
+        .lib(&format!("{LIBDIR}/libz.so.1.2.13"), "libz.so.1")
+        .link(&format!("{LIBDIR}/libz.so.1"), "libz.so.1.2.13")
+        .lib(&format!("{LIBDIR}/libbar.so.2.0"), "libbar.so.2")
+        .link(&format!("{LIBDIR}/libbar.so.2"), "libbar.so.2.0");
+    ldconfig_r(bundle.rootfs().path());
+    fs::write(
+        t.path(&format!("{LIBDIR}/libz.so.1.2.13")),
+        "not an ELF file",
+    )
+    .unwrap();
+    let out = run_container(&bundle, driver_hooks(true), &[]);
+    for (name, file) in [
+        ("libz.so.1", "libz.so.1"),
+        ("libbar.so.2", "libbar.so.2"),
+        ("libcuda.so.1", "libcuda.so.1"),
+        ("libcuda.so", "libcuda.so"),
+    ] {
+        assert!(
+            has(&out, name, &format!("{LIBDIR}/{file}")),
+            "{name}:\n{out}"
+        );
+    }
+    // The folder is the image's own: no configuration of nvshim's.
+    assert!(!bundle
+        .rootfs()
+        .path()
+        .join("etc/ld.so.conf.d/00-nvshim.conf")
+        .exists());
+}
+
 #[test]
 fn nvidiascape_image_cannot_preload_into_the_hook() {
     // CVE-2025-23266: a hook without `env` inherits the container's environment from runc, and
