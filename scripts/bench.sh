@@ -420,8 +420,16 @@ if ! image_libs "$rootfs"; then
 fi
 cp "$rootfs/etc/ld.so.cache" "$work/run/hook/image-ld.so.cache"
 cp -a "$work/driverhost/usr/lib/x86_64-linux-gnu/." "$rootfs/usr/lib/x86_64-linux-gnu/"
-printf '{"ociVersion":"1.0.2","root":{"path":"rootfs"},"process":{"args":["sh"],"cwd":"/"}}\n' \
-    > "$work/run/hook/config.json"
+# Its config.json names those files as the bind mounts that put them there.
+python3 - "$work/driverhost/usr/lib/x86_64-linux-gnu" "$work/run/hook/config.json" <<'MOUNTS'
+import json, os, sys
+lib, out = sys.argv[1:]
+mounts = [{"destination": "/usr/lib/x86_64-linux-gnu/" + n, "type": "bind", "source": os.path.join(lib, n),
+           "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}
+          for n in sorted(os.listdir(lib)) if os.path.isfile(os.path.join(lib, n)) and not os.path.islink(os.path.join(lib, n))]
+json.dump({"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["sh"], "cwd": "/"},
+           "mounts": mounts}, open(out, "w"))
+MOUNTS
 printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":"%s","annotations":{}}' \
     "$work/run/hook" > "$work/run/hook/state.json"
 cp -a "$rootfs" "$work/run/hook/rootfs-ldconfig"
