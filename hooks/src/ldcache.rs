@@ -23,7 +23,9 @@
 //! rely on.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashMapExt as _};
 
 use thiserror::Error;
 

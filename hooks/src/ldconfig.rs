@@ -38,7 +38,11 @@
 //! side with the original; [`Config`] and [`Scanner`] carry the state ldconfig keeps in globals
 //! from configuration reading to the scan.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+// foldhash (seeded per process) where std would use SipHash: the listings hashed here are a
+// library folder's hundred-odd names, a few lookups each.
+use foldhash::{HashMap, HashMapExt as _, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 
@@ -867,7 +871,7 @@ impl Scanner<'_> {
             links: HashMap::new(),
             seen: HashMap::new(),
         };
-        let include = only.map(|only| ctx.leading_to(only));
+        let include = only.map(|only| self.looked_at(dir, &mut ctx, only));
         let mut dlibs: Vec<Dlib> = Vec::new();
         for ent in entries {
             if include.as_ref().is_some_and(|i| !i.contains(&ent.name[..])) {
@@ -997,6 +1001,47 @@ impl Scanner<'_> {
             looked_at,
         });
         (dlibs, created, listed)
+    }
+
+    /// What a scan restricted to `only` must look at: `only`, and the names ldconfig files a
+    /// library of `only` under, its SONAME and a development name (`*.so`) the SONAME starts
+    /// with, so that no other link of the directory is read (a Debian image's folder has 50).
+    /// Where a library of `only` has no SONAME (ldconfig then files it under the name of each
+    /// link to it) or the listing could not type a name: every link leading to `only`
+    /// ([`DirScan::leading_to`]).
+    fn looked_at(&self, dir: &Dir, ctx: &mut DirScan, only: &HashSet<String>) -> HashSet<Vec<u8>> {
+        if ctx.kinds.values().any(|&k| k == libc::DT_UNKNOWN) {
+            return ctx.leading_to(only);
+        }
+        let mut sonames: Vec<String> = Vec::new();
+        for name in only {
+            let Some(&kind) = ctx.kinds.get(name) else {
+                continue;
+            };
+            let Some(target) = self.resolve(dir, ctx, name, file_type(kind)) else {
+                continue;
+            };
+            if !root::is_regular(&target.st) {
+                continue;
+            }
+            match self.inspect(ctx, &target) {
+                Some(elf::DsoInfo {
+                    soname: Some(soname),
+                    ..
+                }) => sonames.push(soname),
+                Some(_) => return ctx.leading_to(only),
+                None => {}
+            }
+        }
+        let mut include: HashSet<Vec<u8>> = only.iter().map(|n| n.as_bytes().to_vec()).collect();
+        for name in ctx.kinds.keys() {
+            let files_under =
+                |s: &String| s == name || (name.ends_with(".so") && s.starts_with(name.as_str()));
+            if sonames.iter().any(files_under) {
+                include.insert(name.as_bytes().to_vec());
+            }
+        }
+        include
     }
 
     /// Resolves a directory entry. Links whose targets are plain names are followed with

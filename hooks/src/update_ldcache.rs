@@ -42,7 +42,11 @@
 //! is a symlink into a directory the runtime bind-mounted from the host (for example the
 //! writable `/tmp/nvidia-mps`) gets an error instead of files written on the host.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
+
+// foldhash (seeded per process) where std would use SipHash: the listings hashed here are a
+// library folder's hundred-odd names, a few lookups each.
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use std::io;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
