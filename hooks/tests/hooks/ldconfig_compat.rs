@@ -748,3 +748,41 @@ fn a_mount_over_the_folder_rescans_all_of_it() {
         assert!(cache.lookup("libnvidia-ml.so.1").is_some());
     }
 }
+
+/// A mounted library without a SONAME: ldconfig files it under its own name and under the
+/// name of each link to it, so every link of the folder is followed; the result is still
+/// ldconfig's, in both modes.
+#[test]
+fn mounted_library_without_soname() {
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    debian_image(&t);
+    ldconfig_r(&image);
+    inject_driver(&t, LIBDIR, true);
+    let c = work.path().join("nosoname.c");
+    fs::write(&c, "int nvshim_nosoname(void) { return 0; }\n").unwrap();
+    let lib = t.path(&format!("{LIBDIR}/libnvidia-nosoname.so.580.65.06"));
+    let status = std::process::Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&c)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    t.link(
+        &format!("{LIBDIR}/libnvidia-nosoname.so.1"),
+        "libnvidia-nosoname.so.580.65.06",
+    );
+    let ours = compare(
+        work.path(),
+        &image,
+        &options(&[LIBDIR], false),
+        Resolver::Openat2,
+    );
+    let cache = LdCache::parse(&fs::read(ours.join("etc/ld.so.cache")).unwrap()).unwrap();
+    assert_eq!(
+        cache.lookup("libnvidia-nosoname.so.1"),
+        Some("/lib/x86_64-linux-gnu/libnvidia-nosoname.so.1")
+    );
+}
