@@ -135,6 +135,16 @@ pub fn run(root: &Root, links: &[Link]) -> Result<Report, SymlinkError> {
             }
         };
         let display = root.display(&l.link);
+        let made = root::create_symlink(dir.as_fd(), name, &l.target).map_err(|source| {
+            SymlinkError::Link {
+                path: display.clone(),
+                source,
+            }
+        })?;
+        if made {
+            report.created.push(l.link.clone());
+            continue;
+        }
         let current =
             root::symlink_target(dir.as_fd(), name).map_err(|source| SymlinkError::Link {
                 path: display.clone(),

@@ -190,11 +190,23 @@ pub fn system_dirs(root: &Root, arch: Arch) -> Vec<String> {
 /// Reads the configuration below `root` as ldconfig does: `conf` (normally `/etc/ld.so.conf`),
 /// then `system`. Lines read from `own_file` are marked in [`Config::named`].
 pub fn read_config(root: &Root, conf: &str, system: &[String], own_file: &str) -> Config {
+    read_config_from(root, conf, None, system, own_file)
+}
+
+/// [`read_config`] with `conf`'s content already read (`first`), as update-ldcache has it.
+pub fn read_config_from(
+    root: &Root,
+    conf: &str,
+    first: Option<&[u8]>,
+    system: &[String],
+    own_file: &str,
+) -> Config {
     let mut reader = ConfigReader {
         root,
         own_file,
         files: 0,
         config: Config::default(),
+        first,
     };
     reader.parse_conf(conf, 0);
     for dir in system {
@@ -208,6 +220,8 @@ struct ConfigReader<'a> {
     own_file: &'a str,
     files: usize,
     config: Config,
+    /// The top file's content, when the caller read it.
+    first: Option<&'a [u8]>,
 }
 
 /// C `isspace` in the C locale.
@@ -240,13 +254,20 @@ impl ConfigReader<'_> {
             return;
         }
         self.files += 1;
-        let data = match self.root.read_regular(filename, MAX_CONF_LEN) {
-            Ok(Some(data)) => data,
-            Ok(None) => return,
-            Err(e) => {
-                self.warn(format!("ignoring configuration file: {e}"));
-                return;
-            }
+        let read;
+        let data: &[u8] = match self.first.take().filter(|_| depth == 0) {
+            Some(first) => first,
+            None => match self.root.read_regular(filename, MAX_CONF_LEN) {
+                Ok(Some(data)) => {
+                    read = data;
+                    &read
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    self.warn(format!("ignoring configuration file: {e}"));
+                    return;
+                }
+            },
         };
         let own = filename == self.own_file;
         for raw in data.split(|&b| b == b'\n') {
@@ -337,7 +358,7 @@ impl ConfigReader<'_> {
         let Ok(Some(fd)) = self.root.open_dir(&hw, false) else {
             return;
         };
-        let Ok(entries) = root::read_dir(fd.as_fd()) else {
+        let Ok(entries) = root::read_dir_fresh(fd.as_fd()) else {
             return;
         };
         for e in entries {
@@ -400,7 +421,7 @@ pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
             let Ok(Some(fd)) = root.open_dir(&dir, false) else {
                 continue;
             };
-            let Ok(entries) = root::read_dir(fd.as_fd()) else {
+            let Ok(entries) = root::read_dir_fresh(fd.as_fd()) else {
                 continue;
             };
             for e in entries {
@@ -852,7 +873,13 @@ impl Scanner<'_> {
         only: Option<&HashSet<String>>,
         scan: &mut Scan,
     ) -> (Vec<Dlib>, bool, Option<Listing>) {
-        let entries = match root::read_dir(fd) {
+        // The first pass lists the directory just opened; the second starts it again.
+        let listing = if make_links {
+            root::read_dir_fresh(fd)
+        } else {
+            root::read_dir(fd)
+        };
+        let entries = match listing {
             Ok(e) => e,
             Err(e) => {
                 scan.warnings

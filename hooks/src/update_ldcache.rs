@@ -269,7 +269,8 @@ fn glibc(
         (None, Some(arch)) => ldconfig::system_dirs(root, arch),
         (None, None) => Vec::new(),
     };
-    let mut config = ldconfig::read_config(root, LD_SO_CONF, &system, OWN_CONF);
+    let conf = conf.as_deref().unwrap_or(DEFAULT_LD_SO_CONF.as_bytes());
+    let mut config = ldconfig::read_config_from(root, LD_SO_CONF, Some(conf), &system, OWN_CONF);
 
     // Folders that exist, with their identity; the rest are reported and skipped, as ldconfig
     // skips a configured directory it cannot stat.
@@ -300,7 +301,7 @@ fn glibc(
             root::replace_file(dir.as_fd(), "00-nvshim.conf", desired.as_bytes(), 0o644)
                 .map_err(|e| write_error(root, OWN_CONF, e))?;
             report.written.push(OWN_CONF.into());
-            config = ldconfig::read_config(root, LD_SO_CONF, &system, OWN_CONF);
+            config = ldconfig::read_config_from(root, LD_SO_CONF, Some(conf), &system, OWN_CONF);
         }
         // An ld.so.conf that does not include ld.so.conf.d: include our file first.
         let missing = new.iter().any(|f| {
