@@ -140,22 +140,7 @@ impl State {
 
     /// `process.env` of the bundle's config.json (empty when it has none).
     pub fn process_env(&self) -> Result<Vec<String>, StateError> {
-        if self.bundle.is_empty() {
-            return Err(StateError::NoBundle {
-                from: format!("state of container {:?}", self.id),
-            });
-        }
-        let path = Path::new(&self.bundle).join("config.json");
-        let file = File::open(&path).map_err(|source| StateError::Config {
-            path: path.clone(),
-            source,
-        })?;
-        let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
-        let config: ConfigProcess =
-            serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
-                path: path.clone(),
-                source,
-            })?;
+        let (_, config): (_, ConfigProcess) = self.config()?;
         Ok(config.process.map(|p| p.env).unwrap_or_default())
     }
 
@@ -164,8 +149,8 @@ impl State {
         Ok(self.container()?.root)
     }
 
-    /// The bundle's config.json, decoded as far as [`Config`] goes.
-    fn config(&self) -> Result<(PathBuf, Config), StateError> {
+    /// The bundle's config.json (its path, and its fields as far as `T` decodes them).
+    fn config<T: serde::de::DeserializeOwned>(&self) -> Result<(PathBuf, T), StateError> {
         if self.bundle.is_empty() {
             return Err(StateError::NoBundle {
                 from: format!("state of container {:?}", self.id),
@@ -190,10 +175,10 @@ impl State {
             // The mounts only help (update-ldcache): without them, nothing fails.
             Some(r) => (
                 PathBuf::from(r),
-                self.config().ok().and_then(|(_, c)| c.mounts),
+                self.config::<Config>().ok().and_then(|(_, c)| c.mounts),
             ),
             None => {
-                let (path, config) = self.config()?;
+                let (path, config): (_, Config) = self.config()?;
                 let rel = config
                     .root
                     .and_then(|r| r.path)

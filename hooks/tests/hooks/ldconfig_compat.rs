@@ -675,24 +675,30 @@ fn this_machines_own_libraries_with_and_without_cache() {
     }
 }
 
+/// The Debian image with its cache and the driver injected, and then libz's file made no ELF
+/// file (read again, its entry goes).
+fn image_with_libz_garbled(work: &Path) -> (std::path::PathBuf, Tree) {
+    let image = work.join("image");
+    let t = Tree::new(&image);
+    debian_image(&t);
+    ldconfig_r(&image);
+    inject_driver(&t, LIBDIR, true);
+    fs::write(
+        t.path(&format!("{LIBDIR}/libz.so.1.2.13")),
+        "not an ELF file",
+    )
+    .unwrap();
+    (image, t)
+}
+
 /// The kept-cache mode, where it differs from ldconfig by design: a library of the image is
 /// not read again, so one whose file changed after the image's ldconfig ran keeps the image's
 /// entry (a full rescan drops it), while one whose name is gone loses it, as with ldconfig.
 #[test]
 fn kept_cache_does_not_read_the_images_own_libraries() {
     let work = tempfile::tempdir().unwrap();
-    let image = work.path().join("image");
-    let t = Tree::new(&image);
-    debian_image(&t);
-    ldconfig_r(&image);
-    inject_driver(&t, LIBDIR, true);
-    // After the image's cache was written: libz's file is no ELF any more (were it read, its
-    // entry would go), libxml2 is gone.
-    fs::write(
-        t.path(&format!("{LIBDIR}/libz.so.1.2.13")),
-        "not an ELF file",
-    )
-    .unwrap();
+    let (image, t) = image_with_libz_garbled(work.path());
+    // libxml2 gone too.
     fs::remove_file(t.path(&format!("{LIBDIR}/libxml2.so.2.9.14"))).unwrap();
     fs::remove_file(t.path(&format!("{LIBDIR}/libxml2.so.2"))).unwrap();
     let mut opts = options(&[LIBDIR], false);
@@ -724,16 +730,7 @@ fn kept_cache_does_not_read_the_images_own_libraries() {
 fn a_mount_over_the_folder_rescans_all_of_it() {
     for over in [LIBDIR, "/usr/lib", "/usr/lib/x86_64-linux-gnu/"] {
         let work = tempfile::tempdir().unwrap();
-        let image = work.path().join("image");
-        let t = Tree::new(&image);
-        debian_image(&t);
-        ldconfig_r(&image);
-        inject_driver(&t, LIBDIR, true);
-        fs::write(
-            t.path(&format!("{LIBDIR}/libz.so.1.2.13")),
-            "not an ELF file",
-        )
-        .unwrap();
+        let (image, _) = image_with_libz_garbled(work.path());
         let mut opts = options(&[LIBDIR], false);
         let mut mounted = driver_mounts(&image);
         mounted.push(over.to_string());
