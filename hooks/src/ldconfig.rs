@@ -815,7 +815,7 @@ impl Scanner<'_> {
         let Ok(Some(fd)) = self.root.open_dir(&dir.path, false) else {
             return None;
         };
-        let (mut dlibs, created, listed) = self.scan_once(
+        let (mut dlibs, created, mut listed) = self.scan_once(
             &dir,
             fd.as_fd(),
             config,
@@ -826,9 +826,8 @@ impl Scanner<'_> {
         );
         if created {
             // See the module documentation: index the links just made, in this run.
-            dlibs = self
-                .scan_once(&dir, fd.as_fd(), config, false, false, only, scan)
-                .0;
+            let again = self.scan_once(&dir, fd.as_fd(), config, false, false, only, scan);
+            (dlibs, listed) = (again.0, again.2.or(listed));
         }
         let hwcap = if dir.hwcaps.is_none() {
             path_hwcap(self.arch, &dir.path)

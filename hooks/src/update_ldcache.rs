@@ -12,15 +12,15 @@
 //!   never re-indexes the whole image (nvidia-container-toolkit#123, docs/field-notes.md §2.3).
 //!   When config.json's mounts are known ([`Options::mounted`]) and a folder is one the image's
 //!   own configuration names, on the root's file system (no mount over it or above it), the
-//!   image's ldconfig indexed its files: only the names mounted there and the links leading to
-//!   them (a SONAME or development link, made by create-symlinks or the image) are read, the
-//!   image's entries for the other names that are still there are kept, those whose name is
-//!   gone dropped. A driver's libraries go into `/usr/lib/x86_64-linux-gnu`, beside the 100 to
-//!   200 of a Debian or Ubuntu base image, every one of which ldconfig would open and read
-//!   (about six system calls each): on the bench's Debian 12 image, a GPU container's hooks
-//!   3.83 → 2.67 ms (docs/benchmarks.md). What it gives up, by design: a library of the image
-//!   changed after the image's ldconfig ran keeps the image's entry, where NVIDIA's hook (a
-//!   full `ldconfig`) would read it again;
+//!   image's ldconfig indexed its files: only the names mounted there and the names ldconfig
+//!   files those libraries under (a SONAME or development link, made by create-symlinks or the
+//!   image; [`Scanner::search_dir_only`]) are read, the image's entries for the other names
+//!   that are still there are kept, those whose name is gone dropped. A driver's libraries go
+//!   into `/usr/lib/x86_64-linux-gnu`, beside the 100 to 200 of a Debian or Ubuntu base image,
+//!   every one of which ldconfig would open and read (about six system calls each): on the
+//!   bench's Debian 12 image, a GPU container's hooks 3.83 → 2.67 ms (docs/benchmarks.md).
+//!   What it gives up, by design: a library of the image changed after the image's ldconfig
+//!   ran keeps the image's entry, where NVIDIA's hook (a full `ldconfig`) would read it again;
 //!   The directories named by `/etc/ld.so.conf.d/00-compat-*.conf` (what `enable-cuda-compat`
 //!   writes just before this hook, nvshim's or NVIDIA's) are rescanned too: NVIDIA's hook
 //!   relies on a full ldconfig run to index them;
