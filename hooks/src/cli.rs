@@ -418,7 +418,9 @@ fn read_state(spec: Option<&str>, stdin: impl Read) -> Result<State, String> {
 
 /// Reads the state (see [`read_state`]) and opens the root.
 fn open_root(spec: Option<&str>, stdin: impl Read) -> Result<Root, String> {
-    open_container(spec, stdin).map(|(root, _)| root)
+    let state = read_state(spec, stdin)?;
+    let root = state.container_root().map_err(|e| e.to_string())?;
+    Root::open(&root).map_err(|e| e.to_string())
 }
 
 /// The container's root, opened, and what config.json mounts in it (update-ldcache reads

@@ -146,7 +146,7 @@ impl State {
 
     /// The container's root filesystem on the host.
     pub fn container_root(&self) -> Result<PathBuf, StateError> {
-        Ok(self.container()?.root)
+        Ok(self.locate(false)?.root)
     }
 
     /// The bundle's config.json (its path, and its fields as far as `T` decodes them).
@@ -171,11 +171,20 @@ impl State {
 
     /// The container's root filesystem on the host, and what config.json mounts in it.
     pub fn container(&self) -> Result<Container, StateError> {
+        self.locate(true)
+    }
+
+    /// The root, and the mounts when `mounts` is asked for: crun's state names the root, so
+    /// config.json is then read only for its mounts, and only by a hook that uses them.
+    fn locate(&self, mounts: bool) -> Result<Container, StateError> {
         let (root, mounts) = match self.root.as_deref().filter(|r| !r.is_empty()) {
             // The mounts only help (update-ldcache): without them, nothing fails.
             Some(r) => (
                 PathBuf::from(r),
-                self.config::<Config>().ok().and_then(|(_, c)| c.mounts),
+                mounts
+                    .then(|| self.config::<Config>().ok())
+                    .flatten()
+                    .and_then(|(_, c)| c.mounts),
             ),
             None => {
                 let (path, config): (_, Config) = self.config()?;
