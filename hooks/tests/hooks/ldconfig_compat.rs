@@ -13,7 +13,8 @@ use nvshim_hook::ldcache::LdCache;
 use nvshim_hook::root::{Resolver, Root};
 use nvshim_hook::update_ldcache::{self, Libc, Options, Report};
 use nvshim_testsupport::hook_harness::{
-    compat_json, compat_lib, copy_tree, fingerprint, ldconfig_r, symlinks, NoteBuild, Tree,
+    compat_json, compat_lib, compile_shared, copy_tree, fingerprint, ldconfig_r, symlinks,
+    NoteBuild, Tree,
 };
 use nvshim_testsupport::rootfs::LDCONFIG;
 
@@ -760,13 +761,7 @@ fn mounted_library_without_soname() {
     let c = work.path().join("nosoname.c");
     fs::write(&c, "int nvshim_nosoname(void) { return 0; }\n").unwrap();
     let lib = t.path(&format!("{LIBDIR}/libnvidia-nosoname.so.580.65.06"));
-    let status = std::process::Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&c)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    compile_shared(&c, &lib, &[]);
     t.link(
         &format!("{LIBDIR}/libnvidia-nosoname.so.1"),
         "libnvidia-nosoname.so.580.65.06",

@@ -68,13 +68,11 @@ pub fn stub(soname: &str) -> PathBuf {
             soname.replace('/', "%"),
             std::process::id()
         ));
-        let status = Command::new("gcc")
-            .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
-            .arg(&tmp)
-            .arg(stub_dir().join("stub.c"))
-            .status()
-            .expect("gcc runs");
-        assert!(status.success(), "gcc failed for {soname}");
+        compile_shared(
+            &stub_dir().join("stub.c"),
+            &tmp,
+            &[&format!("-Wl,-soname,{soname}")],
+        );
         fs::rename(&tmp, &out).unwrap();
     }
     out
@@ -406,14 +404,21 @@ pub fn preload_library(dir: &Path, marker: &Path) -> PathBuf {
     )
     .unwrap();
     let out = dir.join("preload.so");
-    let status = Command::new("gcc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    compile_shared(&src, &out, &[]);
     out
+}
+
+/// `gcc -shared -fPIC FLAGS -o out src`: a shared object for a test.
+pub fn compile_shared(src: &Path, out: &Path, flags: &[&str]) {
+    let status = Command::new("gcc")
+        .args(["-shared", "-fPIC"])
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc failed for {}", out.display());
 }
 
 /// How a test CUDA compat library carries its `.note.cuda.fwd_compatibility`.
