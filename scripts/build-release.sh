@@ -9,7 +9,7 @@
 #   glibc's static start-up alone costs about 0.3 ms more on a virtual machine (its CPU
 #   feature probe runs dozens of CPUID instructions, each trapped by the hypervisor; the two
 #   floors of figure 1), so the runtime is built for x86_64-unknown-linux-musl, with its own
-#   allocator and memcpy (src/arena.rs, src/memcpy.rs), the code a call runs placed first
+#   allocator and memcpy (hooks/src/arena.rs, hooks/src/memcpy.rs), the code a call runs placed first
 #   (scripts/link-hot-first.sh). Where that target cannot be installed
 #   (`rustup target add`), the runtime is linked static with glibc instead, and this script
 #   says so. The runtime never loads libnvidia-ml itself; the rare request that needs NVML

@@ -10,9 +10,7 @@
 //! and nothing but the binaries uses [`ops`] (`nvshim-runtime` never links the operator code).
 //! `tests/checks/layers.rs` checks it.
 //!
-//! - Model and edges: [`arena`] and [`memcpy`] (`nvshim-runtime`'s allocator and `memcpy` in
-//!   its musl build), [`atomic`] (the one
-//!   temp-file-and-rename write), [`config`], [`report`]
+//! - Model and edges: [`atomic`] (the one temp-file-and-rename write), [`config`], [`report`]
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`json`]
 //!   (JSON text as serde_json writes it, faster), [`bundle`] (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
@@ -25,7 +23,6 @@
 //! - [`ops`]: the operator tool (`nvshim`): CDI generate/refresh, explain, doctor, engine
 //!   configuration, node set-up.
 
-pub mod arena;
 pub mod atomic;
 pub mod bundle;
 pub mod cache;
@@ -38,7 +35,6 @@ pub mod install;
 pub mod json;
 pub mod legacy;
 pub mod logging;
-pub mod memcpy;
 pub mod memory_limits;
 pub mod nvidia;
 pub mod ops;

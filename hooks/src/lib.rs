@@ -8,8 +8,13 @@
 //! NVIDIA's other hooks, under its `nvidia-cdi-hook` name: [`enable_cuda_compat`],
 //! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`], and the
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
+//!
+//! Also the edges of `nvshim-runtime`'s musl build, [`arena`] (its allocator) and [`memcpy`]:
+//! here, in the library both short-lived binaries link, rather than in `nvshim`'s, so that
+//! either binary can install them.
 
 pub mod apply_cuda_memory_limits;
+pub mod arena;
 pub mod bytes;
 pub mod chmod;
 pub mod cli;
@@ -20,6 +25,7 @@ pub mod enable_cuda_compat;
 pub mod fallback;
 pub mod ldcache;
 pub mod ldconfig;
+pub mod memcpy;
 pub mod root;
 pub mod state;
 pub mod update_application_profile;

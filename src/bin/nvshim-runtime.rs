@@ -20,10 +20,10 @@
 #![no_main]
 
 /// The arena allocator in the musl build that ships: the shim does one bounded job and execs
-/// runc (src/arena.rs). A glibc build keeps glibc's allocator, which is fast enough there.
+/// runc (hooks/src/arena.rs). A glibc build keeps glibc's allocator, which is fast enough there.
 #[cfg(target_env = "musl")]
 #[global_allocator]
-static ALLOCATOR: nvshim::arena::Arena = nvshim::arena::Arena::new();
+static ALLOCATOR: nvshim_hook::arena::Arena = nvshim_hook::arena::Arena::new();
 
 use std::ffi::OsString;
 use std::os::raw::{c_char, c_int};

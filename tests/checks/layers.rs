@@ -14,8 +14,6 @@ use std::path::{Path, PathBuf};
 /// pipeline stage by stage, then the operator tool.
 const ORDER: &[&str] = &[
     // model and edges: depend on nothing but earlier ones
-    "arena",
-    "memcpy",
     "atomic",
     "cache",
     "config",

@@ -9,7 +9,7 @@
 //! interleaved: it maps and unmaps small groups and copies on every `realloc`). mimalloc,
 //! the maintained fast allocator at hand, costs more than it saves in a process this short:
 //! +0.05 ms on `state` and +0.14 to +0.49 ms on creates, with a peak RSS of 5 to 14 MiB (its
-//! start-up and per-thread heaps). With this arena (and src/memcpy.rs), against glibc's static
+//! start-up and per-thread heaps). With this arena (and hooks/src/memcpy.rs), against glibc's static
 //! build, 120 interleaved runs with the bundle on disk: `state` 0.30 ms faster, legacy, CDI
 //! and pod creates 0.31 to 0.32 ms, 1,000 spec files 0.25 ms; peak RSS 1.25 to 2.77 MiB against
 //! 1.74 to 2.86 MiB. MIG `all` was the exception, 0.15 to 0.2 ms slower: it touched more fresh
