@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmarks `nvshim-hook update-ldcache` as runc would run it on a container start.
 #
-# - Builds the hook as it ships: release, static-pie (-C target-feature=+crt-static).
+# - Builds the hook as it ships (scripts/build-release.sh: static-pie, for musl where the
+#   target is installed).
 # - Makes a Debian-like image rootfs with a few base libraries and its own ld.so.cache (made by
 #   the host's ldconfig), then "injects" ~40 stub driver libraries named like a real driver's
 #   (<name>.so.580.65.06, each with its real SONAME) into /usr/lib/x86_64-linux-gnu, with the
@@ -40,8 +41,8 @@ for tool in hyperfine gcc python3; do
 done
 [ -x /sbin/ldconfig ] || { echo "bench-hooks: /sbin/ldconfig is required" >&2; exit 1; }
 
-echo "== building nvshim-hook (release, static-pie)" >&2
-cargo rustc --quiet --release -p nvshim-hook --bin nvshim-hook -- -C target-feature=+crt-static
+echo "== building the release binaries (scripts/build-release.sh)" >&2
+scripts/build-release.sh --quiet
 hook="$PWD/target/release/nvshim-hook"
 file "$hook" | grep -q static || { echo "bench-hooks: $hook is not static" >&2; exit 1; }
 

@@ -3,7 +3,8 @@
 #
 # Builds the release binaries as they ship (scripts/build-release.sh: nvshim-runtime and
 # nvshim-hook static-pie, nvshim dynamic: it dlopens libnvidia-ml), plus nvshim-runtime
-# dynamically linked and linked static with glibc as reference rows, a simulated 8-GPU host, bundles on a tmpfs (engines keep
+# dynamically linked, and it and nvshim-hook linked static with glibc, as reference rows, a
+# simulated 8-GPU host, bundles on a tmpfs (engines keep
 # bundles under /run), and the floor: a static C program that only execs /bin/true
 # (scripts/bench/floor.c). Then times, side by side in one run, interleaved round by round
 # in a shuffled order (nvshim-bench, tests/support/src/bin/bench.rs), medians and interquartile
@@ -24,7 +25,8 @@
 #      nodes, from /proc, no NVML), and of one MIG device by UUID (NVML's answer, through the
 #      fake NVML, from cache-dir; and without cache-dir, the nvml-query helper every time);
 #   9. the hooks of figure 3's GPU container, timed in place as runc runs them
-#      (scripts/bench/hook-timer.c), in total and against /bin/true in their place;
+#      (scripts/bench/hook-timer.c), in total and against /bin/true in their place (and the
+#      hook's glibc static build, a reference);
 #   6. peak memory (GNU time %M) of each.
 # and prints one table: each figure, its baseline, the difference, the ratio, the goal.
 #
@@ -98,11 +100,14 @@ say() { echo "== $*" >&2; }
 # next build of the same binary with other flags relinks it in place.
 say "building release binaries (LTO; minutes on 2 cores)"
 # Reference only: nvshim-runtime dynamically linked, as plain `cargo build` makes it, and
-# linked static with glibc (what build-release.sh makes where the musl target is missing).
+# nvshim-runtime and nvshim-hook linked static with glibc (what build-release.sh makes where
+# the musl target is missing).
 cargo build --release --quiet -p nvshim --bin nvshim-runtime
 cp target/release/nvshim-runtime "$bin/nvshim-runtime-dynamic"
 cargo rustc --release --quiet -p nvshim --bin nvshim-runtime -- -C target-feature=+crt-static
 cp target/release/nvshim-runtime "$bin/nvshim-runtime-glibc"
+cargo rustc --release --quiet -p nvshim-hook --bin nvshim-hook -- -C target-feature=+crt-static
+cp target/release/nvshim-hook "$bin/nvshim-hook-glibc"
 scripts/build-release.sh --quiet
 cp target/release/nvshim target/release/nvshim-runtime target/release/nvshim-hook "$bin/"
 cargo build --release --quiet -p nvshim-testsupport --bins -p nvshim-fake-nvml
@@ -359,14 +364,15 @@ image_libs() { # ROOTFS: returns 1 when there is no list
 }
 # Figure 9: the same container's hooks, timed in place. runc runs each hook through
 # scripts/bench/hook-timer.c, which times it (`hooks`), or times /bin/true in its place
-# (`hooks-true`); every run starts from the image's pristine rootfs, a container's first start.
+# (`hooks-true`), or the glibc static build of the hook (`hooks-glibc`, a reference); every run
+# starts from the image's pristine rootfs, a container's first start.
 cp -a "$work/run/full-edited/rootfs" "$work/run/rootfs-pristine"
 image_libs "$work/run/rootfs-pristine" || echo "bench: no Debian package lists: figure 9's image is the busybox rootfs" >&2
-for b in hooks hooks-true; do
+for b in hooks hooks-true hooks-glibc; do
     cp -a "$work/run/full-edited" "$work/run/$b"
-    python3 - "$work/run/$b/config.json" "$bin/hook-timer" "$work/run/$b.times" "$b" <<'TIMED'
+    python3 - "$work/run/$b/config.json" "$bin/hook-timer" "$work/run/$b.times" "$b" "$bin" <<'TIMED'
 import json, os, sys
-path, timer, log, kind = sys.argv[1:]
+path, timer, log, kind, bin_dir = sys.argv[1:]
 spec = json.load(open(path))
 hooks = [h for stage in spec.get("hooks", {}).values() for h in stage]
 assert hooks, "the edited bundle has no hooks"
@@ -377,6 +383,8 @@ for h in hooks:
         run[run.index("--bundle") + 1] = os.path.dirname(path)
     if kind == "hooks-true":
         run = ["/bin/true", "true"]
+    elif kind == "hooks-glibc" and run[0] == os.path.join(bin_dir, "nvshim-hook"):
+        run[0] += "-glibc"
     h["path"], h["args"] = timer, [timer, log] + run
 json.dump(spec, open(path, "w"), indent=1)
 TIMED
@@ -488,7 +496,12 @@ cat > "$spec" <<EOF
   {"name":"hooks-true","no_mem":true,"measured_by":"$R/hooks-true.times",
    "steps":[["runc","--root","$R/s5","run","--bundle","$R/hooks-true","h2"]],
    "prepare":[["rm","-rf","$R/hooks-true/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-true/rootfs"]]},
+  {"name":"hooks-glibc","no_mem":true,"measured_by":"$R/hooks-glibc.times",
+   "steps":[["runc","--root","$R/s6","run","--bundle","$R/hooks-glibc","h3"]],
+   "prepare":[["rm","-rf","$R/hooks-glibc/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-glibc/rootfs"]]},
   {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
+   "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
+  {"name":"hook-glibc","steps":[["$bin/nvshim-hook-glibc","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
   {"name":"true-stdin","steps":[["/bin/true","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json"},
   {"name":"ldconfig","steps":[["/sbin/ldconfig","-r","$R/hook/rootfs-ldconfig"]],
@@ -526,6 +539,8 @@ cat > "$spec" <<EOF
   {"figure":"4. nvshim-hook update-ldcache (first start)","cmd":"hook","baseline":"true-stdin","goal_ms":1.0},
   {"figure":"9. a GPU container's hooks in place under runc, in total (first start)","cmd":"hooks","goal_ms":2.0},
   {"figure":"9. the same, against /bin/true run in their place","cmd":"hooks","baseline":"hooks-true"},
+  {"figure":"9. the same, the hook's glibc static build (reference: shipped before the musl build)","cmd":"hooks-glibc","baseline":"hooks-true"},
+  {"figure":"4. nvshim-hook update-ldcache, glibc static build (reference)","cmd":"hook-glibc","baseline":"true-stdin"},
   {"figure":"4. ldconfig -r ROOT (reference: what NVIDIA's hook runs)","cmd":"ldconfig","baseline":"true-stdin"},
   {"figure":"5. nvshim cdi generate, 8 GPUs, fake NVML","cmd":"cdi-generate","baseline":"true"},
   {"figure":"5. nvshim cdi list","cmd":"cdi-list","baseline":"true"},

@@ -269,11 +269,12 @@ pub fn enter_private_mount_ns() -> std::io::Result<()> {
     Ok(())
 }
 
-/// The hook binary as it ships: static-pie (`-C target-feature=+crt-static`), so the dynamic
-/// loader never runs and `LD_PRELOAD` cannot inject code. Built once per test process with
-/// `cargo rustc` into its own target directory under `target_tmpdir` (the calling test's
-/// `env!("CARGO_TARGET_TMPDIR")`): the flag applies to the final link only, and a separate
-/// directory keeps the cargo-built binary untouched.
+/// The hook binary static-pie, as it ships (`-C target-feature=+crt-static`: linked with glibc,
+/// as scripts/build-release.sh links it where the musl target is missing; the musl build is as
+/// static), so the dynamic loader never runs and `LD_PRELOAD` cannot inject code. Built once
+/// per test process with `cargo rustc` into its own target directory under `target_tmpdir`
+/// (the calling test's `env!("CARGO_TARGET_TMPDIR")`): the flag applies to the final link
+/// only, and a separate directory keeps the cargo-built binary untouched.
 pub fn static_hook(target_tmpdir: &str) -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
