@@ -9,9 +9,8 @@
 //! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`], and the
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 //!
-//! Also the edges of `nvshim-runtime`'s musl build, [`arena`] (its allocator) and [`memcpy`]:
-//! here, in the library both short-lived binaries link, rather than in `nvshim`'s, so that
-//! either binary can install them.
+//! Also the edges of the two binaries' musl builds, [`arena`] (their allocator), [`memcpy`] and
+//! [`memcmp`]: here, in the library both short-lived binaries link, rather than in `nvshim`'s.
 
 pub mod apply_cuda_memory_limits;
 pub mod arena;
@@ -25,6 +24,7 @@ pub mod enable_cuda_compat;
 pub mod fallback;
 pub mod ldcache;
 pub mod ldconfig;
+pub mod memcmp;
 pub mod memcpy;
 pub mod root;
 pub mod state;
