@@ -13,7 +13,8 @@
 //! and leaves musl's out (an archive member is only pulled for a symbol still undefined).
 //! Measured in paired runs (300 rounds, the bench's set-up): a GPU container's hooks in place
 //! 0.07 ms faster, `update-ldcache` 0.06 ms; nvshim-runtime's creates and `state` unchanged
-//! (within ±0.03 ms, 200 rounds): they compare fewer and shorter strings.
+//! (within ±0.03 ms, 200 rounds), as in the three earlier tries for the runtime alone, which
+//! were not kept for that (docs/benchmarks.md, the change table).
 //!
 //! The two are never inlined: defined in the one module fat LTO makes, a call of `memcmp` is
 //! an ordinary call to LLVM, and inlining it at every comparison made nvshim-runtime 125 KB
