@@ -18,11 +18,10 @@
 #   says so. The runtime never loads libnvidia-ml itself; the rare request that needs NVML
 #   asks the (dynamic) `nvshim` next to it.
 # Cargo has no per-package rustflags on stable, and a global crt-static would break proc-macros
-# and the fake NVML cdylib, hence `cargo rustc` for the hook.
+# and the fake NVML cdylib, hence `cargo rustc` for each binary of the glibc static build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace "$@"
-cargo rustc --release -p nvshim-hook --bin nvshim-hook "$@" -- -C target-feature=+crt-static
 musl=x86_64-unknown-linux-musl
 if [ "$(uname -m)" = x86_64 ] && command -v rustup >/dev/null \
     && { rustup target list --installed | grep -qx "$musl" || rustup target add "$musl"; }; then
@@ -38,6 +37,7 @@ if [ "$(uname -m)" = x86_64 ] && command -v rustup >/dev/null \
 else
   echo "build-release: the $musl target is not available: nvshim-runtime and nvshim-hook linked static with glibc (about 0.3 ms slower per call on a virtual machine)" >&2
   cargo rustc --release -p nvshim --bin nvshim-runtime "$@" -- -C target-feature=+crt-static
+  cargo rustc --release -p nvshim-hook --bin nvshim-hook "$@" -- -C target-feature=+crt-static
   libc_used=glibc
 fi
 for b in nvshim-hook nvshim-runtime; do
