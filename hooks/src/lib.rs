@@ -10,11 +10,13 @@
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 //!
 //! Also the edges of the two binaries' musl builds, [`arena`] (their allocator), [`memcpy`] and
-//! [`memcmp`]: here, in the library both short-lived binaries link, rather than in `nvshim`'s.
+//! [`memcmp`]: here, in the library both short-lived binaries link, rather than in `nvshim`'s;
+//! and [`cache`], the identity rule of the answers nvshim keeps between processes.
 
 pub mod apply_cuda_memory_limits;
 pub mod arena;
 pub mod bytes;
+pub mod cache;
 pub mod chmod;
 pub mod cli;
 pub mod create_symlinks;
