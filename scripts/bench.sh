@@ -70,9 +70,9 @@ cleanup() {
         done
     done
     if [ -n "$keep" ]; then
-        echo "bench: work dir kept: $work (tmpfs mounts there: umount ${mounts[*]} when done)" >&2
+        echo "bench: work dir kept: $work (tmpfs mounts there: umount -R ${mounts[*]} when done)" >&2
     else
-        for m in "${mounts[@]}"; do umount "$m" 2>/dev/null || true; done
+        for m in "${mounts[@]}"; do umount -R "$m" 2>/dev/null || true; done
         rm -rf "$work"
     fi
 }
@@ -427,7 +427,18 @@ if ! image_libs "$rootfs"; then
     /sbin/ldconfig -r "$rootfs"
 fi
 cp "$rootfs/etc/ld.so.cache" "$work/run/hook/image-ld.so.cache"
-cp -a "$work/driverhost/usr/lib/x86_64-linux-gnu/." "$rootfs/usr/lib/x86_64-linux-gnu/"
+# The driver's files bind-mounted from the fake host (its disk, another file system than the
+# bundles' tmpfs, as a host's is beside an image's), its links made as create-symlinks makes
+# them.
+for f in "$work/driverhost/usr/lib/x86_64-linux-gnu/"*; do
+    at="$rootfs/usr/lib/x86_64-linux-gnu/${f##*/}"
+    if [ -L "$f" ] || [ -d "$f" ]; then
+        cp -a "$f" "$at"
+    elif [ -f "$f" ]; then
+        : > "$at"
+        mount --bind "$f" "$at"
+    fi
+done
 # Its config.json names those files as the bind mounts that put them there.
 python3 - "$work/driverhost/usr/lib/x86_64-linux-gnu" "$work/run/hook/config.json" <<'MOUNTS'
 import json, os, sys
@@ -441,7 +452,11 @@ MOUNTS
 printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":"%s","annotations":{}}' \
     "$work/run/hook" > "$work/run/hook/state.json"
 cp -a "$rootfs" "$work/run/hook/rootfs-ldconfig"
-"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu < "$work/run/hook/state.json"
+# The cache dir nvshim-runtime would have made, where the hook keeps what it read of each
+# library (hooks/src/elf_facts.rs): on a node that ran a GPU container before, a container's
+# first start finds the driver's libraries there.
+mkdir -m 700 "$work/run/hook-cache"
+"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu --cache-dir "$work/run/hook-cache" < "$work/run/hook/state.json"
 # grep -c, not -q: it reads all of ldconfig's output, so pipefail never sees a SIGPIPE'd writer.
 /sbin/ldconfig -r "$rootfs" -p | grep -c 'libcuda.so.1 ' > /dev/null || { echo "bench: the hook did not index libcuda" >&2; exit 1; }
 
@@ -499,9 +514,9 @@ cat > "$spec" <<EOF
   {"name":"hooks-glibc","no_mem":true,"measured_by":"$R/hooks-glibc.times",
    "steps":[["runc","--root","$R/s6","run","--bundle","$R/hooks-glibc","h3"]],
    "prepare":[["rm","-rf","$R/hooks-glibc/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-glibc/rootfs"]]},
-  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
+  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu","--cache-dir","$R/hook-cache"]],"stdin":"$R/hook/state.json",
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
-  {"name":"hook-glibc","steps":[["$bin/nvshim-hook-glibc","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
+  {"name":"hook-glibc","steps":[["$bin/nvshim-hook-glibc","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu","--cache-dir","$R/hook-cache"]],"stdin":"$R/hook/state.json",
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
   {"name":"true-stdin","steps":[["/bin/true","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json"},
   {"name":"ldconfig","steps":[["/sbin/ldconfig","-r","$R/hook/rootfs-ldconfig"]],

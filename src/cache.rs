@@ -2,7 +2,8 @@
 //! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`; what the GPUs' `/proc` files
 //! say, `src/host/gpu_cache.rs`; NVML's answer, `src/host/nvml/cache.rs`; the driver's
 //! ld.so.cache entries, `src/host/ld_entries.rs`; the driver files of a legacy create,
-//! `src/legacy/files_cache.rs`), and the identity rule that makes an answer
+//! `src/legacy/files_cache.rs`; and the hook's, what update-ldcache read of each library,
+//! hooks/src/elf_facts.rs), and the identity rule that makes an answer
 //! from them safe: an entry is used only while a fresh `stat` of what it describes gives the
 //! same [`Key`], and only once that key's ctime is more than [`RACY_NS`] older than the moment
 //! it was read (git's "racily clean" rule). A cache file is written atomically, is private to
@@ -13,7 +14,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 // The identity rule and the trailer, in the library the hook links too (one home).
-pub use nvshim_hook::cache::{checksum, now_ns, seal, unseal, Key, RACY_NS};
+pub use nvshim_hook::cache::{checksum, now_ns, private, seal, unseal, Key, RACY_NS};
 
 /// Whether the kernel itself keeps `dir`'s times on its file system, so that a change of its
 /// entries shows in its key: local disk and memory file systems (and overlays of them), not
@@ -151,10 +152,9 @@ pub fn read_private(path: &Path, what: &str) -> Option<FileBytes> {
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    let owner_ok = meta.uid() == euid || meta.uid() == 0;
-    if !meta.is_file() || !owner_ok || meta.permissions().mode() & 0o022 != 0 {
+    if !private(meta.is_file(), meta.uid(), meta.permissions().mode()) {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
         tracing::warn!(
             "{what} {} is not a file owned by root or uid {euid} and writable only by its owner: not used (remove it)",
             path.display()

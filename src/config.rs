@@ -145,7 +145,7 @@ impl Default for Config {
             hook_path: None,
             mode: Mode::Auto,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
-            cache_dir: PathBuf::from("/run/nvshim"),
+            cache_dir: PathBuf::from(nvshim_hook::cache::DEFAULT_DIR),
             cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
             cdi_default_kind: "nvidia.com/gpu".into(),
             disable_require: false,

@@ -1,7 +1,8 @@
 //! The identity rule that makes an answer kept between processes safe, and the trailer that
 //! guards a kept file against damage: what nvshim-runtime's caches under `cache-dir` use
 //! (`src/cache.rs` in the `nvshim` crate, which re-exports these) and the hook's own
-//! (none yet). Here, in the library both binaries link, so that the rule has one home.
+//! ([`crate::elf_facts`]). Here, in the library both binaries link, so that the rule has one
+//! home.
 //!
 //! An entry is used only while a fresh `stat` of what it describes gives the same [`Key`], and
 //! only once that key's ctime is more than [`RACY_NS`] older than the moment it was read (git's
@@ -12,10 +13,23 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// nvshim's cache dir unless its config says otherwise (`cache-dir`): nvshim-runtime's
+/// caches, and the hook's [`crate::elf_facts`] where nvshim-runtime names no other.
+pub const DEFAULT_DIR: &str = "/run/nvshim";
+
 /// How much older than the read an entry's ctime must be to be trusted: file timestamps come
 /// from a clock that ticks every few milliseconds (and every second or two on some file
 /// systems), so 2 s covers every tick.
 pub const RACY_NS: i64 = 2_000_000_000;
+
+/// Whether a cache file (`is_file`: a regular file, not followed if a symlink) with this
+/// owner and mode can be trusted: owned by root or this user and writable by its owner only.
+/// Otherwise whoever could write it could choose the answers it gives.
+pub fn private(is_file: bool, uid: u32, mode: u32) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    is_file && (uid == 0 || uid == euid) && mode & 0o022 == 0
+}
 
 /// What identifies one version of a file or directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -682,6 +682,11 @@ fn explain_legacy_request_matches_what_create_does() {
         .map(|a| a.as_str().unwrap())
         .collect();
     assert_eq!(args[1], "fixups");
+    // The config's cache dir, not the hook's default: named to the hook.
+    let cache_dir = format!(
+        "--cache-dir={}",
+        w.config.parent().unwrap().join("cache").display()
+    );
     let flags: Vec<&str> = args
         .iter()
         .copied()
@@ -699,12 +704,14 @@ fn explain_legacy_request_matches_what_create_does() {
             "--host-driver-version",
             "--folder",
             "--disable-device-node-modification",
-            "--bundle"
+            "--bundle",
+            &cache_dir
         ],
         "{e:#}"
     );
     // The bundle, absolute, so the hook need not wait for the OCI state.
-    assert_eq!(args.last(), Some(&b.dir().to_str().unwrap()), "{e:#}");
+    let bundle = args.iter().position(|a| *a == "--bundle").unwrap();
+    assert_eq!(args[bundle + 1], b.dir().to_str().unwrap(), "{e:#}");
     assert_eq!(e["changesBundle"], true);
     let diff = e["diff"].as_str().unwrap();
     assert!(

@@ -13,8 +13,8 @@ use nvshim_hook::ldcache::LdCache;
 use nvshim_hook::root::{Resolver, Root};
 use nvshim_hook::update_ldcache::{self, Libc, Options, Report};
 use nvshim_testsupport::hook_harness::{
-    compat_json, compat_lib, compile_shared, copy_tree, fingerprint, ldconfig_r, symlinks,
-    NoteBuild, Tree,
+    bind_file, compat_json, compat_lib, compile_shared, copy_tree, enter_private_mount_ns,
+    fingerprint, ldconfig_r, mount_tmpfs, require_root, symlinks, NoteBuild, Tree,
 };
 use nvshim_testsupport::rootfs::LDCONFIG;
 
@@ -777,4 +777,90 @@ fn mounted_library_without_soname() {
         cache.lookup("libnvidia-nosoname.so.1"),
         Some("/lib/x86_64-linux-gnu/libnvidia-nosoname.so.1")
     );
+}
+
+/// What was read of each library, kept in a cache dir between starts
+/// (hooks/src/elf_facts.rs), for the driver's libraries bind-mounted from the host (here a
+/// tmpfs, another file system than the image's, as a host's is): a second start finds every
+/// one there (the file of facts is not written again, which any library read would do) and
+/// writes the same cache; a library written in place (the same inode, a new ctime) is read
+/// again, and the cache is ldconfig's. The image's own libraries are never kept.
+#[test]
+fn library_facts_kept_between_starts() {
+    use std::os::unix::fs::MetadataExt as _;
+    require_root();
+    std::thread::spawn(|| {
+        enter_private_mount_ns().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        ldconfig_r(&image);
+        let host_dir = work.path().join("host");
+        fs::create_dir(&host_dir).unwrap();
+        mount_tmpfs(&host_dir);
+        let host = Tree::new(&host_dir);
+        inject_driver(&host, LIBDIR, true);
+        // The runtime's bind mounts of the files, and the links create-symlinks makes.
+        for e in fs::read_dir(host.path(LIBDIR)).unwrap() {
+            let e = e.unwrap();
+            let at = t.path(&format!("{LIBDIR}/{}", e.file_name().to_str().unwrap()));
+            match fs::read_link(e.path()) {
+                Ok(target) => std::os::unix::fs::symlink(target, &at).unwrap(),
+                Err(_) => bind_file(&e.path(), &at),
+            }
+        }
+        let image_cache = fs::read(image.join("etc/ld.so.cache")).unwrap();
+        let cache_dir = work.path().join("cache");
+        fs::create_dir(&cache_dir).unwrap();
+        let mut opts = options(&[LIBDIR], false);
+        opts.mounted = Some(driver_mounts(&image));
+        opts.cache_dir = Some(cache_dir.clone());
+        let start = |opts: &Options| {
+            fs::write(image.join("etc/ld.so.cache"), &image_cache).unwrap();
+            hook(&image, opts, Resolver::Openat2);
+            fs::read(image.join("etc/ld.so.cache")).unwrap()
+        };
+        let facts = cache_dir.join("elf-facts-x86_64-linux-gnu");
+        // Files younger than 2 s are not kept (their ctime could still repeat).
+        let first = start(&opts);
+        assert!(!facts.exists());
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        assert_eq!(start(&opts), first);
+        let written = fs::metadata(&facts).unwrap();
+        // The five driver libraries, none of the image's (a full scan reads them all).
+        let mut full = opts.clone();
+        full.mounted = None;
+        start(&full);
+        assert_eq!(fs::metadata(&facts).unwrap().ino(), written.ino());
+        assert_eq!(start(&opts), first);
+        assert_eq!(
+            fs::metadata(&facts).unwrap().ino(),
+            written.ino(),
+            "a library was read"
+        );
+
+        // libnvidia-ml's file rewritten in place with another SONAME.
+        let ml = format!("{LIBDIR}/libnvidia-ml.so.580.65.06");
+        let other = Tree::new(&work.path().join("other"));
+        other.lib("/libnvidia-ml.so.580.65.06", "libnvidia-ml.so.7");
+        let ino = fs::metadata(host.path(&ml)).unwrap().ino();
+        let bytes = fs::read(other.path("/libnvidia-ml.so.580.65.06")).unwrap();
+        fs::write(host.path(&ml), bytes).unwrap();
+        assert_eq!(fs::metadata(t.path(&ml)).unwrap().ino(), ino);
+        let ours = start(&opts);
+        let cache = LdCache::parse(&ours).unwrap();
+        assert_eq!(
+            cache.lookup("libnvidia-ml.so.7"),
+            Some("/lib/x86_64-linux-gnu/libnvidia-ml.so.7")
+        );
+        let theirs = work.path().join("theirs");
+        copy_tree(&image, &theirs);
+        fs::write(theirs.join("etc/ld.so.cache"), &image_cache).unwrap();
+        ldconfig_r(&theirs);
+        let theirs = fs::read(theirs.join("etc/ld.so.cache")).unwrap();
+        assert_eq!(LdCache::parse(&theirs).unwrap().entries, cache.entries);
+    })
+    .join()
+    .unwrap();
 }

@@ -269,6 +269,21 @@ pub fn enter_private_mount_ns() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Mounts a new tmpfs on `dir` (in a mount namespace of the test's own,
+/// [`enter_private_mount_ns`]): a file system of its own, as a host's is beside an image's.
+pub fn mount_tmpfs(dir: &Path) {
+    let none = None::<&str>;
+    mount(Some("tmpfs"), dir, Some("tmpfs"), MsFlags::empty(), none).expect("tmpfs mounted");
+}
+
+/// Bind-mounts the file `source` onto `target` (made empty first), as a runtime mounts a
+/// host's library into a container.
+pub fn bind_file(source: &Path, target: &Path) {
+    fs::write(target, b"").unwrap();
+    let none = None::<&str>;
+    mount(Some(source), target, none, MsFlags::MS_BIND, none).expect("bind mount");
+}
+
 /// The hook binary static-pie, as it ships (`-C target-feature=+crt-static`: linked with glibc,
 /// as scripts/build-release.sh links it where the musl target is missing; the musl build is as
 /// static), so the dynamic loader never runs and `LD_PRELOAD` cannot inject code. Built once
