@@ -403,6 +403,62 @@ fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
     );
 }
 
+/// What update-ldcache read of the driver's libraries is kept in cache-dir once they are 2 s
+/// old (hooks/src/elf_facts.rs), where the container's root is on another file system than
+/// the host's files, as on a node (an overlay rootfs, the driver on the root disk): here each
+/// rootfs moved onto a tmpfs of its own. The next container finds them there (the file is not
+/// written again, which any library read would do), and its `ldconfig -p` lists the driver's
+/// libraries all the same.
+#[test]
+fn the_hooks_library_facts_kept_in_cache_dir() {
+    use nvshim_testsupport::hook_harness::{enter_private_mount_ns, mount_tmpfs};
+    use std::os::unix::fs::MetadataExt as _;
+    let w = World::new();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // The tmpfs mounts stay in this thread's mount namespace, runc's too.
+            enter_private_mount_ns().unwrap();
+            let run = |name: &str| {
+                let b = w.gpu_bundle(name, "0");
+                let rootfs = b.rootfs().path().to_path_buf();
+                let disk = rootfs.with_extension("disk");
+                fs::rename(&rootfs, &disk).unwrap();
+                fs::create_dir(&rootfs).unwrap();
+                mount_tmpfs(&rootfs);
+                let cp = Command::new("cp")
+                    .arg("-a")
+                    .arg(disk.join("."))
+                    .arg(&rootfs)
+                    .status()
+                    .unwrap();
+                assert!(cp.success());
+                let r = w.probe(&w.shim(), &b, false);
+                let mut p = r.gpu_problems(&w.host, &[w.gpu(0)]);
+                p.extend(r.ldcache_problems("libcuda.so.1"));
+                p.extend(r.ldcache_problems("libnvidia-ml.so.1"));
+                assert_no_problems(name, &p, &r);
+            };
+            run("first");
+            let (cache, kept) = w.cache_files("elf-facts-");
+            assert_eq!(
+                kept.len(),
+                1,
+                "no library facts kept in {}",
+                cache.display()
+            );
+            let file = cache.join(&kept[0]);
+            let ino = fs::metadata(&file).unwrap().ino();
+            run("second");
+            assert_eq!(
+                fs::metadata(&file).unwrap().ino(),
+                ino,
+                "a library was read again"
+            );
+        });
+    });
+}
+
 /// Twenty creates at once, the driver files in cache-dir from a create before (the host 2 s old,
 /// so every create may write them again), and a driver binary removed from the host meanwhile.
 /// Each
