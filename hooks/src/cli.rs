@@ -67,7 +67,7 @@ subcommands:
                                             of config.json as NVML limits of the cgroup
   fixups [--link T::L ...] [--host-driver-version V] [--folder DIR ...]
          [--disable-device-node-modification] [--update-application-profile]
-         [--bundle DIR]                     all of the above in one process, in that order;
+         [--bundle DIR] [--cache-dir DIR]   all of the above in one process, in that order;
                                             with --bundle, the container is found from
                                             DIR/config.json and the state is not read
 flags:
