@@ -33,10 +33,9 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use foldhash::{HashMap, HashMapExt as _};
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 
 use crate::cache::{self, Key, RACY_NS};
 use crate::elf::{Arch, DsoInfo};
@@ -128,7 +127,7 @@ impl Facts {
         let Some((dir, name)) = self.file.as_ref().filter(|_| !fresh.is_empty()) else {
             return;
         };
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         let entries: Vec<&Entry> = fresh
             .iter()
             .chain(self.kept.values())
@@ -151,13 +150,10 @@ fn read_private(path: &Path) -> Option<Vec<u8>> {
         .open(path)
         .ok()?;
     let st = root::fstat(file.as_fd()).ok()?;
-    let len = st.st_size as u64;
-    if !cache::private(root::is_regular(&st), st.st_uid, st.st_mode) || len > MAX_LEN {
+    if !cache::private(root::is_regular(&st), st.st_uid, st.st_mode) {
         return None;
     }
-    let mut bytes = vec![0u8; len as usize];
-    file.read_exact_at(&mut bytes, 0).ok()?;
-    Some(bytes)
+    root::read_bounded(&file, st.st_size as u64, MAX_LEN).ok()
 }
 
 fn encode(entries: &[&Entry]) -> Vec<u8> {

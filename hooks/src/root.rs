@@ -706,14 +706,14 @@ pub fn is_missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
 }
 
-enum ReadError {
+pub(crate) enum ReadError {
     Io(io::Error),
     TooLarge(u64),
 }
 
 /// Reads the first `size` bytes (the `fstat` size, already checked against `limit`) of a file:
 /// if it grows meanwhile, the rest is not read.
-fn read_bounded(file: &File, size: u64, limit: u64) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn read_bounded(file: &File, size: u64, limit: u64) -> Result<Vec<u8>, ReadError> {
     if size > limit {
         return Err(ReadError::TooLarge(size));
     }
