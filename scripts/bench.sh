@@ -27,8 +27,11 @@
 #   9. the hooks of figure 3's GPU container, timed in place as runc runs them
 #      (scripts/bench/hook-timer.c), in total and against /bin/true in their place (and the
 #      hook's glibc static build, a reference);
-#   6. peak memory (GNU time %M) of each.
-# and prints one table: each figure, its baseline, the difference, the ratio, the goal.
+#   6. peak memory (GNU time %M) of each;
+# and, for figures 1 and 7, the least a create costs under nvshim's rules without nvshim
+# (scripts/bench/least.c: config.json replaced atomically, every spec file stat'ed) against
+# the same floors: the part of a create's time that no implementation of the rules can save.
+# It prints one table: each figure, its baseline, the difference, the ratio, the goal.
 #
 # Usage: sudo scripts/bench.sh [--runs N] [--quick] [--keep] [--out DIR]
 #   --runs N   timed rounds (default 60; at least 30 for the published figures)
@@ -37,7 +40,8 @@
 #   --out DIR  where the results go (default target/bench): table.md, results.json, env.txt
 # Exit status: 0 when every goal holds, 3 when the table says some goal does not, 1 on error.
 # Needs: root (mknod, mount, runc), gcc, GNU time (/usr/bin/time), runc, ldconfig, python3;
-# musl-gcc (musl-tools) is used for a second, leaner floor when present.
+# musl-gcc (musl-tools) is used for a second, leaner floor when present, strace for the rows
+# that replay a create's system calls.
 set -euo pipefail
 # shellcheck source=scripts/lib/as-root.sh
 . "$(dirname "$0")/lib/as-root.sh"
@@ -51,7 +55,7 @@ while [ $# -gt 0 ]; do
         --quick) runs=10 warmup=2 mem_runs=2; shift ;;
         --keep) keep=1; shift ;;
         --out) out="$2"; shift 2 ;;
-        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 1 ;;
     esac
 done
@@ -121,6 +125,9 @@ gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor" scripts/bench/floor.c
 if command -v musl-gcc >/dev/null; then
     musl-gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/floor-musl" scripts/bench/floor.c
 fi
+# The least a create costs under nvshim's rules without nvshim (the bundle replaced atomically,
+# every spec file stat'ed): built as the floor is, so that they differ by those calls alone.
+gcc -O2 -static -DRUNTIME='"/bin/true"' -o "$bin/least" scripts/bench/least.c
 # Times hooks in place under runc (figure 9).
 gcc -O2 -static -o "$bin/hook-timer" scripts/bench/hook-timer.c
 
@@ -474,6 +481,22 @@ create_cmd() { # NAME BINARY BUNDLE-DIR CONFIG [MORE-ENV: ,"NAME":"VALUE"]
     printf '{"name":"%s","steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{"NVSHIM_CONFIG":"%s"%s}}' \
         "$1" "$2" "$st" "$3" "$3" "$3" "$4" "${5:-}"
 }
+least_cmd() { # NAME BUNDLE-DIR ENV ("NAME":"VALUE",...): scripts/bench/least.c in a create's place
+    printf '{"name":"%s","no_mem":true,"steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{%s}}' \
+        "$1" "$bin/least" "$st" "$2" "$2" "$2" "$3"
+}
+# nvshim-runtime's system calls for each GPU create of figures 1 and 8, replayed by least.c
+# without its computation (traced below, once the caches are filled): with strace only.
+replays="legacy:$R/legacy:$work/true.toml cdi:$R/cdi:$work/true.toml cdi-pod:$R/pod:$work/true.toml"
+replays="$replays docker:$R/docker:$work/true.toml mig-all:$R/migall:$work/mig.toml mig-uuid:$R/miguuid:$work/mig.toml"
+replay_cmds= replay_rows=
+if command -v strace >/dev/null; then
+    for r in $replays; do
+        IFS=: read -r name bundle _ <<< "$r"
+        replay_cmds="$replay_cmds,$(least_cmd "replay-$name" "$bundle" "\"LEAST_REPLAY\":\"$work/$name.replay\"")"
+        replay_rows="$replay_rows"',{"figure":"1. the system calls of create-'"$name"', replayed without nvshim (strace of one create, scripts/bench/replay.py; least.c), against the floor","cmd":"replay-'"$name"'","baseline":"floor"},{"figure":"1. create-'"$name"' against its system calls replayed: nvshim'"'"'s computation and larger binary","cmd":"create-'"$name"'","baseline":"replay-'"$name"'"}'
+    done
+fi
 cat > "$spec" <<EOF
 {"runs": $runs, "warmup": $warmup, "mem_runs": $mem_runs,
  "commands": [
@@ -528,7 +551,13 @@ cat > "$spec" <<EOF
   $(create_cmd create-cdi-500 "$bin/nvshim-runtime" "$R/cdi500" "$work/cdi-500-indexed.toml"),
   $(create_cmd create-cdi-1000 "$bin/nvshim-runtime" "$R/cdi1000" "$work/cdi-1000-indexed.toml"),
   $(create_cmd create-cdi-2-noindex "$bin/nvshim-runtime" "$R/cdi2" "$work/cdi-2.toml"),
-  $(create_cmd create-cdi-500-noindex "$bin/nvshim-runtime" "$R/cdi500" "$work/cdi-500.toml")
+  $(create_cmd create-cdi-500-noindex "$bin/nvshim-runtime" "$R/cdi500" "$work/cdi-500.toml"),
+  $(least_cmd least-rewrite "$R/legacy" '"LEAST_REWRITE":"1"'),
+  $(least_cmd least-rewrite-disk "$work/disk/legacy" '"LEAST_REWRITE":"1"'),
+  $(least_cmd least-stat-2 "$R/cdi2" "\"LEAST_REWRITE\":\"1\",\"LEAST_STAT_DIR\":\"$R/cdi-2\""),
+  $(least_cmd least-stat-500 "$R/cdi500" "\"LEAST_REWRITE\":\"1\",\"LEAST_STAT_DIR\":\"$R/cdi-500\""),
+  $(least_cmd least-stat-1000 "$R/cdi1000" "\"LEAST_REWRITE\":\"1\",\"LEAST_STAT_DIR\":\"$R/cdi-1000\"")
+  $replay_cmds
  ],
  "rows": [
   {"figure":"1. create, legacy request (2 of 8 GPUs)","cmd":"create-legacy","baseline":"floor","goal_ms":0.25},
@@ -544,6 +573,9 @@ cat > "$spec" <<EOF
   {"figure":"1. create, legacy, glibc static build (reference: shipped before the musl build)","cmd":"create-legacy-glibc","baseline":"floor"},
   {"figure":"1. create, CDI, glibc static build (reference)","cmd":"create-cdi-glibc","baseline":"floor"},
   {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},
+  {"figure":"1. the least of a create with GPUs, against the floor: config.json replaced atomically (read, a temporary file, fdatasync, rename), nothing else (scripts/bench/least.c)","cmd":"least-rewrite","baseline":"floor"},
+  {"figure":"1. the same least, bundle on ext4, against its floor","cmd":"least-rewrite-disk","baseline":"floor-disk"},
+  ${replay_rows#,}${replay_rows:+,}
   {"figure":"the floor itself (glibc static)","cmd":"floor","baseline":"true"}
   $musl_row,
   {"figure":"2. state (pass-through)","cmd":"state","baseline":"floor-state","goal_ms":0.1},
@@ -575,12 +607,26 @@ cat > "$spec" <<EOF
   {"figure":"7. create, CDI, 1,000 spec files, against 2","cmd":"create-cdi-1000","baseline":"create-cdi-2","goal_ms":0.25},
   {"figure":"7. create, CDI, 2 spec files, no index (cache-dir = \"\")","cmd":"create-cdi-2-noindex","baseline":"create-cdi-2"},
   {"figure":"7. create, CDI, 500 spec files, no index, against 2 with the index","cmd":"create-cdi-500-noindex","baseline":"create-cdi-2"},
+  {"figure":"7. the least 500 spec files cost against 2: each fstatat'ed (the index's identity rule) beside the atomic replace (least.c)","cmd":"least-stat-500","baseline":"least-stat-2"},
+  {"figure":"7. the least 1,000 spec files cost against 2 (least.c)","cmd":"least-stat-1000","baseline":"least-stat-2"},
   {"figure":"6. peak RSS: create, CDI, 1,000 spec files","cmd":"create-cdi-1000","metric":"rss","baseline":"true","goal_kib":3072}
  ]}
 EOF
 # Spec files written in the last 2 s are read again on every create until they age (the index's
 # racy-file rule, src/cdi/index.rs): let them age before timing.
 sleep 2
+# The replays' traces: each create once to fill nvshim's caches, then once under strace.
+if [ -n "$replay_cmds" ]; then
+    for r in $replays; do
+        IFS=: read -r name bundle config <<< "$r"
+        for trace in /dev/null "$work/$name.trace"; do
+            cp "$bundle.orig.json" "$bundle/config.json"
+            NVSHIM_CONFIG="$config" NVSHIM_FAKE_NVML_TOPOLOGY="$migtopo" \
+                strace -qq -o "$trace" "$bin/nvshim-runtime" --root "$st" create --bundle "$bundle" c1
+        done
+        python3 scripts/bench/replay.py "$work/$name.trace" > "$work/$name.replay"
+    done
+fi
 # The `create c1` calls leave no state (the runtime is /bin/true); `state`/`delete` go to
 # /bin/true as well, so no container is needed for them.
 {
