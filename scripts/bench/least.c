@@ -14,7 +14,8 @@
  *   LEAST_REPLAY=LIST   replay the system calls of one nvshim-runtime create, as
  *                       scripts/bench/replay.py lists them from `strace`: the same paths,
  *                       flags, descriptors and sizes, none of nvshim's computation. The list
- *                       is read whole first (an open, a read and a close more than nvshim).
+ *                       is read whole first (an open, a read and a close more than nvshim)
+ *                       and parsed in place.
  *
  * Then it execs the runtime with its own argv, as the floor does. Built static like the
  * floor (the same compiler), so that the difference between the two is these calls alone.
@@ -103,23 +104,22 @@ static char *next_field(char **p)
 
 static void replay(const char *list)
 {
+	/* Parsed in place, without malloc: the replay should cost its calls and little else. */
+	static char text[1 << 20];
 	static int fds[4096];
 	static struct { long from; void *to; size_t len; } maps[64];
 	int nmaps = 0, in = open(list, O_RDONLY | O_CLOEXEC);
-	ssize_t n = in < 0 ? -1 : read(in, io, sizeof(io) - 1);
-	char *text, *line, *save = NULL;
+	ssize_t n = in < 0 ? -1 : read(in, text, sizeof(text) - 1);
+	char *line, *save = NULL;
 	struct stat st;
 	struct statfs sf;
 
-	if (n < 0 || n == sizeof(io) - 1)
+	if (n < 0 || n == sizeof(text) - 1)
 		die("cannot read the list", list);
 	close(in);
-	text = malloc(n + 1);
-	memcpy(text, io, n);
 	text[n] = 0;
-	for (int i = 0; i < 4096; i++)
-		fds[i] = i;
-#define FD(x) ((x) < 0 ? (x) : fds[(x) % 4096])
+	/* fds[n] is the replay's descriptor for the trace's n, plus one; 0: the same number. */
+#define FD(x) ((x) < 0 || !fds[(x) % 4096] ? (int)(x) : fds[(x) % 4096] - 1)
 	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *p = line, *op = next_field(&p), *a = next_field(&p), *b = next_field(&p);
 		char *c = next_field(&p), *d = next_field(&p), *e = next_field(&p);
@@ -131,7 +131,7 @@ static void replay(const char *list)
 			if (want >= 0 && fd < 0)
 				die("open failed", b);
 			if (want >= 0)
-				fds[want % 4096] = fd;
+				fds[want % 4096] = fd + 1;
 		} else if (!strcmp(op, "read")) {
 			(void)!read(FD(x), io, y < (long)sizeof(io) ? y : (long)sizeof(io));
 		} else if (!strcmp(op, "pread64")) {
@@ -146,7 +146,8 @@ static void replay(const char *list)
 			fstatat(FD(x), b, &st, (int)z);
 		} else if (!strcmp(op, "close")) {
 			close(FD(x));
-			fds[x % 4096] = (int)x;
+			if (x >= 0)
+				fds[x % 4096] = 0;
 		} else if (!strcmp(op, "fdatasync")) {
 			fdatasync(FD(x));
 		} else if (!strcmp(op, "fsync")) {
@@ -202,7 +203,6 @@ static void replay(const char *list)
 			die("unknown call", op);
 		}
 	}
-	free(text);
 }
 
 int main(int argc, char **argv)
