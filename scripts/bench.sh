@@ -28,9 +28,10 @@
 #      (scripts/bench/hook-timer.c), in total and against /bin/true in their place (and the
 #      hook's glibc static build, a reference);
 #   6. peak memory (GNU time %M) of each;
-# and, for figures 1 and 7, the least a create costs under nvshim's rules without nvshim
-# (scripts/bench/least.c: config.json replaced atomically, every spec file stat'ed) against
-# the same floors: the part of a create's time that no implementation of the rules can save.
+# and, for figures 1, 7 and 8, the least a create costs under nvshim's rules without nvshim
+# (scripts/bench/least.c: config.json replaced atomically, every spec file stat'ed, each GPU
+# create's own system calls replayed) against the same floors: the part of a create's time
+# that no change to nvshim's computation can save.
 # It prints one table: each figure, its baseline, the difference, the ratio, the goal.
 #
 # Usage: sudo scripts/bench.sh [--runs N] [--quick] [--keep] [--out DIR]
@@ -55,7 +56,7 @@ while [ $# -gt 0 ]; do
         --quick) runs=10 warmup=2 mem_runs=2; shift ;;
         --keep) keep=1; shift ;;
         --out) out="$2"; shift 2 ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
         *) echo "bench: unknown argument $1" >&2; exit 1 ;;
     esac
 done
@@ -619,10 +620,11 @@ sleep 2
 if [ -n "$replay_cmds" ]; then
     for r in $replays; do
         IFS=: read -r name bundle config <<< "$r"
-        for trace in /dev/null "$work/$name.trace"; do
+        for tracer in "" "strace -qq -o $work/$name.trace"; do
             cp "$bundle.orig.json" "$bundle/config.json"
+            # shellcheck disable=SC2086 # $tracer: no command or strace and its arguments
             NVSHIM_CONFIG="$config" NVSHIM_FAKE_NVML_TOPOLOGY="$migtopo" \
-                strace -qq -o "$trace" "$bin/nvshim-runtime" --root "$st" create --bundle "$bundle" c1
+                $tracer "$bin/nvshim-runtime" --root "$st" create --bundle "$bundle" c1
         done
         python3 scripts/bench/replay.py "$work/$name.trace" > "$work/$name.replay"
     done

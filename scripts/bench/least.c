@@ -55,9 +55,10 @@ static void stat_all(const char *dir)
 	closedir(d);
 }
 
+static char io[1 << 20];
+
 static void rewrite(const char *bundle)
 {
-	static char buf[1 << 20];
 	char path[4096], tmp[4096];
 	ssize_t n;
 	int in, out;
@@ -65,9 +66,9 @@ static void rewrite(const char *bundle)
 	snprintf(path, sizeof(path), "%s/config.json", bundle);
 	snprintf(tmp, sizeof(tmp), "%s/.config.json.least-%d.tmp", bundle, (int)getpid());
 	in = open(path, O_RDONLY | O_CLOEXEC);
-	n = in < 0 ? -1 : read(in, buf, sizeof(buf));
+	n = in < 0 ? -1 : read(in, io, sizeof(io));
 	out = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (n < 0 || out < 0 || write(out, buf, n) != n || fdatasync(out) != 0 ||
+	if (n < 0 || out < 0 || write(out, io, n) != n || fdatasync(out) != 0 ||
 	    rename(tmp, path) != 0) {
 		perror(path);
 		exit(127);
@@ -75,8 +76,6 @@ static void rewrite(const char *bundle)
 	close(out);
 	close(in);
 }
-
-static char io[1 << 20];
 
 static void die(const char *what, const char *line)
 {
