@@ -478,13 +478,15 @@ if [ -x "$bin/floor-musl" ]; then
     musl_cmd=$(printf ',{"name":"floor-musl","steps":[["%s","--root","%s","create","--bundle","%s/legacy","c1"]],"prepare":[["cp","%s/legacy.orig.json","%s/legacy/config.json"]]}' "$bin/floor-musl" "$st" "$R" "$R" "$R")
     musl_row=',{"figure":"the floor, musl static build (reference)","cmd":"floor-musl","baseline":"true"},{"figure":"1. create, legacy, against the musl floor","cmd":"create-legacy","baseline":"floor-musl"},{"figure":"1. create, CDI, against the musl floor","cmd":"create-cdi","baseline":"floor-musl"}'
 fi
+bundle_cmd() { # NAME BINARY BUNDLE-DIR ENV ("NAME":"VALUE",...) [MORE-KEYS: ,"KEY":VALUE]
+    printf '{"name":"%s"%s,"steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{%s}}' \
+        "$1" "${5:-}" "$2" "$st" "$3" "$3" "$3" "$4"
+}
 create_cmd() { # NAME BINARY BUNDLE-DIR CONFIG [MORE-ENV: ,"NAME":"VALUE"]
-    printf '{"name":"%s","steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{"NVSHIM_CONFIG":"%s"%s}}' \
-        "$1" "$2" "$st" "$3" "$3" "$3" "$4" "${5:-}"
+    bundle_cmd "$1" "$2" "$3" "\"NVSHIM_CONFIG\":\"$4\"${5:-}"
 }
 least_cmd() { # NAME BUNDLE-DIR ENV ("NAME":"VALUE",...): scripts/bench/least.c in a create's place
-    printf '{"name":"%s","no_mem":true,"steps":[["%s","--root","%s","create","--bundle","%s","c1"]],"prepare":[["cp","%s.orig.json","%s/config.json"]],"env":{%s}}' \
-        "$1" "$bin/least" "$st" "$2" "$2" "$2" "$3"
+    bundle_cmd "$1" "$bin/least" "$2" "$3" ',"no_mem":true'
 }
 # nvshim-runtime's system calls for each GPU create of figures 1 and 8, replayed by least.c
 # without its computation (traced below, once the caches are filled): with strace only.

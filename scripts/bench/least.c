@@ -206,14 +206,13 @@ static void replay(const char *list)
 
 int main(int argc, char **argv)
 {
+	const char *list = getenv("LEAST_REPLAY");
 	const char *dir = getenv("LEAST_STAT_DIR");
 	const char *bundle = NULL;
 
 	for (int i = 1; i + 1 < argc; i++)
 		if (strcmp(argv[i], "--bundle") == 0)
 			bundle = argv[i + 1];
-	const char *list = getenv("LEAST_REPLAY");
-
 	if (list)
 		replay(list);
 	if (dir)
