@@ -38,7 +38,7 @@ pub enum CreateError {
     #[error("{path}: {source}")]
     MountIntoBindMount {
         path: PathBuf,
-        source: crate::rootfs::IntoBindMount,
+        source: crate::rootfs::MountCheckError,
     },
     #[error("the hook binary {hook} does not exist, so the container would die in runc with `fork/exec {hook}: no such file or directory`; install nvshim-hook there (`cargo build --release` builds it beside nvshim-runtime), or set hook-path in the nvshim config to where it is")]
     HookMissing { hook: String },

@@ -1262,6 +1262,72 @@ fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
     );
 }
 
+/// A pod's volume at the driver's library folder, at a folder above it, or at `/usr/bin` where
+/// the driver's binaries go (issue 38: runc made root-owned empty files in the volume's host
+/// directory, then the hook failed): refused at create naming the volume's destination and
+/// source and what to do, for a legacy request and for nvshim's own spec, with the bundle and
+/// the host directory untouched. A volume elsewhere is no business of nvshim's.
+#[test]
+fn a_volume_over_a_folder_nvshim_mounts_files_into_is_refused() {
+    let w = world();
+    w.generate();
+    let volume = w.tmp.path().join("pod-volume");
+    fs::create_dir_all(&volume).unwrap();
+    let with_volume = |name: &str, at: &str, env: &[(&str, &str)], cdi: bool| {
+        let b = w.probe_bundle(name, env);
+        let (at, source) = (at.to_string(), volume.to_string_lossy().into_owned());
+        b.edit(move |c| {
+            c["mounts"].as_array_mut().unwrap().push(json!({
+                "destination": at, "type": "bind", "source": source,
+                "options": ["rbind", "rw"],
+            }));
+            if cdi {
+                c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": "nvidia.com/gpu=0"});
+            }
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let source = volume.to_string_lossy().into_owned();
+    let gpu = [("NVIDIA_VISIBLE_DEVICES", "0")];
+    for (i, (at, cdi)) in [
+        (LIB_DIR, false),
+        ("/usr/lib", false),
+        ("/usr/bin", false),
+        (LIB_DIR, true),
+        ("/usr", true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let env: &[(&str, &str)] = if cdi { &[] } else { &gpu };
+        let b = with_volume(&format!("volume-{i}"), at, env, cdi);
+        assert_rejected(
+            &w,
+            &w.shim(),
+            &b,
+            &[
+                &format!("lies inside the volume mounted at {at} from {source}"),
+                "runc would create that on the host",
+                "mount the volume somewhere other than",
+            ],
+        );
+        assert_eq!(
+            fs::read_dir(&volume).unwrap().count(),
+            0,
+            "files were made in the volume's host directory ({at})"
+        );
+    }
+    let b = with_volume("volume-elsewhere", "/data", &gpu, false);
+    let r = w.run(&b);
+    assert_no_problems(
+        "a volume at /data",
+        &gpu_container_problems(&r, &w.host, &[w.gpu(0)]),
+        &r,
+    );
+}
+
 /// What the mount check learns of the specs' mount sources (which are directories) is kept in
 /// cache-dir once their directories are 2 s old (`src/rootfs/bind_sources.rs`). A source kept
 /// as a file that is then made a directory is seen as one: the red team's image above is
