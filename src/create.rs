@@ -400,8 +400,9 @@ fn apply_cdi(
             edits,
         })
         .collect();
-    // A spec nvshim generated runs nvshim's fix-ups hook: named the bundle, it need not wait
-    // for the OCI state (as for a legacy request).
+    // A spec nvshim generated runs nvshim's fix-ups hook: one process for all its devices,
+    // and named the bundle, it need not wait for the OCI state (as for a legacy request).
+    legacy::merge_fixups(&mut groups, &tools.hook);
     if let Some(bundle) = absolute_bundle(plan) {
         for hook in groups.iter_mut().flat_map(|g| &mut g.edits.hooks) {
             legacy::name_bundle(hook, &tools.hook, &bundle, &config.cache_dir);

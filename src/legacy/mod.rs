@@ -1074,6 +1074,74 @@ pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path, cache_dir: 
     }
 }
 
+/// Merges nvshim's fix-ups hooks (`hook_path ... fixups`, as [`container_hooks`] writes them)
+/// among `groups` into one: those that only make links (a generated spec's per-device hooks
+/// for the DRM `by-path` links) give their links to the first other one, so a container runs
+/// one hook process however many devices of nvshim's spec it gets, as a legacy request does.
+/// Hooks of another binary, subcommand, environment or timeout are left as they are.
+pub fn merge_fixups(groups: &mut [EditGroup], hook_path: &Path) {
+    let ours = |h: &Hook| {
+        h.hook_name == "createContainer"
+            && Path::new(&h.path) == hook_path
+            && h.args.get(1).map(String::as_str) == Some("fixups")
+    };
+    let links_only = |h: &Hook| {
+        let rest = &h.args[2..];
+        rest.len() % 2 == 0 && rest.chunks(2).all(|pair| pair[0] == "--link")
+    };
+    let hooks = || {
+        groups
+            .iter()
+            .flat_map(|g| &g.edits.hooks)
+            .filter(|h| ours(h))
+    };
+    // The hook that keeps the others' links: the first that does more than links, else the
+    // first.
+    let Some(keeper) = hooks()
+        .find(|h| !links_only(h))
+        .or_else(|| hooks().next())
+        .cloned()
+    else {
+        return;
+    };
+    let mergeable = |h: &Hook| {
+        ours(h)
+            && links_only(h)
+            && *h != keeper
+            && (&h.env, h.timeout) == (&keeper.env, keeper.timeout)
+    };
+    let mut links: Vec<String> = Vec::new();
+    for g in groups.iter_mut() {
+        g.edits.hooks.retain(|h| {
+            if !mergeable(h) {
+                return true;
+            }
+            for pair in h.args[2..].chunks(2) {
+                if !links.contains(&pair[1]) {
+                    links.push(pair[1].clone());
+                }
+            }
+            false
+        });
+    }
+    if links.is_empty() {
+        return;
+    }
+    let Some(kept) = groups
+        .iter_mut()
+        .flat_map(|g| &mut g.edits.hooks)
+        .find(|h| **h == keeper)
+    else {
+        return;
+    };
+    for l in links {
+        if !kept.args.windows(2).any(|w| w[0] == "--link" && w[1] == l) {
+            kept.args.push("--link".into());
+            kept.args.push(l);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1653,6 +1721,58 @@ mod tests {
             name_bundle(&mut other, ours, bundle, Path::new("/elsewhere"));
             assert_eq!(other, before);
         }
+    }
+
+    /// A generated spec's per-device link hooks join the spec's own fix-ups hook, in whichever
+    /// group it is; another binary's, another subcommand's and one with another environment
+    /// stay.
+    #[test]
+    fn link_only_fixups_hooks_merge_into_one() {
+        let ours = Path::new("/usr/bin/nvshim-hook");
+        let hook = |args: &[&str]| Hook {
+            hook_name: "createContainer".into(),
+            path: ours.to_string_lossy().into_owned(),
+            args: ["nvshim-hook", "fixups"]
+                .iter()
+                .chain(args)
+                .map(|a| a.to_string())
+                .collect(),
+            env: Some(vec![HOOK_ENV.to_string()]),
+            timeout: None,
+        };
+        let group = |hooks: Vec<Hook>| EditGroup {
+            cause: Cause::Driver,
+            edits: ContainerEdits {
+                hooks,
+                ..Default::default()
+            },
+        };
+        let card1 = ["--link", "../card1::/dev/dri/by-path/pci-a-card"];
+        let card2 = ["--link", "../card2::/dev/dri/by-path/pci-b-card"];
+        let global = hook(&["--link", "libcuda.so.1::/l/libcuda.so", "--folder", "/l"]);
+        let mut other_env = hook(&card2);
+        other_env.env = None;
+        let nvidia = Hook {
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            ..hook(&card2)
+        };
+        let mut groups = vec![
+            group(vec![hook(&card1)]),
+            group(vec![hook(&card2), nvidia.clone()]),
+            group(vec![global.clone(), hook(&card1)]),
+            group(vec![other_env.clone()]),
+        ];
+        merge_fixups(&mut groups, ours);
+        let mut want = global.clone();
+        want.args
+            .extend(card1.iter().chain(&card2).map(|a| a.to_string()));
+        let hooks: Vec<&Hook> = groups.iter().flat_map(|g| &g.edits.hooks).collect();
+        assert_eq!(hooks, [&nvidia, &want, &other_env]);
+        // Link hooks alone: the first keeps them all.
+        let mut groups = vec![group(vec![hook(&card1)]), group(vec![hook(&card2)])];
+        merge_fixups(&mut groups, ours);
+        let hooks: Vec<&Hook> = groups.iter().flat_map(|g| &g.edits.hooks).collect();
+        assert_eq!(hooks, [&hook(&[card1, card2].concat())]);
     }
 
     #[test]
