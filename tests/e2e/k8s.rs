@@ -916,6 +916,245 @@ fn mig_answers_are_cached_until_an_instance_is_recreated() {
     serves(&with_nvml, "recreated", &new_uuid);
 }
 
+/// The DRM card and render nodes of `gpu` on the simulated host, found as udev links them:
+/// (container path, major, minor, group).
+fn drm_nodes(w: &World, gpu: &FakeGpu) -> Vec<(String, u32, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let dri = w.host.dev_root().join("dev/dri");
+    ["card", "render"]
+        .iter()
+        .map(|kind| {
+            let link = dri.join(format!("by-path/pci-{}-{kind}", gpu.bus_id));
+            let target = fs::read_link(&link).unwrap();
+            let name = target.file_name().unwrap().to_string_lossy().into_owned();
+            let meta = fs::metadata(dri.join(&name)).unwrap();
+            let rdev = meta.rdev();
+            (
+                format!("/dev/dri/{name}"),
+                nix::sys::stat::major(rdev) as u32,
+                nix::sys::stat::minor(rdev) as u32,
+                meta.gid(),
+            )
+        })
+        .collect()
+}
+
+/// Every GPU's DRM nodes, to mknod in the container and open.
+fn every_drm_node(w: &World) -> Vec<(u32, u32)> {
+    w.host
+        .gpus()
+        .iter()
+        .flat_map(|g| drm_nodes(w, g))
+        .map(|(_, major, minor, _)| (major, minor))
+        .collect()
+}
+
+/// Exactly the DRM nodes of the GPUs in `whole` are in the container, with their `by-path`
+/// links and groups, and open (a node mknod'ed with their numbers is not refused); every other
+/// GPU's are not there and a node mknod'ed with their numbers is refused (`EPERM`).
+fn drm_problems(w: &World, r: &ProbeReport, whole: &[&FakeGpu]) -> Vec<String> {
+    let mut p = Vec::new();
+    let mut groups_wanted = Vec::new();
+    let mut groups_other = Vec::new();
+    for g in w.host.gpus() {
+        let want = whole.iter().any(|x| x.minor == g.minor);
+        for (path, major, minor, gid) in drm_nodes(w, g) {
+            let opened = r.mknod.get(&(major, minor)).map(String::as_str);
+            let kind = if path.contains("render") {
+                "render"
+            } else {
+                "card"
+            };
+            let link = format!("/dev/dri/by-path/pci-{}-{kind}", g.bus_id);
+            if want {
+                groups_wanted.push(gid);
+                if !r.dri.contains_key(&path) {
+                    p.push(format!("{path} of GPU {} missing", g.bus_id));
+                }
+                if matches!(opened, None | Some("EPERM")) {
+                    p.push(format!("{path} ({major}:{minor}) refused: {opened:?}"));
+                }
+                if !r.links.contains_key(&link) {
+                    p.push(format!("{link} missing"));
+                }
+            } else {
+                groups_other.push(gid);
+                if r.dri.contains_key(&path) {
+                    p.push(format!("{path} of GPU {} is in the container", g.bus_id));
+                }
+                if opened != Some("EPERM") {
+                    p.push(format!(
+                        "{path} ({major}:{minor}) of GPU {} gave {opened:?}, expected EPERM",
+                        g.bus_id
+                    ));
+                }
+                if r.links.contains_key(&link) {
+                    p.push(format!("{link} is in the container"));
+                }
+            }
+        }
+    }
+    for gid in &groups_wanted {
+        if *gid != 0 && !r.groups.contains(gid) {
+            p.push(format!("group {gid} not among {:?}", r.groups));
+        }
+    }
+    for gid in groups_other {
+        if gid != 0 && !groups_wanted.contains(&gid) && r.groups.contains(&gid) {
+            p.push(format!(
+                "group {gid} of a DRM node not given is among {:?}",
+                r.groups
+            ));
+        }
+    }
+    p
+}
+
+/// A MIG device gets no DRM node of its GPU, whatever the capabilities and however it is
+/// named (issue 38: a legacy request for a slice got the whole GPU's render node); a whole GPU
+/// asked for beside it still gets its own, and `all` serves a MIG-enabled GPU through its MIG
+/// devices, as the `all` device of `nvshim cdi generate` does.
+#[test]
+fn mig_devices_get_no_drm_nodes_of_their_gpu() {
+    let (w, topology, topo_file) = mig_world();
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
+    let (parent, other) = (w.gpu(0), w.gpu(1));
+    let mig_uuid = topology.gpus[0].mig_devices[0].uuid.clone();
+    let mig_path = format!("MIG-{}/2/0", parent.uuid);
+    let cases: Vec<(&str, &str, Vec<&FakeGpu>, Vec<&FakeGpu>)> = vec![
+        ("0:1", "graphics", vec![parent], vec![]),
+        (&mig_uuid, "display", vec![parent], vec![]),
+        (&mig_path, "all", vec![parent], vec![]),
+        ("0:0", "utility,graphics,display", vec![parent], vec![]),
+        ("1,0:0", "graphics", vec![parent, other], vec![other]),
+        ("0:1,0", "all", vec![parent], vec![parent]),
+        ("all", "graphics", vec![parent, other], vec![other]),
+    ];
+    for (i, (id, caps, gpus, whole)) in cases.into_iter().enumerate() {
+        let b = mknod_bundle(&w, &format!("drm-{i}"), &every_drm_node(&w));
+        b.set_env("NVIDIA_VISIBLE_DEVICES", id).unwrap();
+        b.set_env("NVIDIA_DRIVER_CAPABILITIES", caps).unwrap();
+        let r = w.probe(&shim, &b, false);
+        let mut p = r.gpu_problems(&w.host, &gpus);
+        p.extend(drm_problems(&w, &r, &whole));
+        assert_no_problems(&format!("{id} with {caps}"), &sorted(p), &r);
+    }
+}
+
+/// The devices a container sees: GPU, MIG capability and DRM nodes with their `by-path`
+/// links, what a node mknod'ed with each GPU's and DRM node's numbers gives, and the groups.
+fn device_view(r: &ProbeReport) -> Value {
+    json!({
+        "nodes": r.devices.keys().chain(r.dri.keys()).collect::<Vec<_>>(),
+        "by-path": r.links.keys().filter(|l| l.starts_with("/dev/dri/by-path/")).collect::<Vec<_>>(),
+        "mknod": r.mknod.iter().map(|((a, b), o)| format!("{a}:{b} {o}")).collect::<Vec<_>>(),
+        "groups": r.groups,
+    })
+}
+
+/// The createContainer hooks in an edited config.json: the processes runc runs there.
+fn create_container_hooks(b: &Bundle) -> Vec<Value> {
+    let config = b.config().unwrap();
+    config
+        .pointer("/hooks/createContainer")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// One rule for which nodes a device gets (`legacy::device_nodes`): each device asked for
+/// through `NVIDIA_VISIBLE_DEVICES` (every capability) and through the spec `nvshim cdi
+/// generate` writes gives the container the same nodes, groups (the spec's `additionalGids`)
+/// and `by-path` links, seen from inside through runc, and either way the container runs one
+/// hook process (issue 43: the spec's per-device hooks ran one process each).
+#[test]
+fn legacy_requests_and_the_generated_spec_give_a_device_the_same_nodes() {
+    let (w, topology, topo_file) = mig_world();
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["cdi", "generate", "--output", spec_path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = w
+            .nvshim_command(&args)
+            .env(TOPOLOGY_ENV, &topo_file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        spec::read_file(&spec_path).unwrap()
+    };
+    // Without the DRM groups the spec stays readable by podman 4 and containerd 1.7.
+    let lean = generate(&["--no-additional-gids"]);
+    assert_eq!(lean.cdi_version, "0.5.0");
+    assert!(lean
+        .devices
+        .iter()
+        .all(|d| d.container_edits.additional_gids.is_empty()));
+    let spec = generate(&[]);
+    assert_eq!(spec.cdi_version, "0.7.0");
+    let whole = w.gpu(1);
+    let gids: Vec<u32> = drm_nodes(&w, whole).iter().map(|n| n.3).collect();
+    for d in &spec.devices {
+        let want: Vec<u32> = if d.name == "1" || d.name == whole.uuid || d.name == "all" {
+            gids.clone()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(d.container_edits.additional_gids, want, "device {}", d.name);
+    }
+
+    let mig = &topology.gpus[0].mig_devices;
+    let pairs = [
+        ("1".to_string(), "1".to_string()),
+        (whole.uuid.clone(), whole.uuid.clone()),
+        ("0:0".into(), "0:0".into()),
+        (mig[1].uuid.clone(), mig[1].uuid.clone()),
+        (format!("MIG-{}/2/0", w.gpu(0).uuid), "0:1".into()),
+        ("all".into(), "all".into()),
+    ];
+    let mut p = Vec::new();
+    for (i, (legacy_id, cdi_name)) in pairs.iter().enumerate() {
+        let b = mknod_bundle(&w, &format!("legacy-{i}"), &every_drm_node(&w));
+        b.set_env("NVIDIA_VISIBLE_DEVICES", legacy_id).unwrap();
+        b.set_env("NVIDIA_DRIVER_CAPABILITIES", "all").unwrap();
+        let legacy = w.probe(&shim, &b, false);
+        let legacy_hooks = create_container_hooks(&b).len();
+
+        let b = mknod_bundle(&w, &format!("cdi-{i}"), &every_drm_node(&w));
+        let device = format!("nvidia.com/gpu={cdi_name}");
+        b.edit(move |c| {
+            c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": device});
+            Ok(())
+        })
+        .unwrap();
+        let cdi = w.probe(&shim, &b, false);
+        let cdi_hooks = create_container_hooks(&b);
+
+        let (lv, cv) = (device_view(&legacy), device_view(&cdi));
+        if lv != cv {
+            p.push(format!(
+                "{legacy_id} / {cdi_name}: legacy {lv:#}\nCDI {cv:#}"
+            ));
+        }
+        if (legacy_hooks, cdi_hooks.len()) != (1, 1) {
+            p.push(format!(
+                "{legacy_id} / {cdi_name}: {legacy_hooks} legacy and {} CDI createContainer hooks, expected one each: {cdi_hooks:#?}",
+                cdi_hooks.len()
+            ));
+        }
+    }
+    assert!(
+        p.is_empty(),
+        "{}\n--- nvshim.log ---\n{}",
+        p.join("\n"),
+        w.shim_log()
+    );
+}
+
 #[test]
 fn mig_config_and_monitor_are_for_privileged_containers() {
     let (w, _topology, _file) = mig_world();
