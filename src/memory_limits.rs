@@ -28,7 +28,6 @@
 //! - Nothing is added when config.json already has an `apply-cuda-memory-limits` hook (specs
 //!   written by NVIDIA's generator carry their own).
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
 use nvshim_hook::apply_cuda_memory_limits::{LIMIT_ENV, REQUEST_ENV};
@@ -106,28 +105,15 @@ fn legacy_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
     (ids, warnings)
 }
 
-/// The numbers of the node a device node edit gives the container: its own when it has them
-/// (runc makes the node from them), else those of its host node (`hostPath`, or `path`), as
-/// `edits::apply` fills them. `None` when neither says (the create fails on such a node).
+/// The numbers of the node a device node edit gives the container, as `edits::apply` fills
+/// them: its own when it has them (runc makes the node from them), else its host node's
+/// (`hostPath`, or `path`). `None` for anything but a character device.
 fn node_numbers(d: &DeviceNode) -> Option<(u32, u32)> {
-    match (d.major, d.minor) {
-        (Some(major), Some(minor)) if major != 0 => {
-            Some((u32::try_from(major).ok()?, u32::try_from(minor).ok()?))
-        }
-        _ => {
-            let host = d.host_path.as_deref().filter(|h| !h.is_empty());
-            let meta = std::fs::symlink_metadata(host.unwrap_or(&d.path)).ok()?;
-            let ft = meta.file_type();
-            if !(ft.is_char_device() || ft.is_block_device()) {
-                return None;
-            }
-            let rdev = meta.rdev();
-            Some((
-                nix::sys::stat::major(rdev) as u32,
-                nix::sys::stat::minor(rdev) as u32,
-            ))
-        }
+    let d = crate::edits::fill_device(d).ok()?;
+    if d.kind.as_deref() != Some("c") {
+        return None;
     }
+    Some((u32::try_from(d.major?).ok()?, u32::try_from(d.minor?).ok()?))
 }
 
 /// The GPU ids of a CDI request, and the warnings for the devices skipped. A device's GPU is
@@ -148,7 +134,6 @@ fn cdi_ids(plan: &Selection, all: &[Gpu], majors: &DeviceMajors) -> (Vec<String>
             .edits
             .device_nodes
             .iter()
-            .filter(|d| d.kind.as_deref().is_none_or(|k| k == "c"))
             .filter_map(node_numbers)
             .collect();
         let minors: Vec<u32> = numbers.iter().copied().filter_map(gpu_minor).collect();

@@ -1011,7 +1011,7 @@ fn drm_problems(w: &World, r: &ProbeReport, whole: &[&FakeGpu]) -> Vec<String> {
 }
 
 /// A MIG device gets no DRM node of its GPU, whatever the capabilities and however it is
-/// named (issue 38: a legacy request for a slice got the whole GPU's render node); a whole GPU
+/// named (a legacy request for a slice used to get the whole GPU's render node); a whole GPU
 /// asked for beside it still gets its own, and `all` serves a MIG-enabled GPU through its MIG
 /// devices, as the `all` device of `nvshim cdi generate` does.
 #[test]
@@ -1066,7 +1066,7 @@ fn create_container_hooks(b: &Bundle) -> Vec<Value> {
 /// through `NVIDIA_VISIBLE_DEVICES` (every capability) and through the spec `nvshim cdi
 /// generate` writes gives the container the same nodes, groups (the spec's `additionalGids`)
 /// and `by-path` links, seen from inside through runc, and either way the container runs one
-/// hook process (issue 43: the spec's per-device hooks ran one process each).
+/// hook process (the spec's per-device hooks used to run one process each).
 #[test]
 fn legacy_requests_and_the_generated_spec_give_a_device_the_same_nodes() {
     let (w, topology, topo_file) = mig_world();
@@ -1502,7 +1502,7 @@ fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
 }
 
 /// A pod's volume at the driver's library folder, at a folder above it, or at `/usr/bin` where
-/// the driver's binaries go (issue 38: runc made root-owned empty files in the volume's host
+/// the driver's binaries go (runc used to make root-owned empty files in the volume's host
 /// directory, then the hook failed): refused at create naming the volume's destination and
 /// source and what to do, for a legacy request and for nvshim's own spec, with the bundle and
 /// the host directory untouched. A volume elsewhere is no business of nvshim's.

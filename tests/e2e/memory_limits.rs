@@ -430,8 +430,8 @@ fn no_variables_no_hook() {
 }
 
 /// The GPU a CDI device's limit applies to is the one whose node the container gets, by the
-/// host node's numbers, whatever the node is called in the container (issue 38: `path:
-/// /dev/nvidia<A>` over the host's `nvidia<B>` had GPU A limited): a renamed node, a swapped
+/// host node's numbers, whatever the node is called in the container (`path: /dev/nvidia<A>` over
+/// the host's `nvidia<B>` used to have GPU A limited): a renamed node, a swapped
 /// pair, a node under another name, and a non-GPU node named like a GPU (no limit, no hook).
 #[test]
 fn cdi_limits_follow_the_host_node_not_the_container_path() {
