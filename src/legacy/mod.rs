@@ -12,7 +12,8 @@
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
 //!   `N` from the capability's own file under `<proc-root>/driver/nvidia/capabilities`
-//!   ([`Host::capability_minors`]). NVML is loaded only to map a MIG index or UUID to its
+//!   ([`Host::capability_minors`]); never the GPU's DRM nodes ([`device_nodes`], the rule
+//!   `nvshim cdi generate` follows too). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
 //!   loads it.
 //! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`

@@ -5,15 +5,16 @@
 //! and `all`. As in NVIDIA's generator, a MIG-enabled GPU is served through its MIG devices
 //! only; a full GPU also carries its DRM card and render nodes (with their groups in
 //! `additionalGids`, as NVIDIA writes them) and a hook for their `by-path` links, a MIG device
-//! none ([`legacy::device_nodes`] decides for legacy requests too). Global edits: `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the
-//! control nodes that exist, every 64-bit file the driver gives a container with every
-//! capability (`crate::nvidia`'s tables, as `legacy` finds them: one table for both),
-//! read-only and private, the IPC sockets, and
-//! NVIDIA's `createContainer` hooks in NVIDIA's order with an explicit environment. Device nodes carry what a `stat` of the host node says (major,
-//! minor, mode, a non-root group), without `type`, so a consumer re-stats the node at create
-//! time and a node that has vanished fails loudly. `cdiVersion` is the lowest the content
-//! needs: 0.7.0 with DRM groups, 0.5.0 without (`--no-additional-gids`, for podman 4 and
-//! containerd 1.7, whose CDI readers stop below 0.7.0).
+//! none ([`legacy::device_nodes`] decides for legacy requests too). Global edits:
+//! `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the control nodes that
+//! exist, every 64-bit file the driver gives a container with every capability
+//! (`crate::nvidia`'s tables, as `legacy` finds them: one table for both), read-only and
+//! private, the IPC sockets, and NVIDIA's `createContainer` hooks in NVIDIA's order with an
+//! explicit environment. Device nodes carry what a `stat` of the host node says (major, minor,
+//! mode, a non-root group), without `type`, so a consumer re-stats the node at create time and
+//! a node that has vanished fails loudly. `cdiVersion` is the lowest the content needs: 0.7.0
+//! with DRM groups, 0.5.0 without (`--no-additional-gids`, for podman 4 and containerd 1.7,
+//! whose CDI readers stop below 0.7.0).
 //!
 //! Discovery is NVML when the driver root's `libnvidia-ml.so.1` loads and answers; otherwise
 //! `/proc/driver/nvidia` (no MIG), with the reason reported.
