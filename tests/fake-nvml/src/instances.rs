@@ -50,13 +50,19 @@ fn gi_slices(g: &Gpu, first: usize) -> u32 {
 }
 
 /// The GPU instance profile's memory: that of a MIG device of the same slices, else the
-/// slices' eighths of the GPU's (a 7-slice GPU's memory is cut in eighths).
+/// eighths of the GPU's an A100's or H100's profile of those slices has (1g 1/8, 2g 2/8, 3g
+/// and 4g 4/8, 7g all: their `1g.10gb` ... `7g.80gb`).
 fn profile_memory_mb(g: &Gpu, slices: u32) -> u64 {
+    let eighths = match slices {
+        1 | 2 => u64::from(slices),
+        3 | 4 => 4,
+        _ => 8,
+    };
     let bytes = g
         .mig_devices
         .iter()
         .find(|m| m.slice_count == slices)
-        .map_or(g.memory_total / 8 * u64::from(slices), |m| m.memory_total);
+        .map_or(g.memory_total / 8 * eighths, |m| m.memory_total);
     bytes / (1024 * 1024)
 }
 

@@ -292,6 +292,21 @@ fn a_mig_device_leads_to_its_profile() {
             }
         }
         assert_eq!(matched, Some((3, 40 * 1024, 3)));
+        // Profiles no MIG device uses have an H100's sizes; the rest of nvml.h's are not
+        // offered, and past its count is an invalid argument.
+        let mut p: nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
+        assert_eq!(gi_profile(parent, 4, &mut p), SUCCESS);
+        assert_eq!(
+            (p.sliceCount, p.instanceCount, p.memorySizeMB),
+            (7, 1, 80 * 1024)
+        );
+        assert_eq!(gi_profile(parent, 1, &mut p), SUCCESS);
+        assert_eq!(
+            (p.sliceCount, p.instanceCount, p.memorySizeMB),
+            (2, 3, 20 * 1024)
+        );
+        assert_eq!(gi_profile(parent, 7, &mut p), NOT_SUPPORTED);
+        assert_eq!(gi_profile(parent, 0x12, &mut p), 2, "INVALID_ARGUMENT");
 
         // The 1-slice profile has one instance here (GPU instance 9).
         let mut handles = [std::ptr::null_mut(); 7];
