@@ -8,6 +8,9 @@
 //! as constants. The rest answer `NVML_ERROR_NOT_SUPPORTED` (`unsupported`). `nvmlInit*` and
 //! `nvmlShutdown` are counted as NVML counts them. The C types come from nvml-wrapper-sys, the
 //! bindings nvml-wrapper itself uses, so the layouts cannot drift from what the caller expects.
+//! NVIDIA's DRA driver stops at a GPU whose compute capability answers
+//! `NVML_ERROR_NOT_SUPPORTED` (go-nvlib's `GetCudaComputeCapabilityAsString`): a topology for
+//! it sets `computeCapability`, which also gives the architecture.
 //!
 //! Device handles are addresses of records leaked once at `nvmlInit_v2`; every handle passed
 //! in is checked against them before use, so a bad handle is `NVML_ERROR_INVALID_ARGUMENT`,
