@@ -2,8 +2,9 @@
 //! (tests/fixtures/nvml/go-nvml-symbols.txt): every entry point there that the other modules
 //! do not answer returns `NVML_ERROR_NOT_SUPPORTED` (`NVML_ERROR_UNINITIALIZED` before
 //! `nvmlInit`), as a GPU without the feature does, rather than the caller dying on a missing
-//! symbol. NVIDIA's components treat `NOT_SUPPORTED` as "feature absent" where they call
-//! these at all.
+//! symbol. The start-up calls read in NVIDIA's sources take `NOT_SUPPORTED` as "absent"
+//! (go-nvlib's `IsFabricAttached` and `GetAddressingModeAsString`, the DRA driver's
+//! `GetGpuInstancePossiblePlacements`); not every call site was read.
 //!
 //! Each is defined without parameters: on x86-64 (System V) and AArch64 (AAPCS64) the caller
 //! passes the arguments in registers and on its own stack and removes them itself, so a
