@@ -203,10 +203,17 @@ pub fn plan_bundle(
             source,
         })?;
     trace.request = Some(request.clone());
+    if let Some(source) = request.refused.first() {
+        return Err(CreateError::Request {
+            path: config_path,
+            source: source.clone(),
+        });
+    }
     if request.ignored_unprivileged_env {
         trace.warn(format!(
-            "{}: ignoring NVIDIA_VISIBLE_DEVICES from an unprivileged container (accept-envvar-unprivileged = false)",
-            config_path.display()
+            "{}: ignoring NVIDIA_VISIBLE_DEVICES from an unprivileged container (accept-envvar-unprivileged = {}): all and none are a CUDA image's defaults, not an allocation",
+            config_path.display(),
+            config.accept_envvar_unprivileged.name()
         ));
     }
     // Moved, not copied: `create` needs only the edited document (and the original bytes).
@@ -251,6 +258,7 @@ pub fn plan_bundle(
                 ..legacy::Settings::new(config, tools)
             };
             let snapshot = host.snapshot()?;
+            check_backed(&plan.request, &snapshot, &config_path)?;
             let resolved =
                 legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
                     nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
@@ -303,6 +311,40 @@ pub fn plan_bundle(
         )?;
     }
     Ok(plan)
+}
+
+/// `accept-envvar-unprivileged = "allocation-backed"`: ids the allocation's names did not back
+/// ([`Request::unbacked`]) pass when every GPU they resolve to has its node among the
+/// allocation's device nodes. A MIG id never does: a GPU's node does not say which of its MIG
+/// devices was allocated.
+fn check_backed(request: &Request, snapshot: &Snapshot, path: &Path) -> Result<(), CreateError> {
+    if request.unbacked.is_empty() {
+        return Ok(());
+    }
+    let (gpu_ids, migs) =
+        legacy::split_mig_ids(&request::VisibleDevices::List(request.unbacked.clone()));
+    let nvidia = snapshot.majors.nvidia;
+    let outside: Vec<String> = legacy::select_gpus(&gpu_ids, &snapshot.gpus)?
+        .into_iter()
+        .filter(|g| !request.allocation.nodes.contains(&(nvidia, g.minor)))
+        .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+        .chain(migs.into_iter().map(|(id, _)| format!("MIG device {id}")))
+        .collect();
+    if outside.is_empty() {
+        return Ok(());
+    }
+    Err(CreateError::Request {
+        path: path.to_path_buf(),
+        source: RequestError::Refused {
+            var: request::VISIBLE_DEVICES,
+            value: request.unbacked.join(","),
+            reason: format!(
+                "the container is unprivileged and accept-envvar-unprivileged = \"allocation-backed\", and its allocation ({}) does not hold {}; unset NVIDIA_VISIBLE_DEVICES in the pod, or let the device plugin name its GPUs (volume-mounts or CDI strategies)",
+                request.allocation.describe(),
+                outside.join(", ")
+            ),
+        },
+    })
 }
 
 /// Adds the `apply-cuda-memory-limits` hook when the container asks for GPU memory limits
@@ -472,17 +514,27 @@ fn check_hooks_exist<'a>(
     Ok(())
 }
 
-/// True when config.json's raw bytes could hold a GPU request: an `NVIDIA_*` env entry, a CDI
-/// annotation prefix, NVIDIA's legacy hook or the device plugin's mount root. Checked only
-/// when the document cannot be read: a bundle without any of these is not nvshim's business,
-/// whatever runc accepts in it (a JSON escape can hide a marker, but then the container only
-/// goes without GPUs, as it would under runc alone).
+/// The env entries that ask for devices, as they start in config.json's JSON (`"KEY=`):
+/// every other `NVIDIA_*` variable (`NVIDIA_REQUIRE_CUDA`, `NVIDIA_PRODUCT_NAME`,
+/// `NVIDIA_DRIVER_CAPABILITIES`, ... which CUDA base images set) asks for nothing alone.
+const REQUEST_ENV_MARKERS: &[&str] = &[
+    "\"NVIDIA_VISIBLE_DEVICES=",
+    "\"NVIDIA_IMEX_CHANNELS=",
+    "\"NVIDIA_MIG_CONFIG_DEVICES=",
+    "\"NVIDIA_MIG_MONITOR_DEVICES=",
+];
+
+/// True when config.json's raw bytes could hold a GPU request: a request variable
+/// ([`REQUEST_ENV_MARKERS`]), a CDI annotation prefix, NVIDIA's legacy hook or the device
+/// plugin's mount root. Checked only when the document cannot be read: a bundle without any
+/// of these is not nvshim's business, whatever runc accepts in it (a JSON escape can hide a
+/// marker, but then the container only goes without GPUs, as it would under runc alone).
 pub fn may_request_gpus(bytes: &[u8], config: &Config) -> bool {
     let has =
         |needle: &[u8]| !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle);
-    // Env entries are JSON strings: a request starts `"NVIDIA_` (the quote keeps a script in
-    // `process.args` that only mentions the names from counting).
-    has(b"\"NVIDIA_")
+    // Env entries are JSON strings: the quote keeps a script in `process.args` that only
+    // mentions the names from counting.
+    REQUEST_ENV_MARKERS.iter().any(|m| has(m.as_bytes()))
         || has(request::DEVICE_MOUNT_ROOT.as_bytes())
         || edits::LEGACY_HOOK_NAMES.iter().any(|n| has(n.as_bytes()))
         || config
