@@ -1531,6 +1531,21 @@ mod cri {
             annotations: &[(&str, &str)],
             cdi_devices: &[&str],
         ) -> Result<String, String> {
+            self.run_container_with_devices(name, script, envs, annotations, cdi_devices, &[])
+                .await
+        }
+
+        /// [`Pod::run_container`] with CRI `devices` (container path, host path): what the
+        /// kubelet sends for a device plugin's `DeviceSpec`s.
+        pub async fn run_container_with_devices(
+            &mut self,
+            name: &str,
+            script: &str,
+            envs: &[(&str, &str)],
+            annotations: &[(&str, &str)],
+            cdi_devices: &[&str],
+            devices: &[(&str, &str)],
+        ) -> Result<String, String> {
             let log_name = format!("{name}.log");
             let config = ContainerConfig {
                 metadata: Some(ContainerMetadata {
@@ -1560,6 +1575,14 @@ mod cri {
                 cdi_devices: cdi_devices
                     .iter()
                     .map(|n| CdiDevice { name: (*n).into() })
+                    .collect(),
+                devices: devices
+                    .iter()
+                    .map(|(container, host)| Device {
+                        container_path: (*container).into(),
+                        host_path: (*host).into(),
+                        permissions: "rw".into(),
+                    })
                     .collect(),
                 ..Default::default()
             };
@@ -1707,6 +1730,90 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
             assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
         }
 
+        pod.remove().await;
+    });
+    drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// Through containerd's CRI, as the kubelet drives it, with the installer's policy
+/// (`accept-envvar-unprivileged = "allocation-backed"`): an unprivileged container whose
+/// `NVIDIA_VISIBLE_DEVICES` nothing backs fails with nvshim's error in the CRI's answer (what
+/// `kubectl describe pod` shows), and the same variable next to the GPU's node as a device
+/// plugin's `DeviceSpec` (CRI `devices`, `PASS_DEVICE_SPECS=true`) gets that GPU; widening it
+/// to `all` fails.
+#[test]
+fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
+    let _one_engine = serial();
+    let w = World::builder()
+        .spec_dirs(SpecDirs::Run)
+        .config("accept-envvar-unprivileged = \"allocation-backed\"\n")
+        .build();
+    let d = dir(&w, "cri-refused");
+    let ctd = Containerd::start(&w, &d);
+    ctd.import_images("k8s.io");
+    let script = script(&w);
+    let gpu = w.gpu(1);
+    let node = w.host.dev_root().join(format!("dev/nvidia{}", gpu.minor));
+    let container_node = format!("/dev/nvidia{}", gpu.minor);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;
+        let logs = || {
+            format!(
+                "--- nvshim.log ---\n{}\n--- containerd ---\n{}",
+                w.shim_log(),
+                ctd.log_tail()
+            )
+        };
+        for (name, env) in [("bare", gpu.uuid.as_str()), ("wide", "all")] {
+            let devices: &[(&str, &str)] = if name == "wide" {
+                &[(&container_node, s(&node))]
+            } else {
+                &[]
+            };
+            let err = pod
+                .run_container_with_devices(
+                    name,
+                    &script,
+                    &[("NVIDIA_VISIBLE_DEVICES", env)],
+                    &[],
+                    &[],
+                    devices,
+                )
+                .await
+                .expect_err("the container should not have run");
+            eprintln!("{name}: {err}");
+            for needle in [
+                "nvshim:",
+                "NVIDIA_VISIBLE_DEVICES",
+                "is refused",
+                "allocation-backed",
+            ] {
+                assert!(
+                    err.contains(needle),
+                    "{name}: {needle:?} not in {err}\n{}",
+                    logs()
+                );
+            }
+        }
+        let what = "CRI container, NVIDIA_VISIBLE_DEVICES=<uuid> beside its DeviceSpec";
+        let out = pod
+            .run_container_with_devices(
+                "backed",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)],
+                &[],
+                &[],
+                &[(&container_node, s(&node))],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs()));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
         pod.remove().await;
     });
     drop(ctd);
