@@ -141,6 +141,12 @@ pub struct Config {
     /// nothing (CRI-O adds NVIDIA's `oci-nvidia-hook.json` to every container when it is left
     /// in hooks.d), so only the operator can say the hook means "dockerd's --gpus".
     pub accept_docker_gpus_hook: bool,
+    /// The kubelet's device-manager checkpoint: with `accept-envvar-unprivileged =
+    /// "allocation-backed"`, the device ids it records for a containerd container (by the
+    /// `io.kubernetes.cri.sandbox-uid` and `io.kubernetes.cri.container-name` annotations)
+    /// back its `NVIDIA_VISIBLE_DEVICES`: what makes NVIDIA's device plugin at its defaults
+    /// work. Read only when root owns it and nobody else can write it; empty: not read.
+    pub kubelet_device_checkpoint: PathBuf,
     /// Kinds of CDI devices a container may name in `NVIDIA_VISIBLE_DEVICES`; default: only
     /// `cdi-default-kind`. Other kinds (IMEX channels, DRA claims, network devices) come only
     /// from annotations the orchestrator sets.
@@ -186,6 +192,9 @@ impl Default for Config {
             accept_envvar_unprivileged: UnprivilegedEnv::Accept,
             accept_volume_mounts: false,
             accept_docker_gpus_hook: false,
+            kubelet_device_checkpoint: PathBuf::from(
+                "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+            ),
             cdi_env_kinds: None,
             mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
             hook_path: None,

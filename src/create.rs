@@ -197,10 +197,13 @@ pub fn plan_bundle(
     trace: &mut Trace,
 ) -> Result<Plan, CreateError> {
     let config_path = bundle.config_path().to_path_buf();
+    let allocated = kubelet_allocated(&bundle.spec, config);
     let request =
-        request::from_spec(&bundle.spec, config).map_err(|source| CreateError::Request {
-            path: config_path.clone(),
-            source,
+        request::from_spec_allocated(&bundle.spec, config, allocated).map_err(|source| {
+            CreateError::Request {
+                path: config_path.clone(),
+                source,
+            }
         })?;
     trace.request = Some(request.clone());
     if let Some(source) = request.refused.first() {
@@ -311,6 +314,71 @@ pub fn plan_bundle(
         )?;
     }
     Ok(plan)
+}
+
+/// The annotations containerd's CRI sets on every container (containerd
+/// `pkg/cri/annotations`): the pod's UID and the container's name, as the kubelet's
+/// checkpoint keys its entries. A pod cannot set them: containerd passes pod annotations on
+/// only for the operator's `pod_annotations` patterns.
+const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+
+/// The device ids the kubelet's device manager allocated to this container, from its
+/// checkpoint (`kubelet-device-checkpoint`), for `accept-envvar-unprivileged =
+/// "allocation-backed"` only. The kubelet writes an allocation there when it admits the pod,
+/// before it asks for the container; its format (kubelet `devicemanager/checkpoint`):
+/// `{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs":
+/// {"<numa node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}]}, "Checksum"}`.
+/// A time-sliced replica's id `<id>::<n>` counts as `<id>` (what NVIDIA's plugin puts in the
+/// variable). Anything missing or unreadable is no allocation: the request is then judged on
+/// the rest.
+fn kubelet_allocated(spec: &Value, config: &Config) -> Vec<String> {
+    let path = &config.kubelet_device_checkpoint;
+    if config.accept_envvar_unprivileged != crate::config::UnprivilegedEnv::AllocationBacked
+        || path.as_os_str().is_empty()
+    {
+        return Vec::new();
+    }
+    let annotation = |k: &str| spec.get("annotations")?.get(k)?.as_str();
+    let (Some(uid), Some(name)) = (annotation(SANDBOX_UID), annotation(CONTAINER_NAME)) else {
+        return Vec::new();
+    };
+    let Some(bytes) = crate::cache::read_private(path, "kubelet device checkpoint") else {
+        return Vec::new();
+    };
+    let Ok(doc) = serde_json::from_slice::<Value>(&bytes) else {
+        tracing::warn!("{}: not JSON; its allocations are not used", path.display());
+        return Vec::new();
+    };
+    let entries = doc
+        .pointer("/Data/PodDeviceEntries")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e.get("PodUID").and_then(Value::as_str) == Some(uid)
+                && e.get("ContainerName").and_then(Value::as_str) == Some(name)
+        });
+    let mut out = Vec::new();
+    for e in entries {
+        let lists: Vec<&Value> = match e.get("DeviceIDs") {
+            Some(Value::Object(per_numa)) => per_numa.values().collect(),
+            Some(list @ Value::Array(_)) => vec![list],
+            _ => Vec::new(),
+        };
+        for id in lists
+            .into_iter()
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            let id = id.split_once("::").map_or(id, |(base, _)| base);
+            if !out.iter().any(|x| x == id) {
+                out.push(id.to_string());
+            }
+        }
+    }
+    out
 }
 
 /// `accept-envvar-unprivileged = "allocation-backed"`: ids the allocation's names did not back

@@ -494,7 +494,7 @@ fn device_part(id: &str) -> &str {
 
 /// The fixes [`env_policy`] names for a refused `NVIDIA_VISIBLE_DEVICES` (README, "Kubernetes
 /// device-plugin strategies").
-const ENV_FIX: &str = "with NVIDIA's device plugin use a strategy the allocation shows in (DEVICE_LIST_STRATEGY=volume-mounts with accept-volume-mounts = true, cdi-annotations, cdi-cri with the engine's CDI on, or envvar with PASS_DEVICE_SPECS=true and accept-envvar-unprivileged = \"allocation-backed\"); on a node where every pod may pick its GPUs set accept-envvar-unprivileged = true; or run the container privileged";
+const ENV_FIX: &str = "if NVIDIA's device plugin allocated the GPUs, set accept-envvar-unprivileged = \"allocation-backed\" (its envvar strategy is then backed by the kubelet's device checkpoint on containerd nodes, or by PASS_DEVICE_SPECS=true), or use its volume-mounts (with accept-volume-mounts = true), cdi-annotations or cdi-cri strategy; if not, unset the variable in the pod; on a node where every pod may pick its GPUs set accept-envvar-unprivileged = true; or run the container privileged";
 
 /// What an environment variable asks for that crosses an isolation boundary.
 #[derive(Debug, Clone, Copy)]
@@ -621,6 +621,16 @@ fn wants_some(v: &VisibleDevices) -> bool {
 /// the image, so no privilege rule applies to them; what the environment asks for goes
 /// through [`env_policy`] when it is the request (not when mounts or annotations win).
 pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError> {
+    from_spec_allocated(spec, config, Vec::new())
+}
+
+/// [`from_spec`] with device ids the host records as allocated to this container (the
+/// kubelet's device-manager checkpoint, read by `create`), added to [`Allocation::names`].
+pub fn from_spec_allocated(
+    spec: &Value,
+    config: &Config,
+    allocated: Vec<String>,
+) -> Result<Request, RequestError> {
     let env = env_map(spec)?;
     let privileged = is_privileged(spec);
     let mut sources = Vec::new();
@@ -635,7 +645,9 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
     {
         Allocation::default()
     } else {
-        Allocation::read(spec, config)
+        let mut a = Allocation::read(spec, config);
+        a.names.extend(allocated);
+        a
     };
     let who = Asker {
         privileged,
@@ -1150,7 +1162,7 @@ mod tests {
         assert!(
             err.contains("NVIDIA_VISIBLE_DEVICES=\"1\" is refused")
                 && err.contains("accept-envvar-unprivileged = false")
-                && err.contains("DEVICE_LIST_STRATEGY=volume-mounts"),
+                && err.contains("volume-mounts"),
             "{err}"
         );
         let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}});
@@ -1189,7 +1201,7 @@ mod tests {
         let r = with("GPU-aaaa", json!({}));
         let err = refused(&r).unwrap();
         assert!(
-            err.contains("allocation-backed") && err.contains("PASS_DEVICE_SPECS=true"),
+            err.contains("allocation-backed") && err.contains("device checkpoint"),
             "{err}"
         );
         // volume-mounts strategy markers (read as evidence even with accept-volume-mounts off).

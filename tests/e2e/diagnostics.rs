@@ -606,7 +606,7 @@ fn doctor_and_explain_tell_the_request_policy() {
     for (value, says) in [
         ("true", "any container may pick GPUs"),
         ("false", "envvar strategy does not work here"),
-        ("\"allocation-backed\"", "PASS_DEVICE_SPECS=true"),
+        ("\"allocation-backed\"", "kubelet's device checkpoint"),
     ] {
         let w = world(&format!("accept-envvar-unprivileged = {value}\n"));
         let d = doctor(&w);

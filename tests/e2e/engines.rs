@@ -1741,7 +1741,8 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
 /// `NVIDIA_VISIBLE_DEVICES` nothing backs fails with nvshim's error in the CRI's answer (what
 /// `kubectl describe pod` shows), and the same variable next to the GPU's node as a device
 /// plugin's `DeviceSpec` (CRI `devices`, `PASS_DEVICE_SPECS=true`) gets that GPU; widening it
-/// to `all` fails.
+/// to `all` fails. With the kubelet's device checkpoint naming the container, the variable
+/// alone (the device plugin at its defaults) gets its GPU.
 #[test]
 fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
     let _one_engine = serial();
@@ -1814,6 +1815,32 @@ fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs()));
         assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
+
+        // NVIDIA's device plugin at its defaults (envvar strategy): the kubelet's checkpoint,
+        // keyed by the pod UID and container name that containerd writes into config.json.
+        let checkpoint = d.join("kubelet_internal_checkpoint");
+        let uid = pod.config.metadata.as_ref().unwrap().uid.clone();
+        let doc = json!({"Data": {"PodDeviceEntries": [{
+            "PodUID": uid, "ContainerName": "ckpt", "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": {"0": [gpu.uuid]}, "AllocResp": "CgA="
+        }], "RegisteredDevices": {}}, "Checksum": 1});
+        fs::write(&checkpoint, doc.to_string()).unwrap();
+        fs::set_permissions(&checkpoint, fs::Permissions::from_mode(0o600)).unwrap();
+        w.configure(&format!(
+            "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
+            checkpoint.display()
+        ));
+        let what = "CRI container, NVIDIA_VISIBLE_DEVICES=<uuid> in the kubelet's checkpoint";
+        let out = pod
+            .run_container("ckpt", &script, &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs()));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
+        let err = pod
+            .run_container("other", &script, &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)], &[], &[])
+            .await
+            .expect_err("a container the checkpoint does not name");
+        assert!(err.contains("is refused"), "{err}\n{}", logs());
         pod.remove().await;
     });
     drop(ctd);

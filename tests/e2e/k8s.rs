@@ -21,7 +21,7 @@
 //! and container ids.
 
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nvshim::cdi::spec;
@@ -157,7 +157,7 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
             "NVIDIA_VISIBLE_DEVICES",
             "is refused",
             "accept-envvar-unprivileged = false",
-            "DEVICE_LIST_STRATEGY=volume-mounts",
+            "volume-mounts",
         ],
     );
     let b = w.probe_bundle("b2all", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
@@ -200,7 +200,7 @@ fn allocation_backed_envvar_policy() {
         &w,
         &rt,
         &b,
-        &["allocation-backed", "PASS_DEVICE_SPECS=true", &gpu.uuid],
+        &["allocation-backed", "device checkpoint", &gpu.uuid],
     );
     // envvar with PASS_DEVICE_SPECS=true: the engine put the GPU's node in the spec.
     let with_node = |name: &str, env: &str, minor: u32| {
@@ -262,6 +262,61 @@ fn allocation_backed_envvar_policy() {
         &r.no_nvidia_problems(&w.host),
         &r,
     );
+
+    // The envvar strategy at its defaults on a containerd node: the kubelet's checkpoint
+    // names the container's devices (shaped as kubelet devicemanager/checkpoint writes it;
+    // `::1` a time-sliced replica).
+    let checkpoint = w
+        .tmp
+        .path()
+        .join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    let write_checkpoint = |uid: &str, ids: Value, mode: u32| {
+        let doc = json!({"Data": {"PodDeviceEntries": [{
+            "PodUID": uid, "ContainerName": "cuda", "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": ids, "AllocResp": "CgA="
+        }], "RegisteredDevices": {"nvidia.com/gpu": [gpu.uuid, other.uuid]}}, "Checksum": 1});
+        let _ = fs::remove_file(&checkpoint);
+        fs::write(&checkpoint, doc.to_string()).unwrap();
+        fs::set_permissions(&checkpoint, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    w.configure(&format!(
+        "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
+        checkpoint.display()
+    ));
+    let pod = |name: &str, env: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        b.edit(|c| {
+            c["annotations"] = json!({
+                "io.kubernetes.cri.sandbox-uid": "0d6f1c2e-uid",
+                "io.kubernetes.cri.container-name": "cuda",
+            });
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    for (form, ids) in [
+        ("per-NUMA", json!({"0": [format!("{}::1", gpu.uuid)]})),
+        ("pre-1.20 list", json!([gpu.uuid])),
+    ] {
+        write_checkpoint("0d6f1c2e-uid", ids, 0o600);
+        let r = w.run(&pod(&format!("ckpt-{}", form.len()), &gpu.uuid));
+        assert_no_problems(
+            &format!("envvar at defaults, checkpoint {form}"),
+            &gpu_container_problems(&r, &w.host, &[gpu]),
+            &r,
+        );
+        let b = pod(&format!("ckpt-all-{}", form.len()), "all");
+        assert_rejected(&w, &rt, &b, &["more than its allocation", &gpu.uuid]);
+        let b = pod(&format!("ckpt-other-{}", form.len()), &other.uuid);
+        assert_rejected(&w, &rt, &b, &["does not name", &other.uuid]);
+    }
+    // Another pod's entry, or a checkpoint others can write, backs nothing.
+    write_checkpoint("another-pod", json!({"0": [gpu.uuid]}), 0o600);
+    assert_rejected(&w, &rt, &pod("ckpt-foreign", &gpu.uuid), &["is refused"]);
+    write_checkpoint("0d6f1c2e-uid", json!({"0": [gpu.uuid]}), 0o666);
+    assert_rejected(&w, &rt, &pod("ckpt-writable", &gpu.uuid), &["is refused"]);
 }
 
 /// A `/dev/null` mount as the kubelet writes the device plugin's `Mount` into the OCI spec.

@@ -211,7 +211,7 @@ fn request_policy_check(config: &Config) -> Check {
     };
     let what = match config.accept_envvar_unprivileged {
         UnprivilegedEnv::Accept => "any container may pick GPUs by NVIDIA_VISIBLE_DEVICES (a pod can widen its device-plugin allocation): for Docker hosts and nodes whose pods may all use every GPU",
-        UnprivilegedEnv::AllocationBacked => "an unprivileged NVIDIA_VISIBLE_DEVICES is honoured only when the device plugin's mounts, CDI annotations or device nodes name the same GPUs (with the envvar strategy, set the plugin's PASS_DEVICE_SPECS=true); others fail to create",
+        UnprivilegedEnv::AllocationBacked => "an unprivileged NVIDIA_VISIBLE_DEVICES is honoured only when the kubelet's device checkpoint (kubelet-device-checkpoint, containerd nodes), the device plugin's mounts, CDI annotations or device nodes (PASS_DEVICE_SPECS=true) name the same GPUs; others fail to create",
         UnprivilegedEnv::Refuse => "an unprivileged GPU list in NVIDIA_VISIBLE_DEVICES fails to create: the device plugin's envvar strategy does not work here",
     };
     check(
