@@ -232,6 +232,20 @@ pub fn plan_bundle(
         source,
     })?;
     trace.route = Some(route.clone());
+    // Device nodes back GPU ids the host resolves ([`check_backed`], legacy route only).
+    if matches!(route, Route::Cdi(..)) && !request.unbacked.is_empty() {
+        return Err(CreateError::Request {
+            path: config_path,
+            source: RequestError::Refused {
+                var: request::VISIBLE_DEVICES,
+                value: request.unbacked.join(","),
+                reason: format!(
+                    "the container is unprivileged and accept-envvar-unprivileged = \"allocation-backed\", and its allocation ({}) does not name these CDI devices: device nodes back GPU ids resolved on the host, not CDI names; unset NVIDIA_VISIBLE_DEVICES in the pod",
+                    request.allocation.describe()
+                ),
+            },
+        });
+    }
     let mounts_removed = !matches!(route, Route::Nothing(_)) && !request.device_mounts.is_empty();
     if mounts_removed {
         // The device plugin's `/dev/null` mounts were the request and carry nothing else.

@@ -224,7 +224,10 @@ fn allocation_backed_envvar_policy() {
         &gpu_container_problems(&r, &w.host, &[gpu]),
         &r,
     );
-    // The same allocation, and a pod that asks for every GPU or another one.
+    // The same allocation, and a pod that asks for every GPU or another one (also by CDI
+    // name, which a device node cannot back).
+    let b = with_node("wide-cdi", "nvidia.com/gpu=all", gpu.minor);
+    assert_rejected(&w, &rt, &b, &["allocation-backed", "not CDI names"]);
     for (name, env) in [
         ("wide-all", "all".to_string()),
         ("wide-other", format!("{},{}", gpu.uuid, other.uuid)),
