@@ -197,14 +197,24 @@ pub fn plan_bundle(
     trace: &mut Trace,
 ) -> Result<Plan, CreateError> {
     let config_path = bundle.config_path().to_path_buf();
-    let allocated = kubelet_allocated(&bundle.spec, config);
-    let request =
-        request::from_spec_allocated(&bundle.spec, config, allocated).map_err(|source| {
-            CreateError::Request {
-                path: config_path.clone(),
-                source,
-            }
-        })?;
+    let request_error = |source| CreateError::Request {
+        path: config_path.clone(),
+        source,
+    };
+    let mut request = request::from_spec(&bundle.spec, config).map_err(request_error)?;
+    // The kubelet's checkpoint is read only for an env request the rest did not back.
+    let unsettled = request.ignored_unprivileged_env
+        || !request.unbacked.is_empty()
+        || request.refused.iter().any(
+            |e| matches!(e, RequestError::Refused { var, .. } if *var == request::VISIBLE_DEVICES),
+        );
+    if unsettled {
+        let allocated = kubelet_allocated(&bundle.spec, config);
+        if !allocated.is_empty() {
+            request = request::from_spec_allocated(&bundle.spec, config, allocated)
+                .map_err(request_error)?;
+        }
+    }
     trace.request = Some(request.clone());
     if let Some(source) = request.refused.first() {
         return Err(CreateError::Request {
