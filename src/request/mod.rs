@@ -1181,6 +1181,94 @@ mod tests {
         }
     }
 
+    /// `env_policy` over every ask, privileged and not, under each setting: the one table of
+    /// what the environment may reach.
+    #[test]
+    fn env_policy_table() {
+        use UnprivilegedEnv::*;
+        let list = VisibleDevices::List(vec!["GPU-a".into()]);
+        let all = VisibleDevices::All;
+        let backed = Allocation {
+            names: vec!["GPU-a".into()],
+            nodes: vec![],
+        };
+        let none = Allocation::default();
+        // (ask, privileged, policy, allocation, verdict: H honour, I ignore, R refuse)
+        let cases: Vec<(EnvAsk<'_>, bool, UnprivilegedEnv, &Allocation, char)> = vec![
+            (EnvAsk::Gpus(&list), false, Accept, &none, 'H'),
+            (EnvAsk::Gpus(&list), false, Refuse, &none, 'R'),
+            (EnvAsk::Gpus(&list), false, AllocationBacked, &none, 'R'),
+            (EnvAsk::Gpus(&list), false, AllocationBacked, &backed, 'H'),
+            (EnvAsk::Gpus(&list), true, Refuse, &none, 'H'),
+            (EnvAsk::Gpus(&all), false, Refuse, &none, 'I'),
+            (EnvAsk::Gpus(&all), false, AllocationBacked, &none, 'I'),
+            (EnvAsk::Gpus(&all), false, AllocationBacked, &backed, 'R'),
+            (EnvAsk::Gpus(&all), true, AllocationBacked, &backed, 'H'),
+            (EnvAsk::ImexChannels(&[7]), false, Accept, &backed, 'R'),
+            (EnvAsk::ImexChannels(&[7]), true, Refuse, &none, 'H'),
+            (EnvAsk::ImexChannels(&[]), false, Accept, &none, 'H'),
+            (
+                EnvAsk::MigCapability(MIG_CONFIG_DEVICES, &all),
+                false,
+                Accept,
+                &none,
+                'R',
+            ),
+            (
+                EnvAsk::MigCapability(MIG_MONITOR_DEVICES, &list),
+                false,
+                Accept,
+                &none,
+                'R',
+            ),
+            (
+                EnvAsk::MigCapability(MIG_MONITOR_DEVICES, &all),
+                true,
+                Refuse,
+                &none,
+                'H',
+            ),
+            (
+                EnvAsk::CdiName("nvidia.com/gpu=0"),
+                false,
+                Accept,
+                &none,
+                'H',
+            ),
+            (
+                EnvAsk::CdiName("k8s.gpu.nvidia.com/claim=c"),
+                true,
+                Accept,
+                &none,
+                'R',
+            ),
+            (
+                EnvAsk::CdiName("nvidia.com/imex-channel=1"),
+                true,
+                Accept,
+                &none,
+                'R',
+            ),
+        ];
+        for (ask, privileged, policy, allocation, want) in cases {
+            let config = Config {
+                accept_envvar_unprivileged: policy,
+                ..Config::default()
+            };
+            let who = Asker {
+                privileged,
+                docker_gpus: false,
+                allocation,
+            };
+            let got = match env_policy(ask, &who, &config) {
+                Verdict::Honour | Verdict::HonourIfNodes(_) => 'H',
+                Verdict::Ignore => 'I',
+                Verdict::Refuse(_) => 'R',
+            };
+            assert_eq!(got, want, "{ask:?} privileged={privileged} {policy:?}");
+        }
+    }
+
     /// `accept-envvar-unprivileged = "allocation-backed"`: the variable is honoured when what
     /// the kubelet put beside it names the same GPUs, for each device-plugin strategy.
     #[test]
