@@ -1522,22 +1522,10 @@ mod cri {
     }
 
     impl Pod {
-        /// Runs one container to completion and returns what it printed to stdout.
+        /// Runs one container to completion and returns what it printed to stdout. `devices`:
+        /// CRI devices (container path, host path), what the kubelet sends for a device
+        /// plugin's `DeviceSpec`s.
         pub async fn run_container(
-            &mut self,
-            name: &str,
-            script: &str,
-            envs: &[(&str, &str)],
-            annotations: &[(&str, &str)],
-            cdi_devices: &[&str],
-        ) -> Result<String, String> {
-            self.run_container_with_devices(name, script, envs, annotations, cdi_devices, &[])
-                .await
-        }
-
-        /// [`Pod::run_container`] with CRI `devices` (container path, host path): what the
-        /// kubelet sends for a device plugin's `DeviceSpec`s.
-        pub async fn run_container_with_devices(
             &mut self,
             name: &str,
             script: &str,
@@ -1709,14 +1697,21 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
 
         let what = "CRI container, handler nvidia, NVIDIA_VISIBLE_DEVICES=1";
         let out = pod
-            .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], &[])
+            .run_container(
+                "env",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "1")],
+                &[],
+                &[],
+                &[],
+            )
             .await;
         assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
 
         let what = "CRI container, handler nvidia, annotation cdi.k8s.io/gpu: nvidia.com/gpu=0";
         let annotations = [("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")];
         let out = pod
-            .run_container("cdi", &script, &[], &annotations, &[])
+            .run_container("cdi", &script, &[], &annotations, &[], &[])
             .await;
         assert_gpus(&w, what, &report(what, out), &[w.gpu(0)]);
 
@@ -1725,7 +1720,7 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
         if containerd_version() >= (1, 7) {
             let what = "CRI container, handler nvidia, CDI_devices nvidia.com/gpu=1";
             let out = pod
-                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"])
+                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"], &[])
                 .await;
             assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
         }
@@ -1778,7 +1773,7 @@ fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
                 &[]
             };
             let err = pod
-                .run_container_with_devices(
+                .run_container(
                     name,
                     &script,
                     &[("NVIDIA_VISIBLE_DEVICES", env)],
@@ -1804,7 +1799,7 @@ fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
         }
         let what = "CRI container, NVIDIA_VISIBLE_DEVICES=<uuid> beside its DeviceSpec";
         let out = pod
-            .run_container_with_devices(
+            .run_container(
                 "backed",
                 &script,
                 &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)],
@@ -1830,17 +1825,19 @@ fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
             "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
             checkpoint.display()
         ));
-        let what = "CRI container, NVIDIA_VISIBLE_DEVICES=<uuid> in the kubelet's checkpoint";
-        let out = pod
-            .run_container("ckpt", &script, &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)], &[], &[])
-            .await
-            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs()));
-        assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
-        let err = pod
-            .run_container("other", &script, &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)], &[], &[])
-            .await
-            .expect_err("a container the checkpoint does not name");
-        assert!(err.contains("is refused"), "{err}\n{}", logs());
+        // "ckpt" is the container the checkpoint names; "other" is not.
+        for name in ["ckpt", "other"] {
+            let what = format!("CRI container {name}, NVIDIA_VISIBLE_DEVICES=<uuid>, checkpoint");
+            let env = [("NVIDIA_VISIBLE_DEVICES", gpu.uuid.as_str())];
+            let out = pod.run_container(name, &script, &env, &[], &[], &[]).await;
+            match (name, out) {
+                ("ckpt", Ok(out)) => assert_gpus(&w, &what, &ProbeReport::parse(&out), &[gpu]),
+                ("other", Err(err)) => {
+                    assert!(err.contains("is refused"), "{what}: {err}\n{}", logs())
+                }
+                (_, out) => panic!("{what}: {out:?}\n{}", logs()),
+            }
+        }
         pod.remove().await;
     });
     drop(ctd);

@@ -236,26 +236,23 @@ fn allocation_backed_envvar_policy() {
         assert_rejected(&w, &rt, &b, &["allocation-backed", "is refused"]);
     }
     // volume-mounts markers back the variable even with accept-volume-mounts off.
-    let b = w.probe_bundle("marker", &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)]);
-    let mount = device_mount(&gpu.uuid);
-    b.edit(move |c| {
-        c["mounts"].as_array_mut().unwrap().push(mount);
-        Ok(())
-    })
-    .unwrap();
-    let r = w.run(&b);
+    let with_marker = |name: &str, env: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        let mount = device_mount(&gpu.uuid);
+        b.edit(move |c| {
+            c["mounts"].as_array_mut().unwrap().push(mount);
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let r = w.run(&with_marker("marker", &gpu.uuid));
     assert_no_problems(
         "envvar + volume-mount marker, allocation-backed",
         &gpu_container_problems(&r, &w.host, &[gpu]),
         &r,
     );
-    let b = w.probe_bundle("marker-wide", &[("NVIDIA_VISIBLE_DEVICES", &other.uuid)]);
-    let mount = device_mount(&gpu.uuid);
-    b.edit(move |c| {
-        c["mounts"].as_array_mut().unwrap().push(mount);
-        Ok(())
-    })
-    .unwrap();
+    let b = with_marker("marker-wide", &other.uuid);
     assert_rejected(&w, &rt, &b, &["does not name", &other.uuid]);
     // A CUDA image's `all` in a pod without a GPU: not a request, the container runs without.
     let b = w.probe_bundle("image-all", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
