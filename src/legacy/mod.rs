@@ -74,11 +74,6 @@ pub enum LegacyError {
         name: &'static str,
         path: PathBuf,
     },
-    #[error("{var} asks for the MIG {capability} capability, which only privileged containers (CAP_SYS_ADMIN) may have; run the container privileged or unset {var}")]
-    MigUnprivileged {
-        var: &'static str,
-        capability: &'static str,
-    },
     #[error("IMEX channel {channel} does not exist: no device node {path} (create the channel, e.g. through a ComputeDomain, or ask for one that exists)")]
     UnknownImexChannel { channel: u32, path: PathBuf },
 }
@@ -782,8 +777,8 @@ fn devices_path(host: &Host) -> PathBuf {
     host.roots().proc_root.join("devices")
 }
 
-/// MIG: each device's two capability nodes, in its GPU's group; `config` and `monitor` for
-/// privileged containers, in the driver's.
+/// MIG: each device's two capability nodes, in its GPU's group; `config` and `monitor` (which
+/// `request::env_policy` gives privileged containers only), in the driver's.
 fn mig_nodes(
     request: &Request,
     snapshot: &Snapshot,
@@ -839,9 +834,6 @@ fn mig_nodes(
     ] {
         if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
             continue;
-        }
-        if !request.privileged {
-            return Err(LegacyError::MigUnprivileged { var, capability });
         }
         // The capability is global; listed GPUs only have to exist (libnvidia-container
         // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).

@@ -21,7 +21,7 @@
 //! and container ids.
 
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nvshim::cdi::spec;
@@ -144,14 +144,27 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
     p.extend(r.smi_problems(&[gpu]));
     assert_no_problems("envvar strategy, time-sliced UUID twice", &p, &r);
 
-    // A node that trusts only the kubelet: the variable from an unprivileged container is
-    // ignored (config), from a privileged one honoured.
+    // A node that trusts only the kubelet: the variable from an unprivileged container fails
+    // the create (naming the setting and the fix) instead of running without its GPU; a CUDA
+    // image's own `all` is not a request there; a privileged container is honoured.
     w.configure("accept-envvar-unprivileged = false\n");
     let b = w.probe_bundle("b2", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    assert_rejected(
+        &w,
+        &w.shim(),
+        &b,
+        &[
+            "NVIDIA_VISIBLE_DEVICES",
+            "is refused",
+            "accept-envvar-unprivileged = false",
+            "volume-mounts",
+        ],
+    );
+    let b = w.probe_bundle("b2all", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
     let before = b.config_bytes().unwrap();
     let r = w.run(&b);
     assert_no_problems(
-        "unprivileged with accept-envvar-unprivileged = false",
+        "a CUDA image's all, unprivileged, accept-envvar-unprivileged = false",
         &r.no_nvidia_problems(&w.host),
         &r,
     );
@@ -164,6 +177,146 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
         &gpu_container_problems(&r, &w.host, &[gpu]),
         &r,
     );
+}
+
+/// A `linux.devices` entry as containerd writes a device plugin's `DeviceSpec`
+/// (`PASS_DEVICE_SPECS=true`) or a CDI device node it applied: the host node's numbers.
+fn engine_device(minor: u32) -> Value {
+    json!({"path": format!("/dev/nvidia{minor}"), "type": "c", "major": 195, "minor": minor, "fileMode": 8630, "uid": 0, "gid": 0})
+}
+
+/// `accept-envvar-unprivileged = "allocation-backed"` for each device-plugin strategy: the
+/// variable is honoured when the allocation beside it names (mounts, annotations) or holds
+/// (device nodes) the same GPUs, and a pod that widens it fails to create.
+#[test]
+fn allocation_backed_envvar_policy() {
+    let w = world();
+    w.configure("accept-envvar-unprivileged = \"allocation-backed\"\n");
+    let (gpu, other) = (w.gpu(1), w.gpu(0));
+    let rt = w.shim();
+    // The envvar strategy at its defaults: nothing beside the variable.
+    let b = w.probe_bundle("bare", &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)]);
+    assert_rejected(
+        &w,
+        &rt,
+        &b,
+        &["allocation-backed", "device checkpoint", &gpu.uuid],
+    );
+    // envvar with PASS_DEVICE_SPECS=true: the engine put the GPU's node in the spec.
+    let with_node = |name: &str, env: &str, minor: u32| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        b.edit(move |c| {
+            let devices = c
+                .pointer_mut("/linux/devices")
+                .and_then(Value::as_array_mut);
+            match devices {
+                Some(d) => d.push(engine_device(minor)),
+                None => c["linux"]["devices"] = json!([engine_device(minor)]),
+            }
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let r = w.run(&with_node("specs", &gpu.uuid, gpu.minor));
+    assert_no_problems(
+        "envvar + device specs, allocation-backed",
+        &gpu_container_problems(&r, &w.host, &[gpu]),
+        &r,
+    );
+    // The same allocation, and a pod that asks for every GPU or another one (also by CDI
+    // name, which a device node cannot back).
+    let b = with_node("wide-cdi", "nvidia.com/gpu=all", gpu.minor);
+    assert_rejected(&w, &rt, &b, &["allocation-backed", "not CDI names"]);
+    for (name, env) in [
+        ("wide-all", "all".to_string()),
+        ("wide-other", format!("{},{}", gpu.uuid, other.uuid)),
+    ] {
+        let b = with_node(name, &env, gpu.minor);
+        assert_rejected(&w, &rt, &b, &["allocation-backed", "is refused"]);
+    }
+    // volume-mounts markers back the variable even with accept-volume-mounts off.
+    let with_marker = |name: &str, env: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        let mount = device_mount(&gpu.uuid);
+        b.edit(move |c| {
+            c["mounts"].as_array_mut().unwrap().push(mount);
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let r = w.run(&with_marker("marker", &gpu.uuid));
+    assert_no_problems(
+        "envvar + volume-mount marker, allocation-backed",
+        &gpu_container_problems(&r, &w.host, &[gpu]),
+        &r,
+    );
+    let b = with_marker("marker-wide", &other.uuid);
+    assert_rejected(&w, &rt, &b, &["does not name", &other.uuid]);
+    // A CUDA image's `all` in a pod without a GPU: not a request, the container runs without.
+    let b = w.probe_bundle("image-all", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let r = w.run(&b);
+    assert_no_problems(
+        "image all, nothing allocated",
+        &r.no_nvidia_problems(&w.host),
+        &r,
+    );
+
+    // The envvar strategy at its defaults on a containerd node: the kubelet's checkpoint
+    // names the container's devices (shaped as kubelet devicemanager/checkpoint writes it;
+    // `::1` a time-sliced replica).
+    let checkpoint = w
+        .tmp
+        .path()
+        .join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    let write_checkpoint = |uid: &str, ids: Value, mode: u32| {
+        let doc = json!({"Data": {"PodDeviceEntries": [{
+            "PodUID": uid, "ContainerName": "cuda", "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": ids, "AllocResp": "CgA="
+        }], "RegisteredDevices": {"nvidia.com/gpu": [gpu.uuid, other.uuid]}}, "Checksum": 1});
+        let _ = fs::remove_file(&checkpoint);
+        fs::write(&checkpoint, doc.to_string()).unwrap();
+        fs::set_permissions(&checkpoint, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    w.configure(&format!(
+        "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
+        checkpoint.display()
+    ));
+    let pod = |name: &str, env: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        b.edit(|c| {
+            c["annotations"] = json!({
+                "io.kubernetes.cri.sandbox-uid": "0d6f1c2e-uid",
+                "io.kubernetes.cri.container-name": "cuda",
+            });
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    for (form, ids) in [
+        ("per-NUMA", json!({"0": [format!("{}::1", gpu.uuid)]})),
+        ("pre-1.20 list", json!([gpu.uuid])),
+    ] {
+        write_checkpoint("0d6f1c2e-uid", ids, 0o600);
+        let r = w.run(&pod(&format!("ckpt-{}", form.len()), &gpu.uuid));
+        assert_no_problems(
+            &format!("envvar at defaults, checkpoint {form}"),
+            &gpu_container_problems(&r, &w.host, &[gpu]),
+            &r,
+        );
+        let b = pod(&format!("ckpt-all-{}", form.len()), "all");
+        assert_rejected(&w, &rt, &b, &["more than its allocation", &gpu.uuid]);
+        let b = pod(&format!("ckpt-other-{}", form.len()), &other.uuid);
+        assert_rejected(&w, &rt, &b, &["does not name", &other.uuid]);
+    }
+    // Another pod's entry, or a checkpoint others can write, backs nothing.
+    write_checkpoint("another-pod", json!({"0": [gpu.uuid]}), 0o600);
+    assert_rejected(&w, &rt, &pod("ckpt-foreign", &gpu.uuid), &["is refused"]);
+    write_checkpoint("0d6f1c2e-uid", json!({"0": [gpu.uuid]}), 0o666);
+    assert_rejected(&w, &rt, &pod("ckpt-writable", &gpu.uuid), &["is refused"]);
 }
 
 /// A `/dev/null` mount as the kubelet writes the device plugin's `Mount` into the OCI spec.
@@ -1213,9 +1366,64 @@ fn imex_channels_by_env_and_by_cdi() {
         )
     };
 
+    // Unprivileged: refused under every accept-envvar-unprivileged value (IMEX channels come
+    // from the orchestrator), also when the GPU itself is allocation-backed.
+    for (i, config) in [
+        "",
+        "accept-envvar-unprivileged = false\n",
+        "accept-envvar-unprivileged = \"allocation-backed\"\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        w.configure(config);
+        for value in ["7", "0,3", "all,5"] {
+            let b = mknod_bundle(&w, &format!("unpriv{i}-{value}"), &[(major, 5)]);
+            b.set_env("NVIDIA_VISIBLE_DEVICES", "0").unwrap();
+            b.set_env("NVIDIA_IMEX_CHANNELS", value).unwrap();
+            if i == 2 {
+                let m = device_mount("0");
+                b.edit(move |c| {
+                    c["mounts"].as_array_mut().unwrap().push(m);
+                    Ok(())
+                })
+                .unwrap();
+            }
+            let needle = if i == 1 {
+                "NVIDIA_VISIBLE_DEVICES"
+            } else {
+                "NVIDIA_IMEX_CHANNELS"
+            };
+            assert_rejected(&w, &w.shim(), &b, &[needle, "is refused"]);
+        }
+    }
+    w.configure("");
+    // Beside a CDI annotation (the orchestrator's channel) the variable is not served.
+    let mixed = annotated_bundle(
+        &w,
+        "mixed",
+        json!({"cdi.k8s.io/compute-domain": "nvidia.com/imex-channel=3"}),
+    );
+    mixed.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
+    mixed.set_env("NVIDIA_IMEX_CHANNELS", "5").unwrap();
+    let mixed_spec = w.run_cdi.join("nvidia-imex.yaml");
+    // The operator's opt-in (cdi-env-kinds), then privileged containers.
+    w.configure("cdi-env-kinds = [\"nvidia.com/gpu\", \"nvidia.com/imex-channel\"]\n");
+    let b2 = w.probe_bundle(
+        "optin",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_IMEX_CHANNELS", "5"),
+        ],
+    );
+    let r = w.run(&b2);
+    assert_eq!(imex_nodes(&r), vec![channel(5)], "{}", r.raw);
+    w.configure("");
+
     let b = mknod_bundle(&w, "env", &[(major, 5)]);
     b.set_env("NVIDIA_VISIBLE_DEVICES", "0").unwrap();
     b.set_env("NVIDIA_IMEX_CHANNELS", "0,3").unwrap();
+    privileged(&b);
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
     let seen = imex_nodes(&r);
@@ -1244,6 +1452,7 @@ fn imex_channels_by_env_and_by_cdi() {
             ("NVIDIA_IMEX_CHANNELS", "7"),
         ],
     );
+    privileged(&b);
     assert_rejected(&w, &w.shim(), &b, &["IMEX channel 7", "channel7"]);
 
     // `nvshim cdi generate --mode imex`: kind nvidia.com/imex-channel, a device per channel.
@@ -1273,6 +1482,10 @@ fn imex_channels_by_env_and_by_cdi() {
     let r = w.run(&b);
     let seen = imex_nodes(&r);
     assert_eq!(seen, vec![channel(3)], "{}", r.raw);
+    // The annotation's channel only, whatever the unprivileged image's variable says.
+    assert_eq!(path, mixed_spec);
+    let r = w.run(&mixed);
+    assert_eq!(imex_nodes(&r), vec![channel(3)], "{}", r.raw);
 }
 
 // ---- GPU Operator layout and MPS ----------------------------------------------------------------
