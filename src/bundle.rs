@@ -71,10 +71,15 @@ pub struct Bundle {
     raw: Option<RawMember>,
 }
 
-/// The bytes of `<dir>/config.json`.
-fn read_config(dir: &Path) -> Result<Vec<u8>, BundleError> {
+/// The most of config.json read, as the hook's limit (hooks/src/state.rs); a real one is
+/// 10-40 KB.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The bytes of `<dir>/config.json` ([`crate::hostfile`]: a FIFO there does not block).
+pub fn read_config(dir: &Path) -> Result<Vec<u8>, BundleError> {
     let path = dir.join("config.json");
-    fs::read(&path).map_err(|source| BundleError::Read { path, source })
+    crate::hostfile::read(&path, MAX_CONFIG_BYTES)
+        .map_err(|source| BundleError::Read { path, source })
 }
 
 /// A member of the `linux` object kept as the text it was (module doc).
@@ -114,10 +119,11 @@ impl Bundle {
     /// Loads a config.json kept outside a bundle (`nvshim explain --spec FILE`); errors name
     /// the file, and the bundle directory is the file's directory.
     pub fn load_file(path: &Path) -> Result<Bundle, BundleError> {
-        let original = fs::read(path).map_err(|source| BundleError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let original =
+            crate::hostfile::read(path, MAX_CONFIG_BYTES).map_err(|source| BundleError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),

@@ -173,7 +173,7 @@ impl Config {
 
     /// Loads `path`; a missing file means defaults.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        match std::fs::read_to_string(path) {
+        match crate::hostfile::read_to_string(path, crate::hostfile::CONFIG_LIMIT) {
             Ok(text) => Config::parse(path, &text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
             Err(source) => Err(ConfigError::Read {
