@@ -4,7 +4,7 @@
 //! clear error or a skip naming the path, never in a process that blocks (the systemd unit runs
 //! `cdi refresh` every 30 s) or reads forever. Each command runs under [`finishes`], which
 //! turns a hang into a failure. A symlinked node spec stays a symlink after a refresh, as
-//! engine configs do.
+//! engine configs do. A `cache-dir` below a directory others can write is not used.
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -267,4 +267,50 @@ fn a_bundle_config_json_that_is_a_fifo_fails_the_create() {
     let cmd = create(&w, bundle.dir(), &w.config);
     refused(&finishes(cmd), &config_json, "a FIFO");
     assert!(is_fifo(&config_json));
+}
+
+/// A `cache-dir` another user could write above (a world-writable parent, a parent of another
+/// owner) is not used: the container still gets its GPU through the CDI spec, nothing is
+/// written there, and the log says once why. The same world with a root-owned 0755 parent
+/// writes the CDI index there (what shows the check is the only difference).
+#[test]
+fn a_cache_dir_others_could_write_is_not_used() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = world();
+    w.generate();
+    let parent = w.tmp.path().join("shared");
+    fs::create_dir_all(&parent).unwrap();
+    let cache = parent.join("cache");
+    for (case, mode, owner) in [
+        ("world-writable", 0o777, 0),
+        ("group-writable", 0o775, 0),
+        ("another user's", 0o755, 65534),
+        ("root's 0755", 0o755, 0),
+    ] {
+        let _ = fs::remove_dir_all(&cache);
+        fs::set_permissions(&parent, fs::Permissions::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(&parent, Some(owner), Some(owner)).unwrap();
+        w.configure(&format!("cache-dir = {:?}\n", cache.display().to_string()));
+        let _ = fs::remove_file(w.config.with_file_name("nvshim.log"));
+        let bundle = w.probe_bundle(&format!("cache-{owner}-{mode:o}"), &[]);
+        bundle
+            .edit(|c| {
+                c["annotations"] = serde_json::json!({"cdi.k8s.io/e2e": "nvidia.com/gpu=0"});
+                Ok(())
+            })
+            .unwrap();
+        let r = w.run(&bundle);
+        let problems = r.gpu_problems(&w.host, &[w.gpu(0)]);
+        assert!(problems.is_empty(), "{case}: {problems:?}");
+        let log = w.shim_log();
+        let used = cache.exists() && fs::read_dir(&cache).unwrap().next().is_some();
+        if case == "root's 0755" {
+            assert!(used, "{case}: no index written");
+            assert!(!log.contains("caches off"), "{log}");
+        } else {
+            assert!(!used, "{case}: the cache dir was used");
+            assert_eq!(log.matches("caches off").count(), 1, "{case}: {log}");
+            assert!(log.contains(&parent.display().to_string()), "{log}");
+        }
+    }
 }
