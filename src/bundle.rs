@@ -75,9 +75,8 @@ pub struct Bundle {
     raw: Option<RawMember>,
 }
 
-/// The most of config.json read, as the hook's limit (hooks/src/state.rs); a real one is
-/// 10-40 KB.
-pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// The most of config.json read: the hook's limit.
+pub const MAX_CONFIG_BYTES: u64 = nvshim_hook::state::MAX_CONFIG;
 
 /// The bytes of `<dir>/config.json` ([`crate::hostfile`]: a FIFO there does not block).
 pub fn read_config(dir: &Path) -> Result<Vec<u8>, BundleError> {

@@ -747,13 +747,7 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
 /// is `opendir`: its `DIR` comes from musl's malloc as a fresh mapping, mapped and unmapped
 /// for each directory.
 pub fn list_dir(path: &Path) -> io::Result<Vec<DirEnt>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // O_DIRECTORY: a FIFO at the path is ENOTDIR, not an open that blocks.
-    let dir = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(path)?;
-    read_dir_fresh(dir.as_fd())
+    read_dir_fresh(crate::hostfile::open_dir(path)?.as_fd())
 }
 
 /// [`read_dir`] of a directory fd just opened (never listed, so at its start): without the
