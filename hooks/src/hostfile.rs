@@ -40,6 +40,12 @@ impl From<Refused> for io::Error {
     }
 }
 
+/// The [`Refused`] inside an error of this module, if it is one.
+pub fn refused(e: &io::Error) -> Option<&Refused> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<Refused>())
+}
+
 /// What a file type is called in messages; `None` for a regular file.
 pub fn special_kind(ft: std::fs::FileType) -> Option<&'static str> {
     Some(if ft.is_file() {
@@ -81,7 +87,10 @@ pub fn open(path: &Path, limit: u64) -> io::Result<(File, Metadata)> {
 /// Reads what is left of `r`, at most `limit` bytes (one more is read to notice a larger
 /// file); `hint` is the size expected (the `fstat` size; 0 for kernel files).
 pub fn read_bounded(r: impl Read, hint: u64, limit: u64) -> io::Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(hint.min(limit) as usize + 1);
+    // Room up front: `take` hides the size from `read_to_end`, which otherwise starts small and
+    // doubles; a kernel file gives no size, and a page is what procfs hands out per read.
+    let room = if hint == 0 { 4096 } else { hint };
+    let mut bytes = Vec::with_capacity(room.min(limit) as usize + 1);
     r.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(Refused::TooLarge {

@@ -290,13 +290,13 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
 
 fn read_bytes_with_meta(path: &Path) -> Result<(Vec<u8>, std::fs::Metadata), LoadError> {
     use crate::hostfile::Refused;
-    crate::hostfile::read_with_meta(path, MAX_SPEC_BYTES).map_err(|e| {
-        match e.get_ref().and_then(|i| i.downcast_ref::<Refused>()) {
+    crate::hostfile::read_with_meta(path, MAX_SPEC_BYTES).map_err(
+        |e| match crate::hostfile::refused(&e) {
             Some(Refused::NotRegular(what)) => LoadError::NotRegular(what),
             Some(Refused::TooLarge { size, .. }) => LoadError::TooLarge(*size),
             None => LoadError::Read(e),
-        }
-    })
+        },
+    )
 }
 
 fn version_rank(v: &str) -> Option<usize> {
