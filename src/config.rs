@@ -170,6 +170,10 @@ pub struct Config {
     /// none of them (every CDI `create` reads every spec). Made 0700 on first use; a read-only
     /// one only costs the caches.
     pub cache_dir: PathBuf,
+    /// Why `cache-dir` was turned off ([`crate::cache::untrusted_dir`]), for the one warning
+    /// the binary logs once its log is open; not a setting.
+    #[serde(skip)]
+    pub cache_dir_refused: Option<String>,
     /// Annotation key prefixes read as CDI device requests.
     pub cdi_annotation_prefixes: Vec<String>,
     /// Kind used for unqualified device names in `cdi` mode.
@@ -201,6 +205,7 @@ impl Default for Config {
             mode: Mode::Auto,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             cache_dir: PathBuf::from(nvshim_hook::cache::DEFAULT_DIR),
+            cache_dir_refused: None,
             cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
             cdi_default_kind: "nvidia.com/gpu".into(),
             disable_require: false,
@@ -226,16 +231,27 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
     }
 
-    /// Loads `path`; a missing file means defaults.
+    /// Loads `path`; a missing file means defaults. A `cache-dir` that others could write is
+    /// turned off (empty), the reason kept in `cache_dir_refused`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(path, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
-            Err(source) => Err(ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
+        let mut config = match crate::hostfile::read_to_string(path, crate::hostfile::CONFIG_LIMIT)
+        {
+            Ok(text) => Config::parse(path, &text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        if !config.cache_dir.as_os_str().is_empty() {
+            if let Some(why) = crate::cache::untrusted_dir(&config.cache_dir) {
+                config.cache_dir_refused = Some(format!("caches off: {why}"));
+                config.cache_dir = PathBuf::new();
+            }
         }
+        Ok(config)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {

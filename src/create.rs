@@ -642,7 +642,7 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>
     let plan = match plan(config, dir, tools) {
         Ok(plan) => plan,
         Err(e @ (CreateError::Bundle(_) | CreateError::Request { .. })) => {
-            let marked = match std::fs::read(dir.join("config.json")) {
+            let marked = match crate::bundle::read_config(dir) {
                 Ok(bytes) => may_request_gpus(&bytes, config),
                 Err(_) => true,
             };

@@ -30,7 +30,6 @@
 //! changed together.
 
 use std::ffi::{CStr, OsStr, OsString};
-use std::fs::File;
 use std::io::{Read, Write};
 use std::os::raw::{c_char, c_int};
 use std::os::unix::ffi::OsStrExt;
@@ -432,7 +431,9 @@ fn value(
 fn read_state(spec: Option<&str>, stdin: impl Read) -> Result<State, String> {
     match spec.filter(|s| !s.is_empty() && *s != "-") {
         Some(path) => {
-            let file = File::open(path).map_err(|e| format!("{path}: {e}"))?;
+            // `read` bounds it; opened as every host file is ([`crate::hostfile`]).
+            let (file, _) = crate::hostfile::open(Path::new(path), u64::MAX)
+                .map_err(|e| format!("{path}: {e}"))?;
             State::read(file, path)
         }
         None => State::read(stdin, "stdin"),

@@ -11,7 +11,8 @@
 //!
 //! Also the edges of the two binaries' musl builds, [`arena`] (their allocator), [`memcpy`] and
 //! [`memcmp`]: here, in the library both short-lived binaries link, rather than in `nvshim`'s;
-//! and [`cache`], the identity rule of the answers nvshim keeps between processes.
+//! [`cache`], the identity rule of the answers nvshim keeps between processes, and
+//! [`hostfile`], how a file outside a container is read.
 
 pub mod apply_cuda_memory_limits;
 pub mod arena;
@@ -25,6 +26,7 @@ pub mod elf;
 pub mod elf_facts;
 pub mod enable_cuda_compat;
 pub mod fallback;
+pub mod hostfile;
 pub mod ldcache;
 pub mod ldconfig;
 pub mod memcmp;

@@ -747,7 +747,7 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
 /// is `opendir`: its `DIR` comes from musl's malloc as a fresh mapping, mapped and unmapped
 /// for each directory.
 pub fn list_dir(path: &Path) -> io::Result<Vec<DirEnt>> {
-    read_dir_fresh(File::open(path)?.as_fd())
+    read_dir_fresh(crate::hostfile::open_dir(path)?.as_fd())
 }
 
 /// [`read_dir`] of a directory fd just opened (never listed, so at its start): without the

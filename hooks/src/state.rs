@@ -6,7 +6,6 @@
 //! joined to the bundle when relative. Both files are read with a size limit and only the fields
 //! needed are decoded.
 
-use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
@@ -15,8 +14,8 @@ use thiserror::Error;
 
 /// Largest state document read from stdin.
 const MAX_STATE: u64 = 1 << 20;
-/// Largest config.json read (real ones are tens of KiB).
-const MAX_CONFIG: u64 = 16 << 20;
+/// Largest config.json read (real ones are tens of KiB); nvshim-runtime's limit too.
+pub const MAX_CONFIG: u64 = 16 << 20;
 
 #[derive(Debug, Error)]
 pub enum StateError {
@@ -157,10 +156,12 @@ impl State {
             });
         }
         let path = Path::new(&self.bundle).join("config.json");
-        let file = File::open(&path).map_err(|source| StateError::Config {
-            path: path.clone(),
-            source,
-        })?;
+        // Non-blocking, a regular file ([`crate::hostfile`]): a FIFO there does not hang runc.
+        let (file, _) =
+            crate::hostfile::open(&path, MAX_CONFIG).map_err(|source| StateError::Config {
+                path: path.clone(),
+                source,
+            })?;
         let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
         let config = serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
             path: path.clone(),
@@ -269,6 +270,18 @@ mod tests {
         assert_eq!(s.container_root().unwrap(), dir.path().join("rootfs"));
         assert_eq!(s.pid, Some(42));
         assert_eq!(s.process_env().unwrap(), ["X=1"]);
+    }
+
+    /// A FIFO at `<bundle>/config.json` is an error naming it, not a hook that blocks runc.
+    #[test]
+    fn a_fifo_config_json_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        nvshim_testsupport::hook_harness::mkfifo(&config);
+        let state = format!(r#"{{"id":"c","bundle":{:?}}}"#, dir.path());
+        let s = State::read(state.as_bytes(), "stdin").unwrap();
+        let e = s.process_env().unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("a FIFO"), "{e}");
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub(super) fn entries_of(
     if let Some(hit) = bytes.as_deref().and_then(|b| decode(b, &key_text, stems)) {
         return Some(Ok(Ok(hit)));
     }
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::hostfile::read(path, super::LD_CACHE_LIMIT) {
         Ok(bytes) => bytes,
         Err(e) => return Some(Err(e)),
     };

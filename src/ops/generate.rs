@@ -574,12 +574,14 @@ pub fn generate_imex(host: &Host, opts: &Options) -> Result<Spec, GenerateError>
 
 /// Writes `text` to `path` with [`crate::atomic::write`] (its temporary name never ends in
 /// `.json` or `.yaml`, so a consumer scanning the directory meanwhile skips it), data flushed,
-/// mode 0644 as NVIDIA writes specs: a consumer never reads half a spec.
+/// mode 0644 as NVIDIA writes specs: a consumer never reads half a spec. A symlink at `path`
+/// is written through, a FIFO or device there refused ([`crate::atomic::target`]).
 pub fn write_atomically(path: &Path, text: &str) -> Result<(), GenerateError> {
     let err = |source| GenerateError::Write {
         path: path.to_path_buf(),
         source,
     };
+    let path = &crate::atomic::target(path).map_err(err)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(err)?;
     }
