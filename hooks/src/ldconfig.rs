@@ -59,6 +59,20 @@ const MAX_INCLUDE_DEPTH: u32 = 8;
 const MAX_CONF_FILES: usize = 4096;
 /// Most directories in the search list.
 const MAX_DIRS: usize = 4096;
+/// Most bytes of configuration read in one run, all files together.
+const MAX_CONF_TOTAL: usize = 8 << 20;
+/// Most lines naming a directory in one run, all files together.
+const MAX_DIR_LINES: usize = 16_384;
+/// Most directories `include` globs list in one run, all patterns together.
+pub const MAX_GLOB_DIRS: usize = 1024;
+/// Most directory entries `include` globs read in one run, all listings together.
+pub const MAX_GLOB_NAMES: usize = 16_384;
+/// Most paths `include` globs produce in one run (intermediate directories and matches).
+pub const MAX_GLOB_MATCHES: usize = 4096;
+/// Longest `include` pattern expanded (`PATH_MAX`); no file name is longer than `NAME_MAX`,
+/// so neither is a pattern component that could match one.
+const MAX_PATTERN_LEN: usize = 4096;
+const NAME_MAX: usize = 255;
 /// `FLAG_ANY`: a directory with no `=type` suffix.
 const FLAG_ANY: i32 = -1;
 /// The bit `tls` subdirectories set in `hwcap` (`TLS_HWCAP_BIT`).
@@ -121,6 +135,29 @@ pub struct Config {
     /// Every `glibc-hwcaps` subdirectory name found, for the string table.
     pub hwcaps_names: BTreeSet<String>,
     pub warnings: Vec<String>,
+    /// What the `include` globs cost.
+    pub globbed: Budget,
+}
+
+/// What `include` globs may still cost in one configuration read, spent while they expand
+/// (self-links, symlink loops, wide or deep trees and `*/*/*` patterns make the full expansion
+/// exponential): once a limit is reached, expansion stops with what it has and one warning.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Budget {
+    /// Directories listed.
+    pub dirs: usize,
+    /// Directory entries read.
+    pub names: usize,
+    /// Paths produced, intermediate or final.
+    pub matches: usize,
+    /// Why expansion stopped, once it has.
+    pub stopped: Option<String>,
+}
+
+impl Budget {
+    fn stop(&mut self, why: String) {
+        self.stopped.get_or_insert(why);
+    }
 }
 
 impl Config {
@@ -206,10 +243,16 @@ pub fn read_config_from(
         root,
         own_file,
         files: 0,
+        bytes: 0,
+        dir_lines: 0,
+        limits_met: Vec::new(),
         config: Config::default(),
         first,
     };
     reader.parse_conf(conf, 0);
+    if let Some(why) = reader.config.globbed.stopped.clone() {
+        reader.warn(why);
+    }
     for dir in system {
         reader.add_dir(dir, false);
     }
@@ -220,6 +263,12 @@ struct ConfigReader<'a> {
     root: &'a Root,
     own_file: &'a str,
     files: usize,
+    /// Configuration bytes read so far.
+    bytes: usize,
+    /// Lines naming a directory so far.
+    dir_lines: usize,
+    /// The limits met so far ([`ConfigReader::limit`]).
+    limits_met: Vec<&'static str>,
     config: Config,
     /// The top file's content, when the caller read it.
     first: Option<&'a [u8]>,
@@ -240,18 +289,29 @@ impl ConfigReader<'_> {
         self.config.warnings.push(message);
     }
 
+    /// Warns of the first time a limit of `kind` is met only: a hostile image meets one
+    /// thousands of times.
+    fn limit(&mut self, kind: &'static str, message: String) {
+        if !self.limits_met.contains(&kind) {
+            self.limits_met.push(kind);
+            self.warn(message);
+        }
+    }
+
     fn parse_conf(&mut self, filename: &str, depth: u32) {
         if depth > MAX_INCLUDE_DEPTH {
-            self.warn(format!(
-                "{}: include nesting deeper than {MAX_INCLUDE_DEPTH}; not read",
-                self.root.display(filename)
-            ));
+            let file = self.root.display(filename);
+            self.limit(
+                "depth",
+                format!("{file}: include nesting deeper than {MAX_INCLUDE_DEPTH}; not read"),
+            );
             return;
         }
         if self.files >= MAX_CONF_FILES {
-            self.warn(format!(
-                "more than {MAX_CONF_FILES} configuration files; {filename} not read"
-            ));
+            self.limit(
+                "files",
+                format!("more than {MAX_CONF_FILES} configuration files; {filename} not read"),
+            );
             return;
         }
         self.files += 1;
@@ -265,11 +325,20 @@ impl ConfigReader<'_> {
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    self.warn(format!("ignoring configuration file: {e}"));
+                    self.limit("unreadable", format!("ignoring configuration file: {e}"));
                     return;
                 }
             },
         };
+        self.bytes += data.len();
+        if self.bytes > MAX_CONF_TOTAL {
+            let file = self.root.display(filename);
+            self.limit(
+                "bytes",
+                format!("more than {MAX_CONF_TOTAL} bytes of configuration; {file} not read"),
+            );
+            return;
+        }
         let own = filename == self.own_file;
         for raw in data.split(|&b| b == b'\n') {
             // Cut at '#', skip leading white space, ignore blank lines.
@@ -293,7 +362,17 @@ impl ConfigReader<'_> {
                 && is_blank(line[5])
             {
                 // "hwcap directive ignored"
+            } else if self.dir_lines >= MAX_DIR_LINES {
+                let file = self.root.display(filename);
+                self.limit(
+                    "lines",
+                    format!(
+                        "more than {MAX_DIR_LINES} directory lines; the rest of {file} ignored"
+                    ),
+                );
+                return;
             } else if let Ok(line) = std::str::from_utf8(line) {
+                self.dir_lines += 1;
                 self.add_dir(line, own);
             }
         }
@@ -310,7 +389,7 @@ impl ConfigReader<'_> {
         } else {
             pattern.to_string()
         };
-        for file in glob(self.root, &pattern) {
+        for file in glob(self.root, &pattern, &mut self.config.globbed) {
             self.parse_conf(&file, depth + 1);
         }
     }
@@ -394,14 +473,49 @@ fn is_space_char(c: char) -> bool {
 }
 
 /// `glob(3)` below the root for the `*`, `?` and `[...]` patterns of an `include` line, with
-/// glibc's defaults: a leading `.` only matched explicitly, results sorted by `strcmp`.
-pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
-    let absolute = pattern.starts_with('/');
-    let mut found: Vec<String> = vec![String::new()];
+/// glibc's defaults: a leading `.` only matched explicitly, results sorted by `strcmp`. What it
+/// lists, reads and produces is taken from `budget` as it goes ([`Budget`]): at a limit the
+/// expansion stops and returns what it has.
+pub fn glob(root: &Root, pattern: &str, budget: &mut Budget) -> Vec<String> {
     let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
+    if comps.is_empty() {
+        return Vec::new();
+    }
+    let absolute = pattern.starts_with('/');
+    if !has_magic(pattern) {
+        // One path, nothing listed: also after a limit was reached.
+        let path: Vec<String> = comps.iter().map(|c| unescape(c)).collect();
+        return vec![format!(
+            "{}{}",
+            if absolute { "/" } else { "" },
+            path.join("/")
+        )];
+    }
+    if budget.stopped.is_some() {
+        return Vec::new();
+    }
+    if pattern.len() > MAX_PATTERN_LEN || comps.iter().any(|c| c.len() > NAME_MAX) {
+        budget.stop(format!(
+            "include pattern {:?}: longer than a path; not expanded",
+            pattern.chars().take(64).collect::<String>()
+        ));
+        return Vec::new();
+    }
+    let mut found: Vec<String> = vec![String::new()];
     for (i, comp) in comps.iter().enumerate() {
         let last = i + 1 == comps.len();
         let mut next = Vec::new();
+        let mut add = |budget: &mut Budget, path: String| {
+            if budget.matches >= MAX_GLOB_MATCHES {
+                budget.stop(format!(
+                    "include {pattern:?}: more than {MAX_GLOB_MATCHES} paths; expansion stopped"
+                ));
+                return false;
+            }
+            budget.matches += 1;
+            next.push(path);
+            true
+        };
         for base in &found {
             let join = |name: &str| {
                 if base.is_empty() && !absolute {
@@ -411,8 +525,17 @@ pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
                 }
             };
             if !has_magic(comp) {
-                next.push(join(&unescape(comp)));
+                if !add(budget, join(&unescape(comp))) {
+                    break;
+                }
                 continue;
+            }
+            if budget.dirs >= MAX_GLOB_DIRS {
+                budget.stop(format!(
+                    "include {pattern:?}: more than {MAX_GLOB_DIRS} directories listed; \
+                     expansion stopped"
+                ));
+                break;
             }
             let dir = if base.is_empty() {
                 if absolute { "/" } else { "." }.to_string()
@@ -422,9 +545,18 @@ pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
             let Ok(Some(fd)) = root.open_dir(&dir, false) else {
                 continue;
             };
-            let Ok(entries) = root::read_dir_fresh(fd.as_fd()) else {
+            budget.dirs += 1;
+            let left = MAX_GLOB_NAMES - budget.names;
+            let Ok(entries) = root::read_dir_upto(fd.as_fd(), left) else {
                 continue;
             };
+            budget.names += entries.len();
+            if entries.len() == left {
+                budget.stop(format!(
+                    "include {pattern:?}: more than {MAX_GLOB_NAMES} directory entries read; \
+                     expansion stopped"
+                ));
+            }
             for e in entries {
                 let Ok(name) = std::str::from_utf8(&e.name) else {
                     continue;
@@ -436,13 +568,19 @@ pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
                 {
                     continue;
                 }
-                next.push(join(name));
+                if !add(budget, join(name)) {
+                    break;
+                }
+            }
+            if budget.stopped.is_some() {
+                break;
             }
         }
+        if budget.stopped.is_some() && !last {
+            // Directories still to be searched: no file found.
+            return Vec::new();
+        }
         found = next;
-    }
-    if comps.is_empty() {
-        return Vec::new();
     }
     found.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     found.dedup();
@@ -474,6 +612,9 @@ pub fn fnmatch(pattern: &[u8], name: &[u8]) -> bool {
         return false;
     }
     fn go(p: &[u8], n: &[u8]) -> bool {
+        // A '[' after the last ']' is never closed: an ordinary character, found without
+        // scanning the rest of the pattern each time.
+        let closed_before = p.iter().rposition(|&c| c == b']').unwrap_or(0);
         let (mut pi, mut ni) = (0usize, 0usize);
         // Backtracking point for the last '*': (pattern index after '*', name index).
         let mut star: Option<(usize, usize)> = None;
@@ -486,6 +627,7 @@ pub fn fnmatch(pattern: &[u8], name: &[u8]) -> bool {
                         continue;
                     }
                     b'?' => Some(pi + 1),
+                    b'[' if pi >= closed_before => (n[ni] == b'[').then_some(pi + 1),
                     b'[' => match bracket(&p[pi..], n[ni]) {
                         Some((true, len)) => Some(pi + len),
                         Some((false, _)) => None,

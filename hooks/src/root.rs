@@ -753,6 +753,16 @@ pub fn list_dir(path: &Path) -> io::Result<Vec<DirEnt>> {
 /// [`read_dir`] of a directory fd just opened (never listed, so at its start): without the
 /// rewind, one system call fewer per directory (a walk of a MIG host's `/proc` opens 66).
 pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
+    let out = read_dir_upto(dir, MAX_DIR_ENTRIES + 1)?;
+    if out.len() > MAX_DIR_ENTRIES {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    Ok(out)
+}
+
+/// The first `limit` entries of a directory fd just opened ([`read_dir_fresh`]), in the
+/// kernel's order: the rest is not read.
+pub fn read_dir_upto(dir: BorrowedFd, limit: usize) -> io::Result<Vec<DirEnt>> {
     let mut out = Vec::new();
     // Not zeroed: the kernel writes what is read (zeroing 32 KiB per directory was an eighth of
     // a GPU container's fix-ups hook, callgrind). On the stack, not the heap: a heap buffer
@@ -795,8 +805,8 @@ pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
                 .unwrap_or(name_bytes.len());
             let name = &name_bytes[..len];
             if name != b"." && name != b".." {
-                if out.len() >= MAX_DIR_ENTRIES {
-                    return Err(io::Error::from_raw_os_error(libc::EFBIG));
+                if out.len() >= limit {
+                    return Ok(out);
                 }
                 out.push(DirEnt {
                     name: name.to_vec(),

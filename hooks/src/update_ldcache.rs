@@ -552,7 +552,8 @@ fn mounted_names(
 /// name no directory, are left out (the configuration reader reports them).
 fn compat_dirs(root: &Root) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    for file in ldconfig::glob(root, "/etc/ld.so.conf.d/00-compat-*.conf") {
+    let mut budget = ldconfig::Budget::default();
+    for file in ldconfig::glob(root, "/etc/ld.so.conf.d/00-compat-*.conf", &mut budget) {
         let Ok(Some(data)) = root.read_regular(&file, 1 << 20) else {
             continue;
         };

@@ -318,3 +318,20 @@ fn nvidiascape_image_cannot_preload_into_the_hook() {
         "the image's LD_PRELOAD library ran in a hook"
     );
 }
+
+/// Issue 38 item 3: an image whose `include` lines expand without end (60 self-links, and the
+/// wide directory of 17,000 matches) still starts, and its dynamic linker finds libcuda: the
+/// hook stops expanding at its limits and warns.
+#[test]
+fn include_bombs_do_not_stop_the_container() {
+    for bomb in ["self-links", "wide-dir"] {
+        let work = tempfile::tempdir().unwrap();
+        let bundle = new_bundle(work.path());
+        crate::malicious::include_bomb(&Tree::new(bundle.rootfs().path()), bomb);
+        let out = run_container(&bundle, driver_hooks(true), &[]);
+        assert!(
+            has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
+            "{bomb}: {out}"
+        );
+    }
+}
