@@ -701,6 +701,29 @@ fn fdinfo_mount_id(text: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Whether the directory `dir` lies strictly below the directory whose `stat` is `ancestor`:
+/// `..` is followed up to the top of the tree (the directory that is its own parent), across
+/// mounts as the kernel walks them, so a symlink or mount that led elsewhere is seen.
+pub fn is_below(dir: BorrowedFd, ancestor: &libc::stat) -> io::Result<bool> {
+    let id = |st: &libc::stat| (st.st_dev, st.st_ino);
+    let parent = |fd: BorrowedFd| openat(fd, b"..", libc::O_PATH | libc::O_DIRECTORY, 0);
+    let mut here = parent(dir)?;
+    let mut st = fstat(here.as_fd())?;
+    // PATH_MAX / 2: no deeper directory has a path.
+    for _ in 0..2048 {
+        if id(&st) == id(ancestor) {
+            return Ok(true);
+        }
+        let up = parent(here.as_fd())?;
+        let up_st = fstat(up.as_fd())?;
+        if id(&up_st) == id(&st) {
+            return Ok(false);
+        }
+        (here, st) = (up, up_st);
+    }
+    Ok(false)
+}
+
 /// ENOENT, or ENOTDIR from a path through a regular file: "not there".
 pub fn is_missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
