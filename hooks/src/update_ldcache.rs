@@ -205,27 +205,34 @@ fn musl(
     let name = format!("ld-musl-{}.path", musl_arch());
     let path = format!("/etc/{name}");
     let old = root.read_regular(&path, MAX_MUSL_PATH_LEN)?;
+    // Bytes, as musl reads them: a directory whose name is not UTF-8 is kept as written.
     let mut content = match &old {
-        Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        None => format!("{MUSL_DEFAULT_PATH}\n"),
+        Some(bytes) => bytes.clone(),
+        None => format!("{MUSL_DEFAULT_PATH}\n").into_bytes(),
     };
-    let present: Vec<String> = content
-        .split([':', '\n'])
-        .map(|s| s.trim().trim_end_matches('/').to_string())
+    let present: Vec<Vec<u8>> = content
+        .split(|&b| b == b':' || b == b'\n')
+        .map(|s| {
+            let mut s = s.trim_ascii();
+            while let [rest @ .., b'/'] = s {
+                s = rest;
+            }
+            s.to_vec()
+        })
         .filter(|s| !s.is_empty())
         .collect();
     for f in folders {
-        if !present.iter().any(|p| p == f) {
-            if !content.is_empty() && !content.ends_with('\n') {
-                content.push('\n');
+        if !present.iter().any(|p| p == f.as_bytes()) {
+            if !content.is_empty() && !content.ends_with(b"\n") {
+                content.push(b'\n');
             }
-            content.push_str(f);
-            content.push('\n');
+            content.extend_from_slice(f.as_bytes());
+            content.push(b'\n');
         }
     }
-    if old.as_deref() != Some(content.as_bytes()) {
+    if old.as_deref() != Some(content.as_slice()) {
         let etc = root.mkdir_all("/etc", 0o755, true)?;
-        root::replace_file(etc.as_fd(), &name, content.as_bytes(), 0o644)
+        root::replace_file(etc.as_fd(), &name, &content, 0o644)
             .map_err(|e| write_error(root, &path, e))?;
         report.written.push(path);
     }
@@ -560,10 +567,12 @@ fn compat_dirs(root: &Root) -> Vec<(u64, u64)> {
         let Ok(Some(data)) = root.read_regular(&file, 1 << 20) else {
             continue;
         };
-        for line in String::from_utf8_lossy(&data).lines() {
-            let line = line.split('#').next().unwrap_or_default().trim();
-            let path = line.split('=').next().unwrap_or_default().trim_end();
-            if !path.starts_with('/') {
+        for line in data.split(|&b| b == b'\n') {
+            let line = line.split(|&b| b == b'#').next().unwrap_or_default();
+            let line = line.trim_ascii();
+            let path = line.split(|&b| b == b'=').next().unwrap_or_default();
+            let path = path.trim_ascii_end();
+            if !path.starts_with(b"/") {
                 continue;
             }
             if let Ok(Some(st)) = root.stat(path) {

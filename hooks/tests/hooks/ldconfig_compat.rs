@@ -553,6 +553,13 @@ fn musl_image_gets_path_file_and_links() {
             fs::read_to_string(root.join("etc/ld-musl-x86_64.path")).unwrap(),
             "/lib\n/usr/lib\n/usr/lib/x86_64-linux-gnu\n"
         );
+        // A line that is not UTF-8 is kept byte for byte (issue 38 item 8).
+        fs::write(root.join("etc/ld-musl-x86_64.path"), b"/opt/\xff\xfe/lib\n").unwrap();
+        hook(&root, &opts, Resolver::Openat2);
+        assert_eq!(
+            fs::read(root.join("etc/ld-musl-x86_64.path")).unwrap(),
+            b"/opt/\xff\xfe/lib\n/usr/lib/x86_64-linux-gnu\n/usr/lib\n"
+        );
     }
 }
 
