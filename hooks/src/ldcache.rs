@@ -164,7 +164,10 @@ impl LdCache {
         Ok(LdCache {
             entries,
             generator,
-            hwcaps,
+            hwcaps: hwcaps
+                .into_iter()
+                .map(|h| String::from_utf8(h).unwrap_or_default())
+                .collect(),
         })
     }
 
@@ -209,7 +212,7 @@ struct RawEntry<'a> {
 fn walk<'a>(
     buf: &'a [u8],
     mut each: impl FnMut(usize, RawEntry<'a>) -> Result<(), LdCacheError>,
-) -> Result<(Option<String>, Vec<String>), LdCacheError> {
+) -> Result<(Option<String>, Vec<Vec<u8>>), LdCacheError> {
     if buf.len() > MAX_CACHE_LEN {
         return Err(LdCacheError::TooLarge(buf.len()));
     }
@@ -275,9 +278,11 @@ pub fn cache_entries(buf: &[u8]) -> Result<Vec<CacheEntry>, LdCacheError> {
 
 /// An entry in the writer's form. An extension entry whose index is out of range keeps its raw
 /// `hwcap`.
-fn writer_entry(e: RawEntry, hwcaps: &[String]) -> CacheEntry {
+fn writer_entry(e: RawEntry, hwcaps: &[impl AsRef<[u8]>]) -> CacheEntry {
     let sub = if e.hwcap & HWCAP_EXTENSION != 0 {
-        hwcaps.get((e.hwcap & 0xffff_ffff) as usize).cloned()
+        hwcaps
+            .get((e.hwcap & 0xffff_ffff) as usize)
+            .map(|h| h.as_ref().to_vec())
     } else {
         None
     };
@@ -326,7 +331,7 @@ fn new_format_start(buf: &[u8]) -> Result<usize, LdCacheError> {
 /// size`. Tag 0 is the generator string, tag 1 an array of `u32` string offsets (relative to
 /// the new header) naming the `glibc-hwcaps` subdirectories. Malformed sections are ignored,
 /// as glibc's loader does.
-fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<String>, Vec<String>) {
+fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<String>, Vec<Vec<u8>>) {
     let mut generator = None;
     let mut hwcaps = Vec::new();
     if u32_at(buf, ext_offset) != Some(EXT_MAGIC) {
@@ -357,7 +362,7 @@ fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<Stri
                     .map(|c| {
                         let off = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
                         cstr_at(&buf[start..], off)
-                            .and_then(|s| String::from_utf8(s.to_vec()).ok())
+                            .map(<[u8]>::to_vec)
                             .unwrap_or_default()
                     })
                     .collect();
@@ -381,7 +386,7 @@ pub struct CacheEntry {
     /// Legacy hwcap bits (`tls`, platform and hwcap subdirectories); 0 for extension entries.
     pub hwcap: u64,
     /// The `glibc-hwcaps` subdirectory this entry was found in, if any.
-    pub hwcaps: Option<String>,
+    pub hwcaps: Option<Vec<u8>>,
     /// x86 ISA level, stored in an extension entry's `hwcap` (bits 32..42).
     pub isa_level: u32,
 }
@@ -448,7 +453,7 @@ pub fn compare(a: &CacheEntry, b: &CacheEntry) -> Ordering {
     libcmp(&b.name, &a.name)
         .then_with(|| b.flags.cmp(&a.flags))
         .then_with(|| match (&a.hwcaps, &b.hwcaps) {
-            (Some(x), Some(y)) => x.as_bytes().cmp(y.as_bytes()),
+            (Some(x), Some(y)) => x.cmp(y),
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
             (None, None) => Ordering::Equal,
@@ -514,20 +519,20 @@ fn push_u32(out: &mut Vec<u8>, v: u32) {
 /// The names of subdirectories that hold entries form the `glibc-hwcaps` section, sorted.
 pub fn serialize(
     entries: &[CacheEntry],
-    hwcaps_names: &BTreeSet<String>,
+    hwcaps_names: &BTreeSet<Vec<u8>>,
     generator: &str,
 ) -> Vec<u8> {
-    let used: BTreeSet<&str> = entries.iter().filter_map(|e| e.hwcaps.as_deref()).collect();
+    let used: BTreeSet<&[u8]> = entries.iter().filter_map(|e| e.hwcaps.as_deref()).collect();
     let mut strings: BTreeSet<&[u8]> = BTreeSet::new();
     for e in entries {
         strings.insert(&e.name);
         strings.insert(&e.path);
     }
-    strings.extend(hwcaps_names.iter().map(String::as_bytes));
-    strings.extend(used.iter().map(|n| n.as_bytes()));
+    strings.extend(hwcaps_names.iter().map(Vec::as_slice));
+    strings.extend(used.iter().copied());
     let table = StringTable::build(strings);
     // glibc-hwcaps section indices: used names in strcmp order.
-    let index: HashMap<&str, u32> = used
+    let index: HashMap<&[u8], u32> = used
         .iter()
         .enumerate()
         .map(|(i, n)| (*n, i as u32))
@@ -577,7 +582,7 @@ pub fn serialize(
         push_u32(&mut out, dir_end);
         push_u32(&mut out, hwcaps_size);
         for name in &used {
-            push_u32(&mut out, str_offset + table.offset(name.as_bytes()));
+            push_u32(&mut out, str_offset + table.offset(name));
         }
     }
     out.extend_from_slice(generator.as_bytes());
@@ -731,7 +736,7 @@ mod tests {
         old.hwcap = 1 << 63;
         es.extend([v3, old]);
         es.sort_by(compare);
-        let names: BTreeSet<String> = ["x86-64-v3".to_string(), "x86-64-v2".to_string()].into();
+        let names: BTreeSet<Vec<u8>> = [b"x86-64-v3".to_vec(), b"x86-64-v2".to_vec()].into();
         let bytes = serialize(&es, &names, "nvshim-hook test");
         let cache = LdCache::parse(&bytes).unwrap();
         assert_eq!(cache.generator.as_deref(), Some("nvshim-hook test"));

@@ -33,8 +33,7 @@
 //!   expansion exponential. At a limit the hook warns once and goes on with what it has.
 //!
 //! Names are bytes throughout (configuration lines, file names, SONAMEs, cache strings), as in
-//! ldconfig: a name that is not UTF-8 is kept, not dropped; only the `glibc-hwcaps`
-//! subdirectory names are taken as UTF-8.
+//! ldconfig: a name that is not UTF-8 is kept, not dropped.
 //! - Legacy hwcap subdirectory names are known for x86-64 only (`sysdeps/x86/dl-hwcap.h`,
 //!   `dl-procinfo.h`); on aarch64 only `tls` is recognised.
 //! - The auxiliary cache (`/var/cache/ldconfig/aux-cache`) is neither read nor written: it only
@@ -123,7 +122,7 @@ pub struct Dir {
     /// The `=libc5`/`=libc6` type suffix, or `FLAG_ANY`.
     pub flag: i32,
     /// The `glibc-hwcaps` subdirectory name, for `<dir>/glibc-hwcaps/<name>`.
-    pub hwcaps: Option<String>,
+    pub hwcaps: Option<Vec<u8>>,
 }
 
 /// A directory named by the configuration (duplicates included), and whether the naming line
@@ -141,7 +140,7 @@ pub struct Config {
     pub dirs: Vec<Dir>,
     pub named: Vec<Named>,
     /// Every `glibc-hwcaps` subdirectory name found, for the string table.
-    pub hwcaps_names: BTreeSet<String>,
+    pub hwcaps_names: BTreeSet<Vec<u8>>,
     pub warnings: Vec<String>,
     /// What the `include` globs cost.
     pub globbed: Budget,
@@ -450,10 +449,8 @@ impl ConfigReader<'_> {
             if e.name.first() == Some(&b'.') || e.kind == libc::DT_REG || e.name.contains(&b':') {
                 continue;
             }
-            let Ok(name) = String::from_utf8(e.name) else {
-                continue;
-            };
-            let sub = join(&hw, name.as_bytes());
+            let name = e.name;
+            let sub = join(&hw, &name);
             let Ok(Some(st)) = self.root.stat(&sub) else {
                 continue;
             };

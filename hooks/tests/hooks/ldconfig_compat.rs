@@ -872,7 +872,8 @@ fn library_facts_kept_between_starts() {
 
 /// Issue 38 item 8: names that are not UTF-8, which glibc's ldconfig keeps as the bytes they
 /// are: a library file name, a SONAME (and so the link ldconfig makes for it), a directory named
-/// by an ld.so.conf line and a configuration file matched by an include glob. Byte for byte
+/// by an ld.so.conf line, a `glibc-hwcaps` subdirectory and a configuration file matched by an
+/// include glob. Byte for byte
 /// against `ldconfig -r`, without and with the image's own cache (which the hook then keeps).
 #[test]
 fn names_that_are_not_utf8_are_kept_as_bytes() {
@@ -902,6 +903,13 @@ fn names_that_are_not_utf8_are_kept_as_bytes() {
         )
         .unwrap();
         fs::write(at(b"/etc/ld.so.conf.d/\xe9.conf"), b"/opt/\xff\xfe/lib\n").unwrap();
+        // A glibc-hwcaps subdirectory whose name is not UTF-8, with a library in it.
+        fs::create_dir_all(at(b"/opt/\xff\xfe/lib/glibc-hwcaps/\xe9v9")).unwrap();
+        fs::write(
+            at(b"/opt/\xff\xfe/lib/glibc-hwcaps/\xe9v9/libopt.so.1"),
+            stub_with_soname(b"libopt.so.1"),
+        )
+        .unwrap();
         if with_cache {
             ldconfig_r(&image);
         }
