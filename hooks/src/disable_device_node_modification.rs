@@ -287,7 +287,7 @@ pub fn mount_params(root: &Root, content: &[u8]) -> Result<bool, ParamsError> {
     let scratch = Scratch::new(root).map_err(|e| ParamsError::Mount {
         what: format!(
             "mounting a scratch tmpfs at {}",
-            root.display(&format!(".nvshim-params-{}", std::process::id()))
+            root.display(format!(".nvshim-params-{}", std::process::id()))
         ),
         source: e,
     })?;

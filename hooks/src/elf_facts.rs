@@ -167,22 +167,22 @@ fn encode(entries: &[&Entry]) -> Vec<u8> {
             out.extend_from_slice(&n.to_le_bytes());
         }
         let (kind, flags, soname) = match info {
-            None => (0u8, 0, ""),
+            None => (0u8, 0, &b""[..]),
             Some(DsoInfo {
                 soname: None,
                 flags,
-            }) => (1, *flags, ""),
+            }) => (1, *flags, &b""[..]),
             Some(DsoInfo {
                 soname: Some(s),
                 flags,
-            }) => (2, *flags, s.as_str()),
+            }) => (2, *flags, s.as_slice()),
         };
         out.push(kind);
         out.extend_from_slice(&flags.to_le_bytes());
         // A SONAME longer than a u16 is not kept; the library is then read each time.
         let len = u16::try_from(soname.len()).unwrap_or(0);
         out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&soname.as_bytes()[..len as usize]);
+        out.extend_from_slice(&soname[..len as usize]);
     }
     cache::seal(out)
 }
@@ -222,7 +222,7 @@ fn decode(bytes: &[u8]) -> Option<HashMap<(u64, u64), Entry>> {
         let [kind] = c.take()?;
         let flags = i32::from_le_bytes(c.take()?);
         let len = u16::from_le_bytes(c.take()?) as usize;
-        let soname = std::str::from_utf8(c.bytes(len)?).ok()?;
+        let soname = c.bytes(len)?;
         let info = match kind {
             0 => None,
             1 => Some(DsoInfo {
@@ -230,7 +230,7 @@ fn decode(bytes: &[u8]) -> Option<HashMap<(u64, u64), Entry>> {
                 flags,
             }),
             2 => Some(DsoInfo {
-                soname: Some(soname.to_string()),
+                soname: Some(soname.to_vec()),
                 flags,
             }),
             _ => return None,
@@ -255,7 +255,7 @@ mod tests {
 
     fn lib(soname: Option<&str>, flags: i32) -> Option<DsoInfo> {
         Some(DsoInfo {
-            soname: soname.map(str::to_string),
+            soname: soname.map(|s| s.as_bytes().to_vec()),
             flags,
         })
     }

@@ -499,18 +499,21 @@ impl Host {
             .entries
             .into_iter()
             .map(|(e, _, _)| e)
-            .filter(|e| keep(e.name.as_bytes()))
+            .filter(|e| keep(&e.name))
             .collect();
         entries.sort_by(nvshim_hook::ldcache::compare);
         Some(LdCache {
+            // A driver library whose name is not UTF-8 is not one nvshim mounts.
             entries: entries
                 .into_iter()
-                .map(|e| LdCacheEntry {
-                    flags: e.flags,
-                    name: e.name,
-                    path: e.path,
-                    os_version: e.os_version,
-                    hwcap: e.hwcap,
+                .filter_map(|e| {
+                    Some(LdCacheEntry {
+                        flags: e.flags,
+                        name: String::from_utf8(e.name).ok()?,
+                        path: String::from_utf8(e.path).ok()?,
+                        os_version: e.os_version,
+                        hwcap: e.hwcap,
+                    })
                 })
                 .collect(),
             generator: None,
@@ -1272,8 +1275,8 @@ mod tests {
             .iter()
             .map(|n| CacheEntry {
                 flags: 0x0303,
-                name: n.to_string(),
-                path: format!("/usr/lib/x86_64-linux-gnu/{n}"),
+                name: n.as_bytes().to_vec(),
+                path: format!("/usr/lib/x86_64-linux-gnu/{n}").into_bytes(),
                 os_version: 0,
                 hwcap: 0,
                 hwcaps: None,

@@ -1489,8 +1489,8 @@ mod tests {
             .into_iter()
             .map(|(flags, name, path)| CacheEntry {
                 flags,
-                name,
-                path,
+                name: name.into(),
+                path: path.into(),
                 os_version: 0,
                 hwcap: 0,
                 hwcaps: None,
