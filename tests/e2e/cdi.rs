@@ -7,6 +7,7 @@
 //! root; each test has its own temp dirs, runc `--root` and container ids.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -709,6 +710,67 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
     assert!(
         marker.exists(),
         "the positive control did not load the library"
+    );
+}
+
+// ---- hooks whose binary is not the host's to check ---------------------------------------------
+
+/// A `startContainer` hook's path is resolved in the container (OCI runtime-spec config.md), so
+/// a spec may name a binary only the image has: runc runs it there. Here it is a script in the
+/// rootfs that leaves a file; no such path exists on the host.
+#[test]
+fn cdi_start_container_hook_from_the_image_runs() {
+    let w = world(1);
+    let hook = "/usr/local/bin/nvshim-e2e-image-only-hook";
+    assert!(!Path::new(hook).exists(), "{hook} exists on the host");
+    fs::write(
+        w.run_cdi.join("vendor.yaml"),
+        format!(
+            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: startContainer\n      path: {hook}\n"
+        ),
+    )
+    .unwrap();
+    let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
+    let in_image = bundle.rootfs().path().join(hook.trim_start_matches('/'));
+    fs::create_dir_all(in_image.parent().unwrap()).unwrap();
+    fs::write(&in_image, "#!/bin/sh\necho ran > /tmp/start-hook-ran\n").unwrap();
+    fs::set_permissions(&in_image, fs::Permissions::from_mode(0o755)).unwrap();
+    // The hook writes into the rootfs.
+    bundle.set_readonly_root(false).unwrap();
+    let r = w.run(&bundle);
+    assert_eq!(
+        r.env.get("NVCT_VENDOR_DEVICE").map(String::as_str),
+        Some("d")
+    );
+    assert!(
+        bundle.rootfs().path().join("tmp/start-hook-ran").exists(),
+        "runc did not run the image's startContainer hook"
+    );
+}
+
+/// runc only logs a `poststop` hook that fails (it runs after the container is gone), so a
+/// spec's missing poststop binary is a warning, not a refused container.
+#[test]
+fn cdi_missing_poststop_hook_is_a_warning() {
+    let w = world(1);
+    let hook = "/nonexistent/nvshim-e2e-poststop-hook";
+    fs::write(
+        w.run_cdi.join("vendor.yaml"),
+        format!(
+            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: poststop\n      path: {hook}\n"
+        ),
+    )
+    .unwrap();
+    let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
+    let r = w.run(&bundle);
+    assert_eq!(
+        r.env.get("NVCT_VENDOR_DEVICE").map(String::as_str),
+        Some("d")
+    );
+    let log = w.shim_log();
+    assert!(
+        log.contains(&format!("the poststop hook {hook}")),
+        "no warning in the log:\n{log}"
     );
 }
 
