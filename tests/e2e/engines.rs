@@ -828,6 +828,50 @@ fn configure_containerd_gives_engine_cdi_nvshim_s_spec_dirs() {
     );
 }
 
+/// A config that sets `enable_cdi = false` (containerd 1.7's default) is read by a containerd
+/// with CDI, whichever containerd is on PATH (here Debian 12's 1.6, which has none: k3s's or one
+/// off PATH reads the file): configure turns CDI on in it, and the containerd on the test's PATH
+/// reads it so where it has CDI (1.7 and later).
+#[test]
+fn configure_containerd_turns_on_cdi_a_config_sets_whatever_is_on_path() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine-configs");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("config.toml");
+    fs::copy(fixtures.join("containerd-1.7.34-default.toml"), &config).unwrap();
+    let debian_path = "/usr/sbin:/usr/bin:/sbin:/bin";
+    let on_path = nvshim::ops::engine::detect_version(
+        nvshim::ops::engine::Engine::Containerd,
+        Some(std::ffi::OsStr::new(debian_path)),
+    );
+    eprintln!("containerd on the configure's PATH: {on_path:?}");
+    run(
+        Command::new(NVSHIM)
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+            ])
+            .arg(&config)
+            .env("PATH", debian_path),
+        Duration::from_secs(30),
+    )
+    .expect_ok();
+    let written = fs::read_to_string(&config).unwrap();
+    assert!(written.contains("enable_cdi = true # set by"), "{written}");
+    if containerd_version() >= (1, 7) {
+        let dumped = dump(&config);
+        let cri = cri_runtime(&dumped);
+        assert_eq!(cri["enable_cdi"].as_bool(), Some(true), "{cri:#?}");
+    }
+    runtime_cmd("unconfigure", "containerd", &config, &[]).expect_ok();
+    assert_eq!(
+        fs::read(&config).unwrap(),
+        fs::read(fixtures.join("containerd-1.7.34-default.toml")).unwrap()
+    );
+}
+
 /// README's "From source" installs what the .deb installs (Cargo.toml's
 /// `package.metadata.deb` assets): every destination, both hook links among them, so that
 /// `docker run --runtime=nvidia --gpus` works after a source install.

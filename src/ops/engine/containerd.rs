@@ -359,9 +359,6 @@ fn enable_cdi(
     version: i64,
     opts: &Options,
 ) -> Result<(), EngineError> {
-    let Some(default) = cdi_default(version, opts.engine_version) else {
-        return Ok(());
-    };
     let cri_keys = ["plugins", cri_plugin(version)];
     let current = get(path, root, &cri_keys)?.and_then(|t| t.get("enable_cdi").cloned());
     let was = match &current {
@@ -375,6 +372,14 @@ fn enable_cdi(
                 other,
             ))
         }
+    };
+    let default = match cdi_default(version, opts.engine_version) {
+        Some(default) => default,
+        // The containerd found has no CDI (1.6), but the file sets `enable_cdi`, a key only
+        // 1.7 and later read: the containerd that reads this file is another one (k3s's, one
+        // off PATH), and has CDI.
+        None if was.is_some() => false,
+        None => return Ok(()),
     };
     if was.unwrap_or(default) {
         return Ok(());
