@@ -126,12 +126,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 #[derive(Debug, Subcommand)]
 enum RuntimeCommand {
-    /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; the
-    /// changed file is first copied to <file>.nvshim.bak).
+    /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; a
+    /// changed file is first copied under /var/lib/nvshim/backups, where no engine reads it).
     Configure(EngineArgs),
     /// Remove what `configure` added: the runtime, nvshim's drop-in, and the settings it
     /// changed (Docker's previous default runtime and `features.cdi`, containerd's
-    /// `enable_cdi`) put back as they were.
+    /// `enable_cdi`) put back as they were; a file unchanged since gets its backup's bytes
+    /// back, and the backups are removed.
     Unconfigure(EngineArgs),
 }
 

@@ -135,6 +135,7 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         return Ok(Plan {
             changes: change(path, before, Some(after)).into_iter().collect(),
             warnings,
+            ..Plan::default()
         });
     }
 
@@ -187,7 +188,11 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         changes.extend(change(path, before, Some(after)));
     }
     changes.extend(change(&drop_in, drop_before, Some(drop_after)));
-    Ok(Plan { changes, warnings })
+    Ok(Plan {
+        changes,
+        warnings,
+        ..Plan::default()
+    })
 }
 
 /// containerd 2.x (config version 3 and later) merges an imported file into the config key by
@@ -328,7 +333,11 @@ pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
             changes.extend(change(&drop_in, Some(text), None));
         }
     }
-    Ok(Plan { changes, warnings })
+    Ok(Plan {
+        changes,
+        warnings,
+        ..Plan::default()
+    })
 }
 
 /// The comment nvshim leaves on the CDI settings it writes: `unconfigure` reverts exactly the
@@ -727,6 +736,7 @@ mod tests {
     fn opts(dir: &Path) -> Options {
         let mut o = Options::new(Engine::Containerd, "/usr/bin/nvshim-runtime".into());
         o.config = dir.join("config.toml");
+        o.backup_dir = dir.join("backups");
         o.drop_in = Engine::Containerd.default_drop_in(&o.config);
         o
     }
