@@ -625,7 +625,7 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 if reasons.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", reasons.join("; "))
+                    format!(": {}", refresh::summary(reasons))
                 }
             };
             match outcome {

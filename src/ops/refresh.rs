@@ -131,6 +131,26 @@ pub fn refresh(
     })
 }
 
+/// `reasons` for one log line: the first few, and how many there are in all (a driver upgrade
+/// finds every library of the old driver, some sixty lines).
+pub fn summary(reasons: &[String]) -> String {
+    const SHOWN: usize = 2;
+    let mut out = reasons
+        .iter()
+        .take(SHOWN)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if reasons.len() > SHOWN {
+        out.push_str(&format!(
+            "; and {} more ({} findings, `nvshim doctor` lists them)",
+            reasons.len() - SHOWN,
+            reasons.len()
+        ));
+    }
+    out
+}
+
 /// Whether the driver is loaded, waiting up to `wait` for it when an NVIDIA display device is
 /// on the PCI bus (a GPU whose module has not loaded yet).
 fn wait_for_driver(host: &Host, wait: Duration) -> bool {
@@ -170,6 +190,29 @@ pub fn nvidia_pci_display_device(sys: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A driver upgrade's findings (a mount per library of the old driver, as
+    /// `registry::stale_library_mounts` words them) make one short line with their count.
+    #[test]
+    fn many_reasons_are_summarised() {
+        let reasons: Vec<String> = (0..62)
+            .map(|i| {
+                format!(
+                    "mounts /usr/lib/x86_64-linux-gnu/libnvidia-lib{i}.so.570.133.20 of driver \
+                     570.133.20, but driver 580.95.05 is running"
+                )
+            })
+            .collect();
+        let line = summary(&reasons);
+        assert!(line.len() < 300, "{} bytes: {line}", line.len());
+        assert!(line.starts_with(&reasons[0]), "{line}");
+        assert!(
+            line.ends_with("; and 60 more (62 findings, `nvshim doctor` lists them)"),
+            "{line}"
+        );
+        assert_eq!(summary(&reasons[..2]), reasons[..2].join("; "));
+        assert_eq!(summary(&[]), "");
+    }
 
     #[test]
     fn pci_display_devices_are_recognised() {
