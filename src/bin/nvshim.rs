@@ -563,6 +563,12 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 (None, Some(path)) => spec::Format::for_path(path),
             };
             let host = nvshim::install::host_from(config);
+            // A YAML GPU spec carries the host state it was made for, read before discovery,
+            // as `cdi refresh` writes it (src/ops/freshness.rs).
+            let stamp = (args.mode != "imex" && format == spec::Format::Yaml).then(|| {
+                use nvshim::ops::freshness::HostView;
+                HostView::read(&host).stamp(&host)
+            });
             let (spec, origin) = if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)
                     .context("generating the IMEX channel spec")?;
@@ -593,6 +599,10 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 )
             };
             let text = generate::render(&spec, format);
+            let text = match stamp {
+                Some(s) => nvshim::ops::freshness::stamped(&text, s),
+                None => text,
+            };
             match &args.output {
                 Some(path) => {
                     generate::write_atomically(path, &text)?;

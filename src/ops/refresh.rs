@@ -8,10 +8,13 @@
 //!   device on the PCI bus (sysfs `vendor` 0x10de, `class` 0x03xxxx), it first waits that long
 //!   for the module to load, so a boot-time run ordered before the engines has a spec for them;
 //!   without such a device it does not wait at all.
-//! - a spec that parses and is fresh by [`freshness`] (driver version, GPU set, MIG layout,
-//!   device nodes, library files: `/proc` and `stat`, no NVML) is left alone without
-//!   generating; `force` skips this shortcut (package upgrades use it: a new nvshim may write
-//!   a different spec for the same host).
+//! - a YAML spec whose stamp line ([`freshness::HostView::stamp`]: driver version, GPU set,
+//!   MIG layout, device majors and nodes, read from `/proc` and `/dev`, no NVML) is the host's
+//!   now is left alone without parsing it; one without it that parses and is fresh by
+//!   [`freshness`] (also device numbers and library files, by `stat`) is left alone without
+//!   generating when it is JSON (no comment to hold a stamp), and regenerated once to carry
+//!   the stamp when it is YAML; `force` skips these shortcuts (package upgrades use it: a new
+//!   nvshim may write a different spec for the same host).
 //! - otherwise the spec is generated and written atomically only when its bytes differ, so
 //!   consumers watching the directory (containerd, CRI-O, DRA drivers) see no event for an
 //!   identical file.
@@ -102,6 +105,15 @@ pub fn refresh(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
         Err(e) => (None, Some(e)),
     };
+    let format = spec::Format::for_path(&opts.output);
+    // Read before generating: a host that changes meanwhile leaves an older stamp, so the
+    // next refresh looks again.
+    let view = HostView::read(host);
+    let stamp = (format == spec::Format::Yaml).then(|| view.stamp(host));
+    let stamped = |bytes: &[u8]| stamp.is_some() && freshness::stamp_of(bytes) == stamp;
+    if !opts.force && existing.as_deref().is_some_and(stamped) {
+        return Ok(Outcome::Fresh);
+    }
     let reasons = match existing.as_deref().map(spec::parse) {
         None => match unreadable {
             Some(e) => vec![format!("cannot be read: {e}")],
@@ -109,17 +121,22 @@ pub fn refresh(
         },
         Some(Err(e)) => vec![format!("does not parse: {e}")],
         Some(Ok(current)) => {
-            let reasons = freshness::stale_reasons(&current, &HostView::read(host));
-            if reasons.is_empty() && !opts.force {
-                return Ok(Outcome::Fresh);
+            let reasons = freshness::stale_reasons(&current, &view);
+            match (reasons.is_empty() && !opts.force, stamp) {
+                (false, _) => reasons,
+                (true, None) => return Ok(Outcome::Fresh),
+                (true, Some(_)) => vec!["its host-state line is not this host's now".to_string()],
             }
-            reasons
         }
     };
     let discovery = generate::discover_with_progress(host, progress).map_err(err)?;
     let spec = generate::generate_with_progress(host, &discovery, &opts.generate, progress)
         .map_err(err)?;
-    let text = generate::render(&spec, spec::Format::for_path(&opts.output));
+    let text = generate::render(&spec, format);
+    let text = match stamp {
+        Some(s) => freshness::stamped(&text, s),
+        None => text,
+    };
     if existing.as_deref() == Some(text.as_bytes()) {
         return Ok(Outcome::Unchanged { reasons });
     }

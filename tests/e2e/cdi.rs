@@ -967,6 +967,46 @@ fn refresh_writes_the_spec_once_then_only_when_the_gpus_change() {
     );
 }
 
+/// After a driver upgrade every library mount of the old driver is a finding: the refresh says
+/// why in one short line (the first findings and their count). A current spec is then left
+/// alone on its host-state line alone, and a device major that moves under it (`/proc/devices`,
+/// which that line covers) is still noticed.
+#[test]
+fn refresh_after_a_driver_upgrade_says_why_in_one_short_line() {
+    let w = world(2);
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    w.host.write_cdi_spec(&spec_path, "575.64.05").unwrap();
+    // The old driver's other libraries, as NVIDIA's spec for a real driver mounts some sixty.
+    let mut old: serde_json::Value =
+        serde_json::from_slice(&fs::read(&spec_path).unwrap()).unwrap();
+    let mounts = old["containerEdits"]["mounts"].as_array_mut().unwrap();
+    for i in 0..20 {
+        let lib = format!("/usr/lib/x86_64-linux-gnu/libnvidia-old{i}.so.575.64.05");
+        mounts.push(json!({"hostPath": lib, "containerPath": lib, "options": ["ro", "bind"]}));
+    }
+    fs::write(&spec_path, old.to_string()).unwrap();
+    let stderr = refresh(&w, &[], &[]);
+    assert!(
+        stderr.contains(&format!("updated {}", spec_path.display()))
+            && stderr.contains("of driver 575.64.05, but driver")
+            && stderr.contains(" more ("),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.len() < 500, "{} bytes: {stderr}", stderr.len());
+
+    let before = spec_identity(&w);
+    assert_eq!(refresh(&w, &[], &[]), "");
+    assert_eq!(spec_identity(&w), before);
+    w.host.move_uvm_major(511).unwrap();
+    let stderr = refresh(&w, &[], &[]);
+    assert!(
+        stderr.contains("updated") && stderr.contains("/dev/nvidia-uvm is"),
+        "{stderr}"
+    );
+    assert_eq!(refresh(&w, &[], &[]), "");
+}
+
 #[test]
 fn refresh_follows_a_mig_reconfiguration() {
     let w = world(8);
