@@ -715,6 +715,17 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
 
 // ---- hooks whose binary is not the host's to check ---------------------------------------------
 
+/// `vendor.com/device=d`, which sets `NVCT_VENDOR_DEVICE=d` and adds one `hook_name` hook.
+fn write_hook_spec(w: &World, hook_name: &str, path: &str) {
+    fs::write(
+        w.run_cdi.join("vendor.yaml"),
+        format!(
+            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: {hook_name}\n      path: {path}\n"
+        ),
+    )
+    .unwrap();
+}
+
 /// A `startContainer` hook's path is resolved in the container (OCI runtime-spec config.md), so
 /// a spec may name a binary only the image has: runc runs it there. Here it is a script in the
 /// rootfs that leaves a file; no such path exists on the host.
@@ -723,13 +734,7 @@ fn cdi_start_container_hook_from_the_image_runs() {
     let w = world(1);
     let hook = "/usr/local/bin/nvshim-e2e-image-only-hook";
     assert!(!Path::new(hook).exists(), "{hook} exists on the host");
-    fs::write(
-        w.run_cdi.join("vendor.yaml"),
-        format!(
-            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: startContainer\n      path: {hook}\n"
-        ),
-    )
-    .unwrap();
+    write_hook_spec(&w, "startContainer", hook);
     let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
     let in_image = bundle.rootfs().path().join(hook.trim_start_matches('/'));
     fs::create_dir_all(in_image.parent().unwrap()).unwrap();
@@ -754,13 +759,7 @@ fn cdi_start_container_hook_from_the_image_runs() {
 fn cdi_missing_poststop_hook_is_a_warning() {
     let w = world(1);
     let hook = "/nonexistent/nvshim-e2e-poststop-hook";
-    fs::write(
-        w.run_cdi.join("vendor.yaml"),
-        format!(
-            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: poststop\n      path: {hook}\n"
-        ),
-    )
-    .unwrap();
+    write_hook_spec(&w, "poststop", hook);
     let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
     let r = w.run(&bundle);
     assert_eq!(
