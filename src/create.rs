@@ -582,7 +582,7 @@ fn apply_cdi(
 /// Every hook the edits add must exist on the host: runc runs it before the container starts,
 /// and a missing one kills the container with an error that names neither nvshim nor the fix.
 /// Two kinds are not the host's to check: a `startContainer` hook's path is resolved in the
-/// container (OCI runtime-spec config.md, "startContainer"), so its binary may exist only in
+/// container (the OCI runtime spec's `startContainer` hooks), so its binary may exist only in
 /// the image; and a failed `poststop` hook is only logged by runc after the container is gone,
 /// so a missing one is a warning. One `stat` per hook (two to five per GPU container).
 fn check_hooks_exist<'a>(

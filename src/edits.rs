@@ -1041,7 +1041,7 @@ struct DeferredMounts {
 }
 
 impl DeferredMounts {
-    /// The CDI reference's merge (cdi-conformance §5.6, docs/cdi-rules.md §5.5): an added
+    /// The CDI reference's merge (docs/cdi-rules.md §5.5): an added
     /// mount removes the first mount with its destination and is appended; then a stable sort
     /// by the destination's depth (each computed once, a cleaned path per mount, not once per
     /// comparison). Removing rather than replacing in place matters where the depth ties: the
@@ -1342,7 +1342,7 @@ mod tests {
     }
 
     /// The reference removes the mount with the added one's destination and appends the added
-    /// one (cdi-conformance §5.6), so it goes after the other mounts of its depth; of two own
+    /// one (docs/cdi-rules.md §5.5), so it goes after the other mounts of its depth; of two own
     /// mounts with that destination only the first goes, and a second added one removes the
     /// second.
     #[test]

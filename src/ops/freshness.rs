@@ -15,8 +15,10 @@
 //!   are matched through their `nvidia-cap<N>` nodes and `nvidia-caps/mig-minors`);
 //! - a spec with no devices.
 //!
-//! Parsing a generated spec for these checks cost more than generating it (17 M instructions
-//! for the 35 KB spec of 8 GPUs, against 9.6 M), so a YAML spec nvshim writes starts with a
+//! Parsing a generated spec for these checks cost about as much as generating it (callgrind,
+//! release build, the 8-GPU fake host of scripts/bench.sh and its 42 KB spec: 11.9 M
+//! instructions for a refresh of a current spec, 12.3 M for `cdi generate`; 0.84 M with the
+//! stamp below), so a YAML spec nvshim writes starts with a
 //! comment holding [`HostView::stamp`], a hash of the host facts above as they were read
 //! before the spec was generated; `nvshim cdi refresh` compares it with a fresh stamp and
 //! parses the spec only when they differ. What the stamp cannot see, the full check still

@@ -726,7 +726,7 @@ fn write_hook_spec(w: &World, hook_name: &str, path: &str) {
     .unwrap();
 }
 
-/// A `startContainer` hook's path is resolved in the container (OCI runtime-spec config.md), so
+/// A `startContainer` hook's path is resolved in the container (the OCI runtime spec), so
 /// a spec may name a binary only the image has: runc runs it there. Here it is a script in the
 /// rootfs that leaves a file; no such path exists on the host.
 #[test]
