@@ -315,7 +315,7 @@ pub fn plan_bundle(
     add_memory_limit_hook(config, &mut plan, tools, trace)?;
     plan.touched =
         mounts_removed || !trace.removed_hooks.is_empty() || plan.parts().any(|e| !e.is_empty());
-    check_hooks_exist(plan.parts().flat_map(|e| &e.hooks), &tools.hook)?;
+    check_hooks_exist(plan.parts().flat_map(|e| &e.hooks), &tools.hook, trace)?;
     if let Some(rootfs) = crate::rootfs::rootfs_path(&plan.edited, plan.bundle.dir()) {
         let added = plan.parts().flat_map(|e| &e.mounts);
         let kinds = |sources: &[&str]| match &mut not_dirs {
@@ -581,15 +581,19 @@ fn apply_cdi(
 
 /// Every hook the edits add must exist on the host: runc runs it before the container starts,
 /// and a missing one kills the container with an error that names neither nvshim nor the fix.
-/// One `stat` per hook (two to five per GPU container).
+/// Two kinds are not the host's to check: a `startContainer` hook's path is resolved in the
+/// container (the OCI runtime spec's `startContainer` hooks), so its binary may exist only in
+/// the image; and a failed `poststop` hook is only logged by runc after the container is gone,
+/// so a missing one is a warning. One `stat` per hook (two to five per GPU container).
 fn check_hooks_exist<'a>(
     hooks: impl IntoIterator<Item = &'a edits::Hook>,
     own_hook: &Path,
+    trace: &mut Trace,
 ) -> Result<(), CreateError> {
     // Each path once: a spec's hooks mostly run the same binary (NVIDIA's three, nvshim's).
     let mut found: Vec<&str> = Vec::new();
     for h in hooks {
-        if found.contains(&h.path.as_str()) {
+        if h.hook_name == "startContainer" || found.contains(&h.path.as_str()) {
             continue;
         }
         let path = Path::new(&h.path);
@@ -598,6 +602,13 @@ fn check_hooks_exist<'a>(
             continue;
         }
         let hook = h.path.clone();
+        if h.hook_name == "poststop" {
+            trace.warn(format!(
+                "the poststop hook {hook} named by a CDI spec does not exist; runc will log its \
+                 failure when the container is deleted"
+            ));
+            continue;
+        }
         return Err(if path == own_hook {
             CreateError::HookMissing { hook }
         } else {

@@ -732,7 +732,8 @@ pub fn apply_all_deferred(
         }
     }
 
-    // Mounts: same destination replaced, else appended; then a stable sort by depth.
+    // Mounts: the first with the same destination removed, each appended; then a stable sort
+    // by depth.
     let mounts = if parts.iter().any(|e| !e.mounts.is_empty()) {
         let own = array_at(root, "mounts", "mounts")?;
         Some(DeferredMounts::merge(own, parts))
@@ -913,6 +914,45 @@ fn merge<'a, A>(
     order
 }
 
+/// The CDI reference's merge of mounts into a list: each added entry removes the first entry
+/// with its key (an own entry's member `name`, or an entry added before it) and is appended.
+fn remove_and_append<'a, A>(
+    own: &'a [Value],
+    name: &str,
+    added: impl Iterator<Item = (A, &'a str)>,
+) -> Vec<At<A>> {
+    let mut order: Vec<Option<At<A>>> = (0..own.len()).map(|i| Some(At::Own(i))).collect();
+    let mut keys: Vec<Option<&str>> = own
+        .iter()
+        .map(|v| member(v, name).and_then(Value::as_str))
+        .collect();
+    // The first live entry of each key.
+    let mut first: HashMap<&str, usize> = HashMap::with_capacity(own.len());
+    for (i, key) in keys.iter().enumerate() {
+        if let Some(key) = key {
+            first.entry(key).or_insert(i);
+        }
+    }
+    for (a, key) in added {
+        let end = order.len();
+        order.push(Some(At::Added(a)));
+        keys.push(Some(key));
+        let next = match first.get(key) {
+            Some(&at) => {
+                order[at] = None;
+                // Rare (a destination given twice): the next live entry of the key, else the
+                // one just appended.
+                (at + 1..=end)
+                    .find(|&j| order[j].is_some() && keys[j] == Some(key))
+                    .unwrap_or(end)
+            }
+            None => end,
+        };
+        first.insert(key, next);
+    }
+    order.into_iter().flatten().collect()
+}
+
 /// The list `own` rebuilt in `order`, an added entry built by `added`.
 fn rebuild<A: Copy>(own: &mut Vec<Value>, order: &[At<A>], added: impl Fn(A) -> Value) {
     let mut taken: Vec<Option<Value>> = std::mem::take(own).into_iter().map(Some).collect();
@@ -1001,14 +1041,16 @@ struct DeferredMounts {
 }
 
 impl DeferredMounts {
-    /// The CDI reference's merge: an added mount replaces the first one with its destination,
-    /// else is appended; then a stable sort by the destination's depth (each computed once, a
-    /// cleaned path per mount, not once per comparison).
+    /// The CDI reference's merge (docs/cdi-rules.md §5.5): an added
+    /// mount removes the first mount with its destination and is appended; then a stable sort
+    /// by the destination's depth (each computed once, a cleaned path per mount, not once per
+    /// comparison). Removing rather than replacing in place matters where the depth ties: the
+    /// added mount goes after the mounts of its depth, as in the reference.
     fn merge(own: &[Value], parts: &[&ContainerEdits]) -> DeferredMounts {
         let added = parts.iter().enumerate().flat_map(|(p, part)| {
             (part.mounts.iter().enumerate()).map(move |(i, m)| ((p, i), m.container_path.as_str()))
         });
-        let mut order = merge(own, "destination", added);
+        let mut order = remove_and_append(own, "destination", added);
         let destination = |at: &MountAt| match *at {
             At::Own(i) => member(&own[i], "destination")
                 .and_then(Value::as_str)
@@ -1297,6 +1339,61 @@ mod tests {
             .map(|m| m["destination"].as_str().unwrap())
             .collect();
         assert_eq!(order, ["/a", "/dest/edit", "/dest/path/b"]);
+    }
+
+    /// The reference removes the mount with the added one's destination and appends the added
+    /// one (docs/cdi-rules.md §5.5), so it goes after the other mounts of its depth; of two own
+    /// mounts with that destination only the first goes, and a second added one removes the
+    /// second.
+    #[test]
+    fn mount_with_an_existing_destination_is_removed_and_appended() {
+        let mut spec = json!({"mounts": [
+            {"destination": "/a/x", "source": "own1"},
+            {"destination": "/b/y"}
+        ]});
+        let mount = |source: &str| Mount {
+            host_path: source.into(),
+            container_path: "/a/x".into(),
+            ..Default::default()
+        };
+        let edits = ContainerEdits {
+            mounts: vec![mount("h1")],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        let order = |spec: &Value| -> Vec<String> {
+            spec["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{}:{}",
+                        m["destination"].as_str().unwrap(),
+                        m["source"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(order(&spec), ["/b/y:", "/a/x:h1"]);
+        let once = spec.clone();
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(
+            order(&spec),
+            order(&once),
+            "a second create changes nothing"
+        );
+
+        let mut spec = json!({"mounts": [
+            {"destination": "/a/x", "source": "own1"},
+            {"destination": "/a/x", "source": "own2"}
+        ]});
+        let edits = ContainerEdits {
+            mounts: vec![mount("h1"), mount("h2")],
+            ..Default::default()
+        };
+        apply(&mut spec, &edits).unwrap();
+        assert_eq!(order(&spec), ["/a/x:h1", "/a/x:h2"]);
     }
 
     #[test]

@@ -126,12 +126,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 #[derive(Debug, Subcommand)]
 enum RuntimeCommand {
-    /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; the
-    /// changed file is first copied to <file>.nvshim.bak).
+    /// Register nvshim-runtime as the runtime `nvidia` in the engine's config (idempotent; a
+    /// changed file is first copied under /var/lib/nvshim/backups, where no engine reads it).
     Configure(EngineArgs),
     /// Remove what `configure` added: the runtime, nvshim's drop-in, and the settings it
     /// changed (Docker's previous default runtime and `features.cdi`, containerd's
-    /// `enable_cdi`) put back as they were.
+    /// `enable_cdi`) put back as they were; a file unchanged since gets its backup's bytes
+    /// back, and the backups are removed.
     Unconfigure(EngineArgs),
 }
 
@@ -562,6 +563,12 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 (None, Some(path)) => spec::Format::for_path(path),
             };
             let host = nvshim::install::host_from(config);
+            // A YAML GPU spec carries the host state it was made for, read before discovery,
+            // as `cdi refresh` writes it (src/ops/freshness.rs).
+            let stamp = (args.mode != "imex" && format == spec::Format::Yaml).then(|| {
+                use nvshim::ops::freshness::HostView;
+                HostView::read(&host).stamp(&host)
+            });
             let (spec, origin) = if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)
                     .context("generating the IMEX channel spec")?;
@@ -592,6 +599,10 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 )
             };
             let text = generate::render(&spec, format);
+            let text = match stamp {
+                Some(s) => nvshim::ops::freshness::stamped(&text, s),
+                None => text,
+            };
             match &args.output {
                 Some(path) => {
                     generate::write_atomically(path, &text)?;
@@ -624,7 +635,7 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 if reasons.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", reasons.join("; "))
+                    format!(": {}", refresh::summary(reasons))
                 }
             };
             match outcome {

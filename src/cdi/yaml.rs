@@ -188,6 +188,18 @@ fn merge(entries: Vec<(Node, Node)>) -> Result<Vec<(Node, Node)>, YamlError> {
     Ok(own)
 }
 
+/// A `!!binary` scalar's text: yaml.v2 (under sigs.k8s.io/yaml, which the CDI reference reads
+/// specs with) decodes it as standard base64, line breaks ignored, into the string's bytes;
+/// bytes that are not UTF-8 become U+FFFD, as Go's JSON encoder writes them.
+fn decode_binary(text: &str) -> Option<String> {
+    use base64::Engine as _;
+    let packed: String = text.chars().filter(|c| !matches!(c, '\n' | '\r')).collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(packed)
+        .ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 fn scan_error(e: yaml_rust2::ScanError) -> YamlError {
     YamlError {
         line: e.marker().line(),
@@ -207,9 +219,20 @@ impl Reader<'_> {
         Ok(match event {
             Event::Scalar(text, style, anchor, tag) => {
                 let is_str_tag = tag.as_ref().is_some_and(|t| t.suffix == "str");
+                let is_binary = tag.as_ref().is_some_and(|t| t.suffix == "binary");
+                let text = if is_binary {
+                    decode_binary(&text).ok_or_else(|| YamlError {
+                        line,
+                        col: mark.col() + 1,
+                        path: String::new(),
+                        message: "!!binary value contains invalid base64 data".into(),
+                    })?
+                } else {
+                    text
+                };
                 let node = Node::Scalar {
                     text,
-                    plain: style == TScalarStyle::Plain && !is_str_tag,
+                    plain: style == TScalarStyle::Plain && !is_str_tag && !is_binary,
                     line,
                     col: mark.col() + 1,
                 };
@@ -839,6 +862,31 @@ mod tests {
         assert_eq!(convert("major: 1_000").unwrap(), json!({"major": 1000}));
         assert_eq!(convert("name: \"0666\"").unwrap(), json!({"name": "0666"}));
         assert_eq!(convert("name: !!str 12").unwrap(), json!({"name": "12"}));
+    }
+
+    /// yaml.v2 (the reference's reader, through sigs.k8s.io/yaml) decodes `!!binary` into the
+    /// string's bytes, line breaks in a block ignored; bad base64 is an error.
+    #[test]
+    fn binary_scalars_are_decoded() {
+        assert_eq!(
+            convert("name: !!binary bnZpZGlh").unwrap(),
+            json!({"name": "nvidia"})
+        );
+        assert_eq!(
+            convert(
+                "list:\n- !!binary \"L2Rldi9udmlk\"\n- !!binary |\n    L2Rldi9u\n    dmlkaWEw\n"
+            )
+            .unwrap(),
+            json!({"list": ["/dev/nvid", "/dev/nvidia0"]})
+        );
+        // Decoded text is a string even where it reads as a number.
+        assert_eq!(
+            convert("name: !!binary MTk1").unwrap(),
+            json!({"name": "195"})
+        );
+        assert!(convert("major: !!binary MTk1").is_err());
+        let e = convert("name: !!binary not*base64").unwrap_err();
+        assert!(e.to_string().contains("invalid base64"), "{e}");
     }
 
     #[test]

@@ -14,10 +14,23 @@
 //!   driver lists in `capabilities/gpu<N>/mig/gi<G>/ci<C>` that no device carries (instances
 //!   are matched through their `nvidia-cap<N>` nodes and `nvidia-caps/mig-minors`);
 //! - a spec with no devices.
+//!
+//! Parsing a generated spec for these checks cost about as much as generating it (callgrind,
+//! release build, the 8-GPU fake host of scripts/bench.sh and its 42 KB spec: 11.9 M
+//! instructions for a refresh of a current spec, 12.3 M for `cdi generate`; 0.84 M with the
+//! stamp below), so a YAML spec nvshim writes starts with a
+//! comment holding [`HostView::stamp`], a hash of the host facts above as they were read
+//! before the spec was generated; `nvshim cdi refresh` compares it with a fresh stamp and
+//! parses the spec only when they differ. What the stamp cannot see, the full check still
+//! does where it runs (`nvshim doctor`, a refresh whose stamp differs): a library file
+//! removed while the same driver stays loaded.
 
 use crate::cdi::registry;
 use crate::cdi::spec::Spec;
 use crate::host::{Gpu, Host};
+
+/// How the stamp line of a spec starts.
+const STAMP_PREFIX: &str = "# nvshim host state: ";
 
 /// The host facts a spec is compared with: a snapshot, so callers decide when to read it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,12 +56,58 @@ impl HostView {
         }
     }
 
+    /// A hash of what a spec generated now is checked against: this view, the NVIDIA lines of
+    /// `/proc/devices` (device majors) and the names of the NVIDIA nodes in `/dev` and
+    /// `/dev/nvidia-caps` (nodes gone or added). A few reads, no NVML.
+    pub fn stamp(&self, host: &Host) -> u64 {
+        let roots = host.roots();
+        // The view's Debug text: every field, in order, and nothing else.
+        let mut text = format!("{self:?}\n");
+        let devices = crate::hostfile::read_to_string(
+            &roots.proc_root.join("devices"),
+            crate::hostfile::KERNEL_FILE_LIMIT,
+        )
+        .unwrap_or_default();
+        for line in devices.lines().filter(|l| l.contains("nvidia")) {
+            text.push_str(line);
+            text.push('\n');
+        }
+        for dir in [
+            roots.dev_root.join("dev"),
+            roots.dev_root.join("dev/nvidia-caps"),
+        ] {
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("nvidia"))
+                .collect();
+            names.sort();
+            text.push_str(&names.join(" "));
+            text.push('\n');
+        }
+        crate::cache::hash(text.as_bytes())
+    }
+
     fn minor_of(&self, cap: &str) -> Option<u32> {
         self.mig_minors
             .iter()
             .find(|(c, _)| c == cap)
             .map(|(_, m)| *m)
     }
+}
+
+/// `text` (a YAML spec) with the stamp line first.
+pub fn stamped(text: &str, stamp: u64) -> String {
+    format!("{STAMP_PREFIX}{stamp:016x}\n{text}")
+}
+
+/// The stamp on the first line of a spec's bytes, if it has one.
+pub fn stamp_of(bytes: &[u8]) -> Option<u64> {
+    let line = bytes.split(|b| *b == b'\n').next()?;
+    let hex = std::str::from_utf8(line).ok()?.strip_prefix(STAMP_PREFIX)?;
+    u64::from_str_radix(hex, 16).ok()
 }
 
 /// Everything that makes `spec` stale on the host `view` describes, each finding once, in a
@@ -301,6 +360,23 @@ mod tests {
                 "has MIG device gpu1/gi2/ci0, which no longer exists"
             ]
         );
+    }
+
+    #[test]
+    fn stamp_line_round_trips() {
+        let text = stamped("---\ncdiVersion: 0.5.0\n", 0x0123_4567_89ab_cdef);
+        assert!(
+            text.starts_with("# nvshim host state: 0123456789abcdef\n---\n"),
+            "{text}"
+        );
+        assert_eq!(stamp_of(text.as_bytes()), Some(0x0123_4567_89ab_cdef));
+        assert_eq!(stamp_of(b"---\ncdiVersion: 0.5.0\n"), None);
+        assert_eq!(stamp_of(b"# nvshim host state: xyz\n"), None);
+        // A spec with the line still parses.
+        crate::cdi::spec::parse(
+            stamped("---\ncdiVersion: 0.5.0\nkind: v.com/d\ndevices: []\n", 1).as_bytes(),
+        )
+        .unwrap();
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //!   device on the PCI bus (sysfs `vendor` 0x10de, `class` 0x03xxxx), it first waits that long
 //!   for the module to load, so a boot-time run ordered before the engines has a spec for them;
 //!   without such a device it does not wait at all.
-//! - a spec that parses and is fresh by [`freshness`] (driver version, GPU set, MIG layout,
-//!   device nodes, library files: `/proc` and `stat`, no NVML) is left alone without
-//!   generating; `force` skips this shortcut (package upgrades use it: a new nvshim may write
-//!   a different spec for the same host).
+//! - a YAML spec whose stamp line ([`freshness::HostView::stamp`]: driver version, GPU set,
+//!   MIG layout, device majors and nodes, read from `/proc` and `/dev`, no NVML) is the host's
+//!   now is left alone without parsing it; one without it that parses and is fresh by
+//!   [`freshness`] (also device numbers and library files, by `stat`) is left alone without
+//!   generating when it is JSON (no comment to hold a stamp), and regenerated once to carry
+//!   the stamp when it is YAML; `force` skips these shortcuts (package upgrades use it: a new
+//!   nvshim may write a different spec for the same host).
 //! - otherwise the spec is generated and written atomically only when its bytes differ, so
 //!   consumers watching the directory (containerd, CRI-O, DRA drivers) see no event for an
 //!   identical file.
@@ -102,6 +105,15 @@ pub fn refresh(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
         Err(e) => (None, Some(e)),
     };
+    let format = spec::Format::for_path(&opts.output);
+    // Read before generating: a host that changes meanwhile leaves an older stamp, so the
+    // next refresh looks again.
+    let view = HostView::read(host);
+    let stamp = (format == spec::Format::Yaml).then(|| view.stamp(host));
+    let stamped = |bytes: &[u8]| stamp.is_some() && freshness::stamp_of(bytes) == stamp;
+    if !opts.force && existing.as_deref().is_some_and(stamped) {
+        return Ok(Outcome::Fresh);
+    }
     let reasons = match existing.as_deref().map(spec::parse) {
         None => match unreadable {
             Some(e) => vec![format!("cannot be read: {e}")],
@@ -109,17 +121,22 @@ pub fn refresh(
         },
         Some(Err(e)) => vec![format!("does not parse: {e}")],
         Some(Ok(current)) => {
-            let reasons = freshness::stale_reasons(&current, &HostView::read(host));
-            if reasons.is_empty() && !opts.force {
-                return Ok(Outcome::Fresh);
+            let reasons = freshness::stale_reasons(&current, &view);
+            match (reasons.is_empty() && !opts.force, stamp) {
+                (false, _) => reasons,
+                (true, None) => return Ok(Outcome::Fresh),
+                (true, Some(_)) => vec!["its host-state line is not this host's now".to_string()],
             }
-            reasons
         }
     };
     let discovery = generate::discover_with_progress(host, progress).map_err(err)?;
     let spec = generate::generate_with_progress(host, &discovery, &opts.generate, progress)
         .map_err(err)?;
-    let text = generate::render(&spec, spec::Format::for_path(&opts.output));
+    let text = generate::render(&spec, format);
+    let text = match stamp {
+        Some(s) => freshness::stamped(&text, s),
+        None => text,
+    };
     if existing.as_deref() == Some(text.as_bytes()) {
         return Ok(Outcome::Unchanged { reasons });
     }
@@ -129,6 +146,26 @@ pub fn refresh(
         devices: spec.devices.len(),
         created: existing.is_none(),
     })
+}
+
+/// `reasons` for one log line: the first few, and how many there are in all (a driver upgrade
+/// finds every library of the old driver, some sixty lines).
+pub fn summary(reasons: &[String]) -> String {
+    const SHOWN: usize = 2;
+    let mut out = reasons
+        .iter()
+        .take(SHOWN)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if reasons.len() > SHOWN {
+        out.push_str(&format!(
+            "; and {} more ({} findings, `nvshim doctor` lists them)",
+            reasons.len() - SHOWN,
+            reasons.len()
+        ));
+    }
+    out
 }
 
 /// Whether the driver is loaded, waiting up to `wait` for it when an NVIDIA display device is
@@ -170,6 +207,29 @@ pub fn nvidia_pci_display_device(sys: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A driver upgrade's findings (a mount per library of the old driver, as
+    /// `registry::stale_library_mounts` words them) make one short line with their count.
+    #[test]
+    fn many_reasons_are_summarised() {
+        let reasons: Vec<String> = (0..62)
+            .map(|i| {
+                format!(
+                    "mounts /usr/lib/x86_64-linux-gnu/libnvidia-lib{i}.so.570.133.20 of driver \
+                     570.133.20, but driver 580.95.05 is running"
+                )
+            })
+            .collect();
+        let line = summary(&reasons);
+        assert!(line.len() < 300, "{} bytes: {line}", line.len());
+        assert!(line.starts_with(&reasons[0]), "{line}");
+        assert!(
+            line.ends_with("; and 60 more (62 findings, `nvshim doctor` lists them)"),
+            "{line}"
+        );
+        assert_eq!(summary(&reasons[..2]), reasons[..2].join("; "));
+        assert_eq!(summary(&[]), "");
+    }
 
     #[test]
     fn pci_display_devices_are_recognised() {

@@ -7,6 +7,7 @@
 //! root; each test has its own temp dirs, runc `--root` and container ids.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -712,6 +713,66 @@ fn cdi_hook_without_env_does_not_get_the_image_ld_preload() {
     );
 }
 
+// ---- hooks whose binary is not the host's to check ---------------------------------------------
+
+/// `vendor.com/device=d`, which sets `NVCT_VENDOR_DEVICE=d` and adds one `hook_name` hook.
+fn write_hook_spec(w: &World, hook_name: &str, path: &str) {
+    fs::write(
+        w.run_cdi.join("vendor.yaml"),
+        format!(
+            "cdiVersion: 0.5.0\nkind: vendor.com/device\ndevices:\n- name: d\n  containerEdits:\n    env: [NVCT_VENDOR_DEVICE=d]\n    hooks:\n    - hookName: {hook_name}\n      path: {path}\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// A `startContainer` hook's path is resolved in the container (the OCI runtime spec), so
+/// a spec may name a binary only the image has: runc runs it there. Here it is a script in the
+/// rootfs that leaves a file; no such path exists on the host.
+#[test]
+fn cdi_start_container_hook_from_the_image_runs() {
+    let w = world(1);
+    let hook = "/usr/local/bin/nvshim-e2e-image-only-hook";
+    assert!(!Path::new(hook).exists(), "{hook} exists on the host");
+    write_hook_spec(&w, "startContainer", hook);
+    let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
+    let in_image = bundle.rootfs().path().join(hook.trim_start_matches('/'));
+    fs::create_dir_all(in_image.parent().unwrap()).unwrap();
+    fs::write(&in_image, "#!/bin/sh\necho ran > /tmp/start-hook-ran\n").unwrap();
+    fs::set_permissions(&in_image, fs::Permissions::from_mode(0o755)).unwrap();
+    // The hook writes into the rootfs.
+    bundle.set_readonly_root(false).unwrap();
+    let r = w.run(&bundle);
+    assert_eq!(
+        r.env.get("NVCT_VENDOR_DEVICE").map(String::as_str),
+        Some("d")
+    );
+    assert!(
+        bundle.rootfs().path().join("tmp/start-hook-ran").exists(),
+        "runc did not run the image's startContainer hook"
+    );
+}
+
+/// runc only logs a `poststop` hook that fails (it runs after the container is gone), so a
+/// spec's missing poststop binary is a warning, not a refused container.
+#[test]
+fn cdi_missing_poststop_hook_is_a_warning() {
+    let w = world(1);
+    let hook = "/nonexistent/nvshim-e2e-poststop-hook";
+    write_hook_spec(&w, "poststop", hook);
+    let bundle = annotated_bundle(&w, "b1", "vendor.com/device=d");
+    let r = w.run(&bundle);
+    assert_eq!(
+        r.env.get("NVCT_VENDOR_DEVICE").map(String::as_str),
+        Some("d")
+    );
+    let log = w.shim_log();
+    assert!(
+        log.contains(&format!("the poststop hook {hook}")),
+        "no warning in the log:\n{log}"
+    );
+}
+
 // ---- `nvshim cdi validate` on files as the reference reads them ---------------------------------
 
 /// tests/fixtures/cdi: byte-order marks (UTF-8, UTF-16 LE and BE, YAML and JSON) and merge keys
@@ -903,6 +964,46 @@ fn refresh_writes_the_spec_once_then_only_when_the_gpus_change() {
             "nvidia.yaml".to_string()
         ]
     );
+}
+
+/// After a driver upgrade every library mount of the old driver is a finding: the refresh says
+/// why in one short line (the first findings and their count). A current spec is then left
+/// alone on its host-state line alone, and a device major that moves under it (`/proc/devices`,
+/// which that line covers) is still noticed.
+#[test]
+fn refresh_after_a_driver_upgrade_says_why_in_one_short_line() {
+    let w = world(2);
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    w.host.write_cdi_spec(&spec_path, "575.64.05").unwrap();
+    // The old driver's other libraries, as NVIDIA's spec for a real driver mounts some sixty.
+    let mut old: serde_json::Value =
+        serde_json::from_slice(&fs::read(&spec_path).unwrap()).unwrap();
+    let mounts = old["containerEdits"]["mounts"].as_array_mut().unwrap();
+    for i in 0..20 {
+        let lib = format!("/usr/lib/x86_64-linux-gnu/libnvidia-old{i}.so.575.64.05");
+        mounts.push(json!({"hostPath": lib, "containerPath": lib, "options": ["ro", "bind"]}));
+    }
+    fs::write(&spec_path, old.to_string()).unwrap();
+    let stderr = refresh(&w, &[], &[]);
+    assert!(
+        stderr.contains(&format!("updated {}", spec_path.display()))
+            && stderr.contains("of driver 575.64.05, but driver")
+            && stderr.contains(" more ("),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.len() < 500, "{} bytes: {stderr}", stderr.len());
+
+    let before = spec_identity(&w);
+    assert_eq!(refresh(&w, &[], &[]), "");
+    assert_eq!(spec_identity(&w), before);
+    w.host.move_uvm_major(511).unwrap();
+    let stderr = refresh(&w, &[], &[]);
+    assert!(
+        stderr.contains("updated") && stderr.contains("/dev/nvidia-uvm is"),
+        "{stderr}"
+    );
+    assert_eq!(refresh(&w, &[], &[]), "");
 }
 
 #[test]

@@ -544,8 +544,13 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert_eq!(v["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
     assert_eq!(v["runtimes"]["nvidia"], json!({"path": SHIM, "args": []}));
     assert_eq!(v["default-runtime"], "nvidia");
-    let backup = tmp.path().join("daemon.json.nvshim.bak");
+    let backup = backup_of(&path);
     assert_eq!(fs::read_to_string(&backup).unwrap(), original);
+    assert_eq!(
+        fs::read_dir(tmp.path()).unwrap().count(),
+        2,
+        "only daemon.json and its state file beside it"
+    );
 
     let written = fs::read_to_string(&path).unwrap();
     let again = runtime_cmd("configure", "docker", &path, &["--set-as-default"]).expect_ok();
@@ -553,8 +558,50 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert_eq!(fs::read_to_string(&path).unwrap(), written);
 
     runtime_cmd("unconfigure", "docker", &path, &[]).expect_ok();
+    assert_eq!(
+        fs::read_to_string(&path).unwrap(),
+        original,
+        "the same bytes"
+    );
+    assert!(!backup.exists(), "the backup is removed");
+}
+
+/// The backup `runtime configure` keeps of `config` (`/var/lib/nvshim/backups` + its path).
+fn backup_of(config: &Path) -> PathBuf {
+    nvshim::ops::engine::backup_path(Path::new(nvshim::ops::engine::DEFAULT_BACKUP_DIR), config)
+}
+
+/// A one-line daemon.json without a final newline comes back byte for byte after configure and
+/// unconfigure; one edited in between keeps the edit (the content is rewritten, not the
+/// backup's bytes put back).
+#[test]
+fn unconfigure_docker_gives_the_bytes_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("daemon.json");
+    let original = r#"{"log-driver":"journald","storage-driver":"overlay2"}"#;
+    fs::write(&path, original).unwrap();
+    runtime_cmd("configure", "docker", &path, &[]).expect_ok();
+    assert_ne!(fs::read_to_string(&path).unwrap(), original);
+    runtime_cmd("unconfigure", "docker", &path, &[]).expect_ok();
+    assert_eq!(fs::read_to_string(&path).unwrap(), original);
+    assert!(!backup_of(&path).exists());
+    assert_eq!(
+        fs::read_dir(tmp.path()).unwrap().count(),
+        1,
+        "nothing left beside it"
+    );
+
+    runtime_cmd("configure", "docker", &path, &[]).expect_ok();
+    let mut edited: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+    edited["debug"] = json!(true);
+    fs::write(&path, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    runtime_cmd("unconfigure", "docker", &path, &[]).expect_ok();
     let back: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(back, serde_json::from_str::<Value>(original).unwrap());
+    assert_eq!(
+        back,
+        json!({"log-driver": "journald", "storage-driver": "overlay2", "debug": true})
+    );
+    assert!(!backup_of(&path).exists());
 }
 
 #[test]
@@ -828,6 +875,50 @@ fn configure_containerd_gives_engine_cdi_nvshim_s_spec_dirs() {
     );
 }
 
+/// A config that sets `enable_cdi = false` (containerd 1.7's default) is read by a containerd
+/// with CDI, whichever containerd is on PATH (here Debian 12's 1.6, which has none: k3s's or one
+/// off PATH reads the file): configure turns CDI on in it, and the containerd on the test's PATH
+/// reads it so where it has CDI (1.7 and later).
+#[test]
+fn configure_containerd_turns_on_cdi_a_config_sets_whatever_is_on_path() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine-configs");
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("config.toml");
+    fs::copy(fixtures.join("containerd-1.7.34-default.toml"), &config).unwrap();
+    let debian_path = "/usr/sbin:/usr/bin:/sbin:/bin";
+    let on_path = nvshim::ops::engine::detect_version(
+        nvshim::ops::engine::Engine::Containerd,
+        Some(std::ffi::OsStr::new(debian_path)),
+    );
+    eprintln!("containerd on the configure's PATH: {on_path:?}");
+    run(
+        Command::new(NVSHIM)
+            .args([
+                "runtime",
+                "configure",
+                "--runtime",
+                "containerd",
+                "--config",
+            ])
+            .arg(&config)
+            .env("PATH", debian_path),
+        Duration::from_secs(30),
+    )
+    .expect_ok();
+    let written = fs::read_to_string(&config).unwrap();
+    assert!(written.contains("enable_cdi = true # set by"), "{written}");
+    if containerd_version() >= (1, 7) {
+        let dumped = dump(&config);
+        let cri = cri_runtime(&dumped);
+        assert_eq!(cri["enable_cdi"].as_bool(), Some(true), "{cri:#?}");
+    }
+    runtime_cmd("unconfigure", "containerd", &config, &[]).expect_ok();
+    assert_eq!(
+        fs::read(&config).unwrap(),
+        fs::read(fixtures.join("containerd-1.7.34-default.toml")).unwrap()
+    );
+}
+
 /// README's "From source" installs what the .deb installs (Cargo.toml's
 /// `package.metadata.deb` assets): every destination, both hook links among them, so that
 /// `docker run --runtime=nvidia --gpus` works after a source install.
@@ -890,6 +981,73 @@ fn configure_crio_writes_a_drop_in() {
     );
     runtime_cmd("unconfigure", "crio", &main, &[]).expect_ok();
     assert!(!tmp.path().join("crio.conf.d/99-nvshim.toml").exists());
+}
+
+/// The `runtime_path` of CRI-O's runtime `nvidia` as CRI-O merges its config, and the names in
+/// `crio.conf.d`. CRI-O is not in Debian's registry (bookworm, trixie nor sid), so this models
+/// its documented rule, quoted in src/ops/engine/crio.rs from crio.conf.d(5): `crio.conf`, then
+/// every file of `crio.conf.d`, whatever its name, sorted by name, later keys winning.
+fn crio_view(main: &Path) -> (Option<String>, Vec<String>) {
+    let conf_d = main.with_file_name("crio.conf.d");
+    let mut names: Vec<String> = fs::read_dir(&conf_d)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    let mut path = None;
+    let files = std::iter::once(main.to_path_buf()).chain(names.iter().map(|n| conf_d.join(n)));
+    for file in files {
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        let t: toml::Table = toml::from_str(&text).unwrap();
+        let nvidia = t
+            .get("crio")
+            .and_then(|c| c.get("runtime"))
+            .and_then(|r| r.get("runtimes"))
+            .and_then(|r| r.get("nvidia"));
+        if let Some(p) = nvidia.and_then(|n| n.get("runtime_path")) {
+            path = p.as_str().map(str::to_string);
+        }
+    }
+    (path, names)
+}
+
+/// configure, configure again with another `--runtime-path`, unconfigure: CRI-O's view follows
+/// each step, as no backup is left in `crio.conf.d` (CRI-O would read it as config: before, the
+/// old `.nvshim.bak` kept the first path after a reconfigure and the runtime after unconfigure).
+/// A `99-nvshim.toml.nvshim.bak` an earlier nvshim left there is removed.
+#[test]
+fn configure_crio_reconfigure_and_unconfigure_as_crio_reads_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let main = tmp.path().join("crio.conf");
+    fs::write(&main, "[crio.runtime]\ndefault_runtime = \"crun\"\n").unwrap();
+    let drop_in = tmp.path().join("crio.conf.d/99-nvshim.toml");
+    runtime_cmd("configure", "crio", &main, &[]).expect_ok();
+    assert_eq!(
+        crio_view(&main),
+        (Some(SHIM.to_string()), vec!["99-nvshim.toml".to_string()])
+    );
+    let first = fs::read_to_string(&drop_in).unwrap();
+    let other = "/opt/nvshim/bin/nvshim-runtime";
+    runtime_cmd("configure", "crio", &main, &["--runtime-path", other]).expect_ok();
+    assert_eq!(
+        crio_view(&main),
+        (Some(other.to_string()), vec!["99-nvshim.toml".to_string()])
+    );
+    assert_eq!(fs::read_to_string(backup_of(&drop_in)).unwrap(), first);
+    runtime_cmd("unconfigure", "crio", &main, &[]).expect_ok();
+    assert_eq!(crio_view(&main), (None, vec![]));
+    assert!(!backup_of(&drop_in).exists());
+
+    let legacy = tmp.path().join("crio.conf.d/99-nvshim.toml.nvshim.bak");
+    fs::write(&legacy, &first).unwrap();
+    assert_eq!(crio_view(&main).0.as_deref(), Some(SHIM));
+    runtime_cmd("unconfigure", "crio", &main, &[]).expect_ok();
+    assert_eq!(crio_view(&main), (None, vec![]));
 }
 
 // ---- system create-dev-char-symlinks ----------------------------------------------------------

@@ -135,6 +135,7 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         return Ok(Plan {
             changes: change(path, before, Some(after)).into_iter().collect(),
             warnings,
+            ..Plan::default()
         });
     }
 
@@ -187,7 +188,11 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         changes.extend(change(path, before, Some(after)));
     }
     changes.extend(change(&drop_in, drop_before, Some(drop_after)));
-    Ok(Plan { changes, warnings })
+    Ok(Plan {
+        changes,
+        warnings,
+        ..Plan::default()
+    })
 }
 
 /// containerd 2.x (config version 3 and later) merges an imported file into the config key by
@@ -328,7 +333,11 @@ pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
             changes.extend(change(&drop_in, Some(text), None));
         }
     }
-    Ok(Plan { changes, warnings })
+    Ok(Plan {
+        changes,
+        warnings,
+        ..Plan::default()
+    })
 }
 
 /// The comment nvshim leaves on the CDI settings it writes: `unconfigure` reverts exactly the
@@ -359,9 +368,6 @@ fn enable_cdi(
     version: i64,
     opts: &Options,
 ) -> Result<(), EngineError> {
-    let Some(default) = cdi_default(version, opts.engine_version) else {
-        return Ok(());
-    };
     let cri_keys = ["plugins", cri_plugin(version)];
     let current = get(path, root, &cri_keys)?.and_then(|t| t.get("enable_cdi").cloned());
     let was = match &current {
@@ -375,6 +381,14 @@ fn enable_cdi(
                 other,
             ))
         }
+    };
+    let default = match cdi_default(version, opts.engine_version) {
+        Some(default) => default,
+        // The containerd found has no CDI (1.6), but the file sets `enable_cdi`, a key only
+        // 1.7 and later read: the containerd that reads this file is another one (k3s's, one
+        // off PATH), and has CDI.
+        None if was.is_some() => false,
+        None => return Ok(()),
     };
     if was.unwrap_or(default) {
         return Ok(());
@@ -722,6 +736,7 @@ mod tests {
     fn opts(dir: &Path) -> Options {
         let mut o = Options::new(Engine::Containerd, "/usr/bin/nvshim-runtime".into());
         o.config = dir.join("config.toml");
+        o.backup_dir = dir.join("backups");
         o.drop_in = Engine::Containerd.default_drop_in(&o.config);
         o
     }

@@ -2,8 +2,11 @@
 //! (`runtime_path`, `runtime_type = "oci"`), copying the default runtime's other settings
 //! (`runtime_root`, `monitor_path`, `monitor_env`, ...).
 //!
-//! CRI-O reads `crio.conf`, then each file of `crio.conf.d` in lexical order, each one's keys
-//! overriding earlier ones key by key (crio.conf.d(5)), so the drop-in needs only the runtime;
+//! CRI-O reads `crio.conf`, then each file of `crio.conf.d` in lexical order, whatever its
+//! name, each one's keys overriding earlier ones key by key (crio.conf.d(5): "Files in the
+//! configuration directory are sorted by name in lexical order and applied in that order"), so
+//! the drop-in needs only the runtime, and no other file of nvshim's may stay in that directory
+//! (backups go to [`super::DEFAULT_BACKUP_DIR`]);
 //! the main file is never edited (minimal drop-ins only). The
 //! layout is `nvidia-ctk runtime configure --runtime crio`'s (`pkg/config/engine/crio`). CRI-O
 //! injects CDI devices named in `cdi.k8s.io/*` annotations itself, so no annotation setting is
@@ -66,6 +69,7 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
         });
 
     let mut doc = DocumentMut::new();
+    let mut changes = legacy_backup_removal(&drop_in)?;
     if opts.set_as_default {
         let rt = ensure(&drop_in, doc.as_item_mut(), &["crio", "runtime"])?;
         set(rt, "default_runtime", opts.runtime_name.as_str().into());
@@ -91,14 +95,31 @@ pub fn configure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     set(runtime, "runtime_type", "oci".into());
     let after = format!("{}{}", drop_in_header(opts), doc);
     tomldoc::reparse(&drop_in, &after)?;
-    Ok(change(&drop_in, before, Some(after)).into_iter().collect())
+    changes.extend(change(&drop_in, before, Some(after)));
+    Ok(changes)
 }
 
 pub fn unconfigure(opts: &Options) -> Result<Vec<FileChange>, EngineError> {
     let drop_in = drop_in_path(opts);
-    Ok(match read_optional(&drop_in)? {
+    let mut changes = legacy_backup_removal(&drop_in)?;
+    if let Some(text) = read_optional(&drop_in)? {
+        if text.starts_with(DROP_IN_MARKER) {
+            changes.extend(change(&drop_in, Some(text), None));
+        }
+    }
+    Ok(changes)
+}
+
+/// Removes `<drop-in>.nvshim.bak`, where earlier nvshim kept the previous drop-in: CRI-O
+/// reads it as a config (an old `runtime_path` after the new one's drop-in, or the runtime
+/// still registered after `unconfigure`). Only a file nvshim wrote.
+fn legacy_backup_removal(drop_in: &Path) -> Result<Vec<FileChange>, EngineError> {
+    let mut name = drop_in.file_name().unwrap_or_default().to_os_string();
+    name.push(".nvshim.bak");
+    let legacy = drop_in.with_file_name(name);
+    Ok(match read_optional(&legacy)? {
         Some(text) if text.starts_with(DROP_IN_MARKER) => {
-            change(&drop_in, Some(text), None).into_iter().collect()
+            change(&legacy, Some(text), None).into_iter().collect()
         }
         _ => Vec::new(),
     })
@@ -148,8 +169,8 @@ fn drop_in_path(opts: &Options) -> PathBuf {
     })
 }
 
-/// The main config, then the files of the drop-in's directory in lexical order, without the
-/// drop-in itself and without nvshim's backups.
+/// The main config, then the files of the drop-in's directory in lexical order (every one, as
+/// CRI-O reads them), without the drop-in itself.
 fn config_files(config: &Path, drop_in: &Path) -> Result<Vec<PathBuf>, EngineError> {
     let mut files = vec![config.to_path_buf()];
     let Some(dir) = drop_in.parent() else {
@@ -169,7 +190,6 @@ fn config_files(config: &Path, drop_in: &Path) -> Result<Vec<PathBuf>, EngineErr
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p != drop_in && p.is_file())
-        .filter(|p| !p.to_string_lossy().ends_with(".nvshim.bak"))
         .collect();
     others.sort();
     files.extend(others);
@@ -184,6 +204,7 @@ mod tests {
     fn opts(dir: &Path) -> Options {
         let mut o = Options::new(Engine::Crio, "/usr/bin/nvshim-runtime".into());
         o.config = dir.join("crio.conf");
+        o.backup_dir = dir.join("backups");
         o.drop_in = Engine::Crio.default_drop_in(&o.config);
         o
     }

@@ -347,6 +347,7 @@ mod tests {
     fn opts(dir: &Path) -> Options {
         let mut o = Options::new(Engine::Docker, "/usr/bin/nvshim-runtime".into());
         o.config = dir.join("daemon.json");
+        o.backup_dir = dir.join("backups");
         o
     }
 

@@ -15,12 +15,24 @@ pub struct Applied {
     pub removed: bool,
 }
 
-/// `<file>.nvshim.bak` beside the file: the content just before nvshim's last change to it.
-/// The suffix keeps it out of the engines' drop-in globs (`conf.d/*.toml`).
-pub fn backup_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".nvshim.bak");
-    path.with_file_name(name)
+/// Where the backup of `path` goes: `path` itself under `dir` (`/etc/docker/daemon.json` ->
+/// `/var/lib/nvshim/backups/etc/docker/daemon.json`), where no engine reads it.
+pub fn backup_path(dir: &Path, path: &Path) -> PathBuf {
+    dir.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// The backup of `path` under `dir`, when there is one this process can trust: a regular file
+/// of its own user that nobody else may write (`unconfigure` may write its bytes back into an
+/// engine's config). `None` otherwise.
+pub fn read_backup(dir: &Path, path: &Path) -> Result<Option<String>, EngineError> {
+    let backup = backup_path(dir, path);
+    let trusted = fs::symlink_metadata(&backup).is_ok_and(|m| {
+        m.is_file() && m.uid() == nix::unistd::geteuid().as_raw() && m.mode() & 0o022 == 0
+    });
+    if !trusted {
+        return Ok(None);
+    }
+    read_optional(&backup)
 }
 
 /// The file's text, `None` if it does not exist.
@@ -56,7 +68,14 @@ pub fn unified_diff(c: &FileChange) -> String {
         .to_string()
 }
 
-pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
+/// Writes one change. `configure` (not `unconfigure`) first keeps a file it edits in place
+/// under `backups`, unless a backup from an earlier `configure` is there; `unconfigure` removes
+/// the backup once the change is written.
+pub fn apply_change(
+    c: &FileChange,
+    backups: &Path,
+    unconfigure: bool,
+) -> Result<Applied, EngineError> {
     let write_err = |source| EngineError::Write {
         path: c.path.clone(),
         source,
@@ -71,16 +90,68 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
         Ok(m) => (m.permissions().mode() & 0o7777, Some((m.uid(), m.gid()))),
         Err(_) => (0o644, None),
     };
-    let backup = if c.before.is_some() {
-        let backup = backup_path(&c.path);
-        fs::copy(&c.path, &backup).map_err(|source| EngineError::Backup {
-            path: c.path.clone(),
-            backup: backup.clone(),
-            source,
-        })?;
+    let backup = backup_path(backups, &c.path);
+    let backup = if c.before.is_some() && c.after.is_some() && !unconfigure {
+        if fs::symlink_metadata(&backup).is_err() {
+            save_backup(&c.path, &backup)?;
+        }
         Some(backup)
     } else {
         None
+    };
+    let applied = write_change(c, &target, mode, owner, backup)?;
+    if unconfigure {
+        let backup = backup_path(backups, &c.path);
+        match fs::remove_file(&backup) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(EngineError::Remove {
+                    path: backup,
+                    source: e,
+                })
+            }
+            _ => {}
+        }
+        // Its directories too, while empty, up to the backup directory.
+        let mut dir = backup.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(backups) && *d != backups) {
+            if fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+    Ok(applied)
+}
+
+/// Copies `path` to `backup`, in directories only root can enter.
+fn save_backup(path: &Path, backup: &Path) -> Result<(), EngineError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let err = |source| EngineError::Backup {
+        path: path.to_path_buf(),
+        backup: backup.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = backup.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
+    }
+    fs::copy(path, backup).map_err(err)?;
+    fs::set_permissions(backup, fs::Permissions::from_mode(0o600)).map_err(err)
+}
+
+fn write_change(
+    c: &FileChange,
+    target: &Path,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    backup: Option<PathBuf>,
+) -> Result<Applied, EngineError> {
+    let write_err = |source| EngineError::Write {
+        path: c.path.clone(),
+        source,
     };
     match &c.after {
         None => {
@@ -98,7 +169,7 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
             if let Some(dir) = target.parent() {
                 fs::create_dir_all(dir).map_err(write_err)?;
             }
-            write_atomic(&target, text.as_bytes(), mode, owner).map_err(write_err)?;
+            write_atomic(target, text.as_bytes(), mode, owner).map_err(write_err)?;
             Ok(Applied {
                 path: c.path.clone(),
                 backup,
@@ -132,8 +203,11 @@ mod tests {
     #[test]
     fn backup_name() {
         assert_eq!(
-            backup_path(Path::new("/etc/docker/daemon.json")),
-            PathBuf::from("/etc/docker/daemon.json.nvshim.bak")
+            backup_path(
+                Path::new("/var/lib/nvshim/backups"),
+                Path::new("/etc/crio/crio.conf.d/99-nvshim.toml")
+            ),
+            PathBuf::from("/var/lib/nvshim/backups/etc/crio/crio.conf.d/99-nvshim.toml")
         );
     }
 
@@ -148,26 +222,59 @@ mod tests {
         assert!(d.contains("+a = 1"), "{d}");
     }
 
+    /// The backup goes under the backup directory (0700, the copy 0600), the first one stays
+    /// through a second configure, and an unconfigure removes it.
     #[test]
     fn apply_backs_up_and_keeps_mode() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("daemon.json");
+        let backups = dir.path().join("backups");
+        let p = dir.path().join("etc/daemon.json");
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
         fs::write(&p, "{}").unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
-        let applied = apply_change(&FileChange {
-            path: p.clone(),
-            before: Some("{}".into()),
-            after: Some("{\"a\": 1}\n".into()),
-        })
-        .unwrap();
-        assert_eq!(applied.backup, Some(backup_path(&p)));
-        assert_eq!(fs::read_to_string(backup_path(&p)).unwrap(), "{}");
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        let step = |before: &str, after: &str, unconfigure: bool| {
+            apply_change(
+                &FileChange {
+                    path: p.clone(),
+                    before: Some(before.into()),
+                    after: Some(after.into()),
+                },
+                &backups,
+                unconfigure,
+            )
+            .unwrap()
+        };
+        let applied = step("{}", "{\"a\": 1}\n", false);
+        let backup = backup_path(&backups, &p);
+        assert_eq!(applied.backup.as_ref(), Some(&backup));
+        assert_eq!(fs::read_to_string(&backup).unwrap(), "{}");
         assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\": 1}\n");
         assert_eq!(
             fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o600
+            0o644
         );
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(names.len(), 2, "no temp file left behind");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&backup), 0o600);
+        assert_eq!(mode(backup.parent().unwrap()), 0o700);
+        assert_eq!(read_backup(&backups, &p).unwrap().as_deref(), Some("{}"));
+        let names: Vec<_> = fs::read_dir(p.parent().unwrap()).unwrap().collect();
+        assert_eq!(names.len(), 1, "nothing beside the config");
+
+        step("{\"a\": 1}\n", "{\"a\": 2}\n", false);
+        assert_eq!(fs::read_to_string(&backup).unwrap(), "{}", "the first kept");
+        let applied = step("{\"a\": 2}\n", "{}", true);
+        assert_eq!(applied.backup, None);
+        assert!(!backup.exists());
+        assert_eq!(
+            fs::read_dir(&backups).unwrap().count(),
+            0,
+            "no empty directory left"
+        );
+        assert_eq!(read_backup(&backups, &p).unwrap(), None);
+
+        // A backup others may write is not read.
+        step("{}", "{\"a\": 1}\n", false);
+        fs::set_permissions(&backup, fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(read_backup(&backups, &p).unwrap(), None);
     }
 }

@@ -30,6 +30,10 @@ pub use file::{backup_path, Applied};
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
 /// Where the packages install the runtime binary.
 pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/nvshim-runtime";
+/// Where `configure` keeps the content of the files it changes ([`backup_path`]): outside every
+/// directory an engine reads. CRI-O reads every file in `crio.conf.d` whatever its name, and
+/// containerd's `imports` globs may match any name, so a backup beside a drop-in is a config.
+pub const DEFAULT_BACKUP_DIR: &str = "/var/lib/nvshim/backups";
 /// First line of every drop-in file nvshim writes; `unconfigure` deletes only files that
 /// carry it, and `configure` refuses to overwrite a file without it.
 pub const DROP_IN_MARKER: &str = "# Written by `nvshim runtime configure`";
@@ -163,6 +167,8 @@ pub struct Options {
     /// The spec directories written with the engine CDI that `enable_cdi` turns on
     /// (containerd's `cdi_spec_dirs`): nvshim's own, so that both read the same specs.
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// Where backups go ([`DEFAULT_BACKUP_DIR`]).
+    pub backup_dir: PathBuf,
 }
 
 impl Options {
@@ -180,6 +186,7 @@ impl Options {
             enable_cdi: false,
             engine_version: None,
             cdi_spec_dirs: crate::config::Config::default().cdi_spec_dirs,
+            backup_dir: PathBuf::from(DEFAULT_BACKUP_DIR),
         }
     }
 }
@@ -231,6 +238,10 @@ pub struct Plan {
     pub changes: Vec<FileChange>,
     /// What the caller should tell the operator (a config version newer than nvshim knows).
     pub warnings: Vec<String>,
+    /// Where [`Plan::apply`] keeps backups ([`Options::backup_dir`]).
+    pub backup_dir: PathBuf,
+    /// An `unconfigure` plan: it writes no backup and removes those of the files it changes.
+    pub unconfigure: bool,
 }
 
 impl Plan {
@@ -247,30 +258,69 @@ impl Plan {
         out
     }
 
-    /// Writes the plan: each existing file is first copied to its [`backup_path`], then
-    /// replaced atomically (or removed). Stops at the first error; files already written stay
-    /// written, each with its backup.
+    /// Writes the plan: each existing file `configure` edits is first copied to its
+    /// [`backup_path`] (unless a backup is there already: it keeps the content from before
+    /// nvshim's first change), then replaced atomically (or removed). An `unconfigure` plan
+    /// then removes the backups of the files it changed. Stops at the first error; files
+    /// already written stay written, each with its backup.
     pub fn apply(&self) -> Result<Vec<Applied>, EngineError> {
-        self.changes.iter().map(file::apply_change).collect()
+        (self.changes.iter())
+            .map(|c| file::apply_change(c, &self.backup_dir, self.unconfigure))
+            .collect()
     }
 }
 
 /// Plans registering the runtime with `opts.engine`.
 pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
-    match opts.engine {
+    let mut plan = match opts.engine {
         Engine::Docker => docker::configure(opts).map(Plan::from),
         Engine::Containerd => containerd::configure(opts),
         Engine::Crio => crio::configure(opts).map(Plan::from),
-    }
+    }?;
+    plan.backup_dir = opts.backup_dir.clone();
+    Ok(plan)
 }
 
 /// Plans removing what [`configure`] added: the runtime entry, the default-runtime setting when
-/// it names the runtime, and drop-ins nvshim wrote.
+/// it names the runtime, and drop-ins nvshim wrote. A file whose content is then the content of
+/// its backup gets the backup's bytes back (its formatting, comments and final newline).
 pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
-    match opts.engine {
+    let mut plan = match opts.engine {
         Engine::Docker => docker::unconfigure(opts).map(Plan::from),
         Engine::Containerd => containerd::unconfigure(opts),
         Engine::Crio => crio::unconfigure(opts).map(Plan::from),
+    }?;
+    for c in &mut plan.changes {
+        let Some(after) = &c.after else { continue };
+        let Some(saved) = file::read_backup(&opts.backup_dir, &c.path)? else {
+            continue;
+        };
+        if saved != *after && same_content(opts.engine, &saved, after) {
+            c.after = Some(saved);
+        }
+    }
+    plan.changes.retain(|c| c.before != c.after);
+    plan.backup_dir = opts.backup_dir.clone();
+    plan.unconfigure = true;
+    Ok(plan)
+}
+
+/// Whether two texts of an engine's config say the same (daemon.json's JSON, else TOML): key
+/// order, formatting and comments aside. Text that does not parse is never the same.
+fn same_content(engine: Engine, a: &str, b: &str) -> bool {
+    match engine {
+        Engine::Docker => {
+            // dockerd reads an empty daemon.json as `{}`.
+            let parse = |t: &str| match t.trim() {
+                "" => Ok(serde_json::Value::Object(Default::default())),
+                t => serde_json::from_str::<serde_json::Value>(t),
+            };
+            matches!((parse(a), parse(b)), (Ok(x), Ok(y)) if x == y)
+        }
+        Engine::Containerd | Engine::Crio => matches!(
+            (toml::from_str::<toml::Table>(a), toml::from_str::<toml::Table>(b)),
+            (Ok(x), Ok(y)) if x == y
+        ),
     }
 }
 
@@ -278,7 +328,7 @@ impl From<Vec<FileChange>> for Plan {
     fn from(changes: Vec<FileChange>) -> Plan {
         Plan {
             changes,
-            warnings: Vec::new(),
+            ..Plan::default()
         }
     }
 }
@@ -466,6 +516,7 @@ mod tests {
                 let mut o = Options::new(engine, DEFAULT_RUNTIME_PATH.into());
                 o.drop_in = engine.default_drop_in(&config);
                 o.config = config.clone();
+                o.backup_dir = dir.path().join("backups");
                 // CRI-O's main file is never edited: its drop-in is the file to link.
                 let (edited, text) = match engine {
                     Engine::Docker => (config.clone(), "{\"debug\": true}\n".to_string()),
@@ -510,7 +561,7 @@ mod tests {
                 let now = std::fs::read_to_string(&file).unwrap();
                 assert!(now.contains("nvshim-runtime"), "{what}: {now}");
                 assert_eq!(
-                    std::fs::read_to_string(file::backup_path(&edited)).unwrap(),
+                    std::fs::read_to_string(file::backup_path(&o.backup_dir, &edited)).unwrap(),
                     text,
                     "{what}"
                 );
