@@ -184,8 +184,8 @@ const MAP_MIN: u64 = 64 << 10;
 /// of 1,000 spec files: 150 µs read into fresh memory, 32 µs mapped (52 µs with
 /// `MAP_POPULATE`, which maps page by page); in paired creates (600 rounds), 0.15 ms less
 /// with 1,000 spec files and 0.03 ms with 500 (a 91 KB index). Smaller files are read: the
-/// arena hands their pages out again once they are freed (hooks/src/arena.rs), to the config.json
-/// written next, so mapping the 34 KB spec cache of NVIDIA's 8-GPU spec made a CDI create
+/// allocator hands their pages out again once they are freed, to the config.json written
+/// next, so mapping the 34 KB spec cache of NVIDIA's 8-GPU spec made a CDI create
 /// 0.02 ms slower, although alone it maps in 12 µs and reads in 31 µs.
 ///
 /// Why a mapped file cannot change under the slice: nvshim writes cache files only through

@@ -9,12 +9,10 @@
 //! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`], and the
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 //!
-//! Also the edges of the two binaries' musl builds, [`arena`] (their allocator), [`memcpy`] and
-//! [`memcmp`]: here, in the library both short-lived binaries link, rather than in `nvshim`'s;
-//! and [`cache`], the identity rule of the answers nvshim keeps between processes.
+//! Also [`cache`], the identity rule of the answers nvshim keeps between processes, here in the
+//! library both binaries link.
 
 pub mod apply_cuda_memory_limits;
-pub mod arena;
 pub mod bytes;
 pub mod cache;
 pub mod chmod;
@@ -27,8 +25,6 @@ pub mod enable_cuda_compat;
 pub mod fallback;
 pub mod ldcache;
 pub mod ldconfig;
-pub mod memcmp;
-pub mod memcpy;
 pub mod root;
 pub mod state;
 pub mod update_application_profile;
