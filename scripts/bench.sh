@@ -449,11 +449,8 @@ MOUNTS
 printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":"%s","annotations":{}}' \
     "$work/run/hook" > "$work/run/hook/state.json"
 cp -a "$rootfs" "$work/run/hook/rootfs-ldconfig"
-# The cache dir nvshim-runtime would have made, where the hook keeps what it read of each
-# library (hooks/src/elf_facts.rs): on a node that ran a GPU container before, a container's
-# first start finds the driver's libraries there.
-mkdir -m 700 "$work/run/hook-cache"
-"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu --cache-dir "$work/run/hook-cache" < "$work/run/hook/state.json"
+# The image indexes the driver's libraries after the hook has run once.
+"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu < "$work/run/hook/state.json"
 # grep -c, not -q: it reads all of ldconfig's output, so pipefail never sees a SIGPIPE'd writer.
 /sbin/ldconfig -r "$rootfs" -p | grep -c 'libcuda.so.1 ' > /dev/null || { echo "bench: the hook did not index libcuda" >&2; exit 1; }
 
@@ -523,7 +520,7 @@ cat > "$spec" <<EOF
   {"name":"hooks-true","no_mem":true,"measured_by":"$R/hooks-true.times",
    "steps":[["runc","--root","$R/s5","run","--bundle","$R/hooks-true","h2"]],
    "prepare":[["rm","-rf","$R/hooks-true/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-true/rootfs"]]},
-  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu","--cache-dir","$R/hook-cache"]],"stdin":"$R/hook/state.json",
+  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
   {"name":"true-stdin","steps":[["/bin/true","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json"},
   {"name":"ldconfig","steps":[["/sbin/ldconfig","-r","$R/hook/rootfs-ldconfig"]],

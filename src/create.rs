@@ -404,7 +404,7 @@ fn apply_cdi(
     // for the OCI state (as for a legacy request).
     if let Some(bundle) = absolute_bundle(plan) {
         for hook in groups.iter_mut().flat_map(|g| &mut g.edits.hooks) {
-            legacy::name_bundle(hook, &tools.hook, &bundle, &config.cache_dir);
+            legacy::name_bundle(hook, &tools.hook, &bundle);
         }
     }
     let stale: Vec<String> = groups

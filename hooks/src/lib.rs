@@ -20,7 +20,6 @@ pub mod cli;
 pub mod create_symlinks;
 pub mod disable_device_node_modification;
 pub mod elf;
-pub mod elf_facts;
 pub mod enable_cuda_compat;
 pub mod fallback;
 pub mod ldcache;

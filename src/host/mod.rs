@@ -483,7 +483,6 @@ impl Host {
             root: &root,
             arch: nvshim_hook::elf::Arch::host()?,
             make_links: false,
-            facts: &nvshim_hook::elf_facts::Facts::none(),
         };
         let (_, scan) = scanner.scan_dirs(DRIVER_LIBRARY_DIRS.iter().copied());
         let mut entries: Vec<_> = scan

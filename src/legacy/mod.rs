@@ -97,9 +97,6 @@ pub struct Settings {
     /// The bundle being created, absolute: the fix-ups hook finds the container from it
     /// instead of waiting for its OCI state ([`HookPlan::bundle`]).
     pub bundle: Option<PathBuf>,
-    /// nvshim's cache dir (`cache-dir`), named to the fix-ups hook of a create when it is not
-    /// the hook's default.
-    pub cache_dir: PathBuf,
 }
 
 impl Settings {
@@ -109,7 +106,6 @@ impl Settings {
             mps_pipe_directory: config.mps_pipe_directory.clone(),
             nvml: tools.nvml.clone(),
             bundle: None,
-            cache_dir: config.cache_dir.clone(),
         }
     }
 }
@@ -617,7 +613,6 @@ pub fn resolve(
         application_profile: brings(&request.capabilities, DRM_BROUGHT_BY),
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
         bundle: settings.bundle.as_deref(),
-        cache_dir: &settings.cache_dir,
     };
     edits.hooks.extend(container_hooks(
         host,
@@ -977,8 +972,6 @@ pub struct HookPlan<'a> {
     /// `--bundle`, so the hook does not wait for the OCI state runc writes late (the hook
     /// crate's `cli::Fixups::bundle` says how late).
     pub bundle: Option<&'a Path>,
-    /// nvshim's cache dir, passed with the bundle ([`name_bundle`]).
-    pub cache_dir: &'a Path,
 }
 
 /// The container fix-ups NVIDIA runs as separate hooks (`create-symlinks`, `enable-cuda-compat`,
@@ -1044,7 +1037,7 @@ pub fn container_hooks(
         timeout: None,
     };
     if let Some(bundle) = plan.bundle {
-        name_bundle(&mut hook, hook_path, bundle, plan.cache_dir);
+        name_bundle(&mut hook, hook_path, bundle);
     }
     vec![hook]
 }
@@ -1052,10 +1045,8 @@ pub fn container_hooks(
 /// Names `bundle` in `hook` when it is nvshim's own fix-ups hook (`hook_path ... fixups`)
 /// without a bundle: the hook then finds the container from it instead of waiting for the OCI
 /// state ([`HookPlan::bundle`]). For the hooks [`container_hooks`] writes, and those of a CDI
-/// spec nvshim generated when nvshim-runtime applies it. With it `cache_dir`, when it is not
-/// the hook's default (`nvshim_hook::cache::DEFAULT_DIR`): the hook keeps what it read of the
-/// libraries there (`--cache-dir=` when it is empty, or not UTF-8: kept nowhere).
-pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path, cache_dir: &Path) {
+/// spec nvshim generated when nvshim-runtime applies it.
+pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path) {
     let given = |hook: &Hook, flag: &str| {
         hook.args
             .iter()
@@ -1068,10 +1059,6 @@ pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path, cache_dir: 
     }
     hook.args.push("--bundle".into());
     hook.args.push(bundle.to_string_lossy().into_owned());
-    if cache_dir != Path::new(nvshim_hook::cache::DEFAULT_DIR) && !given(hook, "--cache-dir") {
-        let dir = cache_dir.to_str().unwrap_or_default();
-        hook.args.push(format!("--cache-dir={dir}"));
-    }
 }
 
 #[cfg(test)]
@@ -1625,22 +1612,12 @@ mod tests {
             "/usr/bin/nvshim-hook",
             &["nvshim-hook", "fixups", "--folder", "/l"],
         );
-        let default = Path::new(nvshim_hook::cache::DEFAULT_DIR);
-        name_bundle(&mut h, ours, bundle, default);
+        name_bundle(&mut h, ours, bundle);
         assert_eq!(h.args[4..], ["--bundle", "/run/containerd/b/1"]);
         // Once only (a retried create), and never another binary's or another subcommand.
         let named = h.clone();
-        name_bundle(&mut h, ours, bundle, default);
+        name_bundle(&mut h, ours, bundle);
         assert_eq!(h, named);
-        // Another cache dir is named with the bundle; an empty one as the flag turning it off.
-        for (dir, flag) in [
-            ("/var/cache/nvshim", "--cache-dir=/var/cache/nvshim"),
-            ("", "--cache-dir="),
-        ] {
-            let mut h = hook("/usr/bin/nvshim-hook", &["nvshim-hook", "fixups"]);
-            name_bundle(&mut h, ours, bundle, Path::new(dir));
-            assert_eq!(h.args[2..], ["--bundle", "/run/containerd/b/1", flag]);
-        }
         for mut other in [
             hook(
                 "/usr/bin/nvidia-cdi-hook",
@@ -1650,7 +1627,7 @@ mod tests {
             hook("/opt/other/nvshim-hook", &["nvshim-hook", "fixups"]),
         ] {
             let before = other.clone();
-            name_bundle(&mut other, ours, bundle, Path::new("/elsewhere"));
+            name_bundle(&mut other, ours, bundle);
             assert_eq!(other, before);
         }
     }

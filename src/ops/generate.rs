@@ -311,7 +311,6 @@ fn global_edits(
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
         // A spec serves every container: its hooks read the OCI state.
         bundle: None,
-        cache_dir: Path::new(nvshim_hook::cache::DEFAULT_DIR),
     };
     edits.hooks.extend(legacy::container_hooks(
         host,
@@ -342,7 +341,6 @@ fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerE
         application_profile: false,
         host_params: None,
         bundle: None,
-        cache_dir: Path::new(nvshim_hook::cache::DEFAULT_DIR),
     };
     edits
         .hooks

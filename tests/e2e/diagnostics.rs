@@ -682,11 +682,6 @@ fn explain_legacy_request_matches_what_create_does() {
         .map(|a| a.as_str().unwrap())
         .collect();
     assert_eq!(args[1], "fixups");
-    // The config's cache dir, not the hook's default: named to the hook.
-    let cache_dir = format!(
-        "--cache-dir={}",
-        w.config.parent().unwrap().join("cache").display()
-    );
     let flags: Vec<&str> = args
         .iter()
         .copied()
