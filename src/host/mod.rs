@@ -20,7 +20,6 @@ use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
 mod gpu_cache;
-mod ld_entries;
 mod mig_table;
 pub mod nvml;
 
@@ -414,7 +413,6 @@ impl Host {
     /// [`Host::ld_cache`] with only the entries named `<stem>.so.<anything>` for one of
     /// `stems` (none of which holds `.so.`): what [`Host::libraries`] looks up for them
     /// ([`LdCache::parse_only`] says why).
-    /// With a `cache-dir`, the entries are kept there for the cache's key (`ld_entries.rs`).
     pub fn ld_cache_of(&self, stems: &[&str]) -> Result<LdCache, HostError> {
         // Looked up by the stem's first 8 bytes and length, as one integer: a binary search
         // of the names themselves cost 490 instructions an entry, most of it `memcmp` calls.
@@ -439,22 +437,6 @@ impl Host {
                 .take_while(|(other, _)| *other == k)
                 .any(|(_, s)| s.as_bytes() == stem)
         };
-        if let Some(dir) = &self.cache_dir {
-            let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
-            let sorted: Vec<&str> = keys.iter().map(|(_, s)| *s).collect();
-            let now = crate::cache::now_ns();
-            let read = ld_entries::entries_of(&path, &sorted, dir, now, |bytes| {
-                LdCache::parse_only(bytes, keep)
-            });
-            match read {
-                Some(Ok(parsed)) => {
-                    return parsed.map_err(|source| HostError::LdCache { path, source })
-                }
-                Some(Err(source)) => return Err(HostError::Read { path, source }),
-                // No ld.so.cache to stat: scanned, as below.
-                None => {}
-            }
-        }
         self.ld_cache_only(keep)
     }
 
@@ -1398,9 +1380,6 @@ mod tests {
             .collect();
         let kept = host.ld_cache_of(&stems).unwrap().entries;
         assert_eq!(kept, expected);
-        // The same through a cache-dir (ld_entries.rs tests when it is used).
-        let cached = host.clone().with_cache_dir(&tmp.path().join("cache"));
-        assert_eq!(cached.ld_cache_of(&stems).unwrap().entries, expected);
         let mut kept_names: Vec<&str> = kept.iter().map(|e| e.name.as_str()).collect();
         kept_names.sort_unstable();
         assert_eq!(
