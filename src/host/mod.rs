@@ -159,10 +159,6 @@ pub struct Host {
     resolved_dirs: std::cell::RefCell<std::collections::HashMap<String, Option<String>>>,
     /// Where [`Host::gpus`] keeps what it read (`gpu_cache.rs`); `None`: nowhere.
     cache_dir: Option<PathBuf>,
-    /// While recording ([`Host::record_lookups`]): every directory whose entries a look-up of
-    /// the driver's files depended on (the parent of each path `stat`ed or followed, each
-    /// directory listed), for the driver-files cache of `legacy`.
-    looked_in: std::cell::RefCell<Option<Vec<PathBuf>>>,
     /// `<dev-root>/dev`, opened by the first [`Host::device_node`] (`None` inside: it would
     /// not open), so that each node is `stat`ed by its name in it rather than by its whole
     /// path: a MIG `all` create on 8 GPUs × 7 MIG devices `stat`s 124.
@@ -214,7 +210,6 @@ impl Host {
             roots,
             resolved_dirs: Default::default(),
             cache_dir: None,
-            looked_in: Default::default(),
             dev_dir: Default::default(),
             mig_table: Default::default(),
         }
@@ -223,38 +218,6 @@ impl Host {
     /// Where this host keeps what it read between commands; `None`: nowhere.
     pub fn cache_dir(&self) -> Option<&Path> {
         self.cache_dir.as_deref()
-    }
-
-    /// Starts noting the directories the look-ups of the driver's files depend on
-    /// ([`Host::libraries`], [`Host::binaries`], [`Host::data_files`], [`Host::xorg_modules`],
-    /// [`Host::firmware_files`], [`Host::ipc_paths`]); directories resolved before are resolved
-    /// again, so that their look-ups are noted too.
-    pub fn record_lookups(&self) {
-        self.resolved_dirs.borrow_mut().clear();
-        *self.looked_in.borrow_mut() = Some(Vec::new());
-    }
-
-    /// Stops noting; the directories noted since [`Host::record_lookups`], sorted, each once.
-    pub fn take_lookups(&self) -> Vec<PathBuf> {
-        let mut dirs = self.looked_in.borrow_mut().take().unwrap_or_default();
-        dirs.sort_unstable();
-        dirs.dedup();
-        dirs
-    }
-
-    /// Notes the directory holding `path`, whose entries say whether `path` is there and what
-    /// it is (a file, a socket, a link and its target).
-    fn looked_up(&self, path: &Path) {
-        if let (Some(dirs), Some(dir)) = (self.looked_in.borrow_mut().as_mut(), path.parent()) {
-            dirs.push(dir.to_path_buf());
-        }
-    }
-
-    /// Notes a directory that was listed (or that a listing found missing).
-    fn listed(&self, dir: &Path) {
-        if let Some(dirs) = self.looked_in.borrow_mut().as_mut() {
-            dirs.push(dir.to_path_buf());
-        }
     }
 
     /// This host, keeping what [`Host::gpus`] reads in `cache_dir` (`src/host/gpu_cache.rs`);
@@ -525,7 +488,6 @@ impl Host {
                 format!("{resolved_dir}/{name}")
             };
             let host = under_root(&self.roots.driver_root, &candidate);
-            self.looked_up(&host);
             let meta = fs::symlink_metadata(&host).ok()?;
             if !meta.file_type().is_symlink() {
                 return meta.is_file().then_some(candidate);
@@ -560,7 +522,6 @@ impl Host {
         while let Some(name) = todo.pop_front() {
             let candidate = done.join(&name);
             let host = under_root(root, candidate.to_str()?);
-            self.looked_up(&host);
             if !fs::symlink_metadata(&host).ok()?.file_type().is_symlink() {
                 done = candidate;
                 continue;
@@ -582,7 +543,6 @@ impl Host {
             done = PathBuf::from("/");
         }
         let host = under_root(root, done.to_str()?);
-        self.looked_up(&host);
         let meta = fs::metadata(host).ok()?;
         (if file { meta.is_file() } else { meta.is_dir() })
             .then(|| done.to_string_lossy().into_owned())
@@ -591,7 +551,6 @@ impl Host {
     /// Whether the in-root path `abs` is a symlink under the driver root (not followed).
     pub fn is_symlink(&self, abs: &str) -> bool {
         let host = under_root(&self.roots.driver_root, abs);
-        self.looked_up(&host);
         fs::symlink_metadata(host).is_ok_and(|m| m.file_type().is_symlink())
     }
 
@@ -659,7 +618,6 @@ impl Host {
                 let container_path = format!("{dir}/{subdir}/{name}");
                 let host_path = under_root(&self.roots.driver_root, &container_path);
                 // Its SONAME link, if any, is beside it: the same directory.
-                self.looked_up(&host_path);
                 if !fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
                     continue;
                 }
@@ -688,7 +646,6 @@ impl Host {
             let found = rule.host_paths.iter().find_map(|p| {
                 let p = p.replace("{v}", driver_version);
                 let host_path = under_root(&self.roots.driver_root, &p);
-                self.looked_up(&host_path);
                 fs::metadata(&host_path)
                     .is_ok_and(|m| m.is_file())
                     .then_some((p, host_path))
@@ -723,7 +680,6 @@ impl Host {
             let found = dirs.iter().find_map(|dir| {
                 let container_path = format!("{dir}/{module}");
                 let host_path = under_root(&self.roots.driver_root, &container_path);
-                self.looked_up(&host_path);
                 fs::metadata(&host_path)
                     .is_ok_and(|m| m.is_file())
                     .then_some(HostFile {
@@ -832,7 +788,6 @@ impl Host {
         for name in names {
             for dir in &dirs {
                 let host_path = under_root(&self.roots.driver_root, &format!("{dir}/{name}"));
-                self.looked_up(&host_path);
                 if fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
                     out.push(HostFile {
                         host_path,
@@ -955,7 +910,6 @@ impl Host {
         for dir in dirs {
             let dir = format!("{dir}/nvidia/{driver_version}");
             let host_dir = under_root(&self.roots.driver_root, &dir);
-            self.listed(&host_dir);
             let Ok(entries) = fs::read_dir(host_dir) else {
                 continue;
             };
@@ -988,7 +942,6 @@ impl Host {
             for run in ["/run", "/var/run"] {
                 let container_path = format!("{run}/{socket}");
                 let host_path = under_root(&self.roots.driver_root, &container_path);
-                self.looked_up(&host_path);
                 if fs::symlink_metadata(&host_path).is_ok_and(|m| m.file_type().is_socket()) {
                     out.push(HostFile {
                         host_path,
@@ -1000,7 +953,6 @@ impl Host {
         }
         let mps = "/tmp/nvidia-mps";
         let host_path = under_root(&self.roots.driver_root, mps);
-        self.looked_up(&host_path);
         if fs::symlink_metadata(&host_path).is_ok_and(|m| m.is_dir()) {
             out.push(HostFile {
                 host_path,

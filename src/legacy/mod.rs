@@ -21,7 +21,7 @@
 //!   `nvidia-caps-imex-channels` of `/proc/devices`, minor `N`; the node must exist.
 //! - MPS: the host daemon's pipe directory, when it exists, for compute containers.
 //!
-//! One module (its driver files kept between creates in `files_cache.rs`): each part is a step
+//! One module: each part is a step
 //! of [`resolve`], which builds the edits, grouped by cause, from the selected GPUs, their
 //! device nodes, MIG and IMEX capability nodes, the driver files of the capabilities and the
 //! hooks. The steps stay public in one place because `ops::generate` writes a CDI spec with
@@ -31,8 +31,6 @@
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
-
-mod files_cache;
 
 use crate::config::Config;
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
@@ -790,28 +788,15 @@ pub struct DriverFiles {
     pub drm_nodes: Vec<(DeviceNode, Option<u32>)>,
 }
 
-/// The driver's files `caps` brings, and the DRM nodes of `gpus` for graphics. The files come
-/// from `cache-dir` while nothing they were found from has changed ([`files_cache`]); the DRM
-/// nodes, whose modes and groups matter, are looked at every time.
+/// The driver's files `caps` brings, and the DRM nodes of `gpus` for graphics.
 pub fn driver_files(
     host: &Host,
     caps: &Capabilities,
     driver_version: &str,
     gpus: &[Gpu],
 ) -> Result<DriverFiles, LegacyError> {
-    let mut out = match host.cache_dir() {
-        Some(dir) => files_cache::files_of(
-            host,
-            caps,
-            driver_version,
-            dir,
-            crate::cache::now_ns(),
-            || host_files(host, caps, driver_version),
-        )?,
-        None => host_files(host, caps, driver_version)?,
-    };
-    // The daemons' sockets, looked at every time: three `stat`s in `/run` and `/tmp`, whose
-    // entries change too often to key a cache on.
+    let mut out = host_files(host, caps, driver_version)?;
+    // The daemons' sockets: three `stat`s in `/run` and `/tmp`.
     if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
         for f in host
             .ipc_paths()
