@@ -289,11 +289,7 @@ pub fn plan_bundle(
                 let known = |s: &&str| files.binary_search_by(|f| f.as_str().cmp(s)).is_ok();
                 sources.iter().map(|s| known(s).then_some(false)).collect()
             }
-            None => {
-                let cache_dir =
-                    Some(config.cache_dir.as_path()).filter(|d| !d.as_os_str().is_empty());
-                crate::rootfs::bind_sources::kinds(sources, cache_dir, crate::cache::now_ns())
-            }
+            None => vec![None; sources.len()],
         };
         crate::rootfs::check_added_mounts(&plan.binds(), &rootfs, added, kinds).map_err(
             |source| CreateError::MountIntoBindMount {

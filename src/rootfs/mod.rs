@@ -28,8 +28,6 @@ use thiserror::Error;
 
 use crate::edits::{go_clean, is_clean, Mount};
 
-pub mod bind_sources;
-
 /// Symlinks followed in one resolution, as the kernel's `MAXSYMLINKS`.
 const MAX_SYMLINKS: u32 = 40;
 
@@ -199,8 +197,8 @@ fn is_within(path: &str, dir: &str) -> bool {
 /// Refuses the first of `added` (mounts nvshim adds; already among `binds`, the bind mounts of
 /// the edited document as (destination, source): [`crate::edits::binds`]) whose destination
 /// resolves inside another of `binds`, with the root filesystem at `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
-/// directory where that is known (a legacy request's driver files are not; a CDI request's
-/// through [`bind_sources`]): those are not `stat`ed here.
+/// directory where that is known (a legacy request's driver files are not): those are not
+/// `stat`ed here.
 ///
 /// What it costs depends on the spec: a source is `stat`ed to learn whether it is a directory,
 /// a destination resolved with a lookup per component. The engine's own binds are few and go
