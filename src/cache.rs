@@ -16,23 +16,22 @@ use std::path::Path;
 // The identity rule and the trailer, in the library the hook links too (one home).
 pub use nvshim_hook::cache::{checksum, now_ns, private, seal, unseal, Key, RACY_NS};
 
-/// Whether the kernel itself keeps `dir`'s times on its file system, so that a change of its
-/// entries shows in its key: local disk and memory file systems (and overlays of them), not
-/// `/proc` or `/sys` (whose directories keep the time they were first looked at) nor network
-/// and FUSE file systems (times from a server or a daemon, possibly cached).
-pub fn keeps_dir_times(dir: &Path) -> bool {
-    // `statfs` magics (linux/magic.h; ZFS's and bcachefs's their own), as numbers: nix names
-    // only some of them on musl.
-    const LOCAL: [u32; 11] = [
+/// Whether a [`Key`] of a file in `dir` names one version of it: the file system is a local
+/// one that stamps inodes and times itself on every change (disk and memory file systems).
+/// Not an image file system (squashfs, erofs: inodes and times come from the image, so an
+/// image swapped on a reused loop device keeps every part of the key), an overlay (whose
+/// layers may be such images), `/proc` or `/sys` (directories keep the time they were first
+/// looked at), nor network and FUSE file systems (times from a server or a daemon). Anything
+/// not listed is not trusted: its files are read again every time.
+pub fn trusts_identity(dir: &Path) -> bool {
+    // `statfs` magics (linux/magic.h; ZFS's and bcachefs's their own), as numbers.
+    const LOCAL: [u32; 8] = [
         0xef53,      // ext2, ext3, ext4
         0x5846_5342, // xfs
         0x9123_683e, // btrfs
         0x0102_1994, // tmpfs
-        0x794c_7630, // overlayfs
         0xf2f5_2010, // f2fs
         0x2fc1_2fc1, // zfs
-        0x7371_7368, // squashfs
-        0xe0f5_e1e2, // erofs
         0xca45_1a4e, // bcachefs
         0x8584_58f6, // ramfs
     ];
@@ -337,9 +336,9 @@ mod tests {
 
     #[test]
     fn directory_times_kept_by_the_kernel_only_on_local_file_systems() {
-        assert!(keeps_dir_times(&std::env::temp_dir()));
-        assert!(!keeps_dir_times(Path::new("/proc")));
-        assert!(!keeps_dir_times(Path::new("/sys")));
-        assert!(!keeps_dir_times(Path::new("/no/such/dir")));
+        assert!(trusts_identity(&std::env::temp_dir()));
+        assert!(!trusts_identity(Path::new("/proc")));
+        assert!(!trusts_identity(Path::new("/sys")));
+        assert!(!trusts_identity(Path::new("/no/such/dir")));
     }
 }
