@@ -1,9 +1,8 @@
 //! The private cache files nvshim keeps under `cache-dir` (`/run/nvshim`: the CDI index and
 //! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`; what the GPUs' `/proc` files
-//! say, `src/host/gpu_cache.rs`; NVML's answer, `src/host/nvml/cache.rs`; the driver's
-//! ld.so.cache entries, `src/host/ld_entries.rs`; the driver files of a legacy create,
-//! `src/legacy/files_cache.rs`; and the hook's, what update-ldcache read of each library,
-//! hooks/src/elf_facts.rs), and the identity rule that makes an answer
+//! say, `src/host/gpu_cache.rs`; the driver's MIG minors, `src/host/mig_table.rs`; NVML's
+//! answer, `src/host/nvml/cache.rs`), at most [`MAX_FILES`] of them, and the identity rule that
+//! makes an answer
 //! from them safe: an entry is used only while a fresh `stat` of what it describes gives the
 //! same [`Key`], and only once that key's ctime is more than [`RACY_NS`] older than the moment
 //! it was read (git's "racily clean" rule). A cache file is written atomically, is private to
@@ -247,7 +246,8 @@ impl Drop for Mapping {
 }
 
 /// Writes a cache file with [`crate::atomic::write`], mode 0600 in a 0700 directory. Not
-/// flushed: it lives on /run (tmpfs), and a lost or damaged one is only rebuilt.
+/// flushed: it lives on /run (tmpfs), and a lost or damaged one is only rebuilt. Then keeps
+/// the directory within [`MAX_FILES`] ([`bound`]).
 pub fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
@@ -259,7 +259,109 @@ pub fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Re
         owner: None,
         durability: crate::atomic::Durability::None,
     };
-    crate::atomic::write(path, bytes, &opts)
+    crate::atomic::write(path, bytes, &opts)?;
+    bound(cache_dir);
+    Ok(())
+}
+
+/// The names nvshim's cache files start with: the CDI index (`cdi-index-`, `src/cdi/index.rs`),
+/// parsed specs (`cdi-spec-`), the GPUs' `/proc` facts (`gpus-`), the driver's MIG minors
+/// (`mig-minors-`) and NVML's answers (`nvml-`). Nothing else in `cache-dir` is nvshim's.
+pub const PREFIXES: [&str; 5] = ["cdi-index-", "cdi-spec-", "gpus-", "mig-minors-", "nvml-"];
+
+/// Cache files kept at most: the names hash the paths they describe (config roots, spec
+/// directory lists, spec files), so changed configs and churned spec files would otherwise
+/// each leave a file behind. Past it the least recently written go ([`write_private`]).
+pub const MAX_FILES: usize = 128;
+
+/// One of nvshim's files in `cache-dir`, as [`list`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheFile {
+    pub path: std::path::PathBuf,
+    pub bytes: u64,
+    /// Written this long ago (a clock that went back counts as now).
+    pub age: std::time::Duration,
+    /// Whether nvshim uses it: a regular file owned by root or this user, writable only by
+    /// its owner ([`private`]); any other is ignored.
+    pub used: bool,
+}
+
+/// Whether `name` is one of nvshim's cache files, or the temporary file of one
+/// (`crate::atomic`'s `.<name>.nvshim-<pid>.tmp`, left by a writer killed mid-write).
+fn is_cache_name(name: &[u8]) -> bool {
+    let name = match name.strip_prefix(b".") {
+        Some(rest) if name.ends_with(b".tmp") => rest,
+        Some(_) => return false,
+        None => name,
+    };
+    PREFIXES.iter().any(|p| name.starts_with(p.as_bytes()))
+}
+
+/// nvshim's files in `dir` (temporary ones included), least recently written first; none when
+/// `dir` does not exist. Symlinks are listed, not followed.
+pub fn list(dir: &Path) -> std::io::Result<Vec<CacheFile>> {
+    use std::os::unix::ffi::OsStrExt;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let now = std::time::SystemTime::now();
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if !is_cache_name(entry.file_name().as_bytes()) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        out.push(CacheFile {
+            path: entry.path(),
+            bytes: meta.len(),
+            age: meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or_default(),
+            used: private(meta.is_file(), meta.uid(), meta.permissions().mode()),
+        });
+    }
+    out.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.path.cmp(&b.path)));
+    Ok(out)
+}
+
+/// Removes nvshim's files from `dir` (nothing else there); how many were removed.
+pub fn clear(dir: &Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for f in list(dir)? {
+        match std::fs::remove_file(&f.path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
+}
+
+/// Keeps `dir` at [`MAX_FILES`] of nvshim's files: counts them with one listing, and only past
+/// the bound looks at their times and removes the least recently written. A file removed
+/// under a reader costs that reader a re-read, never a wrong answer.
+fn bound(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let count = std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| is_cache_name(e.file_name().as_bytes()))
+            .count()
+    });
+    if count <= MAX_FILES {
+        return;
+    }
+    let Ok(files) = list(dir) else { return };
+    for f in &files[..files.len().saturating_sub(MAX_FILES)] {
+        let _ = std::fs::remove_file(&f.path);
+    }
 }
 
 #[cfg(test)]
