@@ -165,8 +165,7 @@ ${5:-}
 EOF
 }
 config "$work/true.toml" /bin/true
-# The reference builds keep their own cache-dir: the driver-files cache is keyed on the binary
-# that wrote it (src/legacy/files_cache.rs), so builds sharing one would rewrite it in turn.
+# The reference build keeps its own cache-dir: the two builds never read each other's files.
 config "$work/true-dynamic.toml" /bin/true "" "$work/run/cache-dynamic"
 config "$work/runc.toml" runc
 config "$work/mig.toml" /bin/true
