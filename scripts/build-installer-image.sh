@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the nvshim installer image (packaging/kubernetes/nvshim-installer.yaml) from the release
-# binaries, as an OCI image layout tarball: no registry, no docker, no buildah.
+# Builds the nvshim installer image (packaging/kubernetes/base/nvshim-installer.yaml) from the
+# release binaries, as an OCI image layout tarball: no registry, no docker, no buildah.
 #
 #   scripts/build-release.sh
 #   scripts/build-installer-image.sh [-o OUT.tar] [-b BIN_DIR] [-t NAME:TAG]

@@ -18,6 +18,9 @@
 # they link, unpacked beside them, with patchelf), so the suite's runc and crun code runs with
 # the suite's libraries on this kernel. Re-running does nothing for a suite already fetched.
 #
+# sid's kubectl (1.36, with kustomize) is fetched the same way, into sid/bin: tests/checks renders
+# packaging/kubernetes with `kubectl kustomize` (scripts/test.sh sets NVSHIM_KUBECTL to it).
+#
 # trixie's podman 5 (with its conmon and netavark, patched the same way) is the CDI consumer the
 # CDI tests compare nvshim with for spec versions Debian 12's podman 4.3 cannot read:
 # <suite>/bin/podman runs it with its own containers.conf (where conmon and netavark are). It
@@ -39,7 +42,8 @@ command -v patchelf > /dev/null || {
 for suite in "${suites[@]}"; do
     dir=$base/$suite
     if [ -x "$dir/bin/runc" ] && [ -x "$dir/bin/containerd" ] \
-        && { [ "$suite" != trixie ] || [ -x "$dir/bin/podman" ]; }; then
+        && { [ "$suite" != trixie ] || [ -x "$dir/bin/podman" ]; } \
+        && { [ "$suite" != sid ] || [ -x "$dir/bin/kubectl" ]; }; then
         continue
     fi
     echo "install-engines: fetching $suite's engines into $dir" >&2
@@ -62,6 +66,7 @@ for suite in "${suites[@]}"; do
             packages+=(libyajl2 podman conmon netavark libassuan9 libgpg-error0 libsqlite3-0
                 libglib2.0-0t64 libgpgme11t64 libsubid5)
             ;;
+        sid) packages+=(libblake3-0 libjson-c5 kubectl) ;;
         *) packages+=(libblake3-0 libjson-c5) ;;
     esac
     (cd "$dir/debs" && apt-get -qq "${apt_opts[@]}" download "${packages[@]}")
@@ -74,6 +79,8 @@ for suite in "${suites[@]}"; do
         [ -e "$root/$b" ] || { echo "install-engines: $suite has no $b" >&2; exit 1; }
         ln -sfn "$root/$b" "$dir/bin/"
     done
+    # kubectl (Go) needs only glibc 2.34, which Debian 12 has: it runs as unpacked.
+    [ "$suite" != sid ] || ln -sfn "$root/usr/bin/kubectl" "$dir/bin/"
     patched=(usr/sbin/runc usr/bin/crun)
     [ "$suite" != trixie ] || patched+=(usr/bin/podman usr/bin/conmon usr/lib/podman/netavark)
     for b in "${patched[@]}"; do
@@ -101,4 +108,7 @@ for suite in "${suites[@]}"; do
     for b in containerd dockerd runc crun; do
         "$dir/bin/$b" --version | sed -n "1s/^/install-engines: $suite: /p" >&2
     done
+    if [ "$suite" = sid ]; then
+        "$dir/bin/kubectl" version --client | sed -n "1s/^/install-engines: $suite: kubectl /p" >&2
+    fi
 done

@@ -25,6 +25,11 @@ fi
 if [ -z "${NVSHIM_PODMAN:-}" ] && [ -x "$engines/trixie/bin/podman" ]; then
   export NVSHIM_PODMAN=$engines/trixie/bin/podman
 fi
+# tests/checks renders packaging/kubernetes with sid's kubectl (kustomize); under CI=true it
+# fails without one.
+if [ -z "${NVSHIM_KUBECTL:-}" ] && [ -x "$engines/sid/bin/kubectl" ]; then
+  export NVSHIM_KUBECTL=$engines/sid/bin/kubectl
+fi
 
 # The e2e tests run the built binaries of every workspace member (nvshim-runtime,
 # nvshim-hook, nvshim, the fake host builder), so build them all first.

@@ -96,6 +96,40 @@ pub fn write(path: &Path, bytes: &[u8], opts: &Options) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The file a replace of `path` must write: `path` followed while it is a symlink (config
+/// management keeps the real file elsewhere; the link stays and its final target gets the new
+/// bytes; a relative target is read from the link's directory), a dangling chain ending at
+/// the missing target, which is then created. A FIFO, device, socket or directory there is
+/// refused ([`crate::hostfile::Refused`]): it is not what the caller meant to replace, and
+/// reading the old content first would block or never end.
+pub fn target(path: &Path) -> std::io::Result<PathBuf> {
+    let mut cur = path.to_path_buf();
+    // The kernel's own limit on a chain (ELOOP after 40 links).
+    for _ in 0..40 {
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let next = fs::read_link(&cur)?;
+                cur = match cur.parent() {
+                    Some(dir) if next.is_relative() => dir.join(next),
+                    _ => next,
+                };
+            }
+            Ok(m) => {
+                if let Some(what) = crate::hostfile::special_kind(m.file_type()) {
+                    return Err(crate::hostfile::Refused::NotRegular(what).into());
+                }
+                return Ok(cur);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cur),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "more than 40 symlinks from {}; point it at the real file",
+        path.display()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +178,23 @@ mod tests {
         assert!(write(&p, b"new", &OPTS).is_err());
         assert!(p.join("x").exists());
         assert!(fs::symlink_metadata(temp_path(&p)).is_err());
+    }
+
+    #[test]
+    fn target_follows_links_and_refuses_special_files() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real.yaml");
+        let link = d.path().join("link.yaml");
+        std::os::unix::fs::symlink("real.yaml", &link).unwrap();
+        // Dangling: the missing target is what a write creates.
+        assert_eq!(target(&link).unwrap(), real);
+        fs::write(&real, "x").unwrap();
+        assert_eq!(target(&link).unwrap(), real);
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for p in [fifo.as_path(), Path::new("/dev/null"), d.path()] {
+            let e = target(p).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        }
     }
 }

@@ -11,7 +11,11 @@
 //! last, so a rewrite would silently drop what runc would have applied (namespaces, masked
 //! paths). serde_json has no duplicate-key option, so [`Faithful`] is a small visitor that
 //! builds the same `Value` in the same single pass and refuses a repeated key, naming its
-//! JSON pointer.
+//! JSON pointer. Go also matches a member to a struct field ignoring case, so `process` and
+//! `Process` in one object reach runc as one merged field while nvshim would read only one:
+//! members that differ only in case are refused the same way, at every level that is a Go
+//! struct in runc's spec types; in its maps (`annotations`, `linux.sysctl`, ...) Go keeps keys
+//! exactly, and so do they here ([`At::is_go_map`]).
 //!
 //! `create` loads the document lean ([`Bundle::load_lean`]): the seccomp profile
 //! (`linux.seccomp`), which nvshim never reads or edits, is kept as the text it was and written
@@ -71,10 +75,14 @@ pub struct Bundle {
     raw: Option<RawMember>,
 }
 
-/// The bytes of `<dir>/config.json`.
-fn read_config(dir: &Path) -> Result<Vec<u8>, BundleError> {
+/// The most of config.json read: the hook's limit.
+pub const MAX_CONFIG_BYTES: u64 = nvshim_hook::state::MAX_CONFIG;
+
+/// The bytes of `<dir>/config.json` ([`crate::hostfile`]: a FIFO there does not block).
+pub fn read_config(dir: &Path) -> Result<Vec<u8>, BundleError> {
     let path = dir.join("config.json");
-    fs::read(&path).map_err(|source| BundleError::Read { path, source })
+    crate::hostfile::read(&path, MAX_CONFIG_BYTES)
+        .map_err(|source| BundleError::Read { path, source })
 }
 
 /// A member of the `linux` object kept as the text it was (module doc).
@@ -114,10 +122,11 @@ impl Bundle {
     /// Loads a config.json kept outside a bundle (`nvshim explain --spec FILE`); errors name
     /// the file, and the bundle directory is the file's directory.
     pub fn load_file(path: &Path) -> Result<Bundle, BundleError> {
-        let original = fs::read(path).map_err(|source| BundleError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let original =
+            crate::hostfile::read(path, MAX_CONFIG_BYTES).map_err(|source| BundleError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
@@ -368,6 +377,51 @@ impl<'a> At<'a> {
     }
 }
 
+impl At<'_> {
+    /// Whether the object here is a Go map in runc's `specs.Spec` (runtime-spec's
+    /// `specs-go/config.go`), whose keys Go keeps exactly as written: `annotations`,
+    /// `linux.sysctl`, `linux.resources.unified`, `linux.resources.rdma`, `linux.netDevices`,
+    /// and anything in `windows.credentialSpec` (an `interface{}`). Every other object is a
+    /// Go struct there, or a member Go ignores, where a case-insensitive duplicate is refused.
+    fn is_go_map(&self) -> bool {
+        let mut keys = Vec::new();
+        let mut at = Some(self);
+        while let Some(a) = at {
+            match a.seg {
+                Seg::Key(k) => keys.push(k),
+                Seg::Index(_) => keys.push(""),
+                Seg::Root => {}
+            }
+            at = a.parent;
+        }
+        keys.reverse();
+        matches!(
+            keys[..],
+            ["annotations"]
+                | ["linux", "sysctl"]
+                | ["linux", "resources", "unified" | "rdma"]
+                | ["linux", "netDevices"]
+        ) || keys.starts_with(&["windows", "credentialSpec"])
+    }
+}
+
+/// Whether Go's encoding/json decodes members `a` and `b` into one struct field: it matches a
+/// name to a field ignoring case, folding each character with `unicode.ToUpper(ToLower(r))`
+/// (`foldName` in encoding/json/fold.go), under which `ſ` (U+017F) is `S`, the Kelvin sign
+/// (U+212A) `K`, and `ı` (U+0131) and `İ` (U+0130) `I`. The spec's field names are ASCII, so other
+/// characters are compared as they are.
+fn go_same_field(a: &str, b: &str) -> bool {
+    fn fold(c: char) -> char {
+        match c {
+            '\u{17f}' => 'S',
+            '\u{212a}' => 'K',
+            '\u{130}' | '\u{131}' => 'I',
+            c => c.to_ascii_uppercase(),
+        }
+    }
+    a.chars().map(fold).eq(b.chars().map(fold))
+}
+
 /// Seed and visitor building a `Value` at [`At`]; with `raw`, `linux.seccomp` goes there.
 #[derive(Clone, Copy)]
 struct Faithful<'a> {
@@ -444,8 +498,25 @@ impl<'de> Visitor<'de> for Faithful<'_> {
                 };
                 de::Error::custom(format_args!("duplicate key {key:?} at {}", at.pointer()))
             };
+            // A member Go reads as the same struct field as an earlier one (module doc).
+            let raw_held = raw_here.is_some_and(|r| r.borrow().is_some());
+            let earlier = out
+                .keys()
+                .map(String::as_str)
+                .chain(raw_held.then_some(RAW_KEY))
+                .find(|k| *k != key && go_same_field(k, &key));
+            if let Some(earlier) = earlier.filter(|_| !self.at.is_go_map()) {
+                let at = At {
+                    seg: Seg::Key(&key),
+                    parent: Some(&self.at),
+                };
+                return Err(de::Error::custom(format_args!(
+                    "duplicate key {key:?} at {} (the same field as {earlier:?} to runc, whose Go decoder matches member names ignoring case and merges them)",
+                    at.pointer()
+                )));
+            }
             if let Some(raw) = raw_here.filter(|_| key == RAW_KEY) {
-                if raw.borrow().is_some() || out.contains_key(&key) {
+                if raw_held || out.contains_key(&key) {
                     return Err(duplicate(&key));
                 }
                 let text: Box<RawValue> = map.next_value()?;
@@ -530,6 +601,68 @@ mod tests {
             parse_faithful(ok.as_bytes()).unwrap(),
             serde_json::from_str::<Value>(ok).unwrap()
         );
+    }
+
+    /// Members Go merges into one struct field (names equal ignoring case, with Go's folds of
+    /// `ſ`, `K`, `ı`, `İ`) are refused at every struct level, lean or not; Go maps keep
+    /// keys that differ in case apart, and so does nvshim.
+    #[test]
+    fn members_differing_only_in_case_refused_where_go_merges_them() {
+        for (text, pointer) in [
+            (
+                r#"{"process":{"env":[]},"Process":{}}"#,
+                "\"Process\" at /Process",
+            ),
+            (r#"{"PROCESS":{},"process":{}}"#, "\"process\" at /process"),
+            (
+                r#"{"linux":{"devices":[],"Devices":[]}}"#,
+                "at /linux/Devices",
+            ),
+            (
+                r#"{"mounts":[{"type":"bind","Type":"none"}]}"#,
+                "at /mounts/0/Type",
+            ),
+            (
+                r#"{"process":{"args":[],"arg\u017f":[]}}"#,
+                "at /process/arg\u{17f}",
+            ),
+            (
+                r#"{"linux":{"seccomp":{},"Seccomp":{}}}"#,
+                "at /linux/Seccomp",
+            ),
+            (
+                r#"{"linux":{"Seccomp":{},"seccomp":{}}}"#,
+                "at /linux/seccomp",
+            ),
+            (
+                r#"{"linux":{"resources":{"unified":{}},"Resources":{}}}"#,
+                "at /linux/Resources",
+            ),
+        ] {
+            for lean in [false, true] {
+                let dir = tempfile::tempdir().unwrap();
+                fs::write(dir.path().join("config.json"), text).unwrap();
+                let load = if lean {
+                    Bundle::load_lean
+                } else {
+                    Bundle::load
+                };
+                let err = load(dir.path()).unwrap_err().to_string();
+                assert!(
+                    err.contains(pointer) && err.contains("ignoring case"),
+                    "{text}: {err}"
+                );
+            }
+        }
+        for ok in [
+            r#"{"annotations":{"a":"1","A":"2"}}"#,
+            r#"{"linux":{"sysctl":{"net.x":"1","NET.X":"2"},"resources":{"unified":{"a":"1","A":"2"},"rdma":{"m":{},"M":{}}},"netDevices":{"e":{},"E":{}}}}"#,
+            r#"{"windows":{"credentialSpec":{"a":{"b":1,"B":2},"A":1}}}"#,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            fs::write(dir.path().join("config.json"), ok).unwrap();
+            Bundle::load(dir.path()).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
     }
 
     /// The duplicate check's cost against serde_json's own `Value` parse, on the config.json

@@ -38,6 +38,35 @@ pub fn trusts_identity(dir: &Path) -> bool {
     nix::sys::statfs::statfs(dir).is_ok_and(|fs| LOCAL.contains(&(fs.filesystem_type().0 as u32)))
 }
 
+/// Why `dir` may not hold nvshim's caches, or `None` when it may: the directory above it (and
+/// `dir` itself once it exists) must be owned by root or this user and writable by no one
+/// else. Otherwise another user could make `dir`, or swap it, before root writes there (a
+/// `cache-dir` under `/tmp`), and [`read_private`]'s check of each file would rest on a
+/// directory they control. Only these two levels are checked: `/run/nvshim`, the default,
+/// costs two `stat`s per create.
+pub fn untrusted_dir(dir: &Path) -> Option<String> {
+    let euid = nix::unistd::geteuid().as_raw();
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    let parent = parent.unwrap_or(Path::new("."));
+    for (d, must_exist) in [(parent, true), (dir, false)] {
+        let meta = match std::fs::metadata(d) {
+            Ok(m) => m,
+            Err(e) if !must_exist && e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Some(format!("{}: {e}", d.display())),
+        };
+        let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+        if !owner_ok || meta.permissions().mode() & 0o022 != 0 {
+            return Some(format!(
+                "{} is owned by uid {} with mode {:o}: a cache-dir and the directory above it must be owned by root (or uid {euid}) and writable by no one else",
+                d.display(),
+                meta.uid(),
+                meta.permissions().mode() & 0o7777
+            ));
+        }
+    }
+    None
+}
+
 /// std's SipHash with its fixed keys, for the names of the cache files: a file named by
 /// another build that hashes differently is only rebuilt.
 pub fn hash(bytes: &[u8]) -> u64 {
@@ -442,5 +471,38 @@ mod tests {
         assert!(!trusts_identity(Path::new("/proc")));
         assert!(!trusts_identity(Path::new("/sys")));
         assert!(!trusts_identity(Path::new("/no/such/dir")));
+    }
+
+    /// A cache dir under `/tmp` (world-writable), below a group-writable directory or one of
+    /// another user, or itself writable by others, is refused; one under a private directory
+    /// of this user is not, made or not.
+    #[test]
+    fn cache_dirs_others_could_write_are_refused() {
+        assert!(untrusted_dir(Path::new("/tmp/nvshim-cache")).is_some());
+        let d = tempfile::tempdir().unwrap();
+        let parent = d.path().join("p");
+        std::fs::create_dir(&parent).unwrap();
+        let cache = parent.join("cache");
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&parent, 0o755);
+        assert_eq!(untrusted_dir(&cache), None);
+        std::fs::create_dir(&cache).unwrap();
+        assert_eq!(untrusted_dir(&cache), None);
+        mode(&cache, 0o777);
+        assert!(untrusted_dir(&cache).is_some());
+        mode(&cache, 0o700);
+        mode(&parent, 0o775);
+        let why = untrusted_dir(&cache).unwrap();
+        assert!(
+            why.contains(&parent.display().to_string()) && why.contains("775"),
+            "{why}"
+        );
+        if nix::unistd::geteuid().is_root() {
+            mode(&parent, 0o755);
+            std::os::unix::fs::chown(&parent, Some(65534), None).unwrap();
+            assert!(untrusted_dir(&cache).is_some());
+        }
     }
 }

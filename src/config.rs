@@ -47,6 +47,51 @@ impl Mode {
     }
 }
 
+/// `accept-envvar-unprivileged`: `true`, `false` or `"allocation-backed"`
+/// (`request::env_policy` applies it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnprivilegedEnv {
+    /// `true`: honoured (Docker hosts, where `-e NVIDIA_VISIBLE_DEVICES` is the API).
+    #[default]
+    Accept,
+    /// `"allocation-backed"`: honoured when what the kubelet put beside it (the device
+    /// plugin's mounts or device nodes, CDI annotations) names the same GPUs.
+    AllocationBacked,
+    /// `false`: a GPU list is refused (the create fails); `all`, a CUDA image's own default,
+    /// is ignored.
+    Refuse,
+}
+
+impl UnprivilegedEnv {
+    /// The value as the config file spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnprivilegedEnv::Accept => "true",
+            UnprivilegedEnv::AllocationBacked => "\"allocation-backed\"",
+            UnprivilegedEnv::Refuse => "false",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for UnprivilegedEnv {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(UnprivilegedEnv::Accept),
+            Raw::Bool(false) => Ok(UnprivilegedEnv::Refuse),
+            Raw::Name(n) if n == "allocation-backed" => Ok(UnprivilegedEnv::AllocationBacked),
+            Raw::Name(n) => Err(serde::de::Error::custom(format!(
+                "accept-envvar-unprivileged is true, false or \"allocation-backed\", not {n:?}"
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogLevel {
@@ -86,8 +131,9 @@ pub struct Config {
     /// Where nvshim logs (never stdout: it may be the container's console).
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
-    /// Honour `NVIDIA_VISIBLE_DEVICES` in containers without `CAP_SYS_ADMIN`.
-    pub accept_envvar_unprivileged: bool,
+    /// Whether `NVIDIA_VISIBLE_DEVICES` from containers without `CAP_SYS_ADMIN` is honoured
+    /// ([`UnprivilegedEnv`]).
+    pub accept_envvar_unprivileged: UnprivilegedEnv,
     /// Honour `/var/run/nvidia-container-devices/<id>` volume-mount requests.
     pub accept_volume_mounts: bool,
     /// Honour `NVIDIA_VISIBLE_DEVICES` from unprivileged containers that carry NVIDIA's legacy
@@ -95,6 +141,12 @@ pub struct Config {
     /// nothing (CRI-O adds NVIDIA's `oci-nvidia-hook.json` to every container when it is left
     /// in hooks.d), so only the operator can say the hook means "dockerd's --gpus".
     pub accept_docker_gpus_hook: bool,
+    /// The kubelet's device-manager checkpoint: with `accept-envvar-unprivileged =
+    /// "allocation-backed"`, the device ids it records for a containerd container (by the
+    /// `io.kubernetes.cri.sandbox-uid` and `io.kubernetes.cri.container-name` annotations)
+    /// back its `NVIDIA_VISIBLE_DEVICES`: what makes NVIDIA's device plugin at its defaults
+    /// work. Read only when root owns it and nobody else can write it; empty: not read.
+    pub kubelet_device_checkpoint: PathBuf,
     /// Kinds of CDI devices a container may name in `NVIDIA_VISIBLE_DEVICES`; default: only
     /// `cdi-default-kind`. Other kinds (IMEX channels, DRA claims, network devices) come only
     /// from annotations the orchestrator sets.
@@ -115,6 +167,10 @@ pub struct Config {
     /// answer for MIG ids (`host::nvml::cache`); empty: none of them (every CDI `create` reads every spec). Made 0700 on first use; a read-only
     /// one only costs the caches.
     pub cache_dir: PathBuf,
+    /// Why `cache-dir` was turned off ([`crate::cache::untrusted_dir`]), for the one warning
+    /// the binary logs once its log is open; not a setting.
+    #[serde(skip)]
+    pub cache_dir_refused: Option<String>,
     /// Annotation key prefixes read as CDI device requests.
     pub cdi_annotation_prefixes: Vec<String>,
     /// Kind used for unqualified device names in `cdi` mode.
@@ -134,15 +190,19 @@ impl Default for Config {
             proc_root: PathBuf::from("/proc"),
             log_file: None,
             log_level: LogLevel::Info,
-            accept_envvar_unprivileged: true,
+            accept_envvar_unprivileged: UnprivilegedEnv::Accept,
             accept_volume_mounts: false,
             accept_docker_gpus_hook: false,
+            kubelet_device_checkpoint: PathBuf::from(
+                "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+            ),
             cdi_env_kinds: None,
             mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
             hook_path: None,
             mode: Mode::Auto,
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             cache_dir: PathBuf::from(nvshim_hook::cache::DEFAULT_DIR),
+            cache_dir_refused: None,
             cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
             cdi_default_kind: "nvidia.com/gpu".into(),
             disable_require: false,
@@ -168,16 +228,27 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
     }
 
-    /// Loads `path`; a missing file means defaults.
+    /// Loads `path`; a missing file means defaults. A `cache-dir` that others could write is
+    /// turned off (empty), the reason kept in `cache_dir_refused`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Config::parse(path, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
-            Err(source) => Err(ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
+        let mut config = match crate::hostfile::read_to_string(path, crate::hostfile::CONFIG_LIMIT)
+        {
+            Ok(text) => Config::parse(path, &text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::default(),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        if !config.cache_dir.as_os_str().is_empty() {
+            if let Some(why) = crate::cache::untrusted_dir(&config.cache_dir) {
+                config.cache_dir_refused = Some(format!("caches off: {why}"));
+                config.cache_dir = PathBuf::new();
+            }
         }
+        Ok(config)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
@@ -231,7 +302,24 @@ mod tests {
         assert_eq!(cfg.driver_root, PathBuf::from("/run/nvidia/driver"));
         assert_eq!(cfg.proc_root, PathBuf::from("/host/proc"));
         assert_eq!(cfg.log_level, LogLevel::Debug);
-        assert!(!cfg.accept_envvar_unprivileged);
+        assert_eq!(cfg.accept_envvar_unprivileged, UnprivilegedEnv::Refuse);
+        let parse = |v: &str| {
+            Config::parse(
+                Path::new("c.toml"),
+                &format!("accept-envvar-unprivileged = {v}"),
+            )
+            .map(|c| c.accept_envvar_unprivileged)
+        };
+        assert_eq!(parse("true").unwrap(), UnprivilegedEnv::Accept);
+        assert_eq!(
+            parse("\"allocation-backed\"").unwrap(),
+            UnprivilegedEnv::AllocationBacked
+        );
+        let err = parse("\"maybe\"").unwrap_err().to_string();
+        assert!(
+            err.contains("allocation-backed") && err.contains("c.toml"),
+            "{err}"
+        );
         assert!(cfg.accept_volume_mounts);
         assert_eq!(cfg.mps_pipe_directory, PathBuf::from("/run/mps/pipe"));
         assert_eq!(cfg.mode, Mode::Cdi);

@@ -38,7 +38,7 @@ pub enum CreateError {
     #[error("{path}: {source}")]
     MountIntoBindMount {
         path: PathBuf,
-        source: crate::rootfs::IntoBindMount,
+        source: crate::rootfs::MountCheckError,
     },
     #[error("the hook binary {hook} does not exist, so the container would die in runc with `fork/exec {hook}: no such file or directory`; install nvshim-hook there (`cargo build --release` builds it beside nvshim-runtime), or set hook-path in the nvshim config to where it is")]
     HookMissing { hook: String },
@@ -197,16 +197,36 @@ pub fn plan_bundle(
     trace: &mut Trace,
 ) -> Result<Plan, CreateError> {
     let config_path = bundle.config_path().to_path_buf();
-    let request =
-        request::from_spec(&bundle.spec, config).map_err(|source| CreateError::Request {
-            path: config_path.clone(),
-            source,
-        })?;
+    let request_error = |source| CreateError::Request {
+        path: config_path.clone(),
+        source,
+    };
+    let mut request = request::from_spec(&bundle.spec, config).map_err(request_error)?;
+    // The kubelet's checkpoint is read only for an env request the rest did not back.
+    let unsettled = request.ignored_unprivileged_env
+        || !request.unbacked.is_empty()
+        || request.refused.iter().any(
+            |e| matches!(e, RequestError::Refused { var, .. } if *var == request::VISIBLE_DEVICES),
+        );
+    if unsettled {
+        let allocated = kubelet_allocated(&bundle.spec, config);
+        if !allocated.is_empty() {
+            request = request::from_spec_allocated(&bundle.spec, config, allocated)
+                .map_err(request_error)?;
+        }
+    }
     trace.request = Some(request.clone());
+    if let Some(source) = request.refused.first() {
+        return Err(CreateError::Request {
+            path: config_path,
+            source: source.clone(),
+        });
+    }
     if request.ignored_unprivileged_env {
         trace.warn(format!(
-            "{}: ignoring NVIDIA_VISIBLE_DEVICES from an unprivileged container (accept-envvar-unprivileged = false)",
-            config_path.display()
+            "{}: ignoring NVIDIA_VISIBLE_DEVICES from an unprivileged container (accept-envvar-unprivileged = {}): all and none are a CUDA image's defaults, not an allocation",
+            config_path.display(),
+            config.accept_envvar_unprivileged.name()
         ));
     }
     // Moved, not copied: `create` needs only the edited document (and the original bytes).
@@ -222,6 +242,20 @@ pub fn plan_bundle(
         source,
     })?;
     trace.route = Some(route.clone());
+    // Device nodes back GPU ids the host resolves ([`check_backed`], legacy route only).
+    if matches!(route, Route::Cdi(..)) && !request.unbacked.is_empty() {
+        return Err(CreateError::Request {
+            path: config_path,
+            source: RequestError::Refused {
+                var: request::VISIBLE_DEVICES,
+                value: request.unbacked.join(","),
+                reason: format!(
+                    "the container is unprivileged and accept-envvar-unprivileged = \"allocation-backed\", and its allocation ({}) does not name these CDI devices: device nodes back GPU ids resolved on the host, not CDI names; unset NVIDIA_VISIBLE_DEVICES in the pod",
+                    request.allocation.describe()
+                ),
+            },
+        });
+    }
     let mounts_removed = !matches!(route, Route::Nothing(_)) && !request.device_mounts.is_empty();
     if mounts_removed {
         // The device plugin's `/dev/null` mounts were the request and carry nothing else.
@@ -251,6 +285,7 @@ pub fn plan_bundle(
                 ..legacy::Settings::new(config, tools)
             };
             let snapshot = host.snapshot()?;
+            check_backed(&plan.request, &snapshot, &config_path)?;
             let resolved =
                 legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
                     nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
@@ -299,6 +334,105 @@ pub fn plan_bundle(
         )?;
     }
     Ok(plan)
+}
+
+/// The annotations containerd's CRI sets on every container (containerd
+/// `pkg/cri/annotations`): the pod's UID and the container's name, as the kubelet's
+/// checkpoint keys its entries. A pod cannot set them: containerd passes pod annotations on
+/// only for the operator's `pod_annotations` patterns.
+const SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+
+/// The device ids the kubelet's device manager allocated to this container, from its
+/// checkpoint (`kubelet-device-checkpoint`), for `accept-envvar-unprivileged =
+/// "allocation-backed"` only. The kubelet writes an allocation there when it admits the pod,
+/// before it asks for the container; its format (kubelet `devicemanager/checkpoint`):
+/// `{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs":
+/// {"<numa node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}]}, "Checksum"}`.
+/// A time-sliced replica's id `<id>::<n>` counts as `<id>` (what NVIDIA's plugin puts in the
+/// variable). Anything missing or unreadable is no allocation: the request is then judged on
+/// the rest.
+fn kubelet_allocated(spec: &Value, config: &Config) -> Vec<String> {
+    let path = &config.kubelet_device_checkpoint;
+    if config.accept_envvar_unprivileged != crate::config::UnprivilegedEnv::AllocationBacked
+        || path.as_os_str().is_empty()
+    {
+        return Vec::new();
+    }
+    let annotation = |k: &str| spec.get("annotations")?.get(k)?.as_str();
+    let (Some(uid), Some(name)) = (annotation(SANDBOX_UID), annotation(CONTAINER_NAME)) else {
+        return Vec::new();
+    };
+    let Some(bytes) = crate::cache::read_private(path, "kubelet device checkpoint") else {
+        return Vec::new();
+    };
+    let Ok(doc) = serde_json::from_slice::<Value>(&bytes) else {
+        tracing::warn!("{}: not JSON; its allocations are not used", path.display());
+        return Vec::new();
+    };
+    let entries = doc
+        .pointer("/Data/PodDeviceEntries")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e.get("PodUID").and_then(Value::as_str) == Some(uid)
+                && e.get("ContainerName").and_then(Value::as_str) == Some(name)
+        });
+    let mut out = Vec::new();
+    for e in entries {
+        let lists: Vec<&Value> = match e.get("DeviceIDs") {
+            Some(Value::Object(per_numa)) => per_numa.values().collect(),
+            Some(list @ Value::Array(_)) => vec![list],
+            _ => Vec::new(),
+        };
+        for id in lists
+            .into_iter()
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            let id = id.split_once("::").map_or(id, |(base, _)| base);
+            if !out.iter().any(|x| x == id) {
+                out.push(id.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// `accept-envvar-unprivileged = "allocation-backed"`: ids the allocation's names did not back
+/// ([`Request::unbacked`]) pass when every GPU they resolve to has its node among the
+/// allocation's device nodes. A MIG id never does: a GPU's node does not say which of its MIG
+/// devices was allocated.
+fn check_backed(request: &Request, snapshot: &Snapshot, path: &Path) -> Result<(), CreateError> {
+    if request.unbacked.is_empty() {
+        return Ok(());
+    }
+    let (gpu_ids, migs) =
+        legacy::split_mig_ids(&request::VisibleDevices::List(request.unbacked.clone()));
+    let nvidia = snapshot.majors.nvidia;
+    let outside: Vec<String> = legacy::select_gpus(&gpu_ids, &snapshot.gpus)?
+        .into_iter()
+        .filter(|g| !request.allocation.nodes.contains(&(nvidia, g.minor)))
+        .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+        .chain(migs.into_iter().map(|(id, _)| format!("MIG device {id}")))
+        .collect();
+    if outside.is_empty() {
+        return Ok(());
+    }
+    Err(CreateError::Request {
+        path: path.to_path_buf(),
+        source: RequestError::Refused {
+            var: request::VISIBLE_DEVICES,
+            value: request.unbacked.join(","),
+            reason: format!(
+                "the container is unprivileged and accept-envvar-unprivileged = \"allocation-backed\", and its allocation ({}) does not hold {}; unset NVIDIA_VISIBLE_DEVICES in the pod, or let the device plugin name its GPUs (volume-mounts or CDI strategies)",
+                request.allocation.describe(),
+                outside.join(", ")
+            ),
+        },
+    })
 }
 
 /// Adds the `apply-cuda-memory-limits` hook when the container asks for GPU memory limits
@@ -396,8 +530,9 @@ fn apply_cdi(
             edits,
         })
         .collect();
-    // A spec nvshim generated runs nvshim's fix-ups hook: named the bundle, it need not wait
-    // for the OCI state (as for a legacy request).
+    // A spec nvshim generated runs nvshim's fix-ups hook: one process for all its devices,
+    // and named the bundle, it need not wait for the OCI state (as for a legacy request).
+    legacy::merge_fixups(&mut groups, &tools.hook);
     if let Some(bundle) = absolute_bundle(plan) {
         for hook in groups.iter_mut().flat_map(|g| &mut g.edits.hooks) {
             legacy::name_bundle(hook, &tools.hook, &bundle);
@@ -468,17 +603,27 @@ fn check_hooks_exist<'a>(
     Ok(())
 }
 
-/// True when config.json's raw bytes could hold a GPU request: an `NVIDIA_*` env entry, a CDI
-/// annotation prefix, NVIDIA's legacy hook or the device plugin's mount root. Checked only
-/// when the document cannot be read: a bundle without any of these is not nvshim's business,
-/// whatever runc accepts in it (a JSON escape can hide a marker, but then the container only
-/// goes without GPUs, as it would under runc alone).
+/// The env entries that ask for devices, as they start in config.json's JSON (`"KEY=`):
+/// every other `NVIDIA_*` variable (`NVIDIA_REQUIRE_CUDA`, `NVIDIA_PRODUCT_NAME`,
+/// `NVIDIA_DRIVER_CAPABILITIES`, ... which CUDA base images set) asks for nothing alone.
+const REQUEST_ENV_MARKERS: &[&str] = &[
+    "\"NVIDIA_VISIBLE_DEVICES=",
+    "\"NVIDIA_IMEX_CHANNELS=",
+    "\"NVIDIA_MIG_CONFIG_DEVICES=",
+    "\"NVIDIA_MIG_MONITOR_DEVICES=",
+];
+
+/// True when config.json's raw bytes could hold a GPU request: a request variable
+/// ([`REQUEST_ENV_MARKERS`]), a CDI annotation prefix, NVIDIA's legacy hook or the device
+/// plugin's mount root. Checked only when the document cannot be read: a bundle without any
+/// of these is not nvshim's business, whatever runc accepts in it (a JSON escape can hide a
+/// marker, but then the container only goes without GPUs, as it would under runc alone).
 pub fn may_request_gpus(bytes: &[u8], config: &Config) -> bool {
     let has =
         |needle: &[u8]| !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle);
-    // Env entries are JSON strings: a request starts `"NVIDIA_` (the quote keeps a script in
-    // `process.args` that only mentions the names from counting).
-    has(b"\"NVIDIA_")
+    // Env entries are JSON strings: the quote keeps a script in `process.args` that only
+    // mentions the names from counting.
+    REQUEST_ENV_MARKERS.iter().any(|m| has(m.as_bytes()))
         || has(request::DEVICE_MOUNT_ROOT.as_bytes())
         || edits::LEGACY_HOOK_NAMES.iter().any(|n| has(n.as_bytes()))
         || config
@@ -493,7 +638,7 @@ pub fn create(config: &Config, dir: &Path, tools: &Tools) -> Result<Option<Plan>
     let plan = match plan(config, dir, tools) {
         Ok(plan) => plan,
         Err(e @ (CreateError::Bundle(_) | CreateError::Request { .. })) => {
-            let marked = match std::fs::read(dir.join("config.json")) {
+            let marked = match crate::bundle::read_config(dir) {
                 Ok(bytes) => may_request_gpus(&bytes, config),
                 Err(_) => true,
             };

@@ -359,7 +359,7 @@ fn intel_rdt_value(rdt: &IntelRdt) -> Value {
 
 /// Fills type, major, minor and mode of a device node from its host node (CDI
 /// `fillMissingInfo`, docs/cdi-rules.md §5.4): `lstat`, symlinks not followed.
-fn fill_device(d: &DeviceNode) -> Result<DeviceNode, EditError> {
+pub fn fill_device(d: &DeviceNode) -> Result<DeviceNode, EditError> {
     let mut d = d.clone();
     let host_path = d.host_path.clone().unwrap_or_else(|| d.path.clone());
     let kind = d.kind.clone().unwrap_or_default();

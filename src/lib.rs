@@ -10,7 +10,9 @@
 //! and nothing but the binaries uses [`ops`] (`nvshim-runtime` never links the operator code).
 //! `tests/checks/layers.rs` checks it.
 //!
-//! - Model and edges: [`atomic`] (the one temp-file-and-rename write), [`config`], [`report`]
+//! - Model and edges: [`hostfile`] (the one way a file outside a container is read:
+//!   non-blocking, regular files only, size-capped), [`atomic`] (the one temp-file-and-rename
+//!   write), [`config`], [`report`]
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`json`]
 //!   (JSON text as serde_json writes it, faster), [`bundle`] (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
@@ -31,6 +33,7 @@ pub mod config;
 pub mod create;
 pub mod edits;
 pub mod host;
+pub mod hostfile;
 pub mod install;
 pub mod json;
 pub mod legacy;

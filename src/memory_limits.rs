@@ -17,11 +17,14 @@
 //!   (`/proc/driver/nvidia/gpus/*/information`), and MIG devices named by `MIG-<uuid>` as
 //!   named. MIG devices named `G:M` or `MIG-GPU-<uuid>/<gi>/<ci>` are skipped with a warning:
 //!   their MIG UUID is known only to NVML, which create does not load for this.
-//! - CDI: a requested device's `/dev/nvidia<N>` node names the host GPU with minor `N`, whose
-//!   UUID the snapshot knows. A device that also brings `/dev/nvidia-caps` nodes is a MIG
-//!   device, and one whose GPU the snapshot lacks cannot be named: both skipped with a
-//!   warning. A device with no GPU node (an IMEX channel, another vendor's device) is not a
-//!   GPU and is passed over.
+//! - CDI: a requested device's GPU node, told by its numbers (the `nvidia` major of
+//!   `/proc/devices`, minor `N` below the control nodes'), names the host GPU with minor `N`,
+//!   whose UUID the snapshot knows. The numbers are the node's own, or its host node's
+//!   (`hostPath`): the container path says nothing (`path: /dev/nvidia0` over the host's
+//!   `nvidia1` is GPU 1; a `/dev/null` named `/dev/nvidia0` is no GPU). A device that also
+//!   brings an `nvidia-caps` node is a MIG device, and one whose GPU the snapshot lacks cannot
+//!   be named: both skipped with a warning. A device with no GPU node (an IMEX channel,
+//!   another vendor's device) is not a GPU and is passed over.
 //! - Nothing is added when config.json already has an `apply-cuda-memory-limits` hook (specs
 //!   written by NVIDIA's generator carry their own).
 
@@ -31,10 +34,10 @@ use nvshim_hook::apply_cuda_memory_limits::{LIMIT_ENV, REQUEST_ENV};
 use serde_json::Value;
 
 use crate::config::Config;
-use crate::edits::{Cause, EditGroup, Hook};
-use crate::host::{Gpu, Host, HostError};
+use crate::edits::{Cause, DeviceNode, EditGroup, Hook};
+use crate::host::{DeviceMajors, Gpu, Host, HostError};
 use crate::legacy::{self, MigId};
-use crate::nvidia::HOOK_ENV;
+use crate::nvidia::{HOOK_ENV, MODESET_MINOR};
 use crate::request::{Request, Route};
 
 /// The hook's subcommand.
@@ -102,29 +105,44 @@ fn legacy_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
     (ids, warnings)
 }
 
-/// The minor of a `/dev/nvidia<N>` path.
-fn gpu_minor(path: &str) -> Option<u32> {
-    let n = path.strip_prefix("/dev/nvidia")?;
-    (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| n.parse().ok())
-        .flatten()
+/// The numbers of the node a device node edit gives the container, as `edits::apply` fills
+/// them: its own when it has them (runc makes the node from them), else its host node's
+/// (`hostPath`, or `path`). `None` for anything but a character device.
+fn node_numbers(d: &DeviceNode) -> Option<(u32, u32)> {
+    let d = crate::edits::fill_device(d).ok()?;
+    if d.kind.as_deref() != Some("c") {
+        return None;
+    }
+    Some((u32::try_from(d.major?).ok()?, u32::try_from(d.minor?).ok()?))
 }
 
-/// The GPU ids of a CDI request, and the warnings for the devices skipped.
-fn cdi_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
+/// The GPU ids of a CDI request, and the warnings for the devices skipped. A device's GPU is
+/// the one whose node it gives the container, by the node's numbers, whatever path the node
+/// has in the container: `path: /dev/nvidia0` with the host node of minor 1 is GPU 1.
+fn cdi_ids(plan: &Selection, all: &[Gpu], majors: &DeviceMajors) -> (Vec<String>, Vec<String>) {
     let mut ids = Vec::new();
     let mut warnings = Vec::new();
+    // `nvidiactl` and `nvidia-modeset` share the GPUs' major.
+    let gpu_minor = |(major, minor): (u32, u32)| {
+        (major == majors.nvidia && minor < MODESET_MINOR).then_some(minor)
+    };
     for group in plan.groups {
         let Cause::CdiDevice { name, .. } = &group.cause else {
             continue;
         };
-        let nodes = &group.edits.device_nodes;
-        let Some(minor) = nodes.iter().find_map(|d| gpu_minor(&d.path)) else {
-            continue;
-        };
-        if nodes
+        let numbers: Vec<(u32, u32)> = group
+            .edits
+            .device_nodes
             .iter()
-            .any(|d| d.path.starts_with("/dev/nvidia-caps/"))
+            .filter_map(node_numbers)
+            .collect();
+        let minors: Vec<u32> = numbers.iter().copied().filter_map(gpu_minor).collect();
+        if minors.is_empty() {
+            continue;
+        }
+        if numbers
+            .iter()
+            .any(|(major, _)| Some(*major) == majors.nvidia_caps)
         {
             warnings.push(format!(
                 "{LIMIT_ENV}: CDI device {name} is a MIG device, which gets no GPU memory limit \
@@ -132,13 +150,16 @@ fn cdi_ids(plan: &Selection, all: &[Gpu]) -> (Vec<String>, Vec<String>) {
             ));
             continue;
         }
-        match all.iter().find(|g| g.minor == minor) {
-            Some(g) if !ids.contains(&g.uuid) => ids.push(g.uuid.clone()),
-            Some(_) => {}
-            None => warnings.push(format!(
-                "{LIMIT_ENV}: CDI device {name} brings /dev/nvidia{minor}, which is not a GPU of \
-                 this host's /proc/driver/nvidia/gpus, so it gets no GPU memory limit"
-            )),
+        for minor in minors {
+            match all.iter().find(|g| g.minor == minor) {
+                Some(g) if !ids.contains(&g.uuid) => ids.push(g.uuid.clone()),
+                Some(_) => {}
+                None => warnings.push(format!(
+                    "{LIMIT_ENV}: CDI device {name} brings the GPU node {}:{minor}, which is not \
+                     a GPU of this host's /proc/driver/nvidia/gpus, so it gets no GPU memory limit",
+                    majors.nvidia
+                )),
+            }
         }
     }
     (ids, warnings)
@@ -157,7 +178,9 @@ pub fn hook(
     }
     let (ids, warnings) = match plan.route {
         Route::Legacy(_) if !plan.gpus.is_empty() => legacy_ids(plan, &host.gpus()?),
-        Route::Cdi(..) if !plan.cdi_devices.is_empty() => cdi_ids(plan, &host.gpus()?),
+        Route::Cdi(..) if !plan.cdi_devices.is_empty() => {
+            cdi_ids(plan, &host.gpus()?, &host.device_majors()?)
+        }
         _ => return Ok((None, Vec::new())),
     };
     if ids.is_empty() {
@@ -218,14 +241,5 @@ mod tests {
         ]}});
         assert!(has_hook(&spec));
         assert!(!has_hook(&json!({"hooks": {"createContainer": []}})));
-    }
-
-    #[test]
-    fn gpu_minors() {
-        assert_eq!(gpu_minor("/dev/nvidia0"), Some(0));
-        assert_eq!(gpu_minor("/dev/nvidia12"), Some(12));
-        assert_eq!(gpu_minor("/dev/nvidiactl"), None);
-        assert_eq!(gpu_minor("/dev/nvidia-uvm"), None);
-        assert_eq!(gpu_minor("/dev/nvidia"), None);
     }
 }

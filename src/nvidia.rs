@@ -271,6 +271,14 @@ pub const LIBRARIES: &[Library] = &[
         naming: Naming::OwnVersion,
         ..lib("libnvidia-egl-xlib", GRAPHICS, false, C)
     },
+    Library {
+        note: "nvidia-settings' GTK 2 front end",
+        ..lib("libnvidia-gtk2", &[Display], false, C)
+    },
+    Library {
+        note: "nvidia-settings' GTK 3 front end",
+        ..lib("libnvidia-gtk3", &[Display], false, C)
+    },
     // ngx: DLSS.
     lib("libnvidia-ngx", &[Ngx], false, L),
 ];
@@ -482,8 +490,9 @@ pub const FIRMWARE_BROUGHT_BY: &[Capability] = ANY;
 pub const SOCKETS: &[&str] = &["nvidia-persistenced/socket", "nvidia-fabricmanager/socket"];
 pub const SOCKETS_BROUGHT_BY: &[Capability] = &[Utility, Compute];
 
-/// The DRM card and render nodes of the selected GPUs (`/dev/dri/cardN`, `renderDN`, found
-/// through `<sys-root>/bus/pci/devices/<bus>/drm/`), with their `by-path` links.
+/// The DRM card and render nodes of the GPUs selected whole (`/dev/dri/cardN`, `renderDN`,
+/// found through `<sys-root>/bus/pci/devices/<bus>/drm/`), with their `by-path` links; a MIG
+/// device gets none (`crate::legacy::device_nodes`).
 pub const DRM_BROUGHT_BY: &[Capability] = GRAPHICS;
 
 /// The control nodes' minors on the `nvidia` major (195): the driver fixes them.
@@ -582,7 +591,7 @@ pub fn capability_table() -> String {
          | GSP firmware `lib/firmware/nvidia/{{v}}/gsp_*.bin` | {} | nvidia-ctk | |\n\
          | sockets `/run/nvidia-persistenced/socket`, `/run/nvidia-fabricmanager/socket` (rw, noexec) | {} | nvidia-ctk | |\n\
          | the MPS pipe directory (`mps-pipe-directory`), with `CUDA_MPS_PIPE_DIRECTORY` | compute | nvshim | NVIDIA mounts `/tmp/nvidia-mps` only; nvshim mounts the configured directory and tells CUDA where it is |\n\
-         | DRM nodes `/dev/dri/cardN`, `renderDN` of the selected GPUs, their cgroup rules, their groups in `additionalGids`, and `/dev/dri/by-path` links | {} | nvidia-ctk | |\n\
+         | DRM nodes `/dev/dri/cardN`, `renderDN` of the GPUs selected whole, their cgroup rules, their groups in `additionalGids`, and `/dev/dri/by-path` links | {} | nvidia-ctk | a MIG device gets none: they open the whole GPU |\n\
          | `/dev/nvidiaN` of the selected GPUs, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset` | any | libnvidia-container | |\n",
         XORG_MODULES
             .iter()

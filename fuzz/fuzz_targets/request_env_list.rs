@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
     for mode in [Mode::Auto, Mode::Legacy, Mode::Cdi] {
         let cfg = Config {
             mode,
-            accept_envvar_unprivileged: true,
+            accept_envvar_unprivileged: nvshim::config::UnprivilegedEnv::Accept,
             ..Config::default()
         };
         if let Ok(req) = request::from_spec(&spec, &cfg) {

@@ -205,15 +205,13 @@ pub fn cgroup_dir(
     pid: i64,
     cgroup_root: &Path,
 ) -> Result<PathBuf, MemoryLimitError> {
-    use std::io::Read;
     let path = proc_root.join(pid.to_string()).join("cgroup");
-    let mut text = String::new();
-    std::fs::File::open(&path)
-        .and_then(|f| f.take(MAX_PROC_CGROUP).read_to_string(&mut text))
-        .map_err(|source| MemoryLimitError::ProcCgroup {
+    let text = crate::hostfile::read_to_string(&path, MAX_PROC_CGROUP).map_err(|source| {
+        MemoryLimitError::ProcCgroup {
             path: path.clone(),
             source,
-        })?;
+        }
+    })?;
     let rel = cgroup_v2_path(&text).ok_or(MemoryLimitError::NoCgroupV2 { path })?;
     Ok(cgroup_root.join(rel.trim_start_matches('/')))
 }
@@ -244,7 +242,8 @@ fn under(root: &Path, path: &str) -> PathBuf {
 
 /// `libnvidia-ml.so.1` under `root`: through the root's ld.so.cache, else in [`DRIVER_LIBRARY_DIRS`].
 pub fn find_library(root: &Path) -> Option<PathBuf> {
-    if let Ok(buf) = std::fs::read(root.join("etc/ld.so.cache")) {
+    let cache = root.join("etc/ld.so.cache");
+    if let Ok(buf) = crate::hostfile::read(&cache, crate::ldcache::MAX_CACHE_LEN as u64) {
         if let Some(path) = LdCache::parse(&buf)
             .ok()
             .and_then(|c| c.lookup(NVML_SONAME).map(|p| under(root, p)))

@@ -30,7 +30,6 @@
 //! changed together.
 
 use std::ffi::{CStr, OsStr, OsString};
-use std::fs::File;
 use std::io::{Read, Write};
 use std::os::raw::{c_char, c_int};
 use std::os::unix::ffi::OsStrExt;
@@ -413,7 +412,9 @@ fn value(
 fn read_state(spec: Option<&str>, stdin: impl Read) -> Result<State, String> {
     match spec.filter(|s| !s.is_empty() && *s != "-") {
         Some(path) => {
-            let file = File::open(path).map_err(|e| format!("{path}: {e}"))?;
+            // `read` bounds it; opened as every host file is ([`crate::hostfile`]).
+            let (file, _) = crate::hostfile::open(Path::new(path), u64::MAX)
+                .map_err(|e| format!("{path}: {e}"))?;
             State::read(file, path)
         }
         None => State::read(stdin, "stdin"),
@@ -424,8 +425,8 @@ fn read_state(spec: Option<&str>, stdin: impl Read) -> Result<State, String> {
 /// Reads the state (see [`read_state`]) and opens the root.
 fn open_root(spec: Option<&str>, stdin: impl Read) -> Result<Root, String> {
     let state = read_state(spec, stdin)?;
-    let root = state.container_root().map_err(|e| e.to_string())?;
-    Root::open(&root).map_err(|e| e.to_string())
+    let c = state.container_root().map_err(|e| e.to_string())?;
+    c.open().map_err(|e| e.to_string())
 }
 
 /// The container's root, opened, and what config.json mounts in it (update-ldcache reads
@@ -440,7 +441,7 @@ fn open_container(
 
 fn opened(state: &State) -> Result<(Root, Option<Vec<String>>), String> {
     let c = state.container().map_err(|e| e.to_string())?;
-    Ok((Root::open(&c.root).map_err(|e| e.to_string())?, c.mounts))
+    Ok((c.open().map_err(|e| e.to_string())?, c.mounts))
 }
 
 /// The container's root from the bundle's config.json, as [`State::container`] finds it
@@ -749,6 +750,100 @@ mod tests {
         let mut err = Vec::new();
         assert_eq!(run(&args, Untouched, &mut err), EXIT_FAILURE);
         assert!(String::from_utf8_lossy(&err).contains("no root.path"));
+    }
+
+    /// Issue 38 "defence in depth": a `root.path` that leads out of the bundle (`..`, /proc's
+    /// links, a `rootfs` symlink leaving it) or to the host's `/` is refused before anything is
+    /// written; the layouts engines write (a `rootfs` below the bundle, an absolute path
+    /// anywhere, as Docker's in tests/fixtures/oci) still work.
+    #[test]
+    fn fixups_refuse_a_root_path_that_leaves_the_bundle() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path();
+        let (bundle, outside) = (top.join("bundle"), top.join("outside"));
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::create_dir_all(top.join("real")).unwrap();
+        symlink(top.join("real"), top.join("via-link")).unwrap();
+        // What a wrong resolution would write: in `outside`, or below the host's `/`.
+        let probe = format!("nvshim-escape-probe-{}", std::process::id());
+        let link = format!("x::/{probe}/l");
+        let fixups = |bundle: &Path, root_path: &str, rootfs: Option<&str>| {
+            let _ = std::fs::remove_dir_all(bundle);
+            std::fs::create_dir_all(bundle).unwrap();
+            match rootfs {
+                Some(target) => symlink(target, bundle.join("rootfs")).unwrap(),
+                None => std::fs::create_dir_all(bundle.join("rootfs")).unwrap(),
+            }
+            std::fs::create_dir_all(bundle.join("real-rootfs")).unwrap();
+            let config = serde_json::json!({ "root": { "path": root_path } });
+            std::fs::write(bundle.join("config.json"), config.to_string()).unwrap();
+            let args: Vec<OsString> = ["nvshim-hook", "fixups", "--link", &link, "--bundle"]
+                .iter()
+                .map(OsString::from)
+                .chain([bundle.as_os_str().to_owned()])
+                .collect();
+            let mut err = Vec::new();
+            let code = run(&args, Untouched, &mut err);
+            (code, String::from_utf8_lossy(&err).into_owned())
+        };
+        let outside_abs = outside.to_str().unwrap();
+        let root_link = top.join("link-to-slash");
+        symlink("/", &root_link).unwrap();
+        for (root_path, rootfs, want) in [
+            ("/tmp/..", None, "climbs with `..`"),
+            ("rootfs/../..", None, "climbs with `..`"),
+            ("../outside", None, "climbs with `..`"),
+            ("/proc/self/root", None, "goes through /proc"),
+            (
+                &format!("/proc/1/root{outside_abs}"),
+                None,
+                "goes through /proc",
+            ),
+            ("/", None, "other than /"),
+            (root_link.to_str().unwrap(), None, "other than /"),
+            ("rootfs", Some("/"), "other than /"),
+            ("rootfs", Some(outside_abs), "does not lie below the bundle"),
+            (
+                "rootfs",
+                Some("../outside"),
+                "does not lie below the bundle",
+            ),
+        ] {
+            let (code, err) = fixups(&bundle, root_path, rootfs);
+            assert_eq!(code, EXIT_FAILURE, "{root_path} ({rootfs:?}): {err}");
+            assert!(err.contains(want), "{root_path} ({rootfs:?}): {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert_eq!(
+                std::fs::read_dir(&outside).unwrap().count(),
+                0,
+                "{root_path}"
+            );
+            assert!(!Path::new("/").join(&probe).exists(), "{root_path}");
+        }
+        // What engines write: a rootfs below the bundle (a symlink staying in it too), an
+        // absolute path elsewhere, a bundle reached through a symlinked directory.
+        let via_link = top.join("via-link/bundle");
+        for (bundle, root_path, rootfs, made) in [
+            (&bundle, "rootfs", None, bundle.join("rootfs")),
+            (&bundle, "./rootfs/", None, bundle.join("rootfs")),
+            (
+                &bundle,
+                "rootfs",
+                Some("real-rootfs"),
+                bundle.join("real-rootfs"),
+            ),
+            (&bundle, outside_abs, None, outside.clone()),
+            (&via_link, "rootfs", None, via_link.join("rootfs")),
+        ] {
+            let (code, err) = fixups(bundle, root_path, rootfs);
+            assert_eq!(code, 0, "{root_path} ({rootfs:?}): {err}");
+            assert_eq!(
+                std::fs::read_link(made.join(&probe).join("l")).unwrap(),
+                Path::new("x"),
+                "{root_path}"
+            );
+        }
     }
 
     #[test]

@@ -29,10 +29,8 @@
 //! and hosts whose driver proc is elsewhere); the environment is never read.
 
 use std::ffi::CString;
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use thiserror::Error;
@@ -115,34 +113,21 @@ pub fn read_host_params(path: &Path) -> Result<Option<Vec<u8>>, ParamsError> {
         path: display.clone(),
         source,
     };
-    // Non-blocking: a FIFO named there must not hang the container's start.
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if root::is_missing(&e) => return Ok(None),
-        Err(e) => return Err(io_err(e)),
-    };
-    let fd = OwnedFd::from(file);
-    let st = root::fstat(fd.as_fd()).map_err(io_err)?;
-    if !root::is_regular(&st) {
-        return Err(ParamsError::NotRegular { path: display });
+    // Non-blocking, regular, bounded ([`crate::hostfile`]): a FIFO named there must not hang
+    // the container's start.
+    match crate::hostfile::read(path, MAX_PARAMS) {
+        Ok(buf) => Ok(Some(buf)),
+        Err(e) if root::is_missing(&e) => Ok(None),
+        Err(e) => Err(match crate::hostfile::refused(&e) {
+            Some(crate::hostfile::Refused::NotRegular(_)) => {
+                ParamsError::NotRegular { path: display }
+            }
+            Some(crate::hostfile::Refused::TooLarge { .. }) => {
+                ParamsError::TooLarge { path: display }
+            }
+            None => io_err(e),
+        }),
     }
-    // Room up front: `take` hides the size from `read_to_end`, which otherwise starts at 32
-    // bytes and doubles (7 reads for the simulated host's 844 bytes); procfs gives no size, and
-    // the driver's file is about 1.5 KB.
-    let size = (st.st_size as u64).clamp(4096, MAX_PARAMS + 1);
-    let mut buf = Vec::with_capacity(size as usize);
-    File::from(fd)
-        .take(MAX_PARAMS + 1)
-        .read_to_end(&mut buf)
-        .map_err(io_err)?;
-    if buf.len() as u64 > MAX_PARAMS {
-        return Err(ParamsError::TooLarge { path: display });
-    }
-    Ok(Some(buf))
 }
 
 fn check(ret: libc::c_int) -> io::Result<()> {
@@ -302,7 +287,7 @@ pub fn mount_params(root: &Root, content: &[u8]) -> Result<bool, ParamsError> {
     let scratch = Scratch::new(root).map_err(|e| ParamsError::Mount {
         what: format!(
             "mounting a scratch tmpfs at {}",
-            root.display(&format!(".nvshim-params-{}", std::process::id()))
+            root.display(format!(".nvshim-params-{}", std::process::id()))
         ),
         source: e,
     })?;

@@ -107,8 +107,8 @@ impl Arch {
 /// What ldconfig learns from one library.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DsoInfo {
-    /// `DT_SONAME`, if the library has one.
-    pub soname: Option<String>,
+    /// `DT_SONAME`, if the library has one: bytes, as ldconfig keeps any.
+    pub soname: Option<Vec<u8>>,
     /// Cache flags (`FLAG_*`).
     pub flags: i32,
 }
@@ -148,7 +148,7 @@ impl Reader<'_> {
     }
 
     /// A NUL-terminated string starting at `offset`, inside the file.
-    fn cstr(&self, offset: u64) -> Option<String> {
+    fn cstr(&self, offset: u64) -> Option<Vec<u8>> {
         if offset >= self.size {
             return None;
         }
@@ -166,9 +166,9 @@ impl Reader<'_> {
         loop {
             let bytes = self.bytes(offset, chunk)?;
             if let Some(end) = bytes.iter().position(|&b| b == 0) {
-                let name = String::from_utf8(bytes[..end].to_vec()).ok();
+                let name = bytes[..end].to_vec();
                 *self.strings.borrow_mut() = (offset, bytes);
-                return name;
+                return Some(name);
             }
             if chunk == len {
                 return None;
@@ -181,11 +181,11 @@ impl Reader<'_> {
 /// [`Reader::cstr`]'s answer from bytes already read (`held`, the file's bytes from offset
 /// `at`) when they hold the name at `offset` and its NUL within `len` bytes; `None` when the
 /// name must be read.
-fn held_cstr(held: &[u8], at: u64, offset: u64, len: usize) -> Option<Option<String>> {
+fn held_cstr(held: &[u8], at: u64, offset: u64, len: usize) -> Option<Option<Vec<u8>>> {
     let start = usize::try_from(offset.checked_sub(at)?).ok()?;
     let rest = held.get(start..)?;
     let end = rest[..rest.len().min(len)].iter().position(|&b| b == 0)?;
-    Some(String::from_utf8(rest[..end].to_vec()).ok())
+    Some(Some(rest[..end].to_vec()))
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -247,22 +247,22 @@ impl Class {
 
 /// `interpreters[]` and `known_libs[]` of `elf/readelflib.c` with x86's and Linux's
 /// `SYSDEP_KNOWN_*` additions (`sysdeps/unix/sysv/linux/{x86,}/ldconfig.h`).
-fn interpreter_flag(interp: &str) -> Option<i32> {
+fn interpreter_flag(interp: &[u8]) -> Option<i32> {
     match interp {
-        "/lib/ld-linux.so.2"
-        | "/libx32/ld-linux-x32.so.2"
-        | "/lib64/ld-linux-x86-64.so.2"
-        | "/lib/ld-linux-aarch64.so.1"
-        | "/lib/ld-linux-armhf.so.3" => Some(FLAG_ELF_LIBC6),
-        "/lib/ld-linux.so.1" => Some(FLAG_ELF_LIBC5),
+        b"/lib/ld-linux.so.2"
+        | b"/libx32/ld-linux-x32.so.2"
+        | b"/lib64/ld-linux-x86-64.so.2"
+        | b"/lib/ld-linux-aarch64.so.1"
+        | b"/lib/ld-linux-armhf.so.3" => Some(FLAG_ELF_LIBC6),
+        b"/lib/ld-linux.so.1" => Some(FLAG_ELF_LIBC5),
         _ => None,
     }
 }
 
-fn known_lib_flag(needed: &str) -> Option<i32> {
+fn known_lib_flag(needed: &[u8]) -> Option<i32> {
     match needed {
-        "libc.so.6" | "libm.so.6" => Some(FLAG_ELF_LIBC6),
-        "libc.so.5" | "libm.so.5" => Some(FLAG_ELF_LIBC5),
+        b"libc.so.6" | b"libm.so.6" => Some(FLAG_ELF_LIBC6),
+        b"libc.so.5" | b"libm.so.5" => Some(FLAG_ELF_LIBC5),
         _ => None,
     }
 }
@@ -560,7 +560,7 @@ pub fn note(file: &File, size: u64, section: &str, owner: &str) -> Option<Vec<u8
             && reader
                 .cstr(str_off.saturating_add(u64::from(s.0)))
                 .as_deref()
-                == Some(section)
+                == Some(section.as_bytes())
     })?;
     if !(12..=MAX_NOTE).contains(&len) {
         return None;

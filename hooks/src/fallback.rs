@@ -72,7 +72,8 @@ pub fn host_ldconfig(path: &Path) -> PathBuf {
 
 /// Copies the binary into a sealed memfd.
 fn sealed_copy(path: &Path) -> io::Result<OwnedFd> {
-    let mut src = File::open(path)?;
+    // Non-blocking, regular ([`crate::hostfile`]); an ldconfig is about 1 MB.
+    let (mut src, _) = crate::hostfile::open(path, 256 << 20)?;
     let name =
         CString::new("nvshim-ldconfig").map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: valid C string; memfd_create returns a new fd or -1.

@@ -143,66 +143,31 @@ impl LdCache {
         buf: &[u8],
         mut keep: impl FnMut(&[u8]) -> bool,
     ) -> Result<Self, LdCacheError> {
-        if buf.len() > MAX_CACHE_LEN {
-            return Err(LdCacheError::TooLarge(buf.len()));
-        }
-        let start = new_format_start(buf)?;
-        let new = &buf[start..];
-        if new.len() < HEADER_LEN {
-            return Err(LdCacheError::Truncated("header"));
-        }
-        let nlibs = u32_at(new, 20).ok_or(LdCacheError::Truncated("header"))? as usize;
-        let endian = new[28];
-        // glibc: 0 = unset (old writers, native), 2 = little, 3 = big.
-        if endian == 3 {
-            return Err(LdCacheError::BigEndian);
-        }
-        let ext_offset = u32_at(new, 32).ok_or(LdCacheError::Truncated("header"))? as usize;
-        let table_end = nlibs
-            .checked_mul(ENTRY_LEN)
-            .and_then(|n| n.checked_add(HEADER_LEN))
-            .ok_or(LdCacheError::Truncated("entries"))?;
-        if table_end > new.len() {
-            return Err(LdCacheError::Truncated("entries"));
-        }
         // Not sized by `nlibs`: a create keeps a few dozen of 500 or more.
         let mut entries = Vec::new();
-        for index in 0..nlibs {
-            let at = HEADER_LEN + index * ENTRY_LEN;
-            let flags = u32_at(new, at).ok_or(LdCacheError::Truncated("entries"))? as i32;
-            let key = u32_at(new, at + 4).ok_or(LdCacheError::Truncated("entries"))?;
-            let value = u32_at(new, at + 8).ok_or(LdCacheError::Truncated("entries"))?;
-            let os_version = u32_at(new, at + 12).ok_or(LdCacheError::Truncated("entries"))?;
-            let hwcap = u64_at(new, at + 16).ok_or(LdCacheError::Truncated("entries"))?;
-            let bytes = |offset: u32| {
-                cstr_at(new, offset as usize).ok_or(LdCacheError::BadOffset { index, offset })
-            };
-            let (name, path) = (bytes(key)?, bytes(value)?);
-            if !keep(name) {
-                continue;
+        let (generator, hwcaps) = walk(buf, |index, raw| {
+            if !keep(raw.name) {
+                return Ok(());
             }
             let string = |b: &[u8]| {
                 String::from_utf8(b.to_vec()).map_err(|_| LdCacheError::NotUtf8 { index })
             };
             entries.push(Entry {
-                flags,
-                name: string(name)?,
-                path: string(path)?,
-                os_version,
-                hwcap,
+                flags: raw.flags,
+                name: string(raw.name)?,
+                path: string(raw.path)?,
+                os_version: raw.os_version,
+                hwcap: raw.hwcap,
             });
-        }
-        // The extension's offsets count from the start of the file (dl-cache.c
-        // `cache_extension_load`), not from the new header.
-        let (generator, hwcaps) = if ext_offset != 0 {
-            parse_extensions(buf, start, ext_offset)
-        } else {
-            (None, Vec::new())
-        };
+            Ok(())
+        })?;
         Ok(LdCache {
             entries,
             generator,
-            hwcaps,
+            hwcaps: hwcaps
+                .into_iter()
+                .map(|h| String::from_utf8(h).unwrap_or_default())
+                .collect(),
         })
     }
 
@@ -215,32 +180,124 @@ impl LdCache {
             .map(|e| e.path.as_str())
     }
 
-    /// The entries in the writer's form, with `glibc-hwcaps` indices turned back into names.
-    /// An extension entry whose index is out of range keeps its raw `hwcap`.
+    /// The entries in the writer's form ([`cache_entries`] of the file they were read from).
     pub fn cache_entries(&self) -> Vec<CacheEntry> {
         self.entries
             .iter()
             .map(|e| {
-                let hwcaps = if e.hwcap & HWCAP_EXTENSION != 0 {
-                    self.hwcaps.get((e.hwcap & 0xffff_ffff) as usize).cloned()
-                } else {
-                    None
-                };
-                CacheEntry {
+                let raw = RawEntry {
                     flags: e.flags,
-                    name: e.name.clone(),
-                    path: e.path.clone(),
+                    name: e.name.as_bytes(),
+                    path: e.path.as_bytes(),
                     os_version: e.os_version,
-                    hwcap: if hwcaps.is_some() { 0 } else { e.hwcap },
-                    isa_level: if hwcaps.is_some() {
-                        ((e.hwcap >> 32) & ISA_LEVEL_MASK) as u32
-                    } else {
-                        0
-                    },
-                    hwcaps,
-                }
+                    hwcap: e.hwcap,
+                };
+                writer_entry(raw, &self.hwcaps)
             })
             .collect()
+    }
+}
+
+/// One entry as stored, its strings borrowed from the file.
+struct RawEntry<'a> {
+    flags: i32,
+    name: &'a [u8],
+    path: &'a [u8],
+    os_version: u32,
+    hwcap: u64,
+}
+
+/// Checks a cache image and hands each entry to `each` in file order (with its index); returns
+/// the generator string and the `glibc-hwcaps` names. Every offset is bounds-checked.
+fn walk<'a>(
+    buf: &'a [u8],
+    mut each: impl FnMut(usize, RawEntry<'a>) -> Result<(), LdCacheError>,
+) -> Result<(Option<String>, Vec<Vec<u8>>), LdCacheError> {
+    if buf.len() > MAX_CACHE_LEN {
+        return Err(LdCacheError::TooLarge(buf.len()));
+    }
+    let start = new_format_start(buf)?;
+    let new = &buf[start..];
+    if new.len() < HEADER_LEN {
+        return Err(LdCacheError::Truncated("header"));
+    }
+    let nlibs = u32_at(new, 20).ok_or(LdCacheError::Truncated("header"))? as usize;
+    let endian = new[28];
+    // glibc: 0 = unset (old writers, native), 2 = little, 3 = big.
+    if endian == 3 {
+        return Err(LdCacheError::BigEndian);
+    }
+    let ext_offset = u32_at(new, 32).ok_or(LdCacheError::Truncated("header"))? as usize;
+    let table_end = nlibs
+        .checked_mul(ENTRY_LEN)
+        .and_then(|n| n.checked_add(HEADER_LEN))
+        .ok_or(LdCacheError::Truncated("entries"))?;
+    if table_end > new.len() {
+        return Err(LdCacheError::Truncated("entries"));
+    }
+    for index in 0..nlibs {
+        let at = HEADER_LEN + index * ENTRY_LEN;
+        let word = |off: usize| u32_at(new, at + off).ok_or(LdCacheError::Truncated("entries"));
+        let (flags, key, value, os_version) = (word(0)? as i32, word(4)?, word(8)?, word(12)?);
+        let hwcap = u64_at(new, at + 16).ok_or(LdCacheError::Truncated("entries"))?;
+        let bytes = |offset: u32| {
+            cstr_at(new, offset as usize).ok_or(LdCacheError::BadOffset { index, offset })
+        };
+        let (name, path) = (bytes(key)?, bytes(value)?);
+        each(
+            index,
+            RawEntry {
+                flags,
+                name,
+                path,
+                os_version,
+                hwcap,
+            },
+        )?;
+    }
+    // The extension's offsets count from the start of the file (dl-cache.c
+    // `cache_extension_load`), not from the new header.
+    Ok(if ext_offset != 0 {
+        parse_extensions(buf, start, ext_offset)
+    } else {
+        (None, Vec::new())
+    })
+}
+
+/// The entries of a cache image in the writer's form, names and paths as the bytes stored
+/// (glibc's ldconfig keeps any byte string), `glibc-hwcaps` indices turned back into names.
+/// What update-ldcache keeps of an image's cache.
+pub fn cache_entries(buf: &[u8]) -> Result<Vec<CacheEntry>, LdCacheError> {
+    let mut raw = Vec::new();
+    let (_, hwcaps) = walk(buf, |_, e| {
+        raw.push(e);
+        Ok(())
+    })?;
+    Ok(raw.into_iter().map(|e| writer_entry(e, &hwcaps)).collect())
+}
+
+/// An entry in the writer's form. An extension entry whose index is out of range keeps its raw
+/// `hwcap`.
+fn writer_entry(e: RawEntry, hwcaps: &[impl AsRef<[u8]>]) -> CacheEntry {
+    let sub = if e.hwcap & HWCAP_EXTENSION != 0 {
+        hwcaps
+            .get((e.hwcap & 0xffff_ffff) as usize)
+            .map(|h| h.as_ref().to_vec())
+    } else {
+        None
+    };
+    CacheEntry {
+        flags: e.flags,
+        name: e.name.to_vec(),
+        path: e.path.to_vec(),
+        os_version: e.os_version,
+        hwcap: if sub.is_some() { 0 } else { e.hwcap },
+        isa_level: if sub.is_some() {
+            ((e.hwcap >> 32) & ISA_LEVEL_MASK) as u32
+        } else {
+            0
+        },
+        hwcaps: sub,
     }
 }
 
@@ -274,7 +331,7 @@ fn new_format_start(buf: &[u8]) -> Result<usize, LdCacheError> {
 /// size`. Tag 0 is the generator string, tag 1 an array of `u32` string offsets (relative to
 /// the new header) naming the `glibc-hwcaps` subdirectories. Malformed sections are ignored,
 /// as glibc's loader does.
-fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<String>, Vec<String>) {
+fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<String>, Vec<Vec<u8>>) {
     let mut generator = None;
     let mut hwcaps = Vec::new();
     if u32_at(buf, ext_offset) != Some(EXT_MAGIC) {
@@ -305,7 +362,7 @@ fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<Stri
                     .map(|c| {
                         let off = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
                         cstr_at(&buf[start..], off)
-                            .and_then(|s| String::from_utf8(s.to_vec()).ok())
+                            .map(<[u8]>::to_vec)
                             .unwrap_or_default()
                     })
                     .collect();
@@ -320,15 +377,16 @@ fn parse_extensions(buf: &[u8], start: usize, ext_offset: usize) -> (Option<Stri
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheEntry {
     pub flags: i32,
-    /// The key the dynamic linker looks up: a SONAME, or a link name.
-    pub name: String,
-    pub path: String,
+    /// The key the dynamic linker looks up: a SONAME, or a link name. Bytes, as glibc keeps
+    /// them: a name need not be UTF-8.
+    pub name: Vec<u8>,
+    pub path: Vec<u8>,
     /// Written as is. glibc 2.36's ldconfig always writes 0; older caches may carry a value.
     pub os_version: u32,
     /// Legacy hwcap bits (`tls`, platform and hwcap subdirectories); 0 for extension entries.
     pub hwcap: u64,
     /// The `glibc-hwcaps` subdirectory this entry was found in, if any.
-    pub hwcaps: Option<String>,
+    pub hwcaps: Option<Vec<u8>>,
     /// x86 ISA level, stored in an extension entry's `hwcap` (bits 32..42).
     pub isa_level: u32,
 }
@@ -350,8 +408,7 @@ fn c_char(b: u8) -> i32 {
 /// digits compare as glibc's `int`s do) but is compared without the subtraction's overflow, which
 /// keeps this a total order (Rust's sort requires one; glibc's can disagree with itself only for
 /// numbers that differ by 2^31 or more).
-pub fn libcmp(a: &str, b: &str) -> Ordering {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
+pub fn libcmp(a: &[u8], b: &[u8]) -> Ordering {
     let (mut i, mut j) = (0usize, 0usize);
     let at = |s: &[u8], k: usize| s.get(k).copied().unwrap_or(0);
     let digit = |c: u8| c.is_ascii_digit();
@@ -396,7 +453,7 @@ pub fn compare(a: &CacheEntry, b: &CacheEntry) -> Ordering {
     libcmp(&b.name, &a.name)
         .then_with(|| b.flags.cmp(&a.flags))
         .then_with(|| match (&a.hwcaps, &b.hwcaps) {
-            (Some(x), Some(y)) => x.as_bytes().cmp(y.as_bytes()),
+            (Some(x), Some(y)) => x.cmp(y),
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,
             (None, None) => Ordering::Equal,
@@ -409,12 +466,11 @@ pub fn compare(a: &CacheEntry, b: &CacheEntry) -> Ordering {
 /// right after it, each placed either inside its predecessor (tail merging) or after it.
 struct StringTable {
     bytes: Vec<u8>,
-    offsets: HashMap<String, u32>,
+    offsets: HashMap<Vec<u8>, u32>,
 }
 
 /// `finalize_compare`: reversed strings in descending order, longer first on a common suffix.
-fn tail_order(a: &str, b: &str) -> Ordering {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
+fn tail_order(a: &[u8], b: &[u8]) -> Ordering {
     for (x, y) in a.iter().rev().zip(b.iter().rev()) {
         if x != y {
             return y.cmp(x);
@@ -424,12 +480,12 @@ fn tail_order(a: &str, b: &str) -> Ordering {
 }
 
 impl StringTable {
-    fn build(strings: BTreeSet<&str>) -> StringTable {
-        let mut sorted: Vec<&str> = strings.into_iter().collect();
+    fn build(strings: BTreeSet<&[u8]>) -> StringTable {
+        let mut sorted: Vec<&[u8]> = strings.into_iter().collect();
         sorted.sort_by(|a, b| tail_order(a, b));
         let mut offsets = HashMap::with_capacity(sorted.len());
         let mut bytes = Vec::new();
-        let mut prev: Option<(&str, u32)> = None;
+        let mut prev: Option<(&[u8], u32)> = None;
         for s in sorted {
             let offset = match prev {
                 Some((p, po)) if p.len() >= s.len() && p.ends_with(s) => {
@@ -437,18 +493,18 @@ impl StringTable {
                 }
                 _ => {
                     let o = bytes.len() as u32;
-                    bytes.extend_from_slice(s.as_bytes());
+                    bytes.extend_from_slice(s);
                     bytes.push(0);
                     o
                 }
             };
-            offsets.insert(s.to_string(), offset);
+            offsets.insert(s.to_vec(), offset);
             prev = Some((s, offset));
         }
         StringTable { bytes, offsets }
     }
 
-    fn offset(&self, s: &str) -> u32 {
+    fn offset(&self, s: &[u8]) -> u32 {
         self.offsets.get(s).copied().unwrap_or(0)
     }
 }
@@ -463,20 +519,20 @@ fn push_u32(out: &mut Vec<u8>, v: u32) {
 /// The names of subdirectories that hold entries form the `glibc-hwcaps` section, sorted.
 pub fn serialize(
     entries: &[CacheEntry],
-    hwcaps_names: &BTreeSet<String>,
+    hwcaps_names: &BTreeSet<Vec<u8>>,
     generator: &str,
 ) -> Vec<u8> {
-    let used: BTreeSet<&str> = entries.iter().filter_map(|e| e.hwcaps.as_deref()).collect();
-    let mut strings: BTreeSet<&str> = BTreeSet::new();
+    let used: BTreeSet<&[u8]> = entries.iter().filter_map(|e| e.hwcaps.as_deref()).collect();
+    let mut strings: BTreeSet<&[u8]> = BTreeSet::new();
     for e in entries {
         strings.insert(&e.name);
         strings.insert(&e.path);
     }
-    strings.extend(hwcaps_names.iter().map(String::as_str));
+    strings.extend(hwcaps_names.iter().map(Vec::as_slice));
     strings.extend(used.iter().copied());
     let table = StringTable::build(strings);
     // glibc-hwcaps section indices: used names in strcmp order.
-    let index: HashMap<&str, u32> = used
+    let index: HashMap<&[u8], u32> = used
         .iter()
         .enumerate()
         .map(|(i, n)| (*n, i as u32))
@@ -611,16 +667,19 @@ mod tests {
     #[test]
     fn libcmp_orders_numbers_numerically() {
         use Ordering::*;
-        assert_eq!(libcmp("libfoo.so.10", "libfoo.so.9"), Greater);
-        assert_eq!(libcmp("libfoo.so.1", "libfoo.so.1.2"), Less);
-        assert_eq!(libcmp("libfoo.so.01", "libfoo.so.1"), Equal);
-        assert_eq!(libcmp("libfoo.so", "libfoo.so.1"), Less);
+        assert_eq!(libcmp(b"libfoo.so.10", b"libfoo.so.9"), Greater);
+        assert_eq!(libcmp(b"libfoo.so.1", b"libfoo.so.1.2"), Less);
+        assert_eq!(libcmp(b"libfoo.so.01", b"libfoo.so.1"), Equal);
+        assert_eq!(libcmp(b"libfoo.so", b"libfoo.so.1"), Less);
         // A digit sorts after any other character.
-        assert_eq!(libcmp("lib1", "libz"), Greater);
-        assert_eq!(libcmp("libcuda.so.580.65.06", "libcuda.so.580.65.6"), Equal);
-        assert_eq!(libcmp("", ""), Equal);
+        assert_eq!(libcmp(b"lib1", b"libz"), Greater);
+        assert_eq!(
+            libcmp(b"libcuda.so.580.65.06", b"libcuda.so.580.65.6"),
+            Equal
+        );
+        assert_eq!(libcmp(b"", b""), Equal);
         // Long digit runs wrap like glibc's int and stay a total order.
-        assert_eq!(libcmp("l99999999999", "l99999999999"), Equal);
+        assert_eq!(libcmp(b"l99999999999", b"l99999999999"), Equal);
     }
 
     #[test]
@@ -640,7 +699,10 @@ mod tests {
         i386.flags = 0x0003;
         es.extend([tls, v3, i386]);
         es.sort_by(compare);
-        let got: Vec<&str> = es.iter().map(|e| e.path.as_str()).collect();
+        let got: Vec<&str> = es
+            .iter()
+            .map(|e| std::str::from_utf8(&e.path).unwrap())
+            .collect();
         assert_eq!(
             got,
             [
@@ -674,7 +736,7 @@ mod tests {
         old.hwcap = 1 << 63;
         es.extend([v3, old]);
         es.sort_by(compare);
-        let names: BTreeSet<String> = ["x86-64-v3".to_string(), "x86-64-v2".to_string()].into();
+        let names: BTreeSet<Vec<u8>> = [b"x86-64-v3".to_vec(), b"x86-64-v2".to_vec()].into();
         let bytes = serialize(&es, &names, "nvshim-hook test");
         let cache = LdCache::parse(&bytes).unwrap();
         assert_eq!(cache.generator.as_deref(), Some("nvshim-hook test"));

@@ -27,7 +27,13 @@
 //!   `libfoo.so -> libfoo.so.1` link that was dangling until now is indexed in this run rather
 //!   than the next: one run gives what ldconfig gives after two, and a second run changes nothing.
 //! - Include nesting stops at depth 8 and configuration files above 1 MiB are skipped with a
-//!   warning (ldconfig recurses without bound on an include loop).
+//!   warning (ldconfig recurses without bound on an include loop); the `include` globs of one
+//!   run list at most 1024 directories, read at most 16384 entries and produce at most 4096
+//!   paths, counted as they expand ([`Budget`]): self-links or a link loop make the full
+//!   expansion exponential. At a limit the hook warns once and goes on with what it has.
+//!
+//! Names are bytes throughout (configuration lines, file names, SONAMEs, cache strings), as in
+//! ldconfig: a name that is not UTF-8 is kept, not dropped.
 //! - Legacy hwcap subdirectory names are known for x86-64 only (`sysdeps/x86/dl-hwcap.h`,
 //!   `dl-procinfo.h`); on aarch64 only `tls` is recognised.
 //! - The auxiliary cache (`/var/cache/ldconfig/aux-cache`) is neither read nor written: it only
@@ -58,6 +64,20 @@ const MAX_INCLUDE_DEPTH: u32 = 8;
 const MAX_CONF_FILES: usize = 4096;
 /// Most directories in the search list.
 const MAX_DIRS: usize = 4096;
+/// Most bytes of configuration read in one run, all files together.
+const MAX_CONF_TOTAL: usize = 8 << 20;
+/// Most lines naming a directory in one run, all files together.
+const MAX_DIR_LINES: usize = 16_384;
+/// Most directories `include` globs list in one run, all patterns together.
+pub const MAX_GLOB_DIRS: usize = 1024;
+/// Most directory entries `include` globs read in one run, all listings together.
+pub const MAX_GLOB_NAMES: usize = 16_384;
+/// Most paths `include` globs produce in one run (intermediate directories and matches).
+pub const MAX_GLOB_MATCHES: usize = 4096;
+/// Longest `include` pattern expanded (`PATH_MAX`); no file name is longer than `NAME_MAX`,
+/// so neither is a pattern component that could match one.
+const MAX_PATTERN_LEN: usize = 4096;
+const NAME_MAX: usize = 255;
 /// `FLAG_ANY`: a directory with no `=type` suffix.
 const FLAG_ANY: i32 = -1;
 /// The bit `tls` subdirectories set in `hwcap` (`TLS_HWCAP_BIT`).
@@ -93,14 +113,15 @@ pub const DRIVER_LIBRARY_DIRS: &[&str] = &[
 /// One directory ldconfig searches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dir {
-    /// The name as configured (the first one, for a directory named twice).
-    pub path: String,
+    /// The name as configured (the first one, for a directory named twice): bytes, as
+    /// ldconfig takes any.
+    pub path: Vec<u8>,
     pub dev: u64,
     pub ino: u64,
     /// The `=libc5`/`=libc6` type suffix, or `FLAG_ANY`.
     pub flag: i32,
     /// The `glibc-hwcaps` subdirectory name, for `<dir>/glibc-hwcaps/<name>`.
-    pub hwcaps: Option<String>,
+    pub hwcaps: Option<Vec<u8>>,
 }
 
 /// A directory named by the configuration (duplicates included), and whether the naming line
@@ -118,8 +139,31 @@ pub struct Config {
     pub dirs: Vec<Dir>,
     pub named: Vec<Named>,
     /// Every `glibc-hwcaps` subdirectory name found, for the string table.
-    pub hwcaps_names: BTreeSet<String>,
+    pub hwcaps_names: BTreeSet<Vec<u8>>,
     pub warnings: Vec<String>,
+    /// What the `include` globs cost.
+    pub globbed: Budget,
+}
+
+/// What `include` globs may still cost in one configuration read, spent while they expand
+/// (self-links, symlink loops, wide or deep trees and `*/*/*` patterns make the full expansion
+/// exponential): once a limit is reached, expansion stops with what it has and one warning.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Budget {
+    /// Directories listed.
+    pub dirs: usize,
+    /// Directory entries read.
+    pub names: usize,
+    /// Paths produced, intermediate or final.
+    pub matches: usize,
+    /// Why expansion stopped, once it has.
+    pub stopped: Option<String>,
+}
+
+impl Budget {
+    fn stop(&mut self, why: String) {
+        self.stopped.get_or_insert(why);
+    }
 }
 
 impl Config {
@@ -143,7 +187,7 @@ impl Config {
         if self.dirs.len() >= MAX_DIRS {
             self.warnings.push(format!(
                 "more than {MAX_DIRS} library directories; {} ignored",
-                dir.path
+                String::from_utf8_lossy(&dir.path)
             ));
             return false;
         }
@@ -205,12 +249,18 @@ pub fn read_config_from(
         root,
         own_file,
         files: 0,
+        bytes: 0,
+        dir_lines: 0,
+        limits_met: Vec::new(),
         config: Config::default(),
         first,
     };
-    reader.parse_conf(conf, 0);
+    reader.parse_conf(conf.as_bytes(), 0);
+    if let Some(why) = reader.config.globbed.stopped.clone() {
+        reader.warn(why);
+    }
     for dir in system {
-        reader.add_dir(dir, false);
+        reader.add_dir(dir.as_bytes(), false);
     }
     reader.config
 }
@@ -219,6 +269,12 @@ struct ConfigReader<'a> {
     root: &'a Root,
     own_file: &'a str,
     files: usize,
+    /// Configuration bytes read so far.
+    bytes: usize,
+    /// Lines naming a directory so far.
+    dir_lines: usize,
+    /// The limits met so far ([`ConfigReader::limit`]).
+    limits_met: Vec<&'static str>,
     config: Config,
     /// The top file's content, when the caller read it.
     first: Option<&'a [u8]>,
@@ -239,18 +295,30 @@ impl ConfigReader<'_> {
         self.config.warnings.push(message);
     }
 
-    fn parse_conf(&mut self, filename: &str, depth: u32) {
+    /// Warns of the first time a limit of `kind` is met only: a hostile image meets one
+    /// thousands of times.
+    fn limit(&mut self, kind: &'static str, message: String) {
+        if !self.limits_met.contains(&kind) {
+            self.limits_met.push(kind);
+            self.warn(message);
+        }
+    }
+
+    fn parse_conf(&mut self, filename: &[u8], depth: u32) {
         if depth > MAX_INCLUDE_DEPTH {
-            self.warn(format!(
-                "{}: include nesting deeper than {MAX_INCLUDE_DEPTH}; not read",
-                self.root.display(filename)
-            ));
+            let file = self.root.display(filename);
+            self.limit(
+                "depth",
+                format!("{file}: include nesting deeper than {MAX_INCLUDE_DEPTH}; not read"),
+            );
             return;
         }
         if self.files >= MAX_CONF_FILES {
-            self.warn(format!(
-                "more than {MAX_CONF_FILES} configuration files; {filename} not read"
-            ));
+            let file = self.root.display(filename);
+            self.limit(
+                "files",
+                format!("more than {MAX_CONF_FILES} configuration files; {file} not read"),
+            );
             return;
         }
         self.files += 1;
@@ -264,12 +332,21 @@ impl ConfigReader<'_> {
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    self.warn(format!("ignoring configuration file: {e}"));
+                    self.limit("unreadable", format!("ignoring configuration file: {e}"));
                     return;
                 }
             },
         };
-        let own = filename == self.own_file;
+        self.bytes += data.len();
+        if self.bytes > MAX_CONF_TOTAL {
+            let file = self.root.display(filename);
+            self.limit(
+                "bytes",
+                format!("more than {MAX_CONF_TOTAL} bytes of configuration; {file} not read"),
+            );
+            return;
+        }
+        let own = filename == self.own_file.as_bytes();
         for raw in data.split(|&b| b == b'\n') {
             // Cut at '#', skip leading white space, ignore blank lines.
             let line = raw.split(|&b| b == b'#').next().unwrap_or_default();
@@ -283,52 +360,57 @@ impl ConfigReader<'_> {
             }
             if line.len() > 7 && line.starts_with(b"include") && is_blank(line[7]) {
                 for pattern in line[8..].split(|&b| is_blank(b)).filter(|p| !p.is_empty()) {
-                    if let Ok(pattern) = std::str::from_utf8(pattern) {
-                        self.parse_include(filename, pattern, depth);
-                    }
+                    self.parse_include(filename, pattern, depth);
                 }
             } else if line.len() > 5
                 && line[..5].eq_ignore_ascii_case(b"hwcap")
                 && is_blank(line[5])
             {
                 // "hwcap directive ignored"
-            } else if let Ok(line) = std::str::from_utf8(line) {
+            } else if self.dir_lines >= MAX_DIR_LINES {
+                let file = self.root.display(filename);
+                self.limit(
+                    "lines",
+                    format!(
+                        "more than {MAX_DIR_LINES} directory lines; the rest of {file} ignored"
+                    ),
+                );
+                return;
+            } else {
+                self.dir_lines += 1;
                 self.add_dir(line, own);
             }
         }
     }
 
-    fn parse_include(&mut self, config_file: &str, pattern: &str, depth: u32) {
-        let pattern = if !pattern.starts_with('/') && config_file.contains('/') {
-            let dir = match config_file.rfind('/') {
-                Some(0) => "/",
-                Some(i) => &config_file[..i],
-                None => ".",
-            };
-            format!("{dir}/{pattern}")
-        } else {
-            pattern.to_string()
+    fn parse_include(&mut self, config_file: &[u8], pattern: &[u8], depth: u32) {
+        let pattern = match crate::bytes::rfind(b'/', config_file) {
+            Some(i) if pattern.first() != Some(&b'/') => {
+                let dir: &[u8] = if i == 0 { b"/" } else { &config_file[..i] };
+                join(dir, pattern)
+            }
+            _ => pattern.to_vec(),
         };
-        for file in glob(self.root, &pattern) {
+        for file in glob(self.root, &pattern, &mut self.config.globbed) {
             self.parse_conf(&file, depth + 1);
         }
     }
 
     /// `add_dir_1`.
-    fn add_dir(&mut self, line: &str, own: bool) {
-        let (path, flag) = match line.split_once('=') {
-            Some((path, kind)) => {
-                let flag = match kind.trim_end_matches(is_space_char) {
-                    "libc4" => 0,
-                    "libc5" => FLAG_ELF_LIBC5,
-                    "libc6" | "glibc2" => FLAG_ELF_LIBC6,
+    fn add_dir(&mut self, line: &[u8], own: bool) {
+        let (path, flag) = match crate::bytes::find(b'=', line) {
+            Some(i) => {
+                let flag = match trim_end(&line[i + 1..], is_space) {
+                    b"libc4" => 0,
+                    b"libc5" => FLAG_ELF_LIBC5,
+                    b"libc6" | b"glibc2" => FLAG_ELF_LIBC6,
                     _ => FLAG_ANY,
                 };
-                (path, flag)
+                (&line[..i], flag)
             }
             None => (line, FLAG_ANY),
         };
-        let path = path.trim_end_matches(is_space_char).trim_end_matches('/');
+        let path = trim_end(trim_end(path, is_space), |b| b == b'/');
         if path.is_empty() {
             return;
         }
@@ -342,7 +424,7 @@ impl ConfigReader<'_> {
             own,
         });
         let added = self.config.add_single_dir(Dir {
-            path: path.to_string(),
+            path: path.to_vec(),
             dev: st.st_dev,
             ino: st.st_ino,
             flag,
@@ -353,8 +435,8 @@ impl ConfigReader<'_> {
         }
     }
 
-    fn add_glibc_hwcaps_subdirectories(&mut self, path: &str, flag: i32) {
-        let hw = format!("{path}/glibc-hwcaps");
+    fn add_glibc_hwcaps_subdirectories(&mut self, path: &[u8], flag: i32) {
+        let hw = join(path, b"glibc-hwcaps");
         let Ok(Some(fd)) = self.root.open_dir(&hw, false) else {
             return;
         };
@@ -366,10 +448,8 @@ impl ConfigReader<'_> {
             if e.name.first() == Some(&b'.') || e.kind == libc::DT_REG || e.name.contains(&b':') {
                 continue;
             }
-            let Ok(name) = String::from_utf8(e.name) else {
-                continue;
-            };
-            let sub = format!("{hw}/{name}");
+            let name = e.name;
+            let sub = join(&hw, &name);
             let Ok(Some(st)) = self.root.stat(&sub) else {
                 continue;
             };
@@ -388,80 +468,144 @@ impl ConfigReader<'_> {
     }
 }
 
-fn is_space_char(c: char) -> bool {
-    c.is_ascii() && is_space(c as u8)
+/// `s` without the bytes at its end that `drop` selects.
+fn trim_end(s: &[u8], drop: impl Fn(u8) -> bool) -> &[u8] {
+    let keep = s.iter().rposition(|&b| !drop(b)).map_or(0, |i| i + 1);
+    &s[..keep]
+}
+
+/// `dir/name`.
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    [dir, b"/", name].concat()
 }
 
 /// `glob(3)` below the root for the `*`, `?` and `[...]` patterns of an `include` line, with
-/// glibc's defaults: a leading `.` only matched explicitly, results sorted by `strcmp`.
-pub fn glob(root: &Root, pattern: &str) -> Vec<String> {
-    let absolute = pattern.starts_with('/');
-    let mut found: Vec<String> = vec![String::new()];
-    let comps: Vec<&str> = pattern.split('/').filter(|c| !c.is_empty()).collect();
-    for (i, comp) in comps.iter().enumerate() {
-        let last = i + 1 == comps.len();
-        let mut next = Vec::new();
-        for base in &found {
-            let join = |name: &str| {
-                if base.is_empty() && !absolute {
-                    name.to_string()
-                } else {
-                    format!("{base}/{name}")
-                }
-            };
-            if !has_magic(comp) {
-                next.push(join(&unescape(comp)));
-                continue;
-            }
-            let dir = if base.is_empty() {
-                if absolute { "/" } else { "." }.to_string()
-            } else {
-                base.clone()
-            };
-            let Ok(Some(fd)) = root.open_dir(&dir, false) else {
-                continue;
-            };
-            let Ok(entries) = root::read_dir_fresh(fd.as_fd()) else {
-                continue;
-            };
-            for e in entries {
-                let Ok(name) = std::str::from_utf8(&e.name) else {
-                    continue;
-                };
-                if !fnmatch(comp.as_bytes(), name.as_bytes()) {
-                    continue;
-                }
-                if !last && !matches!(root.stat(&join(name)), Ok(Some(ref st)) if root::is_dir(st))
-                {
-                    continue;
-                }
-                next.push(join(name));
-            }
-        }
-        found = next;
-    }
+/// glibc's defaults: a leading `.` only matched explicitly, results sorted by `strcmp`. What it
+/// lists, reads and produces is taken from `budget` as it goes ([`Budget`]): at a limit the
+/// expansion stops and returns what it has.
+pub fn glob(root: &Root, pattern: &[u8], budget: &mut Budget) -> Vec<Vec<u8>> {
+    let comps: Vec<&[u8]> = pattern
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .collect();
     if comps.is_empty() {
         return Vec::new();
     }
-    found.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    let absolute = pattern.first() == Some(&b'/');
+    let lead: &[u8] = if absolute { b"/" } else { b"" };
+    if !has_magic(pattern) {
+        // One path, nothing listed: also after a limit was reached.
+        let path: Vec<Vec<u8>> = comps.iter().map(|c| unescape(c)).collect();
+        return vec![[lead, &path.join(&b'/')].concat()];
+    }
+    if budget.stopped.is_some() {
+        return Vec::new();
+    }
+    let shown = String::from_utf8_lossy(pattern);
+    if pattern.len() > MAX_PATTERN_LEN || comps.iter().any(|c| c.len() > NAME_MAX) {
+        budget.stop(format!(
+            "include pattern {:?}: longer than a path; not expanded",
+            shown.chars().take(64).collect::<String>()
+        ));
+        return Vec::new();
+    }
+    let mut found: Vec<Vec<u8>> = vec![Vec::new()];
+    for (i, comp) in comps.iter().enumerate() {
+        let last = i + 1 == comps.len();
+        let mut next = Vec::new();
+        let mut add = |budget: &mut Budget, path: Vec<u8>| {
+            if budget.matches >= MAX_GLOB_MATCHES {
+                budget.stop(format!(
+                    "include {shown:?}: more than {MAX_GLOB_MATCHES} paths; expansion stopped"
+                ));
+                return false;
+            }
+            budget.matches += 1;
+            next.push(path);
+            true
+        };
+        for base in &found {
+            let join = |name: &[u8]| {
+                if base.is_empty() {
+                    [lead, name].concat()
+                } else {
+                    join(base, name)
+                }
+            };
+            if !has_magic(comp) {
+                if !add(budget, join(&unescape(comp))) {
+                    break;
+                }
+                continue;
+            }
+            if budget.dirs >= MAX_GLOB_DIRS {
+                budget.stop(format!(
+                    "include {shown:?}: more than {MAX_GLOB_DIRS} directories listed; \
+                     expansion stopped"
+                ));
+                break;
+            }
+            let dir: &[u8] = match (base.is_empty(), absolute) {
+                (false, _) => base,
+                (true, true) => b"/",
+                (true, false) => b".",
+            };
+            let Ok(Some(fd)) = root.open_dir(dir, false) else {
+                continue;
+            };
+            budget.dirs += 1;
+            let left = MAX_GLOB_NAMES - budget.names;
+            let Ok(entries) = root::read_dir_upto(fd.as_fd(), left) else {
+                continue;
+            };
+            budget.names += entries.len();
+            if entries.len() == left {
+                budget.stop(format!(
+                    "include {shown:?}: more than {MAX_GLOB_NAMES} directory entries read; \
+                     expansion stopped"
+                ));
+            }
+            for e in entries {
+                if !fnmatch(comp, &e.name) {
+                    continue;
+                }
+                let path = join(&e.name);
+                if !last && !matches!(root.stat(&path), Ok(Some(ref st)) if root::is_dir(st)) {
+                    continue;
+                }
+                if !add(budget, path) {
+                    break;
+                }
+            }
+            if budget.stopped.is_some() {
+                break;
+            }
+        }
+        if budget.stopped.is_some() && !last {
+            // Directories still to be searched: no file found.
+            return Vec::new();
+        }
+        found = next;
+    }
+    found.sort();
     found.dedup();
     found
 }
 
-fn has_magic(s: &str) -> bool {
-    s.bytes().any(|b| matches!(b, b'*' | b'?' | b'['))
+fn has_magic(s: &[u8]) -> bool {
+    s.iter().any(|b| matches!(b, b'*' | b'?' | b'['))
 }
 
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            if let Some(n) = chars.next() {
+fn unescape(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.iter();
+    while let Some(&b) = bytes.next() {
+        if b == b'\\' {
+            if let Some(&n) = bytes.next() {
                 out.push(n);
             }
         } else {
-            out.push(c);
+            out.push(b);
         }
     }
     out
@@ -473,6 +617,9 @@ pub fn fnmatch(pattern: &[u8], name: &[u8]) -> bool {
         return false;
     }
     fn go(p: &[u8], n: &[u8]) -> bool {
+        // A '[' after the last ']' is never closed: an ordinary character, found without
+        // scanning the rest of the pattern each time.
+        let closed_before = p.iter().rposition(|&c| c == b']').unwrap_or(0);
         let (mut pi, mut ni) = (0usize, 0usize);
         // Backtracking point for the last '*': (pattern index after '*', name index).
         let mut star: Option<(usize, usize)> = None;
@@ -485,6 +632,7 @@ pub fn fnmatch(pattern: &[u8], name: &[u8]) -> bool {
                         continue;
                     }
                     b'?' => Some(pi + 1),
+                    b'[' if pi >= closed_before => (n[ni] == b'[').then_some(pi + 1),
                     b'[' => match bracket(&p[pi..], n[ni]) {
                         Some((true, len)) => Some(pi + len),
                         Some((false, _)) => None,
@@ -560,10 +708,11 @@ fn bracket(p: &[u8], c: u8) -> Option<(bool, usize)> {
 }
 
 /// `_dl_is_dso` (`elf/dl-is_dso.h`): `lib*.so*`, `ld-*.so*`, `ld.so.*`, `ld64.so.*`.
-pub fn is_dso(name: &str) -> bool {
-    ((name.starts_with("lib") || name.starts_with("ld-")) && name.contains(".so"))
-        || name.starts_with("ld.so.")
-        || name.starts_with("ld64.so.")
+pub fn is_dso(name: &[u8]) -> bool {
+    ((name.starts_with(b"lib") || name.starts_with(b"ld-"))
+        && crate::bytes::find_str(name, b".so").is_some())
+        || name.starts_with(b"ld.so.")
+        || name.starts_with(b"ld64.so.")
 }
 
 /// x86's `_dl_string_hwcap` (`sysdeps/x86/dl-hwcap.h`): the index of a hwcap name.
@@ -591,7 +740,10 @@ fn string_platform(arch: Arch, name: &str) -> Option<u32> {
 
 /// `is_hwcap_platform`: a subdirectory ldconfig descends into. Only the hwcaps in
 /// `HWCAP_IMPORTANT` count (`x86_64`, `avx512_1`), plus platforms and `tls`.
-pub fn is_hwcap_platform(arch: Arch, name: &str) -> bool {
+pub fn is_hwcap_platform(arch: Arch, name: &[u8]) -> bool {
+    let Ok(name) = std::str::from_utf8(name) else {
+        return false;
+    };
     if let Some(i) = string_hwcap(arch, name) {
         if (1u64 << i) & 0b110 != 0 {
             return true;
@@ -601,11 +753,13 @@ pub fn is_hwcap_platform(arch: Arch, name: &str) -> bool {
 }
 
 /// `path_hwcap`: the hwcap bits of the trailing hwcap components of a directory path.
-pub fn path_hwcap(arch: Arch, path: &str) -> u64 {
+pub fn path_hwcap(arch: Arch, path: &[u8]) -> u64 {
     let mut hwcap: u64 = 0;
     let mut rest = path;
-    while let Some(slash) = rest.rfind('/') {
-        let comp = &rest[slash + 1..];
+    while let Some(slash) = crate::bytes::rfind(b'/', rest) {
+        let Ok(comp) = std::str::from_utf8(&rest[slash + 1..]) else {
+            break;
+        };
         let bit = match string_hwcap(arch, comp).or_else(|| string_platform(arch, comp)) {
             Some(b) => b,
             None if comp == "tls" => TLS_HWCAP_BIT,
@@ -618,11 +772,10 @@ pub fn path_hwcap(arch: Arch, path: &str) -> u64 {
 }
 
 /// ldconfig's prelink temporaries: `*.#prelink#` and `*.#prelink#.XXXXXX`.
-fn is_prelink_temp(name: &str) -> bool {
-    name.ends_with(".#prelink#")
+fn is_prelink_temp(name: &[u8]) -> bool {
+    name.ends_with(b".#prelink#")
         || (name.len() >= ".#prelink#.XXXXXX".len()
-            && name.as_bytes()[name.len() - ".#prelink#.XXXXXX".len()..]
-                .starts_with(b".#prelink#."))
+            && name[name.len() - ".#prelink#.XXXXXX".len()..].starts_with(b".#prelink#."))
 }
 
 /// Links followed by name inside one directory before resolving from the root.
@@ -633,11 +786,11 @@ struct DirScan<'a> {
     fd: BorrowedFd<'a>,
     arch: Arch,
     /// `d_type` of every name in the listing.
-    kinds: HashMap<String, u8>,
+    kinds: HashMap<Vec<u8>, u8>,
     /// Entries looked at, by name: a library and the links to it cost one look.
-    locals: HashMap<String, Local>,
+    locals: HashMap<Vec<u8>, Local>,
     /// Symlink targets read, by entry name.
-    links: HashMap<String, Vec<u8>>,
+    links: HashMap<Vec<u8>, Vec<u8>>,
     /// ELF information by inode, for files reached from the root.
     seen: HashMap<(u64, u64), Option<elf::DsoInfo>>,
 }
@@ -655,20 +808,20 @@ impl DirScan<'_> {
     /// links whose target has a `/`, and the names the listing could not type: what a scan
     /// restricted to `only` must look at to find what ldconfig would find for those names.
     /// Each link is read once (kept for [`Scanner::resolve`]).
-    fn leading_to(&mut self, only: &HashSet<String>) -> HashSet<Vec<u8>> {
-        let mut include: HashSet<Vec<u8>> = only.iter().map(|n| n.as_bytes().to_vec()).collect();
+    fn leading_to(&mut self, only: &HashSet<Vec<u8>>) -> HashSet<Vec<u8>> {
+        let mut include: HashSet<Vec<u8>> = only.clone();
         let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         for (name, &kind) in &self.kinds {
             match kind {
-                libc::DT_LNK => match root::readlinkat(self.fd, name.as_bytes()) {
+                libc::DT_LNK => match root::readlinkat(self.fd, name) {
                     Ok(target) => {
                         self.links.insert(name.clone(), target.clone());
-                        pending.push((name.as_bytes().to_vec(), target));
+                        pending.push((name.clone(), target));
                     }
                     Err(_) => continue,
                 },
                 libc::DT_UNKNOWN => {
-                    include.insert(name.as_bytes().to_vec());
+                    include.insert(name.clone());
                 }
                 _ => {}
             }
@@ -692,7 +845,7 @@ impl DirScan<'_> {
     /// `O_NOFOLLOW|O_NONBLOCK`, and read (it is a library candidate, and `fstat` on the open
     /// file is as cheap as `lstat`); anything else is only `lstat`ed, so that no FIFO or device
     /// is ever opened.
-    fn local(&mut self, name: &str) -> Option<Local> {
+    fn local(&mut self, name: &[u8]) -> Option<Local> {
         if let Some(l) = self.locals.get(name) {
             return Some(l.clone());
         }
@@ -701,7 +854,7 @@ impl DirScan<'_> {
         if regular {
             if let Ok(fd) = root::openat(
                 self.fd,
-                name.as_bytes(),
+                name,
                 libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
                 0,
             ) {
@@ -720,11 +873,11 @@ impl DirScan<'_> {
         let local = match found {
             Some(l) => l,
             None => Local {
-                st: root::lstatat(self.fd, name.as_bytes()).ok()?,
+                st: root::lstatat(self.fd, name).ok()?,
                 info: None,
             },
         };
-        self.locals.insert(name.to_string(), local.clone());
+        self.locals.insert(name.to_vec(), local.clone());
         Some(local)
     }
 }
@@ -733,16 +886,16 @@ impl DirScan<'_> {
 struct Target {
     st: libc::stat,
     /// The final name, when it is in the scanned directory itself.
-    local: Option<String>,
+    local: Option<Vec<u8>>,
     /// The entry's container path (for resolution from the root).
-    path: String,
+    path: Vec<u8>,
 }
 
 /// One library a directory scan found (`struct dlib_entry`).
 #[derive(Debug, Clone)]
 struct Dlib {
-    name: String,
-    soname: String,
+    name: Vec<u8>,
+    soname: Vec<u8>,
     flag: i32,
     is_link: bool,
 }
@@ -761,7 +914,7 @@ pub struct Scan {
 #[derive(Debug, Default)]
 pub struct Listing {
     /// Every name listed.
-    pub names: HashSet<String>,
+    pub names: HashSet<Vec<u8>>,
     /// The names scanned: those asked for and the links leading to them.
     pub looked_at: HashSet<Vec<u8>>,
 }
@@ -798,7 +951,7 @@ impl Scanner<'_> {
         &self,
         config: &mut Config,
         index: usize,
-        only: &HashSet<String>,
+        only: &HashSet<Vec<u8>>,
         scan: &mut Scan,
     ) -> Option<Listing> {
         self.search(config, index, false, Some(only), scan)
@@ -809,7 +962,7 @@ impl Scanner<'_> {
         config: &mut Config,
         index: usize,
         subdirs: bool,
-        only: Option<&HashSet<String>>,
+        only: Option<&HashSet<Vec<u8>>>,
         scan: &mut Scan,
     ) -> Option<Listing> {
         let dir = config.dirs[index].clone();
@@ -846,7 +999,7 @@ impl Scanner<'_> {
                 CacheEntry {
                     flags: d.flag,
                     name: d.soname.clone(),
-                    path: format!("{}/{}", dir.path, filename),
+                    path: join(&dir.path, filename),
                     os_version: 0,
                     hwcap,
                     hwcaps: dir.hwcaps.clone(),
@@ -870,7 +1023,7 @@ impl Scanner<'_> {
         config: &mut Config,
         subdirs: bool,
         make_links: bool,
-        only: Option<&HashSet<String>>,
+        only: Option<&HashSet<Vec<u8>>>,
         scan: &mut Scan,
     ) -> (Vec<Dlib>, bool, Option<Listing>) {
         // The first pass lists the directory just opened; the second starts it again.
@@ -890,10 +1043,7 @@ impl Scanner<'_> {
         let mut ctx = DirScan {
             fd,
             arch: self.arch,
-            kinds: entries
-                .iter()
-                .filter_map(|e| Some((String::from_utf8(e.name.clone()).ok()?, e.kind)))
-                .collect(),
+            kinds: entries.iter().map(|e| (e.name.clone(), e.kind)).collect(),
             locals: HashMap::new(),
             links: HashMap::new(),
             seen: HashMap::new(),
@@ -910,9 +1060,7 @@ impl Scanner<'_> {
             ) {
                 continue;
             }
-            let Ok(name) = std::str::from_utf8(&ent.name) else {
-                continue;
-            };
+            let name = ent.name.as_slice();
             if !is_dso(name)
                 && (ent.kind == libc::DT_REG
                     || (dir.hwcaps.is_none() && !is_hwcap_platform(self.arch, name)))
@@ -925,7 +1073,7 @@ impl Scanner<'_> {
             let mode = if ent.kind != libc::DT_UNKNOWN {
                 file_type(ent.kind)
             } else {
-                match root::lstatat(fd, name.as_bytes()) {
+                match root::lstatat(fd, name) {
                     Ok(st) => st.st_mode & libc::S_IFMT,
                     Err(_) => continue,
                 }
@@ -945,7 +1093,7 @@ impl Scanner<'_> {
             {
                 if subdirs {
                     config.add_single_dir(Dir {
-                        path: format!("{}/{}", dir.path, name),
+                        path: join(&dir.path, name),
                         dev: target.st.st_dev,
                         ino: target.st.st_ino,
                         flag: dir.flag,
@@ -960,16 +1108,16 @@ impl Scanner<'_> {
             let Some(info) = self.inspect(&mut ctx, &target) else {
                 continue;
             };
-            let mut soname = info.soname.unwrap_or_else(|| name.to_string());
+            let mut soname = info.soname.unwrap_or_else(|| name.to_vec());
             // "If the path the link points to isn't its soname or it is not the .so symlink
             // for ld(1), we treat it as a normal file." With ldconfig chrooted, the path it
             // compares is the link's own name.
             let mut link = is_link;
-            if link && name != soname && !(name.ends_with(".so") && soname.starts_with(name)) {
+            if link && name != soname && !(name.ends_with(b".so") && soname.starts_with(name)) {
                 link = false;
             }
             if link {
-                soname = name.to_string();
+                soname = name.to_vec();
             }
             let mut flag = info.flags;
             if flag == FLAG_ELF && (dir.flag == FLAG_ELF_LIBC5 || dir.flag == FLAG_ELF_LIBC6) {
@@ -989,17 +1137,19 @@ impl Scanner<'_> {
                             d.flag = flag;
                         } else {
                             scan.warnings.push(format!(
-                                "libraries {} and {name} in directory {} have same soname but different type",
-                                d.name, dir.path
+                                "libraries {} and {} in directory {} have same soname but different type",
+                                String::from_utf8_lossy(&d.name),
+                                String::from_utf8_lossy(name),
+                                String::from_utf8_lossy(&dir.path)
                             ));
                         }
                     }
-                    d.name = name.to_string();
+                    d.name = name.to_vec();
                     d.is_link = link;
                 }
             } else {
                 dlibs.push(Dlib {
-                    name: name.to_string(),
+                    name: name.to_vec(),
                     soname,
                     flag,
                     is_link: link,
@@ -1010,13 +1160,14 @@ impl Scanner<'_> {
         if make_links && dir.hwcaps.is_none() {
             for d in dlibs.iter().rev().filter(|d| !d.is_link) {
                 // The common case, read during the scan: the link is already right.
-                if ctx.links.get(&d.soname).map(Vec::as_slice) == Some(d.name.as_bytes()) {
+                if ctx.links.get(&d.soname).map(Vec::as_slice) == Some(d.name.as_slice()) {
                     continue;
                 }
                 match self.create_link(dir, fd, &d.name, &d.soname) {
                     Ok(true) => {
                         created = true;
-                        scan.links.push(format!("{}/{}", dir.path, d.soname));
+                        let link = join(&dir.path, &d.soname);
+                        scan.links.push(String::from_utf8_lossy(&link).into_owned());
                     }
                     Ok(false) => {}
                     Err(e) => scan.warnings.push(e),
@@ -1036,11 +1187,11 @@ impl Scanner<'_> {
     /// Where a library of `only` has no SONAME (ldconfig then files it under the name of each
     /// link to it) or the listing could not type a name: every link leading to `only`
     /// ([`DirScan::leading_to`]).
-    fn looked_at(&self, dir: &Dir, ctx: &mut DirScan, only: &HashSet<String>) -> HashSet<Vec<u8>> {
+    fn looked_at(&self, dir: &Dir, ctx: &mut DirScan, only: &HashSet<Vec<u8>>) -> HashSet<Vec<u8>> {
         if ctx.kinds.values().any(|&k| k == libc::DT_UNKNOWN) {
             return ctx.leading_to(only);
         }
-        let mut sonames: Vec<String> = Vec::new();
+        let mut sonames: Vec<Vec<u8>> = Vec::new();
         for name in only {
             let Some(&kind) = ctx.kinds.get(name) else {
                 continue;
@@ -1060,12 +1211,12 @@ impl Scanner<'_> {
                 None => {}
             }
         }
-        let mut include: HashSet<Vec<u8>> = only.iter().map(|n| n.as_bytes().to_vec()).collect();
+        let mut include: HashSet<Vec<u8>> = only.clone();
         for name in ctx.kinds.keys() {
             let files_under =
-                |s: &String| s == name || (name.ends_with(".so") && s.starts_with(name.as_str()));
+                |s: &Vec<u8>| s == name || (name.ends_with(b".so") && s.starts_with(name));
             if sonames.iter().any(files_under) {
-                include.insert(name.as_bytes().to_vec());
+                include.insert(name.clone());
             }
         }
         include
@@ -1078,44 +1229,44 @@ impl Scanner<'_> {
         &self,
         dir: &Dir,
         ctx: &mut DirScan,
-        name: &str,
+        name: &[u8],
         mode: libc::mode_t,
     ) -> Option<Target> {
         if mode != libc::S_IFLNK {
             let st = ctx.local(name)?.st;
             return Some(Target {
                 st,
-                local: Some(name.to_string()),
-                path: format!("{}/{}", dir.path, name),
+                local: Some(name.to_vec()),
+                path: join(&dir.path, name),
             });
         }
-        let mut current = name.to_string();
+        let mut current = name.to_vec();
         for _ in 0..MAX_LOCAL_LINKS {
             let target = match ctx.links.get(&current) {
                 Some(t) if current == name => t.clone(),
-                _ => root::readlinkat(ctx.fd, current.as_bytes()).ok()?,
+                _ => root::readlinkat(ctx.fd, &current).ok()?,
             };
             if current == name {
-                ctx.links.insert(name.to_string(), target.clone());
+                ctx.links.insert(name.to_vec(), target.clone());
             }
             let plain =
                 !target.is_empty() && !target.contains(&b'/') && target != b"." && target != b"..";
             if !plain {
                 break;
             }
-            let next = String::from_utf8(target).ok()?;
+            let next = target;
             let st = ctx.local(&next)?.st;
             if !root::is_symlink(&st) {
                 return Some(Target {
                     st,
-                    path: format!("{}/{}", dir.path, next),
+                    path: join(&dir.path, &next),
                     local: Some(next),
                 });
             }
             current = next;
         }
         // A target with a '/' (or a long chain): from the root, as ldconfig in its chroot.
-        let path = format!("{}/{}", dir.path, name);
+        let path = join(&dir.path, name);
         let st = self.root.stat(&path).ok()??;
         Some(Target {
             st,
@@ -1140,7 +1291,7 @@ impl Scanner<'_> {
             Some(local) => File::from(
                 root::openat(
                     ctx.fd,
-                    local.as_bytes(),
+                    local,
                     libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY,
                     0,
                 )
@@ -1164,20 +1315,21 @@ impl Scanner<'_> {
         &self,
         dir: &Dir,
         fd: BorrowedFd,
-        libname: &str,
-        soname: &str,
+        libname: &[u8],
+        soname: &[u8],
     ) -> Result<bool, String> {
         if soname == libname {
             return Ok(false);
         }
-        if soname.is_empty() || soname == "." || soname == ".." || soname.contains('/') {
+        let full_soname = join(&dir.path, soname);
+        let full_lib = join(&dir.path, libname);
+        if soname.is_empty() || soname == b"." || soname == b".." || soname.contains(&b'/') {
             return Err(format!(
-                "{}/{libname}: SONAME {soname:?} is not a file name; no link made",
-                self.root.display(&dir.path)
+                "{}: SONAME {:?} is not a file name; no link made",
+                self.root.display(&full_lib),
+                String::from_utf8_lossy(soname)
             ));
         }
-        let full_soname = format!("{}/{}", dir.path, soname);
-        let full_lib = format!("{}/{}", dir.path, libname);
         if let Ok(Some(so)) = self.root.stat(&full_soname) {
             match self.root.stat(&full_lib) {
                 Ok(Some(lib)) if (lib.st_dev, lib.st_ino) == (so.st_dev, so.st_ino) => {
@@ -1186,7 +1338,7 @@ impl Scanner<'_> {
                 Ok(Some(_)) => {}
                 _ => return Err(format!("can't stat {}", self.root.display(&full_lib))),
             }
-            if let Ok(st) = root::lstatat(fd, soname.as_bytes()) {
+            if let Ok(st) = root::lstatat(fd, soname) {
                 if !root::is_symlink(&st) {
                     return Err(format!(
                         "{} is not a symbolic link",
@@ -1199,8 +1351,9 @@ impl Scanner<'_> {
             .map(|()| true)
             .map_err(|e| {
                 format!(
-                    "can't link {} to {libname}: {e}",
-                    self.root.display(&full_soname)
+                    "can't link {} to {}: {e}",
+                    self.root.display(&full_soname),
+                    String::from_utf8_lossy(libname)
                 )
             })
     }
@@ -1222,7 +1375,7 @@ impl Scanner<'_> {
                 continue;
             }
             config.dirs.push(Dir {
-                path: dir.to_string(),
+                path: dir.as_bytes().to_vec(),
                 dev: st.st_dev,
                 ino: st.st_ino,
                 flag: -1,
@@ -1276,31 +1429,31 @@ mod tests {
             "ld64.so.2",
             "libfoo.so.1.2.3",
         ] {
-            assert!(is_dso(yes), "{yes}");
+            assert!(is_dso(yes.as_bytes()), "{yes}");
         }
         for no in ["cuda.so", "libfoo.a", "lib", "ld.so", "README"] {
-            assert!(!is_dso(no), "{no}");
+            assert!(!is_dso(no.as_bytes()), "{no}");
         }
     }
 
     #[test]
     fn hwcap_paths() {
         let a = Arch::X86_64;
-        assert_eq!(path_hwcap(a, "/usr/lib/x86_64-linux-gnu"), 0);
-        assert_eq!(path_hwcap(a, "/lib/tls"), 1 << 63);
-        assert_eq!(path_hwcap(a, "/lib/haswell"), 1 << 50);
-        assert_eq!(path_hwcap(a, "/lib/x86_64"), 1 << 1);
-        assert_eq!(path_hwcap(a, "/lib/haswell/x86_64"), (1 << 50) + (1 << 1));
-        assert!(is_hwcap_platform(a, "tls"));
-        assert!(is_hwcap_platform(a, "x86_64"));
-        assert!(!is_hwcap_platform(a, "sse2"));
-        assert!(!is_hwcap_platform(a, "x86_64-linux-gnu"));
+        assert_eq!(path_hwcap(a, b"/usr/lib/x86_64-linux-gnu"), 0);
+        assert_eq!(path_hwcap(a, b"/lib/tls"), 1 << 63);
+        assert_eq!(path_hwcap(a, b"/lib/haswell"), 1 << 50);
+        assert_eq!(path_hwcap(a, b"/lib/x86_64"), 1 << 1);
+        assert_eq!(path_hwcap(a, b"/lib/haswell/x86_64"), (1 << 50) + (1 << 1));
+        assert!(is_hwcap_platform(a, b"tls"));
+        assert!(is_hwcap_platform(a, b"x86_64"));
+        assert!(!is_hwcap_platform(a, b"sse2"));
+        assert!(!is_hwcap_platform(a, b"x86_64-linux-gnu"));
     }
 
     #[test]
     fn prelink_temporaries() {
-        assert!(is_prelink_temp("libfoo.so.1.#prelink#"));
-        assert!(is_prelink_temp("libfoo.so.1.#prelink#.abc123"));
-        assert!(!is_prelink_temp("libfoo.so.1"));
+        assert!(is_prelink_temp(b"libfoo.so.1.#prelink#"));
+        assert!(is_prelink_temp(b"libfoo.so.1.#prelink#.abc123"));
+        assert!(!is_prelink_temp(b"libfoo.so.1"));
     }
 }

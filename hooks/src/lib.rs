@@ -9,8 +9,9 @@
 //! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`], and the
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 //!
-//! Also [`cache`], the identity rule of the answers nvshim keeps between processes, here in the
-//! library both binaries link.
+//! Also [`cache`], the identity rule of the answers nvshim keeps between processes, and
+//! [`hostfile`], how a file outside a container is read: here, in the library both binaries
+//! link.
 
 pub mod apply_cuda_memory_limits;
 pub mod bytes;
@@ -22,6 +23,7 @@ pub mod disable_device_node_modification;
 pub mod elf;
 pub mod enable_cuda_compat;
 pub mod fallback;
+pub mod hostfile;
 pub mod ldcache;
 pub mod ldconfig;
 pub mod root;

@@ -313,7 +313,8 @@ impl Root {
     }
 
     /// `<root><path>`, for messages only: never opened as a string.
-    pub fn display(&self, path: &str) -> String {
+    pub fn display(&self, path: impl AsRef<[u8]>) -> String {
+        let path = String::from_utf8_lossy(path.as_ref());
         if path.starts_with('/') {
             format!("{}{}", self.display, path)
         } else {
@@ -321,7 +322,7 @@ impl Root {
         }
     }
 
-    fn io_error(&self, path: &str, source: io::Error) -> RootError {
+    fn io_error(&self, path: impl AsRef<[u8]>, source: io::Error) -> RootError {
         RootError::Io {
             path: self.display(path),
             source,
@@ -332,11 +333,12 @@ impl Root {
     /// inside the root. `no_xdev` refuses to cross into another mount.
     pub fn open_at(
         &self,
-        path: &str,
+        path: impl AsRef<[u8]>,
         flags: libc::c_int,
         mode: u32,
         no_xdev: bool,
     ) -> io::Result<OwnedFd> {
+        let path = path.as_ref();
         if self.resolver.get() == Resolver::Openat2 {
             match self.openat2(path, flags, mode, no_xdev) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
@@ -345,17 +347,17 @@ impl Root {
                 other => return other,
             }
         }
-        self.walk(path.as_bytes(), flags, mode, no_xdev)
+        self.walk(path, flags, mode, no_xdev)
     }
 
     fn openat2(
         &self,
-        path: &str,
+        path: &[u8],
         flags: libc::c_int,
         mode: u32,
         no_xdev: bool,
     ) -> io::Result<OwnedFd> {
-        let c = cstring(path.as_bytes())?;
+        let c = cstring(path)?;
         let mut resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
         if no_xdev {
             resolve |= RESOLVE_NO_XDEV;
@@ -471,7 +473,7 @@ impl Root {
     }
 
     /// `stat` of `path`, following symlinks inside the root; `None` when it does not exist.
-    pub fn stat(&self, path: &str) -> io::Result<Option<libc::stat>> {
+    pub fn stat(&self, path: impl AsRef<[u8]>) -> io::Result<Option<libc::stat>> {
         match self.open_at(path, libc::O_PATH, 0, false) {
             Ok(fd) => fstat(fd.as_fd()).map(Some),
             Err(e) if is_missing(&e) => Ok(None),
@@ -482,7 +484,8 @@ impl Root {
     /// Opens a regular file for reading; `None` when it does not exist. Anything else (FIFO,
     /// device, directory, socket) is an error *before* it is opened for reading, so a FIFO
     /// cannot block and a device's open has no side effect.
-    pub fn open_regular(&self, path: &str) -> Result<Option<(File, u64)>, RootError> {
+    pub fn open_regular(&self, path: impl AsRef<[u8]>) -> Result<Option<(File, u64)>, RootError> {
+        let path = path.as_ref();
         let fd = match self.open_at(path, libc::O_PATH, 0, false) {
             Ok(fd) => fd,
             Err(e) if is_missing(&e) => return Ok(None),
@@ -512,7 +515,12 @@ impl Root {
     /// Reads a whole regular file of at most `limit` bytes; `None` when it does not exist.
     /// Bigger is an error found from `fstat` before anything is read (a 2 GiB sparse file costs
     /// nothing).
-    pub fn read_regular(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, RootError> {
+    pub fn read_regular(
+        &self,
+        path: impl AsRef<[u8]>,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, RootError> {
+        let path = path.as_ref();
         let Some((file, size)) = self.open_regular(path)? else {
             return Ok(None);
         };
@@ -536,7 +544,12 @@ impl Root {
     }
 
     /// Opens a directory for listing; `None` when it does not exist.
-    pub fn open_dir(&self, path: &str, no_xdev: bool) -> Result<Option<OwnedFd>, RootError> {
+    pub fn open_dir(
+        &self,
+        path: impl AsRef<[u8]>,
+        no_xdev: bool,
+    ) -> Result<Option<OwnedFd>, RootError> {
+        let path = path.as_ref();
         match self.open_at(path, libc::O_RDONLY | libc::O_DIRECTORY, 0, no_xdev) {
             Ok(fd) => Ok(Some(fd)),
             Err(e) if is_missing(&e) => Ok(None),
@@ -701,6 +714,29 @@ fn fdinfo_mount_id(text: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Whether the directory `dir` lies strictly below the directory whose `stat` is `ancestor`:
+/// `..` is followed up to the top of the tree (the directory that is its own parent), across
+/// mounts as the kernel walks them, so a symlink or mount that led elsewhere is seen.
+pub fn is_below(dir: BorrowedFd, ancestor: &libc::stat) -> io::Result<bool> {
+    let id = |st: &libc::stat| (st.st_dev, st.st_ino);
+    let parent = |fd: BorrowedFd| openat(fd, b"..", libc::O_PATH | libc::O_DIRECTORY, 0);
+    let mut here = parent(dir)?;
+    let mut st = fstat(here.as_fd())?;
+    // PATH_MAX / 2: no deeper directory has a path.
+    for _ in 0..2048 {
+        if id(&st) == id(ancestor) {
+            return Ok(true);
+        }
+        let up = parent(here.as_fd())?;
+        let up_st = fstat(up.as_fd())?;
+        if id(&up_st) == id(&st) {
+            return Ok(false);
+        }
+        (here, st) = (up, up_st);
+    }
+    Ok(false)
+}
+
 /// ENOENT, or ENOTDIR from a path through a regular file: "not there".
 pub fn is_missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
@@ -747,12 +783,22 @@ pub fn read_dir(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
 /// is `opendir`: its `DIR` comes from musl's malloc as a fresh mapping, mapped and unmapped
 /// for each directory.
 pub fn list_dir(path: &Path) -> io::Result<Vec<DirEnt>> {
-    read_dir_fresh(File::open(path)?.as_fd())
+    read_dir_fresh(crate::hostfile::open_dir(path)?.as_fd())
 }
 
 /// [`read_dir`] of a directory fd just opened (never listed, so at its start): without the
 /// rewind, one system call fewer per directory (a walk of a MIG host's `/proc` opens 66).
 pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
+    let out = read_dir_upto(dir, MAX_DIR_ENTRIES + 1)?;
+    if out.len() > MAX_DIR_ENTRIES {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    Ok(out)
+}
+
+/// The first `limit` entries of a directory fd just opened ([`read_dir_fresh`]), in the
+/// kernel's order: the rest is not read.
+pub fn read_dir_upto(dir: BorrowedFd, limit: usize) -> io::Result<Vec<DirEnt>> {
     let mut out = Vec::new();
     // Not zeroed: the kernel writes what is read (zeroing 32 KiB per directory was an eighth of
     // a GPU container's fix-ups hook, callgrind). One page on the stack: a larger frame is probed
@@ -793,8 +839,8 @@ pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
                 .unwrap_or(name_bytes.len());
             let name = &name_bytes[..len];
             if name != b"." && name != b".." {
-                if out.len() >= MAX_DIR_ENTRIES {
-                    return Err(io::Error::from_raw_os_error(libc::EFBIG));
+                if out.len() >= limit {
+                    return Ok(out);
                 }
                 out.push(DirEnt {
                     name: name.to_vec(),
@@ -808,9 +854,12 @@ pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
 
 /// A name for a temporary file next to `name`, unique to this process (whose id is asked
 /// once: a GPU container's fixups make ten links and more).
-fn temp_name(name: &str) -> String {
+fn temp_name(name: &[u8]) -> Vec<u8> {
     static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    format!(".{name}.nvshim-{}", PID.get_or_init(std::process::id))
+    let mut tmp = b".".to_vec();
+    tmp.extend_from_slice(name);
+    tmp.extend_from_slice(format!(".nvshim-{}", PID.get_or_init(std::process::id)).as_bytes());
+    tmp
 }
 
 /// Removes the entry `dir/name` (never a directory; a symlink itself, not its target). A
@@ -845,16 +894,16 @@ pub fn proc_fd_path(fd: BorrowedFd) -> io::Result<CString> {
     cstring(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())
 }
 
-fn unlink(dir: BorrowedFd, name: &str) {
-    if let Ok(c) = cstring(name.as_bytes()) {
+fn unlink(dir: BorrowedFd, name: &[u8]) {
+    if let Ok(c) = cstring(name) {
         // SAFETY: valid C string and live fd; the result is deliberately ignored (cleanup).
         unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) };
     }
 }
 
-fn rename(dir: BorrowedFd, from: &str, to: &str) -> io::Result<()> {
-    let from_c = cstring(from.as_bytes())?;
-    let to_c = cstring(to.as_bytes())?;
+fn rename(dir: BorrowedFd, from: &[u8], to: &[u8]) -> io::Result<()> {
+    let from_c = cstring(from)?;
+    let to_c = cstring(to)?;
     // SAFETY: valid C strings and a live fd.
     check(unsafe {
         libc::renameat(
@@ -868,12 +917,12 @@ fn rename(dir: BorrowedFd, from: &str, to: &str) -> io::Result<()> {
 }
 
 /// Creates the temporary name exclusively; a stale one left by a killed run is removed first.
-fn create_temp(dir: BorrowedFd, tmp: &str, mode: u32) -> io::Result<OwnedFd> {
+fn create_temp(dir: BorrowedFd, tmp: &[u8], mode: u32) -> io::Result<OwnedFd> {
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-    match openat(dir, tmp.as_bytes(), flags, mode) {
+    match openat(dir, tmp, flags, mode) {
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
             unlink(dir, tmp);
-            openat(dir, tmp.as_bytes(), flags, mode)
+            openat(dir, tmp, flags, mode)
         }
         other => other,
     }
@@ -888,7 +937,7 @@ fn create_temp(dir: BorrowedFd, tmp: &str, mode: u32) -> io::Result<OwnedFd> {
 /// directory (tests/e2e/reliability.rs kills update-ldcache 200 times). Filesystems without
 /// `O_TMPFILE` (overlayfs before Linux 6.6) take the named temporary file from the start.
 pub fn replace_file(dir: BorrowedFd, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = temp_name(name);
+    let tmp = temp_name(name.as_bytes());
     let anonymous = match openat(dir, b".", libc::O_TMPFILE | libc::O_WRONLY, mode) {
         Ok(fd) => Some(fd),
         Err(e)
@@ -922,7 +971,7 @@ pub fn replace_file(dir: BorrowedFd, name: &str, data: &[u8], mode: u32) -> io::
         if !named {
             link_anonymous(file.as_fd(), dir, &tmp)?;
         }
-        rename(dir, &tmp, name)
+        rename(dir, &tmp, name.as_bytes())
     })();
     if result.is_err() {
         unlink(dir, &tmp);
@@ -933,9 +982,9 @@ pub fn replace_file(dir: BorrowedFd, name: &str, data: &[u8], mode: u32) -> io::
 /// Gives an `O_TMPFILE` file the name `dir/name` (a stale entry there, left by a run killed
 /// between this link and its rename, is removed first). Through `/proc/self/fd`, which needs
 /// no capability, unlike `AT_EMPTY_PATH`.
-fn link_anonymous(fd: BorrowedFd, dir: BorrowedFd, name: &str) -> io::Result<()> {
+fn link_anonymous(fd: BorrowedFd, dir: BorrowedFd, name: &[u8]) -> io::Result<()> {
     let from = proc_fd_path(fd)?;
-    let to = cstring(name.as_bytes())?;
+    let to = cstring(name)?;
     let link = || {
         // SAFETY: valid C strings and live fds.
         check(unsafe {
@@ -959,10 +1008,15 @@ fn link_anonymous(fd: BorrowedFd, dir: BorrowedFd, name: &str) -> io::Result<()>
 
 /// Atomically makes `dir/name` a symlink to `target` (`symlinkat` to a temporary name, then
 /// `renameat` over `name`), as NVIDIA's create-symlinks does since v1.19.1.
-pub fn replace_symlink(dir: BorrowedFd, name: &str, target: &str) -> io::Result<()> {
+pub fn replace_symlink(
+    dir: BorrowedFd,
+    name: impl AsRef<[u8]>,
+    target: impl AsRef<[u8]>,
+) -> io::Result<()> {
+    let name = name.as_ref();
     let tmp = temp_name(name);
-    let target_c = cstring(target.as_bytes())?;
-    let tmp_c = cstring(tmp.as_bytes())?;
+    let target_c = cstring(target.as_ref())?;
+    let tmp_c = cstring(&tmp)?;
     // SAFETY: valid C strings and a live fd.
     let mut ret = unsafe { libc::symlinkat(target_c.as_ptr(), dir.as_raw_fd(), tmp_c.as_ptr()) };
     if ret < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {

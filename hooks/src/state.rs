@@ -4,19 +4,21 @@
 //! adds a non-standard `root` (the rootfs path), which NVIDIA's hooks prefer when present
 //! (`internal/oci/state.go`); otherwise the root is `root.path` of `<bundle>/config.json`,
 //! joined to the bundle when relative. Both files are read with a size limit and only the fields
-//! needed are decoded.
+//! needed are decoded. A `root.path` that leads out of the bundle or to the host's `/` is refused
+//! ([`Container::open`]).
 
-use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::root::{self, Root, RootError};
+
 /// Largest state document read from stdin.
 const MAX_STATE: u64 = 1 << 20;
-/// Largest config.json read (real ones are tens of KiB).
-const MAX_CONFIG: u64 = 16 << 20;
+/// Largest config.json read (real ones are tens of KiB); nvshim-runtime's limit too.
+pub const MAX_CONFIG: u64 = 16 << 20;
 
 #[derive(Debug, Error)]
 pub enum StateError {
@@ -52,6 +54,14 @@ pub enum StateError {
     NoRootPath { path: PathBuf },
     #[error("refusing container root {0:?}: it must be a directory other than /")]
     BadRoot(PathBuf),
+    #[error("{path}: refusing root.path {root:?}: {why}")]
+    Escapes {
+        path: PathBuf,
+        root: String,
+        why: &'static str,
+    },
+    #[error(transparent)]
+    Root(#[from] RootError),
 }
 
 /// The fields of the state a hook uses.
@@ -89,6 +99,43 @@ pub struct Container {
     /// Where config.json mounts something (`mounts[].destination`), container paths; `None`
     /// when config.json could not be read (crun's state names the root without it).
     pub mounts: Option<Vec<String>>,
+    /// The bundle, when config.json's `root.path` is relative to it: the root must then lie
+    /// below it.
+    pub bundle: Option<PathBuf>,
+}
+
+impl Container {
+    /// Opens the root, refusing one that is the host's `/` (`/tmp/..`, a `rootfs` symlink to
+    /// `/`), or, for a relative `root.path`, one that does not lie below the bundle (a
+    /// symlinked `rootfs` leading out of it). Both are told by the directory's identity, not
+    /// its name. An absolute `root.path` may be anywhere: Docker and Podman write their
+    /// storage's paths (tests/fixtures/oci/docker-28.5.2-config.json).
+    pub fn open(&self) -> Result<Root, StateError> {
+        let root = Root::open(&self.root)?;
+        let io = |source| RootError::Io {
+            path: self.root.display().to_string(),
+            source,
+        };
+        let st = root::fstat(root.fd()).map_err(io)?;
+        // An absolute name: the hook's own `/`, whatever the fd.
+        let top = root::lstatat(root.fd(), b"/").map_err(io)?;
+        if (st.st_dev, st.st_ino) == (top.st_dev, top.st_ino) {
+            return Err(StateError::BadRoot(self.root.clone()));
+        }
+        if let Some(bundle) = &self.bundle {
+            let outside = || StateError::Escapes {
+                path: bundle.join("config.json"),
+                root: self.root.display().to_string(),
+                why: "it does not lie below the bundle",
+            };
+            let b = Root::open(bundle).map_err(|_| outside())?;
+            let b = root::fstat(b.fd()).map_err(io)?;
+            if !root::is_below(root.fd(), &b).map_err(io)? {
+                return Err(outside());
+            }
+        }
+        Ok(root)
+    }
 }
 
 #[derive(Deserialize)]
@@ -144,9 +191,10 @@ impl State {
         Ok(config.process.map(|p| p.env).unwrap_or_default())
     }
 
-    /// The container's root filesystem on the host.
-    pub fn container_root(&self) -> Result<PathBuf, StateError> {
-        Ok(self.locate(false)?.root)
+    /// The container's root filesystem on the host (without reading config.json for its
+    /// mounts when crun's state names the root).
+    pub fn container_root(&self) -> Result<Container, StateError> {
+        self.locate(false)
     }
 
     /// The bundle's config.json (its path, and its fields as far as `T` decodes them).
@@ -157,10 +205,12 @@ impl State {
             });
         }
         let path = Path::new(&self.bundle).join("config.json");
-        let file = File::open(&path).map_err(|source| StateError::Config {
-            path: path.clone(),
-            source,
-        })?;
+        // Non-blocking, a regular file ([`crate::hostfile`]): a FIFO there does not hang runc.
+        let (file, _) =
+            crate::hostfile::open(&path, MAX_CONFIG).map_err(|source| StateError::Config {
+                path: path.clone(),
+                source,
+            })?;
         let buf = read_limited(file, MAX_CONFIG, &path.display().to_string())?;
         let config = serde_json::from_slice(&buf).map_err(|source| StateError::ConfigParse {
             path: path.clone(),
@@ -177,7 +227,7 @@ impl State {
     /// The root, and the mounts when `mounts` is asked for: crun's state names the root, so
     /// config.json is then read only for its mounts, and only by a hook that uses them.
     fn locate(&self, mounts: bool) -> Result<Container, StateError> {
-        let (root, mounts) = match self.root.as_deref().filter(|r| !r.is_empty()) {
+        let (root, mounts, bundle) = match self.root.as_deref().filter(|r| !r.is_empty()) {
             // The mounts only help (update-ldcache): without them, nothing fails.
             Some(r) => (
                 PathBuf::from(r),
@@ -185,6 +235,7 @@ impl State {
                     .then(|| self.config::<Config>().ok())
                     .flatten()
                     .and_then(|(_, c)| c.mounts),
+                None,
             ),
             None => {
                 let (path, config): (_, Config) = self.config()?;
@@ -192,8 +243,26 @@ impl State {
                     .root
                     .and_then(|r| r.path)
                     .filter(|p| !p.is_empty())
-                    .ok_or(StateError::NoRootPath { path })?;
-                (Path::new(&self.bundle).join(rel), config.mounts)
+                    .ok_or(StateError::NoRootPath { path: path.clone() })?;
+                // Engines write clean paths; `..` and /proc's links only lead elsewhere.
+                let why = if rel.split('/').any(|c| c == "..") {
+                    Some("it climbs with `..`")
+                } else if rel.split('/').find(|c| !c.is_empty()) == Some("proc")
+                    && rel.starts_with('/')
+                {
+                    Some("it goes through /proc, whose links lead to other roots")
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return Err(StateError::Escapes {
+                        path,
+                        root: rel,
+                        why,
+                    });
+                }
+                let bundle = (!rel.starts_with('/')).then(|| PathBuf::from(&self.bundle));
+                (Path::new(&self.bundle).join(rel), config.mounts, bundle)
             }
         };
         // NVIDIA refuses "" and "/": a hook must never treat the host root as the container's.
@@ -207,6 +276,7 @@ impl State {
         Ok(Container {
             root,
             mounts: mounts.map(|m| m.into_iter().map(|m| m.destination).collect()),
+            bundle,
         })
     }
 }
@@ -266,9 +336,21 @@ mod tests {
             dir.path().display()
         );
         let s = State::read(state.as_bytes(), "stdin").unwrap();
-        assert_eq!(s.container_root().unwrap(), dir.path().join("rootfs"));
+        assert_eq!(s.container_root().unwrap().root, dir.path().join("rootfs"));
         assert_eq!(s.pid, Some(42));
         assert_eq!(s.process_env().unwrap(), ["X=1"]);
+    }
+
+    /// A FIFO at `<bundle>/config.json` is an error naming it, not a hook that blocks runc.
+    #[test]
+    fn a_fifo_config_json_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        nvshim_testsupport::hook_harness::mkfifo(&config);
+        let state = format!(r#"{{"id":"c","bundle":{:?}}}"#, dir.path());
+        let s = State::read(state.as_bytes(), "stdin").unwrap();
+        let e = s.process_env().unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains("a FIFO"), "{e}");
     }
 
     #[test]
@@ -279,7 +361,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            s.container_root().unwrap(),
+            s.container_root().unwrap().root,
             PathBuf::from("/run/crun/c/rootfs")
         );
     }

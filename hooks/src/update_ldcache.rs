@@ -55,7 +55,7 @@ use thiserror::Error;
 
 use crate::elf::Arch;
 use crate::fallback::{self, FallbackError};
-use crate::ldcache::{self, CacheEntry, LdCache, MAX_CACHE_LEN};
+use crate::ldcache::{self, CacheEntry, MAX_CACHE_LEN};
 use crate::ldconfig::{self, Listing, Scan, Scanner};
 use crate::root::{self, Root, RootError};
 
@@ -195,27 +195,34 @@ fn musl(root: &Root, folders: &[String], report: &mut Report) -> Result<(), Upda
     let name = format!("ld-musl-{}.path", musl_arch());
     let path = format!("/etc/{name}");
     let old = root.read_regular(&path, MAX_MUSL_PATH_LEN)?;
+    // Bytes, as musl reads them: a directory whose name is not UTF-8 is kept as written.
     let mut content = match &old {
-        Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-        None => format!("{MUSL_DEFAULT_PATH}\n"),
+        Some(bytes) => bytes.clone(),
+        None => format!("{MUSL_DEFAULT_PATH}\n").into_bytes(),
     };
-    let present: Vec<String> = content
-        .split([':', '\n'])
-        .map(|s| s.trim().trim_end_matches('/').to_string())
+    let present: Vec<Vec<u8>> = content
+        .split(|&b| b == b':' || b == b'\n')
+        .map(|s| {
+            let mut s = s.trim_ascii();
+            while let [rest @ .., b'/'] = s {
+                s = rest;
+            }
+            s.to_vec()
+        })
         .filter(|s| !s.is_empty())
         .collect();
     for f in folders {
-        if !present.iter().any(|p| p == f) {
-            if !content.is_empty() && !content.ends_with('\n') {
-                content.push('\n');
+        if !present.iter().any(|p| p == f.as_bytes()) {
+            if !content.is_empty() && !content.ends_with(b"\n") {
+                content.push(b'\n');
             }
-            content.push_str(f);
-            content.push('\n');
+            content.extend_from_slice(f.as_bytes());
+            content.push(b'\n');
         }
     }
-    if old.as_deref() != Some(content.as_bytes()) {
+    if old.as_deref() != Some(content.as_slice()) {
         let etc = root.mkdir_all("/etc", 0o755, true)?;
-        root::replace_file(etc.as_fd(), &name, content.as_bytes(), 0o644)
+        root::replace_file(etc.as_fd(), &name, &content, 0o644)
             .map_err(|e| write_error(root, &path, e))?;
         report.written.push(path);
     }
@@ -347,8 +354,8 @@ fn glibc(
         }
         other => other?,
     };
-    let old = match old_bytes.as_deref().map(LdCache::parse) {
-        Some(Ok(cache)) => Some(cache),
+    let old = match old_bytes.as_deref().map(ldcache::cache_entries) {
+        Some(Ok(entries)) => Some(entries),
         Some(Err(e)) => {
             report.warnings.push(format!(
                 "{}: {e}; rebuilding it from every configured directory",
@@ -389,7 +396,7 @@ fn glibc(
                     Some(mounted)
                         if dev == root_dev && !compat.contains(&i) && !new.contains(&folder) =>
                     {
-                        let paths = [folder.as_str(), config.dirs[i].path.as_str()];
+                        let paths = [folder.as_bytes(), config.dirs[i].path.as_slice()];
                         mounted_names(root, mounted, (dev, ino), &paths)
                     }
                     _ => None,
@@ -411,29 +418,32 @@ fn glibc(
                     scanner.search_dir(&mut config, i, false, &mut scan);
                 }
             }
-            let scanned_paths: BTreeSet<&str> = scanned
+            let scanned_paths: BTreeSet<&[u8]> = scanned
                 .iter()
-                .map(|&i| config.dirs[i].path.as_str())
+                .map(|&i| config.dirs[i].path.as_slice())
                 .collect();
-            let kept_paths: HashMap<&str, &Listing> = kept
+            let kept_paths: HashMap<&[u8], &Listing> = kept
                 .iter()
-                .map(|(&i, l)| (config.dirs[i].path.as_str(), l))
+                .map(|(&i, l)| (config.dirs[i].path.as_slice(), l))
                 .collect();
-            let rescanned: BTreeSet<&str> = scan
+            let rescanned: BTreeSet<&[u8]> = scan
                 .entries
                 .iter()
-                .map(|(e, _, _)| e.path.as_str())
+                .map(|(e, _, _)| e.path.as_slice())
                 .collect();
-            let rank: HashMap<&str, usize> = config
+            let rank: HashMap<&[u8], usize> = config
                 .dirs
                 .iter()
                 .enumerate()
                 .rev()
-                .map(|(i, d)| (d.path.as_str(), i))
+                .map(|(i, d)| (d.path.as_slice(), i))
                 .collect();
             let mut all: Vec<(CacheEntry, usize, usize)> = Vec::new();
-            for (seq, e) in old.cache_entries().into_iter().enumerate() {
-                let (dir, file) = e.path.rsplit_once('/').unwrap_or(("", ""));
+            for (seq, e) in old.iter().cloned().enumerate() {
+                let (dir, file): (&[u8], &[u8]) = match crate::bytes::rfind(b'/', &e.path) {
+                    Some(i) => (&e.path[..i], &e.path[i + 1..]),
+                    None => (b"", b""),
+                };
                 if scanned_paths.contains(dir) {
                     continue;
                 }
@@ -441,8 +451,8 @@ fn glibc(
                 // name is there and was not looked at again (then the rescan answers for it).
                 if let Some(l) = kept_paths.get(dir) {
                     if !l.names.contains(file)
-                        || l.looked_at.contains(file.as_bytes())
-                        || rescanned.contains(e.path.as_str())
+                        || l.looked_at.contains(file)
+                        || rescanned.contains(e.path.as_slice())
                     {
                         continue;
                     }
@@ -481,16 +491,16 @@ fn mounted_names(
     root: &Root,
     mounted: &[String],
     id: (u64, u64),
-    paths: &[&str],
-) -> Option<HashSet<String>> {
+    paths: &[&[u8]],
+) -> Option<HashSet<Vec<u8>>> {
     let mut names = HashSet::new();
     let mut parents: HashMap<&str, Option<(u64, u64)>> = HashMap::new();
     for m in mounted {
         let m = m.trim_end_matches('/');
-        let covers = |p: &&str| {
+        let covers = |p: &&[u8]| {
             m.is_empty()
-                || p.strip_prefix(m)
-                    .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+                || p.strip_prefix(m.as_bytes())
+                    .is_some_and(|r| r.is_empty() || r.starts_with(b"/"))
         };
         if paths.iter().any(covers) {
             return None;
@@ -499,14 +509,14 @@ fn mounted_names(
             continue;
         };
         let parent = if parent.is_empty() { "/" } else { parent };
-        if paths.contains(&parent) {
-            names.insert(name.to_string());
+        if paths.contains(&parent.as_bytes()) {
+            names.insert(name.as_bytes().to_vec());
             continue;
         }
         // A directory named otherwise may still be the folder (`/lib` and `/usr/lib` in a
         // merged-/usr image): compared by identity, for library names only (the sockets,
         // binaries and device nodes a GPU container mounts cost no look).
-        if !ldconfig::is_dso(name) {
+        if !ldconfig::is_dso(name.as_bytes()) {
             continue;
         }
         let pid = *parents.entry(parent).or_insert_with(|| {
@@ -517,7 +527,7 @@ fn mounted_names(
                 .map(|st| (st.st_dev, st.st_ino))
         });
         if pid == Some(id) && !name.is_empty() {
-            names.insert(name.to_string());
+            names.insert(name.as_bytes().to_vec());
         }
     }
     Some(names)
@@ -528,14 +538,17 @@ fn mounted_names(
 /// name no directory, are left out (the configuration reader reports them).
 fn compat_dirs(root: &Root) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    for file in ldconfig::glob(root, "/etc/ld.so.conf.d/00-compat-*.conf") {
+    let mut budget = ldconfig::Budget::default();
+    for file in ldconfig::glob(root, b"/etc/ld.so.conf.d/00-compat-*.conf", &mut budget) {
         let Ok(Some(data)) = root.read_regular(&file, 1 << 20) else {
             continue;
         };
-        for line in String::from_utf8_lossy(&data).lines() {
-            let line = line.split('#').next().unwrap_or_default().trim();
-            let path = line.split('=').next().unwrap_or_default().trim_end();
-            if !path.starts_with('/') {
+        for line in data.split(|&b| b == b'\n') {
+            let line = line.split(|&b| b == b'#').next().unwrap_or_default();
+            let line = line.trim_ascii();
+            let path = line.split(|&b| b == b'=').next().unwrap_or_default();
+            let path = path.trim_ascii_end();
+            if !path.starts_with(b"/") {
                 continue;
             }
             if let Ok(Some(st)) = root.stat(path) {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # nvshim-install: entrypoint of the nvshim installer image (scripts/build-installer-image.sh),
-# run on every GPU node by the DaemonSet in nvshim-installer.yaml.
+# run on every GPU node by the DaemonSet in base/nvshim-installer.yaml.
 #
 #   nvshim-install [run|install|uninstall]      (default: run)
 #

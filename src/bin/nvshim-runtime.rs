@@ -55,6 +55,14 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
         Err(e) => return e.into(),
     };
     logging::init(config.log_file.as_deref(), config.log_level, inv.debug);
+    // Once per create, the one invocation that uses the caches.
+    if let Some(why) = config
+        .cache_dir_refused
+        .as_ref()
+        .filter(|_| inv.edits_bundle())
+    {
+        tracing::warn!("{why}");
+    }
     if inv.edits_bundle() {
         if let Err(e) = runtime::parse_args(args) {
             return e.into();

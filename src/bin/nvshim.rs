@@ -473,7 +473,7 @@ struct GenerateArgs {
     naming: NamingArgs,
 }
 
-/// How generated devices are named (`generate` and `refresh`).
+/// How generated devices are named and what they carry (`generate` and `refresh`).
 #[derive(Debug, clap::Args)]
 struct NamingArgs {
     /// How devices are named: index (0, MIG 0:1), uuid (GPU-…, MIG-…), type-index (gpu0,
@@ -493,6 +493,12 @@ struct NamingArgs {
     /// Leave out the `all` device.
     #[arg(long)]
     no_all_device: bool,
+    /// Leave the DRM nodes' groups out of `additionalGids` (NVIDIA's
+    /// no-additional-gids-for-device-nodes): the spec then needs no CDI 0.7.0, for podman 4
+    /// and containerd 1.7; a non-root user outside the video and render groups cannot open
+    /// the nodes.
+    #[arg(long)]
+    no_additional_gids: bool,
 }
 
 impl NamingArgs {
@@ -508,6 +514,7 @@ impl NamingArgs {
                 .clone()
                 .unwrap_or_else(|| default_class.to_string()),
             all_device: !self.no_all_device,
+            additional_gids: !self.no_additional_gids,
             hook_path: nvshim::install::hook_path(config, nvshim::install::self_exe().as_deref()),
             ..Default::default()
         };

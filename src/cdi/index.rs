@@ -596,7 +596,19 @@ fn decode(bytes: &[u8], dirs: usize) -> Option<Index<'_>> {
             let key = r.key()?;
             let flags = r.u8()?;
             let (name_len, text_len) = (r.u32()?, r.u32()?);
-            let name = Cow::Borrowed(r.take(name_len)?);
+            let name = r.take(name_len)?;
+            // A file name, never a path: one holding `/` (or `.`, `..`, a NUL) would make
+            // `dir.join(name)` read a file outside the spec directory. Only a forged or foreign
+            // index holds one ([`list`] keeps directory entries); the whole index is refused.
+            if name.is_empty()
+                || name == b"."
+                || name == b".."
+                || name.contains(&b'/')
+                || name.contains(&0)
+            {
+                return None;
+            }
+            let name = Cow::Borrowed(name);
             let text = Cow::Borrowed(r.take(text_len)?);
             files.push(FileEntry {
                 name,
@@ -1389,5 +1401,43 @@ mod tests {
         let names = vec!["nvidia.com/gpu=0".to_string()];
         let (reg, _) = load_at(&d.dirs(), &names, &d.cache, t);
         assert_eq!(Dirs::answer(&reg, &names).unwrap()[0].1, vec!["V=2"]);
+    }
+
+    /// A forged index naming a file by a path (`../x.yaml`, `sub/x.yaml`) or by `.`/`..` is
+    /// refused whole (it is then rebuilt from the directories), a plain name read back.
+    #[test]
+    fn entries_whose_names_are_paths_are_refused() {
+        let index = |name: &[u8]| Index {
+            dirs: vec![DirEntry {
+                path: b"/etc/cdi".to_vec(),
+                key: None,
+                trusted: true,
+                files: vec![FileEntry {
+                    name: Cow::Owned(name.to_vec()),
+                    key: Key {
+                        dev: 1,
+                        ino: 2,
+                        size: 3,
+                        mtime: 4,
+                        ctime: 5,
+                    },
+                    trusted: true,
+                    content: Content::Spec(Cow::Borrowed(b"x")),
+                }],
+            }],
+        };
+        let good = encode(&index(b"nvidia.yaml"));
+        assert_eq!(decode(&good, 1), Some(index(b"nvidia.yaml")));
+        for bad in [
+            &b"../../etc/shadow.yaml"[..],
+            b"sub/nvidia.yaml",
+            b"/abs.yaml",
+            b"..",
+            b".",
+            b"",
+            b"a\0.yaml",
+        ] {
+            assert_eq!(decode(&encode(&index(bad)), 1), None, "{bad:?}");
+        }
     }
 }

@@ -281,50 +281,22 @@ pub fn read_file_with_meta(path: &Path) -> Result<(Spec, std::fs::Metadata), Spe
     Ok((spec, meta))
 }
 
-/// Reads a spec file without trusting what the directory holds: opened non-blocking (a FIFO
-/// would otherwise block every `create` until something writes to it), then `fstat` on the
-/// open file: regular files only (symlinks followed, as the reference reads them), at most
-/// [`MAX_SPEC_BYTES`].
+/// Reads a spec file without trusting what the directory holds ([`crate::hostfile`]: a FIFO
+/// would otherwise block every `create` until something writes to it; symlinks followed, as
+/// the reference reads them), at most [`MAX_SPEC_BYTES`].
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>, LoadError> {
     read_bytes_with_meta(path).map(|(bytes, _)| bytes)
 }
 
 fn read_bytes_with_meta(path: &Path) -> Result<(Vec<u8>, std::fs::Metadata), LoadError> {
-    use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(path)
-        .map_err(LoadError::Read)?;
-    let meta = file.metadata().map_err(LoadError::Read)?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let what = if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_dir() {
-            "a directory"
-        } else if ft.is_socket() {
-            "a socket"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "a device"
-        } else {
-            "not a file"
-        };
-        return Err(LoadError::NotRegular(what));
-    }
-    if meta.len() > MAX_SPEC_BYTES {
-        return Err(LoadError::TooLarge(meta.len()));
-    }
-    // The file may grow after the fstat: read one byte past the limit to notice.
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(MAX_SPEC_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(LoadError::Read)?;
-    if bytes.len() as u64 > MAX_SPEC_BYTES {
-        return Err(LoadError::TooLarge(bytes.len() as u64));
-    }
-    Ok((bytes, meta))
+    use crate::hostfile::Refused;
+    crate::hostfile::read_with_meta(path, MAX_SPEC_BYTES).map_err(
+        |e| match crate::hostfile::refused(&e) {
+            Some(Refused::NotRegular(what)) => LoadError::NotRegular(what),
+            Some(Refused::TooLarge { size, .. }) => LoadError::TooLarge(*size),
+            None => LoadError::Read(e),
+        },
+    )
 }
 
 fn version_rank(v: &str) -> Option<usize> {

@@ -204,8 +204,8 @@ pub(super) fn table(path: &Path, cache_dir: &Path, read_at: i64) -> Option<Optio
     if !key.trusted_at(read_at) || !writable {
         return None;
     }
-    let text = std::fs::read(path).ok()?;
-    let table = std::str::from_utf8(&text).ok().and_then(MigTable::parse);
+    let text = super::read_kernel_file(path).ok()?;
+    let table = MigTable::parse(&text);
     // Kept only when the file is the one `stat`ed before it was read.
     if Key::at(path) == Some(key) {
         if let Err(e) = cache::write_private(cache_dir, &file, &encode(&key_text, table)) {

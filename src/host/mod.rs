@@ -177,11 +177,20 @@ pub fn under_root(root: &Path, abs: &str) -> PathBuf {
 }
 
 fn read(path: &Path) -> Result<String, HostError> {
-    fs::read_to_string(path).map_err(|source| HostError::Read {
+    read_kernel_file(path).map_err(|source| HostError::Read {
         path: path.to_path_buf(),
         source,
     })
 }
+
+/// A file of the driver's `/proc` (or another kernel file) under the host's roots, read as
+/// [`crate::hostfile`] reads (the roots are settings: a FIFO there must not block).
+pub fn read_kernel_file(path: &Path) -> std::io::Result<String> {
+    crate::hostfile::read_to_string(path, crate::hostfile::KERNEL_FILE_LIMIT)
+}
+
+/// The most of ld.so.cache read: the parser's own limit.
+pub const LD_CACHE_LIMIT: u64 = nvshim_hook::ldcache::MAX_CACHE_LEN as u64;
 
 /// Normalises a PCI bus id: `1B:00.0`, `0000:1b:00.0`, `00000000:1b:00.0` → `0000:1b:00.0`.
 pub fn normalize_bus_id(id: &str) -> Option<String> {
@@ -234,7 +243,7 @@ impl Host {
     /// The driver version from `proc/driver/nvidia/version` (see [`parse_driver_banner`]).
     pub fn driver_version(&self) -> Result<String, HostError> {
         let path = self.roots.proc_root.join("driver/nvidia/version");
-        let text = match fs::read_to_string(&path) {
+        let text = match read_kernel_file(&path) {
             Ok(t) => t,
             // The kernel module writes the file when it loads.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -280,7 +289,7 @@ impl Host {
         host_path.push(name);
         let dev = self.dev_dir.get_or_init(|| {
             Some(std::sync::Arc::new(
-                fs::File::open(root.join("dev")).ok()?.into(),
+                crate::hostfile::open_dir(&root.join("dev")).ok()?.into(),
             ))
         });
         let dev = std::os::fd::AsFd::as_fd(dev.as_deref()?);
@@ -330,7 +339,7 @@ impl Host {
             root::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).ok()
         };
         let dir = self.roots.proc_root.join("driver/nvidia/capabilities");
-        let Ok(caps) = fs::File::open(&dir) else {
+        let Ok(caps) = crate::hostfile::open_dir(&dir) else {
             return Vec::new();
         };
         let mut out = Vec::new();
@@ -405,7 +414,7 @@ impl Host {
 
     fn ld_cache_only(&self, keep: impl FnMut(&[u8]) -> bool) -> Result<LdCache, HostError> {
         let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
-        let bytes = match fs::read(&path) {
+        let bytes = match crate::hostfile::read(&path, LD_CACHE_LIMIT) {
             Ok(bytes) => bytes,
             Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
                 return match self.scanned_ld_cache(keep) {
@@ -434,18 +443,21 @@ impl Host {
             .entries
             .into_iter()
             .map(|(e, _, _)| e)
-            .filter(|e| keep(e.name.as_bytes()))
+            .filter(|e| keep(&e.name))
             .collect();
         entries.sort_by(nvshim_hook::ldcache::compare);
         Some(LdCache {
+            // A driver library whose name is not UTF-8 is not one nvshim mounts.
             entries: entries
                 .into_iter()
-                .map(|e| LdCacheEntry {
-                    flags: e.flags,
-                    name: e.name,
-                    path: e.path,
-                    os_version: e.os_version,
-                    hwcap: e.hwcap,
+                .filter_map(|e| {
+                    Some(LdCacheEntry {
+                        flags: e.flags,
+                        name: String::from_utf8(e.name).ok()?,
+                        path: String::from_utf8(e.path).ok()?,
+                        os_version: e.os_version,
+                        hwcap: e.hwcap,
+                    })
                 })
                 .collect(),
             generator: None,
@@ -800,93 +812,9 @@ impl Host {
         out
     }
 
-    /// Every driver library of this driver version, for CDI generation: the 64-bit
-    /// ld.so.cache entries that resolve to a `*.so.<version>` file, plus every other
-    /// `*.so.<version>` file in the directories those live in and their `vdpau/`
-    /// subdirectories. NVIDIA's generator mounts all of them regardless of capabilities
-    ///. SONAMEs come from the cache; for a file the cache
-    /// does not index (the `vdpau/` ones), from a `<stem>.so.<n>` symlink beside it pointing at
-    /// it, else the file name itself. Sorted by container path.
-    pub fn all_driver_libraries(
-        &self,
-        cache: &LdCache,
-        driver_version: &str,
-    ) -> Vec<DriverLibrary> {
-        let suffix = format!(".so.{driver_version}");
-        let mut found: Vec<DriverLibrary> = Vec::new();
-        for e in cache.entries.iter().filter(|e| e.is_64bit()) {
-            let Some(file) = self.resolve_in_driver_root(&e.path) else {
-                continue;
-            };
-            if !file.ends_with(&suffix) || found.iter().any(|l| l.file.container_path == file) {
-                continue;
-            }
-            found.push(self.library_at(file, &e.name));
-        }
-        let mut dirs: Vec<String> = Vec::new();
-        for l in &found {
-            if let Some((dir, _)) = l.file.container_path.rsplit_once('/') {
-                for d in [dir.to_string(), format!("{dir}/vdpau")] {
-                    if !dirs.contains(&d) {
-                        dirs.push(d);
-                    }
-                }
-            }
-        }
-        for dir in dirs {
-            let host_dir = under_root(&self.roots.driver_root, &dir);
-            let Ok(entries) = fs::read_dir(&host_dir) else {
-                continue;
-            };
-            let mut files: Vec<String> = Vec::new();
-            let mut links: Vec<(String, String)> = Vec::new();
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Ok(ft) = entry.file_type() else { continue };
-                if ft.is_symlink() {
-                    if let Ok(target) = fs::read_link(entry.path()) {
-                        links.push((name, target.to_string_lossy().into_owned()));
-                    }
-                } else if ft.is_file() && name.ends_with(&suffix) {
-                    files.push(name);
-                }
-            }
-            for name in files {
-                let container_path = format!("{dir}/{name}");
-                if found
-                    .iter()
-                    .any(|l| l.file.container_path == container_path)
-                {
-                    continue;
-                }
-                let stem = &name[..name.len() - suffix.len()];
-                let soname = links
-                    .iter()
-                    .filter(|(_, target)| *target == name)
-                    .map(|(link, _)| link)
-                    .find(|link| {
-                        link.strip_prefix(stem)
-                            .and_then(|rest| rest.strip_prefix(".so."))
-                            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-                    })
-                    .cloned()
-                    .unwrap_or_else(|| name.clone());
-                found.push(DriverLibrary {
-                    file: HostFile {
-                        host_path: host_dir.join(&name),
-                        container_path,
-                    },
-                    soname,
-                });
-            }
-        }
-        found.sort_by(|a, b| a.file.container_path.cmp(&b.file.container_path));
-        found
-    }
-
     /// `<proc-root>/sys/kernel/osrelease`, trimmed; empty when it cannot be read.
     pub fn kernel_release(&self) -> String {
-        fs::read_to_string(self.roots.proc_root.join("sys/kernel/osrelease"))
+        read_kernel_file(&self.roots.proc_root.join("sys/kernel/osrelease"))
             .map(|s| s.trim().to_string())
             .unwrap_or_default()
     }
@@ -991,7 +919,7 @@ impl Host {
         }
         let caps_dir = self.roots.proc_root.join("driver/nvidia/capabilities");
         // Every file looked up relative to the directory, opened once.
-        let dir = match fs::File::open(&caps_dir) {
+        let dir = match crate::hostfile::open_dir(&caps_dir) {
             Ok(dir) => dir,
             // No capabilities at all: no such file.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -1022,7 +950,7 @@ impl Host {
     /// file is no MIG support (nothing called).
     fn each_mig_minor(&self, mut f: impl FnMut(&str, u32)) -> Result<(), HostError> {
         let path = self.roots.proc_root.join("driver/nvidia-caps/mig-minors");
-        let text = match fs::read_to_string(&path) {
+        let text = match read_kernel_file(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(source) => return Err(HostError::Read { path, source }),
@@ -1069,7 +997,11 @@ fn read_capability_minor(
     rel: &str,
 ) -> Result<Option<u32>, HostError> {
     let mut buf = [0u8; 256];
-    let read = nvshim_hook::root::openat(dir, rel.as_bytes(), libc::O_RDONLY, 0)
+    // Non-blocking and bounded as `crate::hostfile` reads, without its `fstat` (112 more system
+    // calls in a MIG `all` create): a FIFO under a configured proc root reads as empty, a
+    // device stops at the limit.
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let read = nvshim_hook::root::openat(dir, rel.as_bytes(), flags, 0)
         .map(fs::File::from)
         .and_then(|mut f| {
             use std::io::Read;
@@ -1077,9 +1009,8 @@ fn read_capability_minor(
             if n < buf.len() {
                 return Ok(String::from_utf8_lossy(&buf[..n]).into_owned());
             }
-            let mut all = buf.to_vec();
-            f.read_to_end(&mut all)?;
-            Ok(String::from_utf8_lossy(&all).into_owned())
+            let rest = crate::hostfile::read_bounded(f, 0, crate::hostfile::KERNEL_FILE_LIMIT)?;
+            Ok(String::from_utf8_lossy(&[&buf[..], &rest].concat()).into_owned())
         });
     let text = match read {
         Ok(t) => t,
@@ -1277,8 +1208,8 @@ mod tests {
             .iter()
             .map(|n| CacheEntry {
                 flags: 0x0303,
-                name: n.to_string(),
-                path: format!("/usr/lib/x86_64-linux-gnu/{n}"),
+                name: n.as_bytes().to_vec(),
+                path: format!("/usr/lib/x86_64-linux-gnu/{n}").into_bytes(),
                 os_version: 0,
                 hwcap: 0,
                 hwcaps: None,

@@ -12,7 +12,8 @@
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
 //!   `N` from the capability's own file under `<proc-root>/driver/nvidia/capabilities`
-//!   ([`Host::capability_minors`]). NVML is loaded only to map a MIG index or UUID to its
+//!   ([`Host::capability_minors`]); never the GPU's DRM nodes ([`device_nodes`], the rule
+//!   `nvshim cdi generate` follows too). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
 //!   loads it.
 //! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`
@@ -70,11 +71,6 @@ pub enum LegacyError {
         what: String,
         name: &'static str,
         path: PathBuf,
-    },
-    #[error("{var} asks for the MIG {capability} capability, which only privileged containers (CAP_SYS_ADMIN) may have; run the container privileged or unset {var}")]
-    MigUnprivileged {
-        var: &'static str,
-        capability: &'static str,
     },
     #[error("IMEX channel {channel} does not exist: no device node {path} (create the channel, e.g. through a ComputeDomain, or ask for one that exists)")]
     UnknownImexChannel { channel: u32, path: PathBuf },
@@ -434,6 +430,12 @@ fn all_migs(host: &Host, gpus: &[Gpu]) -> Vec<MigDevice> {
 
 /// The `mig-minors` names of a MIG device's two capabilities (GPU instance, compute instance).
 pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
+    instance_capabilities(mig.parent.minor, mig.gpu_instance, mig.compute_instance)
+}
+
+/// The `mig-minors` names of the capabilities of GPU instance `gi` and its compute instance
+/// `ci` on the GPU with minor `gpu`.
+fn instance_capabilities(gpu: u32, gi: u32, ci: u32) -> [String; 2] {
     // Concatenated rather than `format!`ed, as the other names a MIG `all` create makes for
     // each of its devices: `format!` cost about 1,000 instructions a name (callgrind).
     let mut bufs = [
@@ -442,13 +444,87 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
         itoa::Buffer::new(),
     ];
     let [a, b, c] = &mut bufs;
-    let gpu = a.format(mig.parent.minor);
-    let gi = b.format(mig.gpu_instance);
-    let ci = c.format(mig.compute_instance);
+    let gpu = a.format(gpu);
+    let gi = b.format(gi);
+    let ci = c.format(ci);
     [
         ["gpu", gpu, "/gi", gi, "/access"].concat(),
         ["gpu", gpu, "/gi", gi, "/ci", ci, "/access"].concat(),
     ]
+}
+
+/// One device a container is given, as legacy requests and `nvshim cdi generate` both count
+/// them: a whole GPU, or one MIG device of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuDevice<'a> {
+    /// A whole GPU: its minor and PCI bus id.
+    Gpu { minor: u32, bus_id: &'a str },
+    /// A MIG device: its parent GPU's minor, its GPU instance and compute instance.
+    Mig {
+        parent_minor: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    },
+}
+
+/// The nodes one device brings, besides the control nodes every GPU container gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceNodes {
+    /// `nvidia<minor>`: the GPU's, or a MIG device's parent's.
+    pub gpu: String,
+    /// A MIG device's GPU-instance and compute-instance capabilities, as `mig-minors` names
+    /// them (their nodes are `nvidia-caps/nvidia-cap<minor>`).
+    pub mig_capabilities: Vec<String>,
+    /// With graphics, a whole GPU's DRM card and render nodes.
+    pub drm: Vec<HostDeviceNode>,
+}
+
+/// Which nodes `device` brings: the one rule for legacy requests ([`resolve`]) and the specs
+/// `nvshim cdi generate` writes, so the two cannot disagree. A MIG device gets its parent's
+/// node and its two capability nodes, never the parent's DRM nodes: those open the whole GPU,
+/// whatever slice of it the container holds (libnvidia-container gives a MIG device none).
+pub fn device_nodes(host: &Host, device: GpuDevice<'_>, graphics: bool) -> DeviceNodes {
+    match device {
+        GpuDevice::Gpu { minor, bus_id } => DeviceNodes {
+            gpu: ["nvidia", itoa::Buffer::new().format(minor)].concat(),
+            mig_capabilities: Vec::new(),
+            drm: if graphics {
+                host.drm_nodes(bus_id)
+            } else {
+                Vec::new()
+            },
+        },
+        GpuDevice::Mig {
+            parent_minor,
+            gpu_instance,
+            compute_instance,
+        } => DeviceNodes {
+            gpu: ["nvidia", itoa::Buffer::new().format(parent_minor)].concat(),
+            mig_capabilities: instance_capabilities(parent_minor, gpu_instance, compute_instance)
+                .into(),
+            drm: Vec::new(),
+        },
+    }
+}
+
+/// A DRM node as NVIDIA ≥ 1.19 writes it, with the node's group to add to the container's
+/// groups when the node is not world read-write (render and video groups).
+fn drm_node(n: &HostDeviceNode) -> (DeviceNode, Option<u32>) {
+    let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
+    (
+        DeviceNode {
+            path: n.container_path.clone(),
+            host_path: None,
+            kind: Some("c".into()),
+            major: Some(n.major.into()),
+            minor: Some(n.minor.into()),
+            file_mode: Some(n.file_mode),
+            permissions: Some("rwm".into()),
+            uid: Some(n.uid),
+            gid: Some(n.gid),
+        },
+        gid,
+    )
 }
 
 /// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` with its minor
@@ -563,18 +639,37 @@ pub fn resolve(
     settings: &Settings,
     nvml: &mut NvmlInventory<'_>,
 ) -> Result<Resolved, LegacyError> {
-    let (gpus, migs) = select(request, snapshot, host, nvml)?;
+    let Selected { gpus, migs, whole } = select(request, snapshot, host, nvml)?;
     let majors = &snapshot.majors;
-    let mut groups: Vec<EditGroup> = gpus
-        .iter()
-        .map(|g| EditGroup {
+    let graphics = brings(&request.capabilities, DRM_BROUGHT_BY);
+    let mut drm_links = Vec::new();
+    let mut groups: Vec<EditGroup> = Vec::with_capacity(gpus.len() + 1);
+    for g in &gpus {
+        let mut edits = ContainerEdits {
+            device_nodes: vec![gpu_node(host, majors, g)],
+            ..Default::default()
+        };
+        // A GPU selected whole: its DRM nodes with graphics; the parent of MIG devices only:
+        // none ([`device_nodes`]).
+        if whole.contains(&g.minor) {
+            let device = GpuDevice::Gpu {
+                minor: g.minor,
+                bus_id: &g.bus_id,
+            };
+            let drm = device_nodes(host, device, graphics).drm;
+            for (node, gid) in drm.iter().map(drm_node) {
+                edits.device_nodes.push(node);
+                if let Some(g) = gid.filter(|g| !edits.additional_gids.contains(g)) {
+                    edits.additional_gids.push(g);
+                }
+            }
+            drm_links.extend(host.drm_by_path_links(&drm));
+        }
+        groups.push(EditGroup {
             cause: Cause::Gpu(g.clone()),
-            edits: ContainerEdits {
-                device_nodes: vec![gpu_node(host, majors, g)],
-                ..Default::default()
-            },
-        })
-        .collect();
+            edits,
+        });
+    }
     let mut edits = ContainerEdits {
         device_nodes: control_nodes(host, majors),
         ..Default::default()
@@ -582,17 +677,10 @@ pub fn resolve(
     mig_nodes(request, snapshot, host, &migs, &mut groups, &mut edits)?;
     imex_nodes(request, majors, host, &mut edits)?;
 
-    let files = driver_files(host, &request.capabilities, &snapshot.driver_version, &gpus)?;
+    let mut files = driver_files(host, &request.capabilities, &snapshot.driver_version)?;
+    files.links.extend(drm_links);
     let not_dirs = files.mounts.iter().map(|m| m.host_path.clone()).collect();
     edits.mounts.extend(files.mounts);
-    for (node, gid) in files.drm_nodes {
-        if !edits.device_nodes.iter().any(|d| d.path == node.path) {
-            edits.device_nodes.push(node);
-        }
-        if let Some(g) = gid.filter(|g| !edits.additional_gids.contains(g)) {
-            edits.additional_gids.push(g);
-        }
-    }
 
     // MPS: a host daemon's clients find it through its pipe directory, at the same path
     // (libnvidia-container mounts `/tmp/nvidia-mps` for compute containers the same way).
@@ -608,7 +696,7 @@ pub fn resolve(
         dev_links: Some(&files.dev_links),
         links: files.links,
         cuda_compat: request.capabilities.compute,
-        application_profile: brings(&request.capabilities, DRM_BROUGHT_BY),
+        application_profile: graphics,
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
         bundle: settings.bundle.as_deref(),
     };
@@ -629,13 +717,24 @@ pub fn resolve(
     })
 }
 
-/// The GPUs a request selects (then the parents of its MIG devices) and its MIG devices.
+/// What a request selects.
+struct Selected {
+    /// The GPUs it names, then the parents of its MIG devices.
+    gpus: Vec<Gpu>,
+    migs: Vec<MigDevice>,
+    /// The minors of the GPUs it gets whole: those it names, or under `all` those without MIG
+    /// devices (a MIG-enabled GPU is served through its MIG devices, as in the `all` device of
+    /// `nvshim cdi generate`).
+    whole: Vec<u32>,
+}
+
+/// The GPUs and MIG devices a request selects.
 fn select(
     request: &Request,
     snapshot: &Snapshot,
     host: &Host,
     nvml: &mut NvmlInventory<'_>,
-) -> Result<(Vec<Gpu>, Vec<MigDevice>), LegacyError> {
+) -> Result<Selected, LegacyError> {
     let all_gpus = &snapshot.gpus;
     if matches!(
         request.devices,
@@ -654,23 +753,25 @@ fn select(
     let (gpu_ids, mig_ids) = split_mig_ids(&request.devices);
     let mut gpus = select_gpus(&gpu_ids, all_gpus)?;
     let mut migs = select_migs(&mig_ids, all_gpus, nvml)?;
+    let mut whole: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
     if request.devices == VisibleDevices::All {
         migs.extend(all_migs(host, all_gpus));
+        whole.retain(|minor| !migs.iter().any(|m| m.parent.minor == *minor));
     }
     for m in &migs {
         if !gpus.iter().any(|g| g.minor == m.parent.minor) {
             gpus.push(m.parent.clone());
         }
     }
-    Ok((gpus, migs))
+    Ok(Selected { gpus, migs, whole })
 }
 
 fn devices_path(host: &Host) -> PathBuf {
     host.roots().proc_root.join("devices")
 }
 
-/// MIG: each device's two capability nodes, in its GPU's group; `config` and `monitor` for
-/// privileged containers, in the driver's.
+/// MIG: each device's two capability nodes, in its GPU's group; `config` and `monitor` (which
+/// `request::env_policy` gives privileged containers only), in the driver's.
 fn mig_nodes(
     request: &Request,
     snapshot: &Snapshot,
@@ -694,7 +795,17 @@ fn mig_nodes(
             path: devices_path(host),
         })?;
     // All the MIG devices' capabilities in one look-up: one read of the cache for them all.
-    let caps: Vec<[String; 2]> = migs.iter().map(mig_capabilities).collect();
+    let caps: Vec<Vec<String>> = migs
+        .iter()
+        .map(|m| {
+            let device = GpuDevice::Mig {
+                parent_minor: m.parent.minor,
+                gpu_instance: m.gpu_instance,
+                compute_instance: m.compute_instance,
+            };
+            device_nodes(host, device, false).mig_capabilities
+        })
+        .collect();
     let names: Vec<&str> = caps.iter().flatten().map(String::as_str).collect();
     let mut minors = host.capability_minors(&names)?.into_iter();
     for (m, caps) in migs.iter().zip(&caps) {
@@ -716,9 +827,6 @@ fn mig_nodes(
     ] {
         if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
             continue;
-        }
-        if !request.privileged {
-            return Err(LegacyError::MigUnprivileged { var, capability });
         }
         // The capability is global; listed GPUs only have to exist (libnvidia-container
         // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
@@ -784,16 +892,13 @@ pub struct DriverFiles {
     pub dev_links: Vec<String>,
     /// Links the `create-symlinks` hook makes besides the libraries' own: (target, link).
     pub links: Vec<(String, String)>,
-    /// DRM nodes of the GPUs, with the group to add when the node is not world read-write.
-    pub drm_nodes: Vec<(DeviceNode, Option<u32>)>,
 }
 
-/// The driver's files `caps` brings, and the DRM nodes of `gpus` for graphics.
+/// The driver's files `caps` brings (a device's DRM nodes are [`device_nodes`]').
 pub fn driver_files(
     host: &Host,
     caps: &Capabilities,
     driver_version: &str,
-    gpus: &[Gpu],
 ) -> Result<DriverFiles, LegacyError> {
     let mut out = host_files(host, caps, driver_version)?;
     // The daemons' sockets: three `stat`s in `/run` and `/tmp`.
@@ -806,32 +911,6 @@ pub fn driver_files(
             out.mounts
                 .push(bind(&f.host_path, &f.container_path, IPC_MOUNT_OPTIONS));
         }
-    }
-    if brings(caps, DRM_BROUGHT_BY) {
-        let mut nodes = Vec::new();
-        for g in gpus {
-            nodes.extend(host.drm_nodes(&g.bus_id));
-        }
-        for n in &nodes {
-            // As NVIDIA ≥ 1.19 writes them: the node's group, added to the container's groups
-            // when the node is not world read-write (render and video groups).
-            let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
-            out.drm_nodes.push((
-                DeviceNode {
-                    path: n.container_path.clone(),
-                    host_path: None,
-                    kind: Some("c".into()),
-                    major: Some(n.major.into()),
-                    minor: Some(n.minor.into()),
-                    file_mode: Some(n.file_mode),
-                    permissions: Some("rwm".into()),
-                    uid: Some(n.uid),
-                    gid: Some(n.gid),
-                },
-                gid,
-            ));
-        }
-        out.links.extend(host.drm_by_path_links(&nodes));
     }
     Ok(out)
 }
@@ -1044,6 +1123,74 @@ pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path) {
     }
     hook.args.push("--bundle".into());
     hook.args.push(bundle.to_string_lossy().into_owned());
+}
+
+/// Merges nvshim's fix-ups hooks (`hook_path ... fixups`, as [`container_hooks`] writes them)
+/// among `groups` into one: those that only make links (a generated spec's per-device hooks
+/// for the DRM `by-path` links) give their links to the first other one, so a container runs
+/// one hook process however many devices of nvshim's spec it gets, as a legacy request does.
+/// Hooks of another binary, subcommand, environment or timeout are left as they are.
+pub fn merge_fixups(groups: &mut [EditGroup], hook_path: &Path) {
+    let ours = |h: &Hook| {
+        h.hook_name == "createContainer"
+            && Path::new(&h.path) == hook_path
+            && h.args.get(1).map(String::as_str) == Some("fixups")
+    };
+    let links_only = |h: &Hook| {
+        let rest = &h.args[2..];
+        rest.len() % 2 == 0 && rest.chunks(2).all(|pair| pair[0] == "--link")
+    };
+    let hooks = || {
+        groups
+            .iter()
+            .flat_map(|g| &g.edits.hooks)
+            .filter(|h| ours(h))
+    };
+    // The hook that keeps the others' links: the first that does more than links, else the
+    // first.
+    let Some(keeper) = hooks()
+        .find(|h| !links_only(h))
+        .or_else(|| hooks().next())
+        .cloned()
+    else {
+        return;
+    };
+    let mergeable = |h: &Hook| {
+        ours(h)
+            && links_only(h)
+            && *h != keeper
+            && (&h.env, h.timeout) == (&keeper.env, keeper.timeout)
+    };
+    let mut links: Vec<String> = Vec::new();
+    for g in groups.iter_mut() {
+        g.edits.hooks.retain(|h| {
+            if !mergeable(h) {
+                return true;
+            }
+            for pair in h.args[2..].chunks(2) {
+                if !links.contains(&pair[1]) {
+                    links.push(pair[1].clone());
+                }
+            }
+            false
+        });
+    }
+    if links.is_empty() {
+        return;
+    }
+    let Some(kept) = groups
+        .iter_mut()
+        .flat_map(|g| &mut g.edits.hooks)
+        .find(|h| **h == keeper)
+    else {
+        return;
+    };
+    for l in links {
+        if !kept.args.windows(2).any(|w| w[0] == "--link" && w[1] == l) {
+            kept.args.push("--link".into());
+            kept.args.push(l);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1315,8 +1462,8 @@ mod tests {
             .into_iter()
             .map(|(flags, name, path)| CacheEntry {
                 flags,
-                name,
-                path,
+                name: name.into(),
+                path: path.into(),
                 os_version: 0,
                 hwcap: 0,
                 hwcaps: None,
@@ -1617,6 +1764,58 @@ mod tests {
         }
     }
 
+    /// A generated spec's per-device link hooks join the spec's own fix-ups hook, in whichever
+    /// group it is; another binary's, another subcommand's and one with another environment
+    /// stay.
+    #[test]
+    fn link_only_fixups_hooks_merge_into_one() {
+        let ours = Path::new("/usr/bin/nvshim-hook");
+        let hook = |args: &[&str]| Hook {
+            hook_name: "createContainer".into(),
+            path: ours.to_string_lossy().into_owned(),
+            args: ["nvshim-hook", "fixups"]
+                .iter()
+                .chain(args)
+                .map(|a| a.to_string())
+                .collect(),
+            env: Some(vec![HOOK_ENV.to_string()]),
+            timeout: None,
+        };
+        let group = |hooks: Vec<Hook>| EditGroup {
+            cause: Cause::Driver,
+            edits: ContainerEdits {
+                hooks,
+                ..Default::default()
+            },
+        };
+        let card1 = ["--link", "../card1::/dev/dri/by-path/pci-a-card"];
+        let card2 = ["--link", "../card2::/dev/dri/by-path/pci-b-card"];
+        let global = hook(&["--link", "libcuda.so.1::/l/libcuda.so", "--folder", "/l"]);
+        let mut other_env = hook(&card2);
+        other_env.env = None;
+        let nvidia = Hook {
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            ..hook(&card2)
+        };
+        let mut groups = vec![
+            group(vec![hook(&card1)]),
+            group(vec![hook(&card2), nvidia.clone()]),
+            group(vec![global.clone(), hook(&card1)]),
+            group(vec![other_env.clone()]),
+        ];
+        merge_fixups(&mut groups, ours);
+        let mut want = global.clone();
+        want.args
+            .extend(card1.iter().chain(&card2).map(|a| a.to_string()));
+        let hooks: Vec<&Hook> = groups.iter().flat_map(|g| &g.edits.hooks).collect();
+        assert_eq!(hooks, [&nvidia, &want, &other_env]);
+        // Link hooks alone: the first keeps them all.
+        let mut groups = vec![group(vec![hook(&card1)]), group(vec![hook(&card2)])];
+        merge_fixups(&mut groups, ours);
+        let hooks: Vec<&Hook> = groups.iter().flat_map(|g| &g.edits.hooks).collect();
+        assert_eq!(hooks, [&hook(&[card1, card2].concat())]);
+    }
+
     #[test]
     fn driver_files_per_capability() {
         let (_dir, host) = driver_root();
@@ -1708,7 +1907,7 @@ mod tests {
         ];
         for (caps, want, not) in cases {
             let caps_value = Capabilities::parse(Some(caps)).unwrap();
-            let files = driver_files(&host, &caps_value, v, &[]).unwrap();
+            let files = driver_files(&host, &caps_value, v).unwrap();
             let mounted: Vec<&str> = files
                 .mounts
                 .iter()
@@ -1732,7 +1931,7 @@ mod tests {
         }
         // The links the hooks make: GBM's backend for graphics, the GLX server module for display.
         let links = |caps: &str| {
-            driver_files(&host, &Capabilities::parse(Some(caps)).unwrap(), v, &[])
+            driver_files(&host, &Capabilities::parse(Some(caps)).unwrap(), v)
                 .unwrap()
                 .links
         };
@@ -1747,8 +1946,7 @@ mod tests {
             format!("{lib}/nvidia/xorg/libglxserver_nvidia.so")
         )));
         // SONAMEs: from the cache, and from the link beside a vdpau library.
-        let video =
-            driver_files(&host, &Capabilities::parse(Some("video")).unwrap(), v, &[]).unwrap();
+        let video = driver_files(&host, &Capabilities::parse(Some("video")).unwrap(), v).unwrap();
         assert!(video
             .libs
             .iter()

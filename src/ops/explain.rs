@@ -266,7 +266,7 @@ pub fn explain(
     };
     let result = create::plan_bundle(config, bundle, &tools, &mut trace);
     if let Some(request) = &trace.request {
-        describe_request(&mut out, &original, request);
+        describe_request(&mut out, config, &original, request);
         out.requirements_disabled |= config.disable_require;
         if let Some(route) = &trace.route {
             out.route = Some(describe_route(route));
@@ -325,7 +325,7 @@ fn env_value(spec: &Value, key: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
-fn describe_request(out: &mut Explanation, spec: &Value, request: &Request) {
+fn describe_request(out: &mut Explanation, config: &Config, spec: &Value, request: &Request) {
     out.privileged = request.privileged;
     out.requirements_disabled = request.disable_require;
     out.capabilities = if request.wants_gpus() {
@@ -390,11 +390,22 @@ fn describe_request(out: &mut Explanation, spec: &Value, request: &Request) {
             key: request::VISIBLE_DEVICES.into(),
             value: env_value(spec, request::VISIBLE_DEVICES).unwrap_or_default(),
             honoured: false,
-            note: Some(
-                "ignored: the container is unprivileged (no CAP_SYS_ADMIN) and accept-envvar-unprivileged = false"
-                    .into(),
-            ),
+            note: Some(format!(
+                "ignored: the container is unprivileged (no CAP_SYS_ADMIN), accept-envvar-unprivileged = {} and nothing was allocated beside it; all and none are a CUDA image's own defaults",
+                config.accept_envvar_unprivileged.name()
+            )),
         });
+    }
+    for refused in &request.refused {
+        if let request::RequestError::Refused { var, value, reason } = refused {
+            out.requests.push(RequestItem {
+                source: "env",
+                key: var.to_string(),
+                value: value.clone(),
+                honoured: false,
+                note: Some(format!("refused (create fails): {reason}")),
+            });
+        }
     }
 }
 

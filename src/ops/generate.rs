@@ -3,15 +3,18 @@
 //! Devices: one per full GPU under each naming strategy (index `0`, UUID `GPU-…`,
 //! type-index `gpu0`), one per MIG device (`0:1`, `MIG-…`, `mig0:1`) where NVML reports MIG,
 //! and `all`. As in NVIDIA's generator, a MIG-enabled GPU is served through its MIG devices
-//! only; a full GPU also carries its DRM card and render nodes and a hook for their `by-path`
-//! links. Global edits: `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the
-//! control nodes that exist, every 64-bit file the driver gives a container with every
-//! capability (`crate::nvidia`'s tables, as `legacy` finds them) plus any other
-//! `*.so.<driver version>` library beside them, read-only and private, the IPC sockets, and
-//! NVIDIA's `createContainer` hooks in NVIDIA's order with an explicit environment. Device nodes carry what a `stat` of the host node says (major,
-//! minor, mode, a non-root group), without `type`, so a consumer re-stats the node at create
-//! time and a node that has vanished fails loudly. `cdiVersion` is the lowest the content
-//! needs: old consumers (podman 4 reads up to 0.5.0) keep working.
+//! only; a full GPU also carries its DRM card and render nodes (with their groups in
+//! `additionalGids`, as NVIDIA writes them) and a hook for their `by-path` links, a MIG device
+//! none ([`legacy::device_nodes`] decides for legacy requests too). Global edits:
+//! `NVIDIA_VISIBLE_DEVICES=void` (so a second pass sees no request), the control nodes that
+//! exist, every 64-bit file the driver gives a container with every capability
+//! (`crate::nvidia`'s tables, as `legacy` finds them: one table for both), read-only and
+//! private, the IPC sockets, and NVIDIA's `createContainer` hooks in NVIDIA's order with an
+//! explicit environment. Device nodes carry what a `stat` of the host node says (major, minor,
+//! mode, a non-root group), without `type`, so a consumer re-stats the node at create time and
+//! a node that has vanished fails loudly. `cdiVersion` is the lowest the content needs: 0.7.0
+//! with DRM groups, 0.5.0 without (`--no-additional-gids`, for podman 4 and containerd 1.7,
+//! whose CDI readers stop below 0.7.0).
 //!
 //! Discovery is NVML when the driver root's `libnvidia-ml.so.1` loads and answers; otherwise
 //! `/proc/driver/nvidia` (no MIG), with the reason reported.
@@ -28,7 +31,6 @@ use crate::host::{Host, HostError, HostFile};
 use crate::legacy;
 use crate::nvidia::Capabilities;
 use crate::nvidia::IPC_MOUNT_OPTIONS;
-use crate::nvidia::MOUNT_OPTIONS;
 
 /// Control nodes, in NVIDIA's order (`pkg/nvcdi/common-nvml.go`); only those present are added.
 const CONTROL_NODES: &[&str] = &[
@@ -103,6 +105,10 @@ pub struct Options {
     pub all_device: bool,
     /// The `nvshim-hook` binary written into the hooks.
     pub hook_path: PathBuf,
+    /// Add the groups of DRM nodes that are not world read-write to `additionalGids`, as
+    /// NVIDIA's generator does: the spec then needs CDI 0.7.0, which the CDI readers of
+    /// containerd 1.7 and podman 4 do not take (`--no-additional-gids` leaves them out).
+    pub additional_gids: bool,
 }
 
 impl Default for Options {
@@ -113,6 +119,7 @@ impl Default for Options {
             strategies: vec![NameStrategy::Index, NameStrategy::Uuid],
             all_device: true,
             hook_path: PathBuf::from("/usr/bin/nvshim-hook"),
+            additional_gids: true,
         }
     }
 }
@@ -250,7 +257,7 @@ fn mount(f: &HostFile, options: &[&str]) -> Mount {
 
 /// The edits every device shares: the control nodes, and everything the driver gives a
 /// container with every capability but `compat32` (NVIDIA's generator mounts no 32-bit
-/// libraries) plus any other `*.so.<driver version>` library beside them, with NVIDIA's hooks.
+/// libraries), with NVIDIA's hooks.
 fn global_edits(
     host: &Host,
     driver_version: &str,
@@ -269,22 +276,9 @@ fn global_edits(
         compat32: false,
         ..Capabilities::ALL
     };
-    let mut files = legacy::driver_files(host, &caps, driver_version, &[])?;
-    let cache = host.ld_cache().map_err(|source| GenerateError::Host {
-        context: "reading the host's ld.so.cache",
-        source,
-    })?;
-    for l in host.all_driver_libraries(&cache, driver_version) {
-        if !files
-            .libs
-            .iter()
-            .any(|f| f.file.container_path == l.file.container_path)
-        {
-            files.mounts.push(mount(&l.file, MOUNT_OPTIONS));
-            files.libs.push(l);
-        }
-    }
-    // Files first, as `driver_files` orders them, then the extra libraries; one mount per path.
+    // The one table legacy requests take their files from too (`crate::nvidia`).
+    let files = legacy::driver_files(host, &caps, driver_version)?;
+    // As `driver_files` orders them; one mount per path.
     for m in files.mounts {
         if !edits
             .mounts
@@ -303,8 +297,7 @@ fn global_edits(
     }
     let plan = legacy::HookPlan {
         libs: &files.libs,
-        // `files.libs` holds libraries `driver_files` did not look at.
-        dev_links: None,
+        dev_links: Some(&files.dev_links),
         links: files.links,
         cuda_compat: true,
         application_profile: true,
@@ -321,22 +314,35 @@ fn global_edits(
     Ok(edits)
 }
 
-/// A GPU's DRM card and render nodes, and the hook that makes their `by-path` links.
-fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerEdits) {
-    let nodes = host.drm_nodes(bus_id);
-    for n in &nodes {
+/// A device's nodes ([`legacy::device_nodes`], the rule legacy requests follow too): its GPU
+/// node, a MIG device's capability nodes (minors from `mig-minors`), a whole GPU's DRM card
+/// and render nodes with their groups in `additionalGids` (as NVIDIA's generator writes them,
+/// unless `opts.additional_gids` is off) and the hook that makes their `by-path` links.
+fn device_edits(
+    host: &Host,
+    device: legacy::GpuDevice<'_>,
+    minors: &[(String, u32)],
+    opts: &Options,
+    edits: &mut ContainerEdits,
+) -> Result<(), String> {
+    let nodes = legacy::device_nodes(host, device, true);
+    add_node(edits, node_edit(host, &nodes.gpu));
+    for cap in &nodes.mig_capabilities {
+        let minor = cap_minor(minors, cap).ok_or_else(|| cap.clone())?;
+        add_node(
+            edits,
+            node_edit(host, &format!("nvidia-caps/nvidia-cap{minor}")),
+        );
+    }
+    for n in &nodes.drm {
         let name = n.container_path.trim_start_matches("/dev/");
-        // The node keeps its group, but the group is not added to the container's: that
-        // needs `additionalGids`, which raises the spec to 0.7.0, and the CDI readers of
-        // containerd 1.7 and podman 4 stop at 0.6.0 and 0.5.0. Root (most GPU containers)
-        // opens the node either way; legacy requests, applied by nvshim itself, do add it.
-        let (node, _) = node_edit(host, name);
-        add_node(edits, (node, None));
+        let (node, gid) = node_edit(host, name);
+        add_node(edits, (node, gid.filter(|_| opts.additional_gids)));
     }
     let plan = legacy::HookPlan {
         libs: &[],
         dev_links: None,
-        links: host.drm_by_path_links(&nodes),
+        links: host.drm_by_path_links(&nodes.drm),
         cuda_compat: false,
         application_profile: false,
         host_params: None,
@@ -344,7 +350,8 @@ fn drm_edits(host: &Host, bus_id: &str, hook_path: &Path, edits: &mut ContainerE
     };
     edits
         .hooks
-        .extend(legacy::container_hooks(host, &plan, "", hook_path));
+        .extend(legacy::container_hooks(host, &plan, "", &opts.hook_path));
+    Ok(())
 }
 
 /// The `access` capability minor of a MIG path, from `mig-minors`.
@@ -366,26 +373,22 @@ fn mig_unit(
     minors: &[(String, u32)],
     gpu: &GpuInfo,
     mig: &MigInfo,
+    opts: &Options,
 ) -> Result<Unit, GenerateError> {
     let mut edits = ContainerEdits::default();
-    add_node(&mut edits, node_edit(host, &format!("nvidia{}", gpu.minor)));
-    let gi = format!("gpu{}/gi{}/access", gpu.minor, mig.gpu_instance);
-    let ci = format!(
-        "gpu{}/gi{}/ci{}/access",
-        gpu.minor, mig.gpu_instance, mig.compute_instance
-    );
-    for cap in [gi, ci] {
-        let minor = cap_minor(minors, &cap).ok_or_else(|| GenerateError::MigCapability {
+    let device = legacy::GpuDevice::Mig {
+        parent_minor: gpu.minor,
+        gpu_instance: mig.gpu_instance,
+        compute_instance: mig.compute_instance,
+    };
+    device_edits(host, device, minors, opts, &mut edits).map_err(|capability| {
+        GenerateError::MigCapability {
             gpu: gpu.index,
             device: mig.index,
-            capability: cap.clone(),
+            capability,
             file: host.roots().proc_root.join("driver/nvidia-caps/mig-minors"),
-        })?;
-        add_node(
-            &mut edits,
-            node_edit(host, &format!("nvidia-caps/nvidia-cap{minor}")),
-        );
-    }
+        }
+    })?;
     Ok(Unit {
         index_name: format!("{}:{}", gpu.index, mig.index),
         uuid: mig.uuid.clone(),
@@ -431,8 +434,12 @@ pub fn generate_with_progress(
     for g in discovery.gpus.iter().filter(|g| !g.mig_enabled) {
         progress(&format!("GPU {} of {total}: device nodes", g.index + 1));
         let mut edits = ContainerEdits::default();
-        add_node(&mut edits, node_edit(host, &format!("nvidia{}", g.minor)));
-        drm_edits(host, &g.bus_id, &opts.hook_path, &mut edits);
+        let device = legacy::GpuDevice::Gpu {
+            minor: g.minor,
+            bus_id: &g.bus_id,
+        };
+        // A whole GPU has no capability to look up.
+        let _ = device_edits(host, device, &[], opts, &mut edits);
         units.push(Unit {
             index_name: g.index.to_string(),
             uuid: g.uuid.clone(),
@@ -443,7 +450,7 @@ pub fn generate_with_progress(
     for g in discovery.gpus.iter().filter(|g| g.mig_enabled) {
         progress(&format!("GPU {} of {total}: MIG devices", g.index + 1));
         for m in &g.migs {
-            units.push(mig_unit(host, &minors, g, m)?);
+            units.push(mig_unit(host, &minors, g, m, opts)?);
         }
     }
     let mut devices: Vec<Device> = Vec::new();
@@ -565,12 +572,14 @@ pub fn generate_imex(host: &Host, opts: &Options) -> Result<Spec, GenerateError>
 
 /// Writes `text` to `path` with [`crate::atomic::write`] (its temporary name never ends in
 /// `.json` or `.yaml`, so a consumer scanning the directory meanwhile skips it), data flushed,
-/// mode 0644 as NVIDIA writes specs: a consumer never reads half a spec.
+/// mode 0644 as NVIDIA writes specs: a consumer never reads half a spec. A symlink at `path`
+/// is written through, a FIFO or device there refused ([`crate::atomic::target`]).
 pub fn write_atomically(path: &Path, text: &str) -> Result<(), GenerateError> {
     let err = |source| GenerateError::Write {
         path: path.to_path_buf(),
         source,
     };
+    let path = &crate::atomic::target(path).map_err(err)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(err)?;
     }

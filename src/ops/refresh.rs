@@ -39,6 +39,12 @@ pub enum RefreshError {
         #[source]
         source: Box<GenerateError>,
     },
+    #[error("cannot refresh {}: {source}", path.display())]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What to refresh, and how.
@@ -85,9 +91,22 @@ pub fn refresh(
             waited: start.elapsed(),
         });
     }
-    let existing = std::fs::read(&opts.output).ok();
+    // A FIFO or device there is refused before anything reads it (it would block or never
+    // end); a symlink is followed, and its target written ([`crate::atomic::target`]).
+    let target = crate::atomic::target(&opts.output).map_err(|source| RefreshError::Output {
+        path: opts.output.clone(),
+        source,
+    })?;
+    let (existing, unreadable) = match crate::hostfile::read(&target, spec::MAX_SPEC_BYTES) {
+        Ok(bytes) => (Some(bytes), None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (None, None),
+        Err(e) => (None, Some(e)),
+    };
     let reasons = match existing.as_deref().map(spec::parse) {
-        None => vec!["does not exist".to_string()],
+        None => match unreadable {
+            Some(e) => vec![format!("cannot be read: {e}")],
+            None => vec!["does not exist".to_string()],
+        },
         Some(Err(e)) => vec![format!("does not parse: {e}")],
         Some(Ok(current)) => {
             let reasons = freshness::stale_reasons(&current, &HostView::read(host));
@@ -135,7 +154,9 @@ fn wait_for_driver(host: &Host, wait: Duration) -> bool {
 /// An NVIDIA (vendor 0x10de) display-class (0x03xxxx: VGA, 3D controller) PCI device in
 /// `<sys>/bus/pci/devices`.
 pub fn nvidia_pci_display_device(sys: &Path) -> bool {
-    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let read = |p: PathBuf| {
+        crate::hostfile::read_to_string(&p, crate::hostfile::KERNEL_FILE_LIMIT).unwrap_or_default()
+    };
     std::fs::read_dir(sys.join("bus/pci/devices"))
         .into_iter()
         .flatten()

@@ -69,7 +69,7 @@ pub const MAX_NVIDIA_VALUE_BYTES: usize = 1 << 20;
 /// hundred GPUs, MIG devices or IMEX channels to name.
 pub const MAX_DEVICE_NAMES: usize = 10_000;
 
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum RequestError {
     #[error("process.env entry {0:?} has no '=': every entry must be KEY=VALUE, fix the container's environment")]
     EnvWithoutEquals(String),
@@ -100,14 +100,16 @@ pub enum RequestError {
     ValueTooLong { var: String, len: usize },
     #[error("{from} names {count} devices, more than the {MAX_DEVICE_NAMES} nvshim accepts in one request; name fewer devices")]
     TooManyDeviceNames { from: String, count: usize },
-    #[error("{VISIBLE_DEVICES} names the CDI device {name:?} of kind {kind:?}, which the environment may not ask for (allowed: {allowed}); devices of other kinds come from the orchestrator's annotations, or add the kind to cdi-env-kinds in the nvshim config")]
-    EnvKindNotAllowed {
-        name: String,
-        kind: String,
-        allowed: String,
-    },
     #[error("{from} asks for IMEX channel {id:?}, which is not a channel number (0 to {MAX_IMEX_CHANNEL}); use a comma list such as 0,3")]
     BadImexChannel { from: String, id: String },
+    /// A request [`env_policy`] refused: the create fails rather than run the container
+    /// without what it asked for.
+    #[error("{var}={value:?} is refused: {reason}")]
+    Refused {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// The GPUs requested by `NVIDIA_VISIBLE_DEVICES`.
@@ -209,14 +211,29 @@ pub struct Request {
     /// `NVIDIA_DISABLE_REQUIRE` is true.
     pub disable_require: bool,
     pub privileged: bool,
-    /// An env request from an unprivileged container was ignored by config.
+    /// An unprivileged container's `NVIDIA_VISIBLE_DEVICES=all` (or `none`) was ignored by
+    /// [`env_policy`]: a CUDA image's own default, not an allocation.
     pub ignored_unprivileged_env: bool,
+    /// Env requests [`env_policy`] refused ([`RequestError::Refused`]); `create` fails on the
+    /// first, after `nvshim explain` has seen them all.
+    pub refused: Vec<RequestError>,
+    /// What the kubelet put beside the request (`accept-envvar-unprivileged =
+    /// "allocation-backed"`).
+    pub allocation: Allocation,
+    /// `NVIDIA_VISIBLE_DEVICES` ids the allocation's names do not back: allowed only when the
+    /// host resolves each to a GPU whose node is in [`Allocation::nodes`] (`create` checks).
+    pub unbacked: Vec<String>,
     /// Devices named in `cdi-annotation-prefixes` annotations, in key order, de-duplicated
     /// (not read in `legacy` mode, where NVIDIA ignores them too).
     pub annotation_devices: Vec<AnnotatedDevice>,
     /// `NVIDIA_VISIBLE_DEVICES=void` next to CDI annotations: the engine has applied the CDI
     /// devices itself (the specs NVIDIA's tools write all set `void`), so nothing is done.
     pub cdi_already_applied: bool,
+    /// `NVIDIA_VISIBLE_DEVICES=void` without CDI annotations: what the specs NVIDIA's tools
+    /// write set when the engine applies their devices from the CRI's CDI field (DRA claims
+    /// since Kubernetes 1.31, the device plugin's `cdi-cri` strategy), which never reaches
+    /// nvshim.
+    pub void_without_annotations: bool,
     /// Destinations of the device plugin's `/dev/null` mounts read as requests (with
     /// `accept-volume-mounts`); `create` removes them from the spec.
     pub device_mounts: Vec<String>,
@@ -395,29 +412,248 @@ fn lists_void(value: Option<&str>) -> bool {
     value.is_some_and(|v| v.split(',').any(|i| i.trim() == "void"))
 }
 
+/// What the kubelet put into config.json beside an env request, read only for
+/// `accept-envvar-unprivileged = "allocation-backed"`: none of it can come from the image
+/// (a pod could forge the mounts only with a `hostPath` volume of `/dev/null`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Allocation {
+    /// Device names of the device plugin's `/dev/null` mounts and of CDI annotations, each the
+    /// part after `=` of a CDI name (`nvidia.com/gpu=GPU-x` → `GPU-x`).
+    pub names: Vec<String>,
+    /// `(major, minor)` of the `/dev/nvidia<N>` nodes in `linux.devices`: the engine adds them
+    /// for the device plugin's `DeviceSpec`s (`PASS_DEVICE_SPECS=true`) and for CDI devices
+    /// it applied itself (CRI CDI).
+    pub nodes: Vec<(u32, u32)>,
+}
+
+impl Allocation {
+    fn read(spec: &Value, config: &Config) -> Allocation {
+        let mut names: Vec<String> = mount_requests(spec).devices;
+        if let Ok(annotated) =
+            annotations::parse(spec.get("annotations"), &config.cdi_annotation_prefixes)
+        {
+            names.extend(annotated.into_iter().map(|a| a.device));
+        }
+        for n in &mut names {
+            *n = device_part(n).to_string();
+        }
+        let nodes = spec
+            .pointer("/linux/devices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|d| d.get("type").and_then(Value::as_str) == Some("c"))
+            .filter(|d| {
+                d.get("path")
+                    .and_then(Value::as_str)
+                    .and_then(|p| p.strip_prefix("/dev/nvidia"))
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .filter_map(|d| {
+                let num = |k: &str| d.get(k)?.as_u64().and_then(|v| u32::try_from(v).ok());
+                Some((num("major")?, num("minor")?))
+            })
+            .collect();
+        Allocation { names, nodes }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty() && self.nodes.is_empty()
+    }
+
+    /// Whether the allocation's names include `id` (compared without a CDI kind, UUIDs in any
+    /// case).
+    pub fn names_id(&self, id: &str) -> bool {
+        let id = device_part(id);
+        self.names.iter().any(|n| n.eq_ignore_ascii_case(id))
+    }
+
+    /// How the allocation reads in an error.
+    pub fn describe(&self) -> String {
+        if self.is_empty() {
+            return "none: no device-plugin mount, CDI annotation or GPU device node beside it"
+                .into();
+        }
+        let mut parts: Vec<String> = self.names.clone();
+        parts.extend(
+            self.nodes
+                .iter()
+                .map(|(ma, mi)| format!("device node {ma}:{mi}")),
+        );
+        parts.join(", ")
+    }
+}
+
+/// The device part of a CDI name (`vendor/class=name` → `name`); a plain id as it is.
+fn device_part(id: &str) -> &str {
+    match id.split_once('=') {
+        Some((kind, name)) if kind.contains('/') => name,
+        _ => id,
+    }
+}
+
+/// The fixes [`env_policy`] names for a refused `NVIDIA_VISIBLE_DEVICES` (README, "Kubernetes
+/// device-plugin strategies").
+const ENV_FIX: &str = "if NVIDIA's device plugin allocated the GPUs, set accept-envvar-unprivileged = \"allocation-backed\" (its envvar strategy is then backed by the kubelet's device checkpoint on containerd nodes, or by PASS_DEVICE_SPECS=true), or use its volume-mounts (with accept-volume-mounts = true), cdi-annotations or cdi-cri strategy; if not, unset the variable in the pod; on a node where every pod may pick its GPUs set accept-envvar-unprivileged = true; or run the container privileged";
+
+/// What an environment variable asks for that crosses an isolation boundary.
+#[derive(Debug, Clone, Copy)]
+pub enum EnvAsk<'a> {
+    /// `NVIDIA_VISIBLE_DEVICES`.
+    Gpus(&'a VisibleDevices),
+    /// `NVIDIA_IMEX_CHANNELS` (numbers already parsed; `all` asks for none).
+    ImexChannels(&'a [u32]),
+    /// `NVIDIA_MIG_CONFIG_DEVICES` or `NVIDIA_MIG_MONITOR_DEVICES`.
+    MigCapability(&'static str, &'a VisibleDevices),
+    /// A CDI device named in `NVIDIA_VISIBLE_DEVICES` (a DRA claim, an IMEX channel, ...).
+    CdiName(&'a str),
+}
+
+/// Who is asking: [`env_policy`]'s other input.
+#[derive(Debug, Clone, Copy)]
+pub struct Asker<'a> {
+    /// `CAP_SYS_ADMIN` in the bounding set.
+    pub privileged: bool,
+    /// dockerd's `--gpus` hook, trusted by `accept-docker-gpus-hook`.
+    pub docker_gpus: bool,
+    pub allocation: &'a Allocation,
+}
+
+/// [`env_policy`]'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Honour,
+    /// Honoured if the host resolves these ids to GPUs whose nodes the allocation has.
+    HonourIfNodes(Vec<String>),
+    /// Not a request (a CUDA image's `NVIDIA_VISIBLE_DEVICES=all`); warned.
+    Ignore,
+    /// The create fails with this reason.
+    Refuse(String),
+}
+
+/// The one decision for every environment variable that reaches an isolation boundary:
+/// GPUs, IMEX channels, MIG management capabilities and CDI device kinds.
+/// - CDI kinds: only `cdi-env-kinds` (default `cdi-default-kind`), privileged or not.
+/// - MIG config/monitor: privileged containers only (libnvidia-container refuses others).
+/// - IMEX channels: an isolation boundary between ComputeDomains, given by the orchestrator
+///   (CDI `nvidia.com/imex-channel` devices, the device plugin's `imex/<n>` mounts): from the
+///   environment only for privileged containers, or where `cdi-env-kinds` lists
+///   `nvidia.com/imex-channel`.
+/// - GPUs: privileged containers, `docker run --gpus` (with `accept-docker-gpus-hook`) and
+///   `accept-envvar-unprivileged = true` are honoured. Otherwise `all`/`none` are ignored
+///   when nothing was allocated (every CUDA image sets `all`; no device-plugin strategy sends
+///   it) and refused beside an allocation; a list is refused with `false`, and with
+///   `"allocation-backed"` honoured when the allocation names every id (else when its device
+///   nodes hold the GPUs the ids resolve to, checked by `create`).
+pub fn env_policy(ask: EnvAsk<'_>, who: &Asker<'_>, config: &Config) -> Verdict {
+    use crate::config::UnprivilegedEnv;
+    match ask {
+        EnvAsk::CdiName(name) => {
+            let kind = name.split_once('=').map_or(name, |(k, _)| k);
+            let allowed = config.env_cdi_kinds();
+            if allowed.contains(&kind) {
+                Verdict::Honour
+            } else {
+                Verdict::Refuse(format!("the environment may not name CDI devices of kind {kind:?} (allowed: {}); devices of other kinds (DRA claims, IMEX channels, network devices) come from the orchestrator's annotations or the engine's CDI, or add the kind to cdi-env-kinds in the nvshim config", allowed.join(", ")))
+            }
+        }
+        EnvAsk::MigCapability(_, value) if !who.privileged && wants_some(value) => Verdict::Refuse(
+            "the MIG management capabilities are for privileged containers (CAP_SYS_ADMIN) only; run the container privileged, or unset the variable".into(),
+        ),
+        EnvAsk::MigCapability(..) => Verdict::Honour,
+        EnvAsk::ImexChannels(channels) => {
+            if channels.is_empty()
+                || who.privileged
+                || config.env_cdi_kinds().contains(&IMEX_CDI_KIND)
+            {
+                Verdict::Honour
+            } else {
+                Verdict::Refuse(format!("IMEX channels are isolation boundaries between ComputeDomains, which an unprivileged container gets from the orchestrator only (CDI devices {IMEX_CDI_KIND}=<N> in annotations, e.g. from NVIDIA's ComputeDomain DRA driver); run the container privileged, or add \"{IMEX_CDI_KIND}\" to cdi-env-kinds to let the environment name channels"))
+            }
+        }
+        EnvAsk::Gpus(devices) => {
+            let policy = config.accept_envvar_unprivileged;
+            if !wants_some(devices) && *devices != VisibleDevices::NoGpus
+                || who.privileged
+                || policy == UnprivilegedEnv::Accept
+                || (who.docker_gpus && config.accept_docker_gpus_hook)
+            {
+                return Verdict::Honour;
+            }
+            let setting = format!("accept-envvar-unprivileged = {}", policy.name());
+            let ids = match devices {
+                VisibleDevices::List(ids) => ids,
+                VisibleDevices::NoGpus => return Verdict::Ignore,
+                _ if who.allocation.is_empty() => return Verdict::Ignore,
+                _ => return Verdict::Refuse(format!("the container is unprivileged and {setting}: it asks for more than its allocation ({}); unset the variable in the pod", who.allocation.describe())),
+            };
+            if policy == UnprivilegedEnv::Refuse {
+                return Verdict::Refuse(format!("the container is unprivileged (no CAP_SYS_ADMIN) and {setting}, so it would run without the GPUs it asks for; {ENV_FIX}"));
+            }
+            let unbacked: Vec<String> = ids
+                .iter()
+                .filter(|i| !who.allocation.names_id(i))
+                .cloned()
+                .collect();
+            if unbacked.is_empty() {
+                Verdict::Honour
+            } else if who.allocation.nodes.is_empty() {
+                Verdict::Refuse(format!("the container is unprivileged and {setting}, and its allocation ({}) does not name {}; {ENV_FIX}", who.allocation.describe(), unbacked.join(", ")))
+            } else {
+                Verdict::HonourIfNodes(unbacked)
+            }
+        }
+    }
+}
+
+/// The CDI kind of IMEX channels (NVIDIA's and `nvshim cdi generate --mode imex`'s specs).
+pub const IMEX_CDI_KIND: &str = "nvidia.com/imex-channel";
+
+fn wants_some(v: &VisibleDevices) -> bool {
+    matches!(v, VisibleDevices::All | VisibleDevices::List(_))
+}
+
 /// Reads the request from a spec.
 ///
 /// Precedence (NVIDIA `internal/config/image/cuda_image.go` `VisibleDevices`): device-plugin
 /// mounts (with `accept-volume-mounts`), then `NVIDIA_VISIBLE_DEVICES`; annotations are read
 /// beside them and win in [`route`]. Mounts and annotations come from the kubelet, not from
-/// the image, so no privilege rule applies to them; environment requests (devices and IMEX
-/// channels) from unprivileged containers are honoured only with `accept-envvar-unprivileged`.
+/// the image, so no privilege rule applies to them; what the environment asks for goes
+/// through [`env_policy`] when it is the request (not when mounts or annotations win).
 pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError> {
+    from_spec_allocated(spec, config, Vec::new())
+}
+
+/// [`from_spec`] with device ids the host records as allocated to this container (the
+/// kubelet's device-manager checkpoint, read by `create`), added to [`Allocation::names`].
+pub fn from_spec_allocated(
+    spec: &Value,
+    config: &Config,
+    allocated: Vec<String>,
+) -> Result<Request, RequestError> {
     let env = env_map(spec)?;
     let privileged = is_privileged(spec);
     let mut sources = Vec::new();
     let mut ignored_unprivileged_env = false;
+    let mut refused: Vec<RequestError> = Vec::new();
     let docker_gpus = crate::edits::has_legacy_hook(spec);
     if docker_gpus {
         sources.push(Source::DockerGpusHook);
     }
-    // `docker run --gpus` is the operator's own request through dockerd's API, not an env var
-    // an image could carry, so it is honoured for unprivileged containers too.
-    // The hook's name alone proves nothing (CRI-O can add it to every container), so it lifts
-    // the privilege rule only when the operator said so (`accept-docker-gpus-hook`).
-    let env_accepted = privileged
-        || config.accept_envvar_unprivileged
-        || (docker_gpus && config.accept_docker_gpus_hook);
+    let allocation = if privileged
+        || config.accept_envvar_unprivileged != crate::config::UnprivilegedEnv::AllocationBacked
+    {
+        Allocation::default()
+    } else {
+        let mut a = Allocation::read(spec, config);
+        a.names.extend(allocated);
+        a
+    };
+    let who = Asker {
+        privileged,
+        docker_gpus,
+        allocation: &allocation,
+    };
     let mounts = if config.accept_volume_mounts {
         mount_requests(spec)
     } else {
@@ -426,20 +662,14 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
     for d in &mounts.destinations {
         sources.push(Source::Mount(d.clone()));
     }
+    let annotation_devices = read_annotations(spec, config, &mut sources)?;
     let visible = lookup(&env, VISIBLE_DEVICES);
     let mut devices;
+    let mut unbacked = Vec::new();
     if !mounts.devices.is_empty() {
         devices = parse_visible_devices(Some(&mounts.devices.join(",")));
     } else {
         devices = parse_visible_devices(visible);
-        if devices != VisibleDevices::NotRequested {
-            if env_accepted {
-                sources.push(Source::Env(VISIBLE_DEVICES));
-            } else {
-                devices = VisibleDevices::NotRequested;
-                ignored_unprivileged_env = true;
-            }
-        }
         if let VisibleDevices::List(ids) = &devices {
             if ids
                 .iter()
@@ -455,46 +685,32 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
                 });
             }
         }
-    }
-    let mut annotation_devices: Vec<AnnotatedDevice> = Vec::new();
-    if config.mode != Mode::Legacy {
-        // Annotations come from the orchestrator (a device plugin or DRA driver), not from the
-        // image, so no privilege rule applies (docs/nvidia-behaviour.md §2.1).
-        if let Some(map) = spec.get("annotations").and_then(Value::as_object) {
-            for (key, value) in map {
-                let len = value.as_str().map_or(0, str::len);
-                let ours = config
-                    .cdi_annotation_prefixes
-                    .iter()
-                    .any(|p| !p.is_empty() && key.starts_with(p.as_str()));
-                if ours && len > MAX_NVIDIA_VALUE_BYTES {
-                    return Err(RequestError::ValueTooLong {
-                        var: format!("annotation {key}"),
-                        len,
-                    });
+        // Annotations win over the variable (in every mode but legacy, which does not read
+        // them): then it is no request to judge.
+        if devices != VisibleDevices::NotRequested && annotation_devices.is_empty() {
+            match env_policy(EnvAsk::Gpus(&devices), &who, config) {
+                Verdict::Honour => sources.push(Source::Env(VISIBLE_DEVICES)),
+                Verdict::HonourIfNodes(ids) => {
+                    sources.push(Source::Env(VISIBLE_DEVICES));
+                    unbacked = ids;
                 }
-            }
-        }
-        let parsed = annotations::parse(spec.get("annotations"), &config.cdi_annotation_prefixes)?;
-        if parsed.len() > MAX_DEVICE_NAMES {
-            return Err(RequestError::TooManyDeviceNames {
-                from: "the CDI annotations".into(),
-                count: parsed.len(),
-            });
-        }
-        // Hash sets keep both dedupes linear.
-        let mut seen_keys: HashSet<String> = HashSet::new();
-        let mut seen_devices: HashSet<String> = HashSet::new();
-        for a in parsed {
-            if seen_keys.insert(a.key.clone()) {
-                sources.push(Source::Annotation(a.key.clone()));
-            }
-            if seen_devices.insert(a.device.clone()) {
-                annotation_devices.push(a);
+                Verdict::Ignore => {
+                    devices = VisibleDevices::NotRequested;
+                    ignored_unprivileged_env = true;
+                }
+                Verdict::Refuse(reason) => {
+                    refused.push(RequestError::Refused {
+                        var: VISIBLE_DEVICES,
+                        value: visible.unwrap_or_default().to_string(),
+                        reason,
+                    });
+                    devices = VisibleDevices::NotRequested;
+                }
             }
         }
     }
     let cdi_already_applied = !annotation_devices.is_empty() && lists_void(visible);
+    let void_without_annotations = annotation_devices.is_empty() && lists_void(visible);
     let wants = devices != VisibleDevices::NotRequested;
     // Capabilities, requirements, IMEX and MIG capabilities only matter for GPU containers; an
     // unknown value in a non-GPU container must not fail it.
@@ -519,25 +735,39 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
         } else if let Some(v) = lookup(&env, IMEX_CHANNELS) {
             let items: Vec<&str> = v.split(',').collect();
             let channels = parse_imex_channels(IMEX_CHANNELS, &items)?;
-            if !channels.is_empty() && env_accepted {
-                sources.push(Source::Env(IMEX_CHANNELS));
-                imex_channels = channels;
-            } else if !channels.is_empty() {
-                tracing::warn!(
-                    "ignoring {IMEX_CHANNELS} from an unprivileged container (accept-envvar-unprivileged = false)"
-                );
-                ignored_unprivileged_env = true;
+            match env_policy(EnvAsk::ImexChannels(&channels), &who, config) {
+                // Beside annotations (the CDI route) the variable is not served at all.
+                Verdict::Refuse(_) if !annotation_devices.is_empty() => {}
+                Verdict::Refuse(reason) => refused.push(RequestError::Refused {
+                    var: IMEX_CHANNELS,
+                    value: v.to_string(),
+                    reason,
+                }),
+                _ if channels.is_empty() => {}
+                _ => {
+                    sources.push(Source::Env(IMEX_CHANNELS));
+                    imex_channels = channels;
+                }
             }
         }
-        // The privilege rule for these two is applied where they are served (`legacy`):
-        // NVIDIA reads them in its legacy mode only.
+        // NVIDIA reads these two in its legacy mode only; `legacy` serves them.
         mig_config = parse_visible_devices(lookup(&env, MIG_CONFIG_DEVICES));
         mig_monitor = parse_visible_devices(lookup(&env, MIG_MONITOR_DEVICES));
         for (var, value) in [
-            (MIG_CONFIG_DEVICES, &mig_config),
-            (MIG_MONITOR_DEVICES, &mig_monitor),
+            (MIG_CONFIG_DEVICES, &mut mig_config),
+            (MIG_MONITOR_DEVICES, &mut mig_monitor),
         ] {
-            if !matches!(value, VisibleDevices::NotRequested | VisibleDevices::NoGpus) {
+            if let Verdict::Refuse(reason) =
+                env_policy(EnvAsk::MigCapability(var, value), &who, config)
+            {
+                refused.push(RequestError::Refused {
+                    var,
+                    value: lookup(&env, var).unwrap_or_default().to_string(),
+                    reason,
+                });
+                *value = VisibleDevices::NotRequested;
+            }
+            if wants_some(value) {
                 sources.push(Source::Env(var));
             }
         }
@@ -550,13 +780,66 @@ pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError>
         disable_require: lookup(&env, DISABLE_REQUIRE).is_some_and(parse_bool),
         privileged,
         ignored_unprivileged_env,
+        refused,
+        allocation,
+        unbacked,
         annotation_devices,
         cdi_already_applied,
+        void_without_annotations,
         device_mounts: mounts.destinations,
         imex_channels,
         mig_config,
         mig_monitor,
     })
+}
+
+/// The CDI devices named in `cdi-annotation-prefixes` annotations, in key order,
+/// de-duplicated (none in `legacy` mode, where NVIDIA ignores them too); their keys go into
+/// `sources`. Annotations come from the orchestrator (a device plugin or DRA driver), not
+/// from the image, so no privilege rule applies (docs/nvidia-behaviour.md §2.1).
+fn read_annotations(
+    spec: &Value,
+    config: &Config,
+    sources: &mut Vec<Source>,
+) -> Result<Vec<AnnotatedDevice>, RequestError> {
+    let mut annotation_devices: Vec<AnnotatedDevice> = Vec::new();
+    if config.mode == Mode::Legacy {
+        return Ok(annotation_devices);
+    }
+    if let Some(map) = spec.get("annotations").and_then(Value::as_object) {
+        for (key, value) in map {
+            let len = value.as_str().map_or(0, str::len);
+            let ours = config
+                .cdi_annotation_prefixes
+                .iter()
+                .any(|p| !p.is_empty() && key.starts_with(p.as_str()));
+            if ours && len > MAX_NVIDIA_VALUE_BYTES {
+                return Err(RequestError::ValueTooLong {
+                    var: format!("annotation {key}"),
+                    len,
+                });
+            }
+        }
+    }
+    let parsed = annotations::parse(spec.get("annotations"), &config.cdi_annotation_prefixes)?;
+    if parsed.len() > MAX_DEVICE_NAMES {
+        return Err(RequestError::TooManyDeviceNames {
+            from: "the CDI annotations".into(),
+            count: parsed.len(),
+        });
+    }
+    // Hash sets keep both dedupes linear.
+    let mut seen_keys: HashSet<String> = HashSet::new();
+    let mut seen_devices: HashSet<String> = HashSet::new();
+    for a in parsed {
+        if seen_keys.insert(a.key.clone()) {
+            sources.push(Source::Annotation(a.key.clone()));
+        }
+        if seen_devices.insert(a.device.clone()) {
+            annotation_devices.push(a);
+        }
+    }
+    Ok(annotation_devices)
 }
 
 /// Removes the device plugin's `/dev/null` mounts that [`from_spec`] read as requests (their
@@ -603,6 +886,8 @@ pub enum Reason {
     UnprivilegedEnvIgnored,
     /// `void` next to CDI annotations: the engine applied them.
     EngineApplied,
+    /// `void` alone: the engine applied CDI devices from the CRI's CDI field, if any.
+    EngineCdi,
     /// `mode = legacy`.
     ModeLegacy,
     /// `mode = auto`, `NVIDIA_VISIBLE_DEVICES=all`.
@@ -625,6 +910,7 @@ impl std::fmt::Display for Reason {
             Reason::NotRequested => f.write_str("not a GPU container: NVIDIA_VISIBLE_DEVICES is unset, empty or void and no CDI device is annotated; config.json is left byte-identical"),
             Reason::UnprivilegedEnvIgnored => f.write_str("not a GPU container: its NVIDIA_VISIBLE_DEVICES is ignored (unprivileged)"),
             Reason::EngineApplied => f.write_str("nothing to do: the engine has already applied the annotated CDI devices (NVIDIA_VISIBLE_DEVICES=void)"),
+            Reason::EngineCdi => f.write_str("nothing to do: NVIDIA_VISIBLE_DEVICES=void, which CDI specs set, without a CDI annotation: the engine applied CDI devices itself from the CRI's CDI field (how DRA claims reach a container since Kubernetes 1.31, and the device plugin's cdi-cri strategy; containerd's or CRI-O's CDI must be on, `nvshim doctor` checks), and nvshim never sees those names; config.json is left byte-identical"),
             Reason::ModeLegacy => f.write_str("mode = legacy: NVIDIA_VISIBLE_DEVICES is resolved against the host"),
             Reason::AllGpus => f.write_str("NVIDIA_VISIBLE_DEVICES=all: every GPU of the host, resolved against /proc"),
             Reason::DriverOnly => f.write_str("NVIDIA_VISIBLE_DEVICES=none: the driver (control nodes, libraries) without GPUs"),
@@ -642,6 +928,8 @@ fn nothing(request: &Request) -> Route {
         Reason::UnprivilegedEnvIgnored
     } else if request.cdi_already_applied {
         Reason::EngineApplied
+    } else if request.void_without_annotations {
+        Reason::EngineCdi
     } else {
         Reason::NotRequested
     })
@@ -756,18 +1044,21 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
     // reach another pod's DRA claim, an IMEX channel or a network device by naming it.
     let from_env = request.annotation_devices.is_empty()
         && request.sources.contains(&Source::Env(VISIBLE_DEVICES));
-    let allowed = config.env_cdi_kinds();
+    let who = Asker {
+        privileged: request.privileged,
+        docker_gpus: false,
+        allocation: &request.allocation,
+    };
     let mut out: Vec<String> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
     for n in names {
         cdi_name::parse_qualified_name(&n)?;
         if from_env {
-            let kind = n.split_once('=').map_or(n.as_str(), |(k, _)| k);
-            if !allowed.contains(&kind) {
-                return Err(RequestError::EnvKindNotAllowed {
-                    kind: kind.to_string(),
-                    name: n,
-                    allowed: allowed.join(", "),
+            if let Verdict::Refuse(reason) = env_policy(EnvAsk::CdiName(&n), &who, config) {
+                return Err(RequestError::Refused {
+                    var: VISIBLE_DEVICES,
+                    value: n,
+                    reason,
                 });
             }
         }
@@ -788,6 +1079,7 @@ pub fn route(request: &Request, config: &Config) -> Result<Route, RequestError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::UnprivilegedEnv;
     use serde_json::json;
 
     #[test]
@@ -862,12 +1154,177 @@ mod tests {
         let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "capabilities": {"bounding": ["CAP_CHOWN"]}}});
         let mut cfg = Config::default();
         assert!(from_spec(&spec, &cfg).unwrap().wants_gpus());
-        cfg.accept_envvar_unprivileged = false;
+        cfg.accept_envvar_unprivileged = UnprivilegedEnv::Refuse;
+        // A GPU list is refused, not dropped: the create fails naming the setting and the fix.
         let r = from_spec(&spec, &cfg).unwrap();
-        assert!(!r.wants_gpus());
-        assert!(r.ignored_unprivileged_env);
+        assert!(!r.wants_gpus() && !r.ignored_unprivileged_env);
+        let err = r.refused[0].to_string();
+        assert!(
+            err.contains("NVIDIA_VISIBLE_DEVICES=\"1\" is refused")
+                && err.contains("accept-envvar-unprivileged = false")
+                && err.contains("volume-mounts"),
+            "{err}"
+        );
         let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}});
         assert!(from_spec(&spec, &cfg).unwrap().wants_gpus());
+        // `all` and `none` (a CUDA image's own defaults) are ignored, never refused.
+        for value in ["all", "none"] {
+            let spec = json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={value}")]}});
+            for policy in [UnprivilegedEnv::Refuse, UnprivilegedEnv::AllocationBacked] {
+                cfg.accept_envvar_unprivileged = policy;
+                let r = from_spec(&spec, &cfg).unwrap();
+                assert!(
+                    !r.wants_gpus() && r.ignored_unprivileged_env && r.refused.is_empty(),
+                    "{value} {policy:?}"
+                );
+            }
+        }
+    }
+
+    /// `env_policy` over every ask, privileged and not, under each setting: the one table of
+    /// what the environment may reach.
+    #[test]
+    fn env_policy_table() {
+        use UnprivilegedEnv::*;
+        let list = VisibleDevices::List(vec!["GPU-a".into()]);
+        let all = VisibleDevices::All;
+        let backed = Allocation {
+            names: vec!["GPU-a".into()],
+            nodes: vec![],
+        };
+        let none = Allocation::default();
+        // (ask, privileged, policy, allocation, verdict: H honour, I ignore, R refuse)
+        let cases: Vec<(EnvAsk<'_>, bool, UnprivilegedEnv, &Allocation, char)> = vec![
+            (EnvAsk::Gpus(&list), false, Accept, &none, 'H'),
+            (EnvAsk::Gpus(&list), false, Refuse, &none, 'R'),
+            (EnvAsk::Gpus(&list), false, AllocationBacked, &none, 'R'),
+            (EnvAsk::Gpus(&list), false, AllocationBacked, &backed, 'H'),
+            (EnvAsk::Gpus(&list), true, Refuse, &none, 'H'),
+            (EnvAsk::Gpus(&all), false, Refuse, &none, 'I'),
+            (EnvAsk::Gpus(&all), false, AllocationBacked, &none, 'I'),
+            (EnvAsk::Gpus(&all), false, AllocationBacked, &backed, 'R'),
+            (EnvAsk::Gpus(&all), true, AllocationBacked, &backed, 'H'),
+            (EnvAsk::ImexChannels(&[7]), false, Accept, &backed, 'R'),
+            (EnvAsk::ImexChannels(&[7]), true, Refuse, &none, 'H'),
+            (EnvAsk::ImexChannels(&[]), false, Accept, &none, 'H'),
+            (
+                EnvAsk::MigCapability(MIG_CONFIG_DEVICES, &all),
+                false,
+                Accept,
+                &none,
+                'R',
+            ),
+            (
+                EnvAsk::MigCapability(MIG_MONITOR_DEVICES, &list),
+                false,
+                Accept,
+                &none,
+                'R',
+            ),
+            (
+                EnvAsk::MigCapability(MIG_MONITOR_DEVICES, &all),
+                true,
+                Refuse,
+                &none,
+                'H',
+            ),
+            (
+                EnvAsk::CdiName("nvidia.com/gpu=0"),
+                false,
+                Accept,
+                &none,
+                'H',
+            ),
+            (
+                EnvAsk::CdiName("k8s.gpu.nvidia.com/claim=c"),
+                true,
+                Accept,
+                &none,
+                'R',
+            ),
+            (
+                EnvAsk::CdiName("nvidia.com/imex-channel=1"),
+                true,
+                Accept,
+                &none,
+                'R',
+            ),
+        ];
+        for (ask, privileged, policy, allocation, want) in cases {
+            let config = Config {
+                accept_envvar_unprivileged: policy,
+                ..Config::default()
+            };
+            let who = Asker {
+                privileged,
+                docker_gpus: false,
+                allocation,
+            };
+            let got = match env_policy(ask, &who, &config) {
+                Verdict::Honour | Verdict::HonourIfNodes(_) => 'H',
+                Verdict::Ignore => 'I',
+                Verdict::Refuse(_) => 'R',
+            };
+            assert_eq!(got, want, "{ask:?} privileged={privileged} {policy:?}");
+        }
+    }
+
+    /// `accept-envvar-unprivileged = "allocation-backed"`: the variable is honoured when what
+    /// the kubelet put beside it names the same GPUs, for each device-plugin strategy.
+    #[test]
+    fn allocation_backed_env() {
+        let cfg = Config {
+            accept_envvar_unprivileged: UnprivilegedEnv::AllocationBacked,
+            ..Config::default()
+        };
+        let with = |env: &str, extra: Value| {
+            let mut spec = json!({"process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={env}")], "capabilities": {"bounding": []}}, "mounts": []});
+            for (k, v) in extra.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            from_spec(&spec, &cfg).unwrap()
+        };
+        let refused = |r: &Request| r.refused.first().map(ToString::to_string);
+        // envvar strategy at its defaults: nothing beside the variable.
+        let r = with("GPU-aaaa", json!({}));
+        let err = refused(&r).unwrap();
+        assert!(
+            err.contains("allocation-backed") && err.contains("device checkpoint"),
+            "{err}"
+        );
+        // volume-mounts strategy markers (read as evidence even with accept-volume-mounts off).
+        let marker = json!({"mounts": [dev_null("/var/run/nvidia-container-devices/GPU-aaaa")]});
+        let r = with("GPU-AAAA", marker.clone());
+        assert!(r.refused.is_empty() && r.unbacked.is_empty() && r.wants_gpus());
+        // A pod that widens its allocation: another GPU, or all.
+        let err = refused(&with("GPU-aaaa,GPU-bbbb", marker.clone())).unwrap();
+        assert!(err.contains("does not name GPU-bbbb"), "{err}");
+        let err = refused(&with("all", marker)).unwrap();
+        assert!(err.contains("more than its allocation (GPU-aaaa)"), "{err}");
+        // CDI annotations back the same names (read in legacy mode too, where they are not
+        // the request).
+        let legacy = Config {
+            mode: Mode::Legacy,
+            ..cfg.clone()
+        };
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "annotations": {"cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=0"}});
+        let r = from_spec(&spec, &legacy).unwrap();
+        assert!(r.refused.is_empty() && r.wants_gpus(), "{:?}", r.refused);
+        // Device nodes the engine added (PASS_DEVICE_SPECS, CRI CDI): the host decides.
+        let nodes = json!({"linux": {"devices": [
+            {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1},
+            {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255},
+            {"path": "/dev/nvidia-uvm", "type": "c", "major": 510, "minor": 0},
+        ]}});
+        let r = with("GPU-aaaa", nodes);
+        assert!(r.refused.is_empty());
+        assert_eq!(r.unbacked, vec!["GPU-aaaa".to_string()]);
+        assert_eq!(r.allocation.nodes, vec![(195, 1)]);
+        // Privileged containers need no backing; accept-envvar-unprivileged = true neither.
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}});
+        assert!(from_spec(&spec, &cfg).unwrap().wants_gpus());
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=3"]}});
+        assert!(from_spec(&spec, &Config::default()).unwrap().wants_gpus());
     }
 
     #[test]
@@ -1034,7 +1491,7 @@ mod tests {
         );
         assert_eq!(
             route_of(env("void"), Mode::Cdi),
-            Ok(Route::Nothing(Reason::NotRequested))
+            Ok(Route::Nothing(Reason::EngineCdi))
         );
         assert_eq!(
             route_of(json!({"annotations": {"cdi.k8s.io/x": "0"}}), Mode::Cdi),
@@ -1089,7 +1546,7 @@ mod tests {
         );
         let cfg = Config {
             accept_volume_mounts: true,
-            accept_envvar_unprivileged: false,
+            accept_envvar_unprivileged: UnprivilegedEnv::Refuse,
             ..Config::default()
         };
         let r = from_spec(&spec, &cfg).unwrap();
@@ -1198,6 +1655,8 @@ mod tests {
         );
     }
 
+    /// IMEX channels by variable go through `env_policy`: privileged containers, or the
+    /// operator's `cdi-env-kinds`; every `accept-envvar-unprivileged` value refuses others.
     #[test]
     fn imex_channels_from_env() {
         let env = |v: &str, privileged: bool| {
@@ -1210,41 +1669,85 @@ mod tests {
         };
         let cfg = Config::default();
         assert_eq!(
-            from_spec(&env("0,3, 3", false), &cfg)
-                .unwrap()
-                .imex_channels,
+            from_spec(&env("0,3, 3", true), &cfg).unwrap().imex_channels,
             vec![0, 3]
         );
+        for policy in [
+            UnprivilegedEnv::Accept,
+            UnprivilegedEnv::Refuse,
+            UnprivilegedEnv::AllocationBacked,
+        ] {
+            let cfg = Config {
+                accept_envvar_unprivileged: policy,
+                ..Config::default()
+            };
+            for value in ["7", "0,3", "all,2"] {
+                let r = from_spec(&env(value, false), &cfg).unwrap();
+                assert!(r.imex_channels.is_empty(), "{policy:?} {value}");
+                // Where NVIDIA_VISIBLE_DEVICES=0 itself is refused, that is the error.
+                let err = r.refused.last().unwrap().to_string();
+                if policy == UnprivilegedEnv::Accept {
+                    assert!(
+                        err.contains(IMEX_CHANNELS) && err.contains("cdi-env-kinds"),
+                        "{err}"
+                    );
+                }
+            }
+        }
+        // The operator's opt-in: the same kind the variable could name as a CDI device.
+        let opt_in = Config {
+            cdi_env_kinds: Some(vec!["nvidia.com/gpu".into(), IMEX_CDI_KIND.into()]),
+            ..Config::default()
+        };
+        let r = from_spec(&env("7", false), &opt_in).unwrap();
+        assert!(r.refused.is_empty() && r.imex_channels == vec![7]);
         // `all` is never granted by a variable, and is not an error either.
-        assert!(from_spec(&env("all", false), &cfg)
-            .unwrap()
-            .imex_channels
-            .is_empty());
-        let err = from_spec(&env("0,x", false), &cfg).unwrap_err().to_string();
+        let r = from_spec(&env("all", false), &cfg).unwrap();
+        assert!(r.imex_channels.is_empty() && r.refused.is_empty());
+        let err = from_spec(&env("0,x", true), &cfg).unwrap_err().to_string();
         assert!(
             err.contains("\"x\"") && err.contains(IMEX_CHANNELS),
             "{err}"
         );
-        assert!(from_spec(&env("1048576", false), &cfg).is_err());
-        // The privilege rule of NVIDIA_VISIBLE_DEVICES applies.
-        let strict = Config {
-            accept_envvar_unprivileged: false,
+        assert!(from_spec(&env("1048576", true), &cfg).is_err());
+        // The device plugin's imex mounts need no privilege and win over the variable.
+        let spec = json!({"process": {"env": ["NVIDIA_IMEX_CHANNELS=7"]}, "mounts": [
+            dev_null("/var/run/nvidia-container-devices/GPU-aaaa"),
+            dev_null("/var/run/nvidia-container-devices/imex/2"),
+        ]});
+        let mounts = Config {
+            accept_volume_mounts: true,
             ..Config::default()
         };
-        let r = from_spec(&env("2", false), &strict).unwrap();
-        assert!(r.imex_channels.is_empty() && r.ignored_unprivileged_env);
-        assert_eq!(
-            from_spec(&env("2", true), &strict).unwrap().imex_channels,
-            vec![2]
-        );
-        // Not a GPU container: a bad value does not fail it.
-        let spec = json!({"process": {"env": ["NVIDIA_IMEX_CHANNELS=x"]}});
-        assert!(from_spec(&spec, &cfg).is_ok());
+        let r = from_spec(&spec, &mounts).unwrap();
+        assert!(r.refused.is_empty() && r.imex_channels == vec![2]);
+        // Not a GPU container: a bad value does not fail it, and asks for nothing.
+        for v in ["x", "7"] {
+            let spec = json!({"process": {"env": [format!("NVIDIA_IMEX_CHANNELS={v}")]}});
+            let r = from_spec(&spec, &cfg).unwrap();
+            assert!(r.imex_channels.is_empty() && r.refused.is_empty());
+        }
     }
 
     #[test]
     fn mig_capability_variables() {
-        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0:1", "NVIDIA_MIG_CONFIG_DEVICES=all", "NVIDIA_MIG_MONITOR_DEVICES=none"]}});
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0:1", "NVIDIA_MIG_CONFIG_DEVICES=all", "NVIDIA_MIG_MONITOR_DEVICES=none"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}});
+        // Unprivileged: refused under every accept-envvar-unprivileged value, each variable.
+        for (var, value) in [(MIG_CONFIG_DEVICES, "all"), (MIG_MONITOR_DEVICES, "0")] {
+            for policy in [UnprivilegedEnv::Accept, UnprivilegedEnv::Refuse] {
+                let unprivileged = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", format!("{var}={value}")]}});
+                let cfg = Config {
+                    accept_envvar_unprivileged: policy,
+                    ..Config::default()
+                };
+                let r = from_spec(&unprivileged, &cfg).unwrap();
+                let err = r.refused.last().unwrap().to_string();
+                if policy == UnprivilegedEnv::Accept {
+                    assert!(err.contains(var) && err.contains("privileged"), "{err}");
+                }
+                assert!(!r.sources.contains(&Source::Env(var)));
+            }
+        }
         let r = from_spec(&spec, &Config::default()).unwrap();
         assert_eq!(r.mig_config, VisibleDevices::All);
         assert_eq!(r.mig_monitor, VisibleDevices::NoGpus);
@@ -1321,7 +1824,7 @@ mod tests {
             })
         };
         let strict = Config {
-            accept_envvar_unprivileged: false,
+            accept_envvar_unprivileged: UnprivilegedEnv::Refuse,
             ..Config::default()
         };
         for spec in [

@@ -8,7 +8,10 @@
 //! `/tmp/nvidia-mps`, where a DRA claim mounts the MPS pipe directory read-write from the host,
 //! every library nvshim mounts would have runc create a root-owned file in that host directory.
 //! A library there is useless to the container anyway; the container is refused with the
-//! destination, the symlink's result and the mount named.
+//! destination, the symlink's result and the mount named. So is a destination inside a volume
+//! (a pod's volume at the driver's library folder, or at a folder above it) whose host
+//! directory lacks the mountpoint: runc would create it there the same way, and the hook could
+//! not make the driver's links in a folder that is another mount.
 //!
 //! Read-only and by file descriptor: the root is opened once and each component is looked up
 //! with `fstatat(AT_SYMLINK_NOFOLLOW)`/`readlinkat` relative to the directory resolved so far,
@@ -38,6 +41,41 @@ pub struct IntoBindMount {
     pub resolved: String,
     pub bind: String,
     pub source_path: String,
+}
+
+/// An added mount inside a directory the engine binds from the host (a volume), where the
+/// host directory lacks the mountpoint: runc would create it there.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("mount destination {destination} lies inside the volume mounted at {bind} from {source_path}, which has no {missing}: runc would create that on the host (a root-owned empty file or directory) to mount the driver's file over, and nvshim's hook could not make the driver's links there; mount the volume somewhere other than {folder} or a folder above it")]
+pub struct IntoVolume {
+    pub destination: String,
+    pub bind: String,
+    pub source_path: String,
+    /// The host path runc would create.
+    pub missing: String,
+    /// The destination's folder.
+    pub folder: String,
+}
+
+/// Why [`check_added_mounts`] refuses a mount.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum MountCheckError {
+    #[error(transparent)]
+    IntoBindMount(Box<IntoBindMount>),
+    #[error(transparent)]
+    IntoVolume(Box<IntoVolume>),
+}
+
+impl From<IntoBindMount> for MountCheckError {
+    fn from(e: IntoBindMount) -> Self {
+        MountCheckError::IntoBindMount(Box::new(e))
+    }
+}
+
+impl From<IntoVolume> for MountCheckError {
+    fn from(e: IntoVolume) -> Self {
+        MountCheckError::IntoVolume(Box::new(e))
+    }
 }
 
 /// The root filesystem, opened once.
@@ -196,7 +234,8 @@ fn is_within(path: &str, dir: &str) -> bool {
 
 /// Refuses the first of `added` (mounts nvshim adds; already among `binds`, the bind mounts of
 /// the edited document as (destination, source): [`crate::edits::binds`]) whose destination
-/// resolves inside another of `binds`, with the root filesystem at `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
+/// resolves inside another of `binds` through the image's symlinks, or lies inside a directory
+/// the engine binds whose host side lacks it, with the root filesystem at `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
 /// directory where that is known (a legacy request's driver files are not): those are not
 /// `stat`ed here.
 ///
@@ -214,7 +253,7 @@ pub fn check_added_mounts<'a>(
     rootfs: &Path,
     added: impl IntoIterator<Item = &'a Mount>,
     kinds: impl FnOnce(&[&str]) -> Vec<Option<bool>>,
-) -> Result<(), IntoBindMount> {
+) -> Result<(), MountCheckError> {
     let added: Vec<&Mount> = added.into_iter().collect();
     if added.is_empty() {
         return Ok(());
@@ -277,8 +316,45 @@ pub fn check_added_mounts<'a>(
         })
         .collect();
     for (m, resolved) in added.iter().zip(resolved) {
-        // A destination written inside a volume is the operator's choice; only the image's
-        // symlinks leading there are refused.
+        // A destination inside a volume (the innermost: the last mounted): fine only where the
+        // host directory has its mountpoint already (GKE's driver directory at
+        // `/usr/local/nvidia`); anywhere else runc would create it on the host.
+        let volume = binds
+            .iter()
+            .filter(|b| {
+                b.added.is_none()
+                    && b.destination != m.container_path
+                    && b.is_dir(known)
+                    && is_within(
+                        &resolved,
+                        b.resolved.get_or_init(|| root.resolve(b.destination)),
+                    )
+            })
+            .max_by_key(|b| b.resolved.get().map_or(0, String::len));
+        // Files only (the driver's, beside which the hook makes links): an added directory (the
+        // MPS pipe directory under a pod's `/tmp` volume) is left to the check below.
+        let is_file = || {
+            by_destination
+                .get(m.container_path.as_str())
+                .is_some_and(|own| !own.is_dir(known))
+        };
+        if let Some(b) = volume.filter(|_| is_file()) {
+            let inside = b.resolved.get().map_or("", String::as_str);
+            let rest = resolved[inside.trim_end_matches('/').len()..].trim_start_matches('/');
+            if !host_has(b.source, rest) {
+                let folder = m.container_path.rsplit_once('/').map_or("/", |(d, _)| d);
+                return Err(IntoVolume {
+                    destination: m.container_path.clone(),
+                    bind: b.destination.to_string(),
+                    source_path: b.source.to_string(),
+                    missing: join(b.source.trim_end_matches('/'), rest),
+                    folder: if folder.is_empty() { "/" } else { folder }.to_string(),
+                }
+                .into());
+            }
+        }
+        // Otherwise a destination written inside a volume is the operator's choice; only the
+        // image's symlinks leading there are refused.
         if resolved == *as_written(&m.container_path) {
             continue;
         }
@@ -298,10 +374,23 @@ pub fn check_added_mounts<'a>(
                 resolved,
                 bind: b.destination.to_string(),
                 source_path: b.source.to_string(),
-            });
+            }
+            .into());
         }
     }
     Ok(())
+}
+
+/// Whether the host directory `source` has `rest` (relative, clean) with no symlink on the
+/// way, looked up by file descriptor below it: only then does runc find its mountpoint there
+/// rather than create one. A source that cannot be opened counts as having it (runc fails on
+/// it itself).
+fn host_has(source: &str, rest: &str) -> bool {
+    let Some(mut dir) = RootFs::open(Path::new(source)) else {
+        return true;
+    };
+    let path = join("/", rest);
+    dir.resolve(&path) == path && !dir.missing.contains(&path)
 }
 
 /// A destination as it is written, cleaned and made absolute (what [`RootFs::resolve`] gives
@@ -342,6 +431,18 @@ mod tests {
         added: &[Mount],
         kinds: impl FnOnce(&[&str]) -> Vec<Option<bool>>,
     ) -> Result<(), IntoBindMount> {
+        check_any(spec, r, added, kinds).map_err(|e| match e {
+            MountCheckError::IntoBindMount(e) => *e,
+            other => panic!("{other}"),
+        })
+    }
+
+    fn check_any(
+        spec: &Value,
+        r: &Path,
+        added: &[Mount],
+        kinds: impl FnOnce(&[&str]) -> Vec<Option<bool>>,
+    ) -> Result<(), MountCheckError> {
         check_added_mounts(&crate::edits::binds(spec), r, added, kinds)
     }
 
@@ -499,6 +600,85 @@ mod tests {
              "options": ["rbind", "ro"]},
         ]});
         assert_eq!(check(&spec, r, &added, unknown), Ok(()));
+    }
+
+    /// A volume at the driver's library folder, at a folder above it, or at `/usr/bin` (where
+    /// the driver's binaries go): refused unless the host directory has the mountpoint already
+    /// (GKE's driver directory as `/usr/local/nvidia`); an added directory is not (the MPS
+    /// pipe directory under a pod's `/tmp`).
+    #[test]
+    fn a_file_into_a_volume_without_its_mountpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path().join("rootfs");
+        std::fs::create_dir_all(r.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        std::fs::create_dir_all(r.join("usr/bin")).unwrap();
+        let volume = dir.path().join("volume");
+        std::fs::create_dir_all(&volume).unwrap();
+        let v = volume.to_str().unwrap();
+        let smi = Mount {
+            host_path: "/usr/bin/nvidia-smi".into(),
+            ..lib("/usr/bin/nvidia-smi")
+        };
+        let lib64 = lib("/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+        let files = |_: &[&str]| vec![Some(false); 2];
+        let spec_with = |at: &str| {
+            json!({"mounts": [
+                {"destination": at, "type": "bind", "source": v, "options": ["rbind", "rw"]},
+                {"destination": lib64.container_path, "type": "bind", "source": lib64.host_path, "options": ["ro", "bind"]},
+                {"destination": smi.container_path, "type": "bind", "source": smi.host_path, "options": ["ro", "bind"]},
+            ]})
+        };
+        let added = vec![lib64.clone(), smi.clone()];
+        for (at, destination, missing) in [
+            (
+                "/usr/lib/x86_64-linux-gnu",
+                lib64.container_path.as_str(),
+                format!("{v}/libcuda.so.1"),
+            ),
+            (
+                "/usr/lib",
+                lib64.container_path.as_str(),
+                format!("{v}/x86_64-linux-gnu/libcuda.so.1"),
+            ),
+            (
+                "/usr/bin",
+                smi.container_path.as_str(),
+                format!("{v}/nvidia-smi"),
+            ),
+        ] {
+            let err = check_any(&spec_with(at), &r, &added, files).unwrap_err();
+            let MountCheckError::IntoVolume(e) = &err else {
+                panic!("{at}: {err}");
+            };
+            assert_eq!(
+                (e.destination.as_str(), e.bind.as_str(), e.missing.as_str()),
+                (destination, at, missing.as_str()),
+                "{err}"
+            );
+            assert!(err.to_string().contains(v), "{err}");
+        }
+        // The host directory has the mountpoints: fine.
+        std::fs::write(volume.join("libcuda.so.1"), b"").unwrap();
+        std::fs::write(volume.join("nvidia-smi"), b"").unwrap();
+        for at in ["/usr/lib/x86_64-linux-gnu", "/usr/bin"] {
+            assert_eq!(check_any(&spec_with(at), &r, &added, files), Ok(()), "{at}");
+        }
+        // A link where the mountpoint should be is not one: runc would follow it.
+        std::fs::remove_file(volume.join("nvidia-smi")).unwrap();
+        symlink("/etc/passwd", volume.join("nvidia-smi")).unwrap();
+        assert!(check_any(&spec_with("/usr/bin"), &r, &added, files).is_err());
+        // An added directory under a pod's `/tmp`: not this check's business.
+        let pipe = dir.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        let mps = Mount {
+            host_path: pipe.to_string_lossy().into_owned(),
+            ..lib("/tmp/nvidia-mps")
+        };
+        let spec = json!({"mounts": [
+            {"destination": "/tmp", "type": "bind", "source": v, "options": ["rbind", "rw"]},
+            {"destination": "/tmp/nvidia-mps", "type": "bind", "source": mps.host_path, "options": ["rw", "bind"]},
+        ]});
+        assert_eq!(check_any(&spec, &r, &[mps], unknown), Ok(()));
     }
 
     #[test]

@@ -2,6 +2,10 @@
 //! - every manifest under `packaging/kubernetes` parses as its Kubernetes API type
 //!   (k8s-openapi, API 1.34) and survives the round trip: those types ignore unknown fields, so a
 //!   misspelt field would otherwise be dropped silently, here as by the API server;
+//! - every kustomization there (the base and each overlay) renders with `kubectl kustomize`,
+//!   and what it renders passes the same checks; an overlay's config is the base's with only
+//!   its own settings changed ([`OVERLAY_SETTINGS`]). Without kubectl these are skipped, except
+//!   under `CI=true`, where they fail (scripts/install-engines.sh fetches sid's kubectl);
 //! - what the manifests say to each other and to the installer script and image;
 //! - the configs they and the packages install parse with nvshim's own config parser, and the
 //!   defaults `packaging/config.toml` documents are nvshim's defaults.
@@ -9,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
@@ -23,6 +28,10 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+fn kubernetes_dir() -> PathBuf {
+    root().join("packaging/kubernetes")
+}
+
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -35,25 +44,38 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     out.sort();
 }
 
-/// Every document of every manifest: (file, index in the file, document).
+/// The YAML documents of `text`, `what` naming it in errors.
+fn parse_documents(what: &str, text: &str) -> Vec<(usize, Value)> {
+    assert!(
+        !text.contains('\t'),
+        "{what}: tabs are not YAML indentation"
+    );
+    let mut docs = Vec::new();
+    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let v = Value::deserialize(de).unwrap_or_else(|e| panic!("{what} document {i}: {e}"));
+        if !v.is_null() {
+            docs.push((i, v));
+        }
+    }
+    docs
+}
+
+/// Every document of every manifest: (file, index in the file, document). The overlays'
+/// files and the kustomizations are kustomize input, checked as what they render
+/// ([`every_kustomization_renders_valid_manifests`]).
 fn documents() -> Vec<(PathBuf, usize, Value)> {
     let mut files = Vec::new();
-    yaml_files(&root().join("packaging/kubernetes"), &mut files);
+    yaml_files(&kubernetes_dir(), &mut files);
+    files.retain(|f| {
+        !f.starts_with(kubernetes_dir().join("overlays"))
+            && f.file_name().is_some_and(|n| n != "kustomization.yaml")
+    });
     assert!(!files.is_empty(), "no manifests found");
     let mut docs = Vec::new();
     for file in files {
         let text = fs::read_to_string(&file).unwrap();
-        assert!(
-            !text.contains('\t'),
-            "{}: tabs are not YAML indentation",
-            file.display()
-        );
-        for (i, de) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            let v = Value::deserialize(de)
-                .unwrap_or_else(|e| panic!("{} document {i}: {e}", file.display()));
-            if !v.is_null() {
-                docs.push((file.clone(), i, v));
-            }
+        for (i, v) in parse_documents(&file.display().to_string(), &text) {
+            docs.push((file.clone(), i, v));
         }
     }
     docs
@@ -106,8 +128,12 @@ struct Manifests {
 }
 
 fn manifests() -> Manifests {
+    typed_manifests(documents())
+}
+
+fn typed_manifests(docs: Vec<(PathBuf, usize, Value)>) -> Manifests {
     let mut m = Manifests::default();
-    for (file, i, doc) in documents() {
+    for (file, i, doc) in docs {
         let what = format!("{} document {i}", file.display());
         let api = doc["apiVersion"].as_str().unwrap_or_default();
         let kind = doc["kind"].as_str().unwrap_or_default();
@@ -149,9 +175,8 @@ fn a_typo_is_caught() {
 #[test]
 fn runtime_class_names_the_handler_nvshim_registers() {
     let m = manifests();
-    let rc = &m.runtime_classes[0];
-    assert_eq!(rc.handler, nvshim::ops::engine::DEFAULT_RUNTIME_NAME);
-    let name = rc.metadata.name.clone().unwrap();
+    check_runtime_class(&m);
+    let name = m.runtime_classes[0].metadata.name.clone().unwrap();
     for (file, pod) in &m.pods {
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(
@@ -161,6 +186,12 @@ fn runtime_class_names_the_handler_nvshim_registers() {
             file.display()
         );
     }
+}
+
+/// The RuntimeClass names the handler nvshim registers, on the nodes the installer runs on.
+fn check_runtime_class(m: &Manifests) {
+    let rc = &m.runtime_classes[0];
+    assert_eq!(rc.handler, nvshim::ops::engine::DEFAULT_RUNTIME_NAME);
     // Pods of the class are scheduled only where the installer registers the handler.
     let ds_spec = m.daemon_sets[0]
         .spec
@@ -231,7 +262,12 @@ fn env_example_asks_with_nvidia_visible_devices() {
 
 #[test]
 fn daemon_set_matches_the_installer_script_and_image() {
-    let m = manifests();
+    check_daemon_set(&manifests());
+}
+
+/// The DaemonSet agrees with the installer script, the image and its ConfigMap; returns the
+/// config file it installs, checked with nvshim's parser.
+fn check_daemon_set(m: &Manifests) -> String {
     let ds = &m.daemon_sets[0];
     let spec = ds.spec.as_ref().unwrap();
     let labels = spec
@@ -328,6 +364,125 @@ fn daemon_set_matches_the_installer_script_and_image() {
         .unwrap();
     let toml = &cm.data.as_ref().unwrap()[file];
     Config::parse(Path::new("ConfigMap nvshim-config"), toml).unwrap();
+    toml.clone()
+}
+
+/// What each overlay changes in the base's config, and nothing else (the rest of its config
+/// file is the base's). An overlay that is not here fails the check until it is added.
+const OVERLAY_SETTINGS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "driver-container",
+        &[("driver-root", "\"/run/nvidia/driver\"")],
+    ),
+    ("gpu-operator", &[("driver-root", "\"/run/nvidia/driver\"")]),
+    (
+        "strict",
+        &[
+            ("accept-envvar-unprivileged", "false"),
+            ("accept-volume-mounts", "false"),
+            ("accept-docker-gpus-hook", "false"),
+        ],
+    ),
+];
+
+/// The kubectl to render with: `$NVSHIM_KUBECTL`, else `kubectl` on PATH. `None` (the check
+/// skipped) without one, except under `CI=true`.
+fn kubectl() -> Option<PathBuf> {
+    let found = std::env::var_os("NVSHIM_KUBECTL")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .map(|d| d.join("kubectl"))
+                .find(|p| p.is_file())
+        });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "no kubectl to render packaging/kubernetes with: scripts/install-engines.sh sid \
+             fetches Debian sid's (scripts/test.sh sets NVSHIM_KUBECTL to it)"
+        );
+        eprintln!("kustomize checks skipped: no kubectl (set NVSHIM_KUBECTL or put it on PATH)");
+    }
+    found
+}
+
+/// `kubectl kustomize dir`, as documents.
+fn render(kubectl: &Path, dir: &Path) -> Vec<(PathBuf, usize, Value)> {
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", kubectl.display()));
+    let what = format!("kubectl kustomize {}", dir.display());
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    parse_documents(&what, &text)
+        .into_iter()
+        .map(|(i, v)| (PathBuf::from(&what), i, v))
+        .collect()
+}
+
+fn toml_table(what: &str, text: &str) -> toml::Table {
+    text.parse()
+        .unwrap_or_else(|e| panic!("{what}: config.toml: {e}"))
+}
+
+#[test]
+fn every_kustomization_renders_valid_manifests() {
+    let Some(kubectl) = kubectl() else {
+        return;
+    };
+    let base = typed_manifests(render(&kubectl, &kubernetes_dir().join("base")));
+    assert_eq!(base.namespaces.len(), 1);
+    assert_eq!(base.runtime_classes.len(), 1);
+    check_runtime_class(&base);
+    let base_config = toml_table("base", &check_daemon_set(&base));
+
+    let mut overlays: Vec<PathBuf> = fs::read_dir(kubernetes_dir().join("overlays"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("kustomization.yaml").is_file())
+        .collect();
+    overlays.sort();
+    assert!(overlays.len() >= OVERLAY_SETTINGS.len());
+    for dir in overlays {
+        let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let m = typed_manifests(render(&kubectl, &dir));
+        assert_eq!(m.daemon_sets.len(), 1, "{name}: one installer");
+        assert_eq!(m.config_maps.len(), 1, "{name}: one ConfigMap");
+        assert!(
+            m.pods.is_empty() && m.claims.is_empty(),
+            "{name}: no examples"
+        );
+        // The GPU Operator creates and owns RuntimeClass `nvidia` itself.
+        if name == "gpu-operator" {
+            assert!(
+                m.runtime_classes.is_empty(),
+                "{name}: the operator's RuntimeClass"
+            );
+        } else {
+            assert_eq!(m.runtime_classes.len(), 1, "{name}");
+            check_runtime_class(&m);
+        }
+        let config = toml_table(&name, &check_daemon_set(&m));
+        let Some((_, settings)) = OVERLAY_SETTINGS.iter().find(|(n, _)| *n == name) else {
+            panic!("overlays/{name}: say what it changes in OVERLAY_SETTINGS");
+        };
+        let mut expected = base_config.clone();
+        for (key, value) in *settings {
+            let value: toml::Table = format!("v = {value}").parse().unwrap();
+            expected.insert(key.to_string(), value["v"].clone());
+        }
+        assert_eq!(
+            config, expected,
+            "overlays/{name}/config.yaml: the base's config.toml with only {settings:?} changed \
+             (copy the base's file again and set those)"
+        );
+    }
 }
 
 /// `packaging/config.toml` (the packages' /etc/nvshim/config.toml): parses to the defaults, and

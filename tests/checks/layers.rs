@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 /// pipeline stage by stage, then the operator tool.
 const ORDER: &[&str] = &[
     // model and edges: depend on nothing but earlier ones
+    "hostfile",
     "atomic",
     "cache",
     "config",

@@ -125,8 +125,17 @@ fn generate_falls_back_to_proc_without_nvml() {
     want.sort();
     assert_eq!(device_names(&spec), want);
     assert_eq!(spec.kind, "nvidia.com/gpu");
-    // Digit-led names and hostPath need 0.5.0, and nothing more.
-    assert_eq!(spec.cdi_version, "0.5.0");
+    // Digit-led names and hostPath need 0.5.0; the DRM nodes' groups in `additionalGids`
+    // (the simulated host's are 0660, groups video and render), as NVIDIA writes them, 0.7.0.
+    assert_eq!(spec.cdi_version, "0.7.0");
+    let mut gids: Vec<u32> = spec
+        .device("0")
+        .unwrap()
+        .container_edits
+        .additional_gids
+        .clone();
+    gids.sort_unstable();
+    assert_eq!(gids, [44, 105]);
     // Each full GPU: its node, then its DRM card and render nodes (found through sysfs).
     let with_drm = |g: &FakeGpu| {
         let mut v = vec![format!("/dev/nvidia{}", g.minor)];
@@ -357,7 +366,8 @@ fn generate_through_fake_nvml_eight_gpus_with_mig() {
         want,
         "MIG-enabled GPUs are served by their MIG devices only"
     );
-    assert_eq!(spec.cdi_version, "0.5.0");
+    // The whole GPUs' DRM groups in `additionalGids`.
+    assert_eq!(spec.cdi_version, "0.7.0");
 
     // A MIG device: its parent GPU node plus the GPU-instance and compute-instance caps.
     let parent = &topology.gpus[5];
@@ -412,8 +422,8 @@ fn generate_through_fake_nvml_eight_gpus_with_mig() {
     assert!(json_spec.device("gpu0").is_some());
     assert!(json_spec.device("mig5:1").is_some());
     assert!(json_spec.device("gpu5").is_none());
-    // type-index names start with a letter and nothing else needs more: 0.5.0 only for hostPath.
-    assert_eq!(json_spec.cdi_version, "0.5.0");
+    // type-index names start with a letter: 0.7.0 only for the DRM groups.
+    assert_eq!(json_spec.cdi_version, "0.7.0");
 }
 
 // ---- consume through nvshim-runtime and runc ------------------------------------------------
@@ -573,8 +583,11 @@ fn podman_sees_what_nvshim_runtime_gives() {
     let w = world(2);
     let class = format!("gpu-e2e{}", std::process::id());
     let kind = format!("nvidia.com/{class}");
-    let (spec, _) = generate(&w, &["--class", &class], &[]);
+    // Debian 12's podman 4.3 reads CDI up to 0.5.0: the DRM groups (`additionalGids`, 0.7.0)
+    // left out, as for any engine whose CDI stops below 0.7.0.
+    let (spec, _) = generate(&w, &["--class", &class, "--no-additional-gids"], &[]);
     assert_eq!(spec.kind, kind);
+    assert_eq!(spec.cdi_version, "0.5.0");
     // podman 4.3 reads CDI specs from /etc/cdi and /var/run/cdi only; the class is unique to
     // this process so the file cannot collide with any other spec there.
     let system_spec = SystemSpec::write(

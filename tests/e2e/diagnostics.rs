@@ -599,6 +599,42 @@ fn doctor_reports_a_broken_config_and_goes_on() {
     assert!(d.checks("low-level-runtime").len() == 1);
 }
 
+/// `doctor` says which request-policy mode the node is in, for each value; `explain` marks a
+/// refused request as refused, with the error create fails with.
+#[test]
+fn doctor_and_explain_tell_the_request_policy() {
+    for (value, says) in [
+        ("true", "any container may pick GPUs"),
+        ("false", "envvar strategy does not work here"),
+        ("\"allocation-backed\"", "kubelet's device checkpoint"),
+    ] {
+        let w = world(&format!("accept-envvar-unprivileged = {value}\n"));
+        let d = doctor(&w);
+        d.assert(
+            "request-policy",
+            "ok",
+            &[&format!("accept-envvar-unprivileged = {value}"), says],
+            &[],
+        );
+        if value == "true" {
+            continue;
+        }
+        let b = w.probe_bundle("refused", &[("NVIDIA_VISIBLE_DEVICES", "1")]);
+        let (code, e) = explain(&w, &["--bundle", b.dir().to_str().unwrap()]);
+        assert_ne!(code, Some(0), "{e:#}");
+        let item = list(&e, "/requests")
+            .into_iter()
+            .find(|r| r["key"] == "NVIDIA_VISIBLE_DEVICES")
+            .unwrap_or_else(|| panic!("{e:#}"));
+        assert_eq!(item["honoured"], false, "{e:#}");
+        assert!(
+            item["note"].as_str().unwrap().starts_with("refused"),
+            "{e:#}"
+        );
+        assert!(e["error"].as_str().unwrap().contains("is refused"), "{e:#}");
+    }
+}
+
 #[test]
 fn doctor_reports_no_low_level_runtime() {
     let w = world("low-level-runtimes = [\"/nonexistent/runc\"]\n");

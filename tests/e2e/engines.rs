@@ -1522,7 +1522,9 @@ mod cri {
     }
 
     impl Pod {
-        /// Runs one container to completion and returns what it printed to stdout.
+        /// Runs one container to completion and returns what it printed to stdout. `devices`:
+        /// CRI devices (container path, host path), what the kubelet sends for a device
+        /// plugin's `DeviceSpec`s.
         pub async fn run_container(
             &mut self,
             name: &str,
@@ -1530,6 +1532,7 @@ mod cri {
             envs: &[(&str, &str)],
             annotations: &[(&str, &str)],
             cdi_devices: &[&str],
+            devices: &[(&str, &str)],
         ) -> Result<String, String> {
             let log_name = format!("{name}.log");
             let config = ContainerConfig {
@@ -1560,6 +1563,14 @@ mod cri {
                 cdi_devices: cdi_devices
                     .iter()
                     .map(|n| CdiDevice { name: (*n).into() })
+                    .collect(),
+                devices: devices
+                    .iter()
+                    .map(|(container, host)| Device {
+                        container_path: (*container).into(),
+                        host_path: (*host).into(),
+                        permissions: "rw".into(),
+                    })
                     .collect(),
                 ..Default::default()
             };
@@ -1686,14 +1697,21 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
 
         let what = "CRI container, handler nvidia, NVIDIA_VISIBLE_DEVICES=1";
         let out = pod
-            .run_container("env", &script, &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], &[])
+            .run_container(
+                "env",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "1")],
+                &[],
+                &[],
+                &[],
+            )
             .await;
         assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
 
         let what = "CRI container, handler nvidia, annotation cdi.k8s.io/gpu: nvidia.com/gpu=0";
         let annotations = [("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")];
         let out = pod
-            .run_container("cdi", &script, &[], &annotations, &[])
+            .run_container("cdi", &script, &[], &annotations, &[], &[])
             .await;
         assert_gpus(&w, what, &report(what, out), &[w.gpu(0)]);
 
@@ -1702,11 +1720,124 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
         if containerd_version() >= (1, 7) {
             let what = "CRI container, handler nvidia, CDI_devices nvidia.com/gpu=1";
             let out = pod
-                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"])
+                .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"], &[])
                 .await;
             assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
         }
 
+        pod.remove().await;
+    });
+    drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// Through containerd's CRI, as the kubelet drives it, with the installer's policy
+/// (`accept-envvar-unprivileged = "allocation-backed"`): an unprivileged container whose
+/// `NVIDIA_VISIBLE_DEVICES` nothing backs fails with nvshim's error in the CRI's answer (what
+/// `kubectl describe pod` shows), and the same variable next to the GPU's node as a device
+/// plugin's `DeviceSpec` (CRI `devices`, `PASS_DEVICE_SPECS=true`) gets that GPU; widening it
+/// to `all` fails. With the kubelet's device checkpoint naming the container, the variable
+/// alone (the device plugin at its defaults) gets its GPU.
+#[test]
+fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
+    let _one_engine = serial();
+    let w = World::builder()
+        .spec_dirs(SpecDirs::Run)
+        .config("accept-envvar-unprivileged = \"allocation-backed\"\n")
+        .build();
+    let d = dir(&w, "cri-refused");
+    let ctd = Containerd::start(&w, &d);
+    ctd.import_images("k8s.io");
+    let script = script(&w);
+    let gpu = w.gpu(1);
+    let node = w.host.dev_root().join(format!("dev/nvidia{}", gpu.minor));
+    let container_node = format!("/dev/nvidia{}", gpu.minor);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;
+        let logs = || {
+            format!(
+                "--- nvshim.log ---\n{}\n--- containerd ---\n{}",
+                w.shim_log(),
+                ctd.log_tail()
+            )
+        };
+        for (name, env) in [("bare", gpu.uuid.as_str()), ("wide", "all")] {
+            let devices: &[(&str, &str)] = if name == "wide" {
+                &[(&container_node, s(&node))]
+            } else {
+                &[]
+            };
+            let err = pod
+                .run_container(
+                    name,
+                    &script,
+                    &[("NVIDIA_VISIBLE_DEVICES", env)],
+                    &[],
+                    &[],
+                    devices,
+                )
+                .await
+                .expect_err("the container should not have run");
+            eprintln!("{name}: {err}");
+            for needle in [
+                "nvshim:",
+                "NVIDIA_VISIBLE_DEVICES",
+                "is refused",
+                "allocation-backed",
+            ] {
+                assert!(
+                    err.contains(needle),
+                    "{name}: {needle:?} not in {err}\n{}",
+                    logs()
+                );
+            }
+        }
+        let what = "CRI container, NVIDIA_VISIBLE_DEVICES=<uuid> beside its DeviceSpec";
+        let out = pod
+            .run_container(
+                "backed",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)],
+                &[],
+                &[],
+                &[(&container_node, s(&node))],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs()));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
+
+        // NVIDIA's device plugin at its defaults (envvar strategy): the kubelet's checkpoint,
+        // keyed by the pod UID and container name that containerd writes into config.json.
+        let checkpoint = d.join("kubelet_internal_checkpoint");
+        let uid = pod.config.metadata.as_ref().unwrap().uid.clone();
+        let doc = json!({"Data": {"PodDeviceEntries": [{
+            "PodUID": uid, "ContainerName": "ckpt", "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": {"0": [gpu.uuid]}, "AllocResp": "CgA="
+        }], "RegisteredDevices": {}}, "Checksum": 1});
+        fs::write(&checkpoint, doc.to_string()).unwrap();
+        fs::set_permissions(&checkpoint, fs::Permissions::from_mode(0o600)).unwrap();
+        w.configure(&format!(
+            "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
+            checkpoint.display()
+        ));
+        // "ckpt" is the container the checkpoint names; "other" is not.
+        for name in ["ckpt", "other"] {
+            let what = format!("CRI container {name}, NVIDIA_VISIBLE_DEVICES=<uuid>, checkpoint");
+            let env = [("NVIDIA_VISIBLE_DEVICES", gpu.uuid.as_str())];
+            let out = pod.run_container(name, &script, &env, &[], &[], &[]).await;
+            match (name, out) {
+                ("ckpt", Ok(out)) => assert_gpus(&w, &what, &ProbeReport::parse(&out), &[gpu]),
+                ("other", Err(err)) => {
+                    assert!(err.contains("is refused"), "{what}: {err}\n{}", logs())
+                }
+                (_, out) => panic!("{what}: {out:?}\n{}", logs()),
+            }
+        }
         pod.remove().await;
     });
     drop(ctd);

@@ -296,3 +296,91 @@ fn json_log_carries_the_same_message() {
     assert_eq!(entry["msg"].as_str().unwrap(), stderr.trim_end());
     assert!(stderr.contains("unknown GPU \"GPU-nope\""), "{stderr}");
 }
+
+/// config.json members that differ only in case are one field to runc (Go's decoder matches
+/// names ignoring case and merges them), so nvshim, which reads only one of them, refuses them
+/// as it refuses exact duplicates: at the top level, in `process`, `linux`, `root` and a mount,
+/// with Go's Unicode folds (`ſ` is `s`). Each: one line naming the member's JSON pointer, the
+/// same message as runc's JSON log line, config.json byte for byte as it was. Go maps
+/// (`annotations`) keep keys that differ in case apart: no such error there.
+#[test]
+fn members_differing_only_in_case_are_refused_like_duplicates() {
+    let w = world("");
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 6] = [
+        (
+            "top",
+            |c| c["Process"] = json!({"env": ["NVIDIA_VISIBLE_DEVICES=none"]}),
+            "\"Process\" at /Process",
+        ),
+        (
+            "env",
+            |c| c["process"]["Env"] = json!(["PATH=/bin"]),
+            "\"Env\" at /process/Env",
+        ),
+        (
+            "linux",
+            |c| c["linux"]["Namespaces"] = json!([]),
+            "\"Namespaces\" at /linux/Namespaces",
+        ),
+        (
+            "root",
+            |c| c["root"]["PATH"] = json!("/"),
+            "\"PATH\" at /root/PATH",
+        ),
+        (
+            "mount",
+            |c| c["mounts"][0]["Type"] = json!("tmpfs"),
+            "\"Type\" at /mounts/0/Type",
+        ),
+        (
+            "fold",
+            |c| c["proce\u{17f}s"] = json!({}),
+            "\"proce\u{17f}s\" at /proce\u{17f}s",
+        ),
+    ];
+    for (name, edit, pointer) in cases {
+        let b = w.bundle(name, &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+        b.edit(|c| {
+            edit(c);
+            Ok(())
+        })
+        .unwrap();
+        let msg = create_error(&w, b.dir());
+        assert_has(&msg, &[pointer, "ignoring case", "config.json"]);
+        let log = w.tmp.path().join(format!("{name}-log.json"));
+        let out = Command::new(SHIM)
+            .arg("--log")
+            .arg(&log)
+            .args(["--log-format", "json", "create", "--bundle"])
+            .arg(b.dir())
+            .arg(format!("nvshim-case-{name}"))
+            .env("NVSHIM_CONFIG", &w.config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = fs::read_to_string(&log).unwrap();
+        let entry: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+        assert_eq!(entry["level"], "error");
+        assert_eq!(entry["msg"].as_str().unwrap(), stderr.trim_end());
+    }
+    // Annotations are a Go map: `a` and `A` are two keys to runc, and pass (the create then
+    // fails only at /bin/false, silently).
+    let b = w.bundle("annotations", &["true"], &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    b.edit(|c| {
+        c["annotations"] = json!({"a": "1", "A": "2"});
+        Ok(())
+    })
+    .unwrap();
+    let out = Command::new(SHIM)
+        .arg("--root")
+        .arg(w.tmp.path().join("state"))
+        .args(["create", "--bundle"])
+        .arg(b.dir())
+        .arg("nvshim-case-annotations")
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("duplicate key"), "{stderr}");
+}

@@ -21,7 +21,7 @@
 //! and container ids.
 
 use std::fs;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nvshim::cdi::spec;
@@ -144,14 +144,27 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
     p.extend(r.smi_problems(&[gpu]));
     assert_no_problems("envvar strategy, time-sliced UUID twice", &p, &r);
 
-    // A node that trusts only the kubelet: the variable from an unprivileged container is
-    // ignored (config), from a privileged one honoured.
+    // A node that trusts only the kubelet: the variable from an unprivileged container fails
+    // the create (naming the setting and the fix) instead of running without its GPU; a CUDA
+    // image's own `all` is not a request there; a privileged container is honoured.
     w.configure("accept-envvar-unprivileged = false\n");
     let b = w.probe_bundle("b2", &[("NVIDIA_VISIBLE_DEVICES", &list)]);
+    assert_rejected(
+        &w,
+        &w.shim(),
+        &b,
+        &[
+            "NVIDIA_VISIBLE_DEVICES",
+            "is refused",
+            "accept-envvar-unprivileged = false",
+            "volume-mounts",
+        ],
+    );
+    let b = w.probe_bundle("b2all", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
     let before = b.config_bytes().unwrap();
     let r = w.run(&b);
     assert_no_problems(
-        "unprivileged with accept-envvar-unprivileged = false",
+        "a CUDA image's all, unprivileged, accept-envvar-unprivileged = false",
         &r.no_nvidia_problems(&w.host),
         &r,
     );
@@ -164,6 +177,146 @@ fn device_plugin_envvar_strategy_with_time_sliced_replicas() {
         &gpu_container_problems(&r, &w.host, &[gpu]),
         &r,
     );
+}
+
+/// A `linux.devices` entry as containerd writes a device plugin's `DeviceSpec`
+/// (`PASS_DEVICE_SPECS=true`) or a CDI device node it applied: the host node's numbers.
+fn engine_device(minor: u32) -> Value {
+    json!({"path": format!("/dev/nvidia{minor}"), "type": "c", "major": 195, "minor": minor, "fileMode": 8630, "uid": 0, "gid": 0})
+}
+
+/// `accept-envvar-unprivileged = "allocation-backed"` for each device-plugin strategy: the
+/// variable is honoured when the allocation beside it names (mounts, annotations) or holds
+/// (device nodes) the same GPUs, and a pod that widens it fails to create.
+#[test]
+fn allocation_backed_envvar_policy() {
+    let w = world();
+    w.configure("accept-envvar-unprivileged = \"allocation-backed\"\n");
+    let (gpu, other) = (w.gpu(1), w.gpu(0));
+    let rt = w.shim();
+    // The envvar strategy at its defaults: nothing beside the variable.
+    let b = w.probe_bundle("bare", &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)]);
+    assert_rejected(
+        &w,
+        &rt,
+        &b,
+        &["allocation-backed", "device checkpoint", &gpu.uuid],
+    );
+    // envvar with PASS_DEVICE_SPECS=true: the engine put the GPU's node in the spec.
+    let with_node = |name: &str, env: &str, minor: u32| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        b.edit(move |c| {
+            let devices = c
+                .pointer_mut("/linux/devices")
+                .and_then(Value::as_array_mut);
+            match devices {
+                Some(d) => d.push(engine_device(minor)),
+                None => c["linux"]["devices"] = json!([engine_device(minor)]),
+            }
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let r = w.run(&with_node("specs", &gpu.uuid, gpu.minor));
+    assert_no_problems(
+        "envvar + device specs, allocation-backed",
+        &gpu_container_problems(&r, &w.host, &[gpu]),
+        &r,
+    );
+    // The same allocation, and a pod that asks for every GPU or another one (also by CDI
+    // name, which a device node cannot back).
+    let b = with_node("wide-cdi", "nvidia.com/gpu=all", gpu.minor);
+    assert_rejected(&w, &rt, &b, &["allocation-backed", "not CDI names"]);
+    for (name, env) in [
+        ("wide-all", "all".to_string()),
+        ("wide-other", format!("{},{}", gpu.uuid, other.uuid)),
+    ] {
+        let b = with_node(name, &env, gpu.minor);
+        assert_rejected(&w, &rt, &b, &["allocation-backed", "is refused"]);
+    }
+    // volume-mounts markers back the variable even with accept-volume-mounts off.
+    let with_marker = |name: &str, env: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        let mount = device_mount(&gpu.uuid);
+        b.edit(move |c| {
+            c["mounts"].as_array_mut().unwrap().push(mount);
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let r = w.run(&with_marker("marker", &gpu.uuid));
+    assert_no_problems(
+        "envvar + volume-mount marker, allocation-backed",
+        &gpu_container_problems(&r, &w.host, &[gpu]),
+        &r,
+    );
+    let b = with_marker("marker-wide", &other.uuid);
+    assert_rejected(&w, &rt, &b, &["does not name", &other.uuid]);
+    // A CUDA image's `all` in a pod without a GPU: not a request, the container runs without.
+    let b = w.probe_bundle("image-all", &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let r = w.run(&b);
+    assert_no_problems(
+        "image all, nothing allocated",
+        &r.no_nvidia_problems(&w.host),
+        &r,
+    );
+
+    // The envvar strategy at its defaults on a containerd node: the kubelet's checkpoint
+    // names the container's devices (shaped as kubelet devicemanager/checkpoint writes it;
+    // `::1` a time-sliced replica).
+    let checkpoint = w
+        .tmp
+        .path()
+        .join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    let write_checkpoint = |uid: &str, ids: Value, mode: u32| {
+        let doc = json!({"Data": {"PodDeviceEntries": [{
+            "PodUID": uid, "ContainerName": "cuda", "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": ids, "AllocResp": "CgA="
+        }], "RegisteredDevices": {"nvidia.com/gpu": [gpu.uuid, other.uuid]}}, "Checksum": 1});
+        let _ = fs::remove_file(&checkpoint);
+        fs::write(&checkpoint, doc.to_string()).unwrap();
+        fs::set_permissions(&checkpoint, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    w.configure(&format!(
+        "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
+        checkpoint.display()
+    ));
+    let pod = |name: &str, env: &str| {
+        let b = w.probe_bundle(name, &[("NVIDIA_VISIBLE_DEVICES", env)]);
+        b.edit(|c| {
+            c["annotations"] = json!({
+                "io.kubernetes.cri.sandbox-uid": "0d6f1c2e-uid",
+                "io.kubernetes.cri.container-name": "cuda",
+            });
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    for (form, ids) in [
+        ("per-NUMA", json!({"0": [format!("{}::1", gpu.uuid)]})),
+        ("pre-1.20 list", json!([gpu.uuid])),
+    ] {
+        write_checkpoint("0d6f1c2e-uid", ids, 0o600);
+        let r = w.run(&pod(&format!("ckpt-{}", form.len()), &gpu.uuid));
+        assert_no_problems(
+            &format!("envvar at defaults, checkpoint {form}"),
+            &gpu_container_problems(&r, &w.host, &[gpu]),
+            &r,
+        );
+        let b = pod(&format!("ckpt-all-{}", form.len()), "all");
+        assert_rejected(&w, &rt, &b, &["more than its allocation", &gpu.uuid]);
+        let b = pod(&format!("ckpt-other-{}", form.len()), &other.uuid);
+        assert_rejected(&w, &rt, &b, &["does not name", &other.uuid]);
+    }
+    // Another pod's entry, or a checkpoint others can write, backs nothing.
+    write_checkpoint("another-pod", json!({"0": [gpu.uuid]}), 0o600);
+    assert_rejected(&w, &rt, &pod("ckpt-foreign", &gpu.uuid), &["is refused"]);
+    write_checkpoint("0d6f1c2e-uid", json!({"0": [gpu.uuid]}), 0o666);
+    assert_rejected(&w, &rt, &pod("ckpt-writable", &gpu.uuid), &["is refused"]);
 }
 
 /// A `/dev/null` mount as the kubelet writes the device plugin's `Mount` into the OCI spec.
@@ -916,6 +1069,245 @@ fn mig_answers_are_cached_until_an_instance_is_recreated() {
     serves(&with_nvml, "recreated", &new_uuid);
 }
 
+/// The DRM card and render nodes of `gpu` on the simulated host, found as udev links them:
+/// (container path, major, minor, group).
+fn drm_nodes(w: &World, gpu: &FakeGpu) -> Vec<(String, u32, u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let dri = w.host.dev_root().join("dev/dri");
+    ["card", "render"]
+        .iter()
+        .map(|kind| {
+            let link = dri.join(format!("by-path/pci-{}-{kind}", gpu.bus_id));
+            let target = fs::read_link(&link).unwrap();
+            let name = target.file_name().unwrap().to_string_lossy().into_owned();
+            let meta = fs::metadata(dri.join(&name)).unwrap();
+            let rdev = meta.rdev();
+            (
+                format!("/dev/dri/{name}"),
+                nix::sys::stat::major(rdev) as u32,
+                nix::sys::stat::minor(rdev) as u32,
+                meta.gid(),
+            )
+        })
+        .collect()
+}
+
+/// Every GPU's DRM nodes, to mknod in the container and open.
+fn every_drm_node(w: &World) -> Vec<(u32, u32)> {
+    w.host
+        .gpus()
+        .iter()
+        .flat_map(|g| drm_nodes(w, g))
+        .map(|(_, major, minor, _)| (major, minor))
+        .collect()
+}
+
+/// Exactly the DRM nodes of the GPUs in `whole` are in the container, with their `by-path`
+/// links and groups, and open (a node mknod'ed with their numbers is not refused); every other
+/// GPU's are not there and a node mknod'ed with their numbers is refused (`EPERM`).
+fn drm_problems(w: &World, r: &ProbeReport, whole: &[&FakeGpu]) -> Vec<String> {
+    let mut p = Vec::new();
+    let mut groups_wanted = Vec::new();
+    let mut groups_other = Vec::new();
+    for g in w.host.gpus() {
+        let want = whole.iter().any(|x| x.minor == g.minor);
+        for (path, major, minor, gid) in drm_nodes(w, g) {
+            let opened = r.mknod.get(&(major, minor)).map(String::as_str);
+            let kind = if path.contains("render") {
+                "render"
+            } else {
+                "card"
+            };
+            let link = format!("/dev/dri/by-path/pci-{}-{kind}", g.bus_id);
+            if want {
+                groups_wanted.push(gid);
+                if !r.dri.contains_key(&path) {
+                    p.push(format!("{path} of GPU {} missing", g.bus_id));
+                }
+                if matches!(opened, None | Some("EPERM")) {
+                    p.push(format!("{path} ({major}:{minor}) refused: {opened:?}"));
+                }
+                if !r.links.contains_key(&link) {
+                    p.push(format!("{link} missing"));
+                }
+            } else {
+                groups_other.push(gid);
+                if r.dri.contains_key(&path) {
+                    p.push(format!("{path} of GPU {} is in the container", g.bus_id));
+                }
+                if opened != Some("EPERM") {
+                    p.push(format!(
+                        "{path} ({major}:{minor}) of GPU {} gave {opened:?}, expected EPERM",
+                        g.bus_id
+                    ));
+                }
+                if r.links.contains_key(&link) {
+                    p.push(format!("{link} is in the container"));
+                }
+            }
+        }
+    }
+    for gid in &groups_wanted {
+        if *gid != 0 && !r.groups.contains(gid) {
+            p.push(format!("group {gid} not among {:?}", r.groups));
+        }
+    }
+    for gid in groups_other {
+        if gid != 0 && !groups_wanted.contains(&gid) && r.groups.contains(&gid) {
+            p.push(format!(
+                "group {gid} of a DRM node not given is among {:?}",
+                r.groups
+            ));
+        }
+    }
+    p
+}
+
+/// A MIG device gets no DRM node of its GPU, whatever the capabilities and however it is
+/// named (a legacy request for a slice used to get the whole GPU's render node); a whole GPU
+/// asked for beside it still gets its own, and `all` serves a MIG-enabled GPU through its MIG
+/// devices, as the `all` device of `nvshim cdi generate` does.
+#[test]
+fn mig_devices_get_no_drm_nodes_of_their_gpu() {
+    let (w, topology, topo_file) = mig_world();
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
+    let (parent, other) = (w.gpu(0), w.gpu(1));
+    let mig_uuid = topology.gpus[0].mig_devices[0].uuid.clone();
+    let mig_path = format!("MIG-{}/2/0", parent.uuid);
+    let cases: Vec<(&str, &str, Vec<&FakeGpu>, Vec<&FakeGpu>)> = vec![
+        ("0:1", "graphics", vec![parent], vec![]),
+        (&mig_uuid, "display", vec![parent], vec![]),
+        (&mig_path, "all", vec![parent], vec![]),
+        ("0:0", "utility,graphics,display", vec![parent], vec![]),
+        ("1,0:0", "graphics", vec![parent, other], vec![other]),
+        ("0:1,0", "all", vec![parent], vec![parent]),
+        ("all", "graphics", vec![parent, other], vec![other]),
+    ];
+    for (i, (id, caps, gpus, whole)) in cases.into_iter().enumerate() {
+        let b = mknod_bundle(&w, &format!("drm-{i}"), &every_drm_node(&w));
+        b.set_env("NVIDIA_VISIBLE_DEVICES", id).unwrap();
+        b.set_env("NVIDIA_DRIVER_CAPABILITIES", caps).unwrap();
+        let r = w.probe(&shim, &b, false);
+        let mut p = r.gpu_problems(&w.host, &gpus);
+        p.extend(drm_problems(&w, &r, &whole));
+        assert_no_problems(&format!("{id} with {caps}"), &sorted(p), &r);
+    }
+}
+
+/// The devices a container sees: GPU, MIG capability and DRM nodes with their `by-path`
+/// links, what a node mknod'ed with each GPU's and DRM node's numbers gives, and the groups.
+fn device_view(r: &ProbeReport) -> Value {
+    json!({
+        "nodes": r.devices.keys().chain(r.dri.keys()).collect::<Vec<_>>(),
+        "by-path": r.links.keys().filter(|l| l.starts_with("/dev/dri/by-path/")).collect::<Vec<_>>(),
+        "mknod": r.mknod.iter().map(|((a, b), o)| format!("{a}:{b} {o}")).collect::<Vec<_>>(),
+        "groups": r.groups,
+    })
+}
+
+/// The createContainer hooks in an edited config.json: the processes runc runs there.
+fn create_container_hooks(b: &Bundle) -> Vec<Value> {
+    let config = b.config().unwrap();
+    config
+        .pointer("/hooks/createContainer")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// One rule for which nodes a device gets (`legacy::device_nodes`): each device asked for
+/// through `NVIDIA_VISIBLE_DEVICES` (every capability) and through the spec `nvshim cdi
+/// generate` writes gives the container the same nodes, groups (the spec's `additionalGids`)
+/// and `by-path` links, seen from inside through runc, and either way the container runs one
+/// hook process (the spec's per-device hooks used to run one process each).
+#[test]
+fn legacy_requests_and_the_generated_spec_give_a_device_the_same_nodes() {
+    let (w, topology, topo_file) = mig_world();
+    let shim = w.shim().env(TOPOLOGY_ENV, &topo_file);
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["cdi", "generate", "--output", spec_path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = w
+            .nvshim_command(&args)
+            .env(TOPOLOGY_ENV, &topo_file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        spec::read_file(&spec_path).unwrap()
+    };
+    // Without the DRM groups the spec stays readable by podman 4 and containerd 1.7.
+    let lean = generate(&["--no-additional-gids"]);
+    assert_eq!(lean.cdi_version, "0.5.0");
+    assert!(lean
+        .devices
+        .iter()
+        .all(|d| d.container_edits.additional_gids.is_empty()));
+    let spec = generate(&[]);
+    assert_eq!(spec.cdi_version, "0.7.0");
+    let whole = w.gpu(1);
+    let gids: Vec<u32> = drm_nodes(&w, whole).iter().map(|n| n.3).collect();
+    for d in &spec.devices {
+        let want: Vec<u32> = if d.name == "1" || d.name == whole.uuid || d.name == "all" {
+            gids.clone()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(d.container_edits.additional_gids, want, "device {}", d.name);
+    }
+
+    let mig = &topology.gpus[0].mig_devices;
+    let pairs = [
+        ("1".to_string(), "1".to_string()),
+        (whole.uuid.clone(), whole.uuid.clone()),
+        ("0:0".into(), "0:0".into()),
+        (mig[1].uuid.clone(), mig[1].uuid.clone()),
+        (format!("MIG-{}/2/0", w.gpu(0).uuid), "0:1".into()),
+        ("all".into(), "all".into()),
+    ];
+    let mut p = Vec::new();
+    for (i, (legacy_id, cdi_name)) in pairs.iter().enumerate() {
+        let b = mknod_bundle(&w, &format!("legacy-{i}"), &every_drm_node(&w));
+        b.set_env("NVIDIA_VISIBLE_DEVICES", legacy_id).unwrap();
+        b.set_env("NVIDIA_DRIVER_CAPABILITIES", "all").unwrap();
+        let legacy = w.probe(&shim, &b, false);
+        let legacy_hooks = create_container_hooks(&b).len();
+
+        let b = mknod_bundle(&w, &format!("cdi-{i}"), &every_drm_node(&w));
+        let device = format!("nvidia.com/gpu={cdi_name}");
+        b.edit(move |c| {
+            c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": device});
+            Ok(())
+        })
+        .unwrap();
+        let cdi = w.probe(&shim, &b, false);
+        let cdi_hooks = create_container_hooks(&b);
+
+        let (lv, cv) = (device_view(&legacy), device_view(&cdi));
+        if lv != cv {
+            p.push(format!(
+                "{legacy_id} / {cdi_name}: legacy {lv:#}\nCDI {cv:#}"
+            ));
+        }
+        if (legacy_hooks, cdi_hooks.len()) != (1, 1) {
+            p.push(format!(
+                "{legacy_id} / {cdi_name}: {legacy_hooks} legacy and {} CDI createContainer hooks, expected one each: {cdi_hooks:#?}",
+                cdi_hooks.len()
+            ));
+        }
+    }
+    assert!(
+        p.is_empty(),
+        "{}\n--- nvshim.log ---\n{}",
+        p.join("\n"),
+        w.shim_log()
+    );
+}
+
 #[test]
 fn mig_config_and_monitor_are_for_privileged_containers() {
     let (w, _topology, _file) = mig_world();
@@ -974,9 +1366,64 @@ fn imex_channels_by_env_and_by_cdi() {
         )
     };
 
+    // Unprivileged: refused under every accept-envvar-unprivileged value (IMEX channels come
+    // from the orchestrator), also when the GPU itself is allocation-backed.
+    for (i, config) in [
+        "",
+        "accept-envvar-unprivileged = false\n",
+        "accept-envvar-unprivileged = \"allocation-backed\"\n",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        w.configure(config);
+        for value in ["7", "0,3", "all,5"] {
+            let b = mknod_bundle(&w, &format!("unpriv{i}-{value}"), &[(major, 5)]);
+            b.set_env("NVIDIA_VISIBLE_DEVICES", "0").unwrap();
+            b.set_env("NVIDIA_IMEX_CHANNELS", value).unwrap();
+            if i == 2 {
+                let m = device_mount("0");
+                b.edit(move |c| {
+                    c["mounts"].as_array_mut().unwrap().push(m);
+                    Ok(())
+                })
+                .unwrap();
+            }
+            let needle = if i == 1 {
+                "NVIDIA_VISIBLE_DEVICES"
+            } else {
+                "NVIDIA_IMEX_CHANNELS"
+            };
+            assert_rejected(&w, &w.shim(), &b, &[needle, "is refused"]);
+        }
+    }
+    w.configure("");
+    // Beside a CDI annotation (the orchestrator's channel) the variable is not served.
+    let mixed = annotated_bundle(
+        &w,
+        "mixed",
+        json!({"cdi.k8s.io/compute-domain": "nvidia.com/imex-channel=3"}),
+    );
+    mixed.set_env("NVIDIA_VISIBLE_DEVICES", "all").unwrap();
+    mixed.set_env("NVIDIA_IMEX_CHANNELS", "5").unwrap();
+    let mixed_spec = w.run_cdi.join("nvidia-imex.yaml");
+    // The operator's opt-in (cdi-env-kinds), then privileged containers.
+    w.configure("cdi-env-kinds = [\"nvidia.com/gpu\", \"nvidia.com/imex-channel\"]\n");
+    let b2 = w.probe_bundle(
+        "optin",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_IMEX_CHANNELS", "5"),
+        ],
+    );
+    let r = w.run(&b2);
+    assert_eq!(imex_nodes(&r), vec![channel(5)], "{}", r.raw);
+    w.configure("");
+
     let b = mknod_bundle(&w, "env", &[(major, 5)]);
     b.set_env("NVIDIA_VISIBLE_DEVICES", "0").unwrap();
     b.set_env("NVIDIA_IMEX_CHANNELS", "0,3").unwrap();
+    privileged(&b);
     let r = w.run(&b);
     let mut p = gpu_container_problems(&r, &w.host, &[w.gpu(0)]);
     let seen = imex_nodes(&r);
@@ -1005,6 +1452,7 @@ fn imex_channels_by_env_and_by_cdi() {
             ("NVIDIA_IMEX_CHANNELS", "7"),
         ],
     );
+    privileged(&b);
     assert_rejected(&w, &w.shim(), &b, &["IMEX channel 7", "channel7"]);
 
     // `nvshim cdi generate --mode imex`: kind nvidia.com/imex-channel, a device per channel.
@@ -1034,6 +1482,10 @@ fn imex_channels_by_env_and_by_cdi() {
     let r = w.run(&b);
     let seen = imex_nodes(&r);
     assert_eq!(seen, vec![channel(3)], "{}", r.raw);
+    // The annotation's channel only, whatever the unprivileged image's variable says.
+    assert_eq!(path, mixed_spec);
+    let r = w.run(&mixed);
+    assert_eq!(imex_nodes(&r), vec![channel(3)], "{}", r.raw);
 }
 
 // ---- GPU Operator layout and MPS ----------------------------------------------------------------
@@ -1259,6 +1711,72 @@ fn an_image_whose_library_directory_leads_into_the_mps_mount_is_refused() {
         fs::read_dir(&mps.pipe).unwrap().count(),
         0,
         "files were made in the host's MPS pipe directory"
+    );
+}
+
+/// A pod's volume at the driver's library folder, at a folder above it, or at `/usr/bin` where
+/// the driver's binaries go (runc used to make root-owned empty files in the volume's host
+/// directory, then the hook failed): refused at create naming the volume's destination and
+/// source and what to do, for a legacy request and for nvshim's own spec, with the bundle and
+/// the host directory untouched. A volume elsewhere is no business of nvshim's.
+#[test]
+fn a_volume_over_a_folder_nvshim_mounts_files_into_is_refused() {
+    let w = world();
+    w.generate();
+    let volume = w.tmp.path().join("pod-volume");
+    fs::create_dir_all(&volume).unwrap();
+    let with_volume = |name: &str, at: &str, env: &[(&str, &str)], cdi: bool| {
+        let b = w.probe_bundle(name, env);
+        let (at, source) = (at.to_string(), volume.to_string_lossy().into_owned());
+        b.edit(move |c| {
+            c["mounts"].as_array_mut().unwrap().push(json!({
+                "destination": at, "type": "bind", "source": source,
+                "options": ["rbind", "rw"],
+            }));
+            if cdi {
+                c["annotations"] = json!({"cdi.k8s.io/nvshim-e2e": "nvidia.com/gpu=0"});
+            }
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let source = volume.to_string_lossy().into_owned();
+    let gpu = [("NVIDIA_VISIBLE_DEVICES", "0")];
+    for (i, (at, cdi)) in [
+        (LIB_DIR, false),
+        ("/usr/lib", false),
+        ("/usr/bin", false),
+        (LIB_DIR, true),
+        ("/usr", true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let env: &[(&str, &str)] = if cdi { &[] } else { &gpu };
+        let b = with_volume(&format!("volume-{i}"), at, env, cdi);
+        assert_rejected(
+            &w,
+            &w.shim(),
+            &b,
+            &[
+                &format!("lies inside the volume mounted at {at} from {source}"),
+                "runc would create that on the host",
+                "mount the volume somewhere other than",
+            ],
+        );
+        assert_eq!(
+            fs::read_dir(&volume).unwrap().count(),
+            0,
+            "files were made in the volume's host directory ({at})"
+        );
+    }
+    let b = with_volume("volume-elsewhere", "/data", &gpu, false);
+    let r = w.run(&b);
+    assert_no_problems(
+        "a volume at /data",
+        &gpu_container_problems(&r, &w.host, &[w.gpu(0)]),
+        &r,
     );
 }
 

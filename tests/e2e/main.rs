@@ -25,6 +25,7 @@
 //! - [`nvidia_hooks`]: NVIDIA's hook binaries' command lines answered by nvshim-hook;
 //! - [`memory_limits`]: `NVIDIA_GPU_MEMORY_LIMIT` through the `apply-cuda-memory-limits` hook;
 //! - [`error_messages`]: the wording of the errors users meet most;
+//! - [`host_files`]: a FIFO, device or huge file where nvshim reads or writes a host file;
 //! - [`reliability`]: load and faults (it rebuilds `docs/reliability.md`).
 //!
 //! Tests of different areas run concurrently in this one process: every test keeps its files
@@ -37,6 +38,7 @@ mod common;
 mod diagnostics;
 mod engines;
 mod error_messages;
+mod host_files;
 mod k8s;
 mod memory_limits;
 mod nvidia_hooks;

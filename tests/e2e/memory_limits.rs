@@ -428,3 +428,82 @@ fn no_variables_no_hook() {
     }
     assert!(memory_limit_calls(&calls(&w)).is_empty());
 }
+
+/// The GPU a CDI device's limit applies to is the one whose node the container gets, by the
+/// host node's numbers, whatever the node is called in the container (`path: /dev/nvidia<A>` over
+/// the host's `nvidia<B>` used to have GPU A limited): a renamed node, a swapped
+/// pair, a node under another name, and a non-GPU node named like a GPU (no limit, no hook).
+#[test]
+fn cdi_limits_follow_the_host_node_not_the_container_path() {
+    if !needs_cgroup2() {
+        return;
+    }
+    let w = world(Some(true));
+    let (a, b) = (
+        w.host.gpu_at_index(0).unwrap().clone(),
+        w.host.gpu_at_index(1).unwrap().clone(),
+    );
+    let host_node = |minor: u32| w.host.dev_root().join(format!("dev/nvidia{minor}"));
+    let node = |path: String, host: PathBuf| json!({"path": path, "hostPath": host});
+    let cases: Vec<(&str, Vec<Value>, Vec<&str>)> = vec![
+        (
+            "renamed",
+            vec![node(format!("/dev/nvidia{}", a.minor), host_node(b.minor))],
+            vec![&b.uuid],
+        ),
+        (
+            "swapped",
+            vec![
+                node(format!("/dev/nvidia{}", a.minor), host_node(b.minor)),
+                node(format!("/dev/nvidia{}", b.minor), host_node(a.minor)),
+            ],
+            vec![&b.uuid, &a.uuid],
+        ),
+        (
+            "another-name",
+            vec![node("/dev/gpu-x".into(), host_node(a.minor))],
+            vec![&a.uuid],
+        ),
+        (
+            "not-a-gpu",
+            vec![node(
+                format!("/dev/nvidia{}", a.minor),
+                PathBuf::from("/dev/null"),
+            )],
+            vec![],
+        ),
+    ];
+    for (name, nodes, want) in cases {
+        let _ = fs::remove_file(calls(&w));
+        let spec = json!({
+            "cdiVersion": "0.5.0",
+            "kind": "nvidia.com/gpu",
+            "devices": [{"name": name, "containerEdits": {"deviceNodes": nodes}}],
+        });
+        fs::write(w.run_cdi.join("nvidia.json"), spec.to_string()).unwrap();
+        let bundle = w.bundle(
+            name,
+            &["/bin/sh", "-c", "true"],
+            &[
+                ("NVIDIA_GPU_MEMORY_REQUEST", "100"),
+                ("NVIDIA_GPU_MEMORY_LIMIT", "200"),
+            ],
+        );
+        let device = format!("nvidia.com/gpu={name}");
+        bundle
+            .edit(move |c| {
+                c["annotations"] = json!({"cdi.k8s.io/memlimits": device});
+                Ok(())
+            })
+            .unwrap();
+        let c = create(&w, &cgroup2_shim(&w), &bundle);
+        let hooks = memory_hooks(&c.config);
+        if want.is_empty() {
+            assert!(hooks.is_empty(), "{name}: {hooks:?}");
+            assert!(memory_limit_calls(&calls(&w)).is_empty(), "{name}");
+            continue;
+        }
+        assert_eq!(hooks.len(), 1, "{name}: {hooks:?}");
+        assert_applied(&w, &c, &want, 100, 200);
+    }
+}

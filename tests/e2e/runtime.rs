@@ -1071,8 +1071,9 @@ fn duplicate_keys_in_a_gpu_bundle_are_refused_untouched() {
 }
 
 /// A bundle without any GPU marker that nvshim cannot read (but runc runs) is passed on
-/// untouched; the same oddity next to a GPU request is refused (docs/reliability.md, "Request
-/// parsing classes": unreadable config.json of a non-GPU container).
+/// untouched, also with a CUDA base image's variables; the same oddity next to any request
+/// variable is refused (docs/reliability.md, "Request parsing classes": unreadable
+/// config.json of a non-GPU container).
 #[test]
 fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
     let w = World::new();
@@ -1091,13 +1092,34 @@ fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
         ("deep", "{".into(), format!("{{\"org.example.ext\":{deep},")),
         ("dup", "{".into(), "{\"hostname\":\"a\",".into()),
     ];
+    // A CUDA base image's own variables (nvidia/cuda's Dockerfiles set these) ask for nothing;
+    // each request variable alone marks a possible GPU request.
+    let cuda_image: &[(&str, &str)] = &[
+        (
+            "NVIDIA_REQUIRE_CUDA",
+            "cuda>=12.4 brand=tesla,driver>=470,driver<471",
+        ),
+        ("NVIDIA_PRODUCT_NAME", "CUDA"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        ("NVIDIA_CUDA_END_OF_LIFE", "1"),
+    ];
+    let kinds: &[(&str, Option<(&str, &str)>)] = &[
+        ("plain", None),
+        ("cuda-image", None),
+        ("visible", Some(("NVIDIA_VISIBLE_DEVICES", "1"))),
+        ("imex", Some(("NVIDIA_IMEX_CHANNELS", "7"))),
+        ("mig-config", Some(("NVIDIA_MIG_CONFIG_DEVICES", "all"))),
+        ("mig-monitor", Some(("NVIDIA_MIG_MONITOR_DEVICES", "all"))),
+    ];
     for (name, from, to) in &variants {
-        for gpu in [false, true] {
-            let bundle = if gpu {
-                w.gpu_bundle(&format!("{name}-gpu"), "1")
-            } else {
-                w.probe_bundle(name, &[])
-            };
+        for (kind, marker) in kinds {
+            let gpu = marker.is_some();
+            let mut env: Vec<(&str, &str)> = Vec::new();
+            if *kind != "plain" {
+                env.extend_from_slice(cuda_image);
+            }
+            env.extend(*marker);
+            let bundle = w.probe_bundle(&format!("{name}-{kind}"), &env);
             let mut v: Value = serde_json::from_slice(&bundle.config_bytes().unwrap()).unwrap();
             // The harness's probe script greps for NVIDIA_ variables: a marker of its own.
             v["process"]["args"] = serde_json::json!(["/bin/sh", "-c", "true"]);
@@ -1126,7 +1148,7 @@ fn unreadable_non_gpu_bundles_pass_to_runc_untouched() {
             let out = rt.create(&bundle, &id).unwrap();
             assert!(
                 out.success(),
-                "{name}: create failed\n{out}\n{}\n{}",
+                "{name} {kind}: create failed\n{out}\n{}\n{}",
                 w.shim_log(),
                 String::from_utf8_lossy(&text)
             );

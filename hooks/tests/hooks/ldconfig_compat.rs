@@ -118,7 +118,7 @@ fn driver_mounts(image: &Path) -> Vec<String> {
         for e in fs::read_dir(&dir).unwrap() {
             let e = e.unwrap();
             let ty = e.file_type().unwrap();
-            let name = e.file_name().into_string().unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
             if ty.is_dir() {
                 dirs.push(e.path());
             } else if ty.is_file() && name.ends_with(".so.580.65.06") {
@@ -182,17 +182,15 @@ fn compare_one(
     let b = fs::read(theirs.join("etc/ld.so.cache")).unwrap();
     if a != b {
         let show = |bytes: &[u8]| {
-            let c = LdCache::parse(bytes).unwrap();
-            let mut s = format!(
-                "{} bytes, hwcaps {:?}, generator {:?}\n",
-                bytes.len(),
-                c.hwcaps,
-                c.generator
-            );
-            for e in c.entries {
+            let mut s = format!("{} bytes\n", bytes.len());
+            for e in nvshim_hook::ldcache::cache_entries(bytes).unwrap() {
                 s.push_str(&format!(
-                    "  {} {:#x} {:#x} {}\n",
-                    e.name, e.flags, e.hwcap, e.path
+                    "  {} {:#x} {:#x} {:?} {}\n",
+                    String::from_utf8_lossy(&e.name),
+                    e.flags,
+                    e.hwcap,
+                    e.hwcaps,
+                    String::from_utf8_lossy(&e.path)
                 ));
             }
             s
@@ -555,6 +553,13 @@ fn musl_image_gets_path_file_and_links() {
             fs::read_to_string(root.join("etc/ld-musl-x86_64.path")).unwrap(),
             "/lib\n/usr/lib\n/usr/lib/x86_64-linux-gnu\n"
         );
+        // A line that is not UTF-8 is kept byte for byte (issue 38 item 8).
+        fs::write(root.join("etc/ld-musl-x86_64.path"), b"/opt/\xff\xfe/lib\n").unwrap();
+        hook(&root, &opts, Resolver::Openat2);
+        assert_eq!(
+            fs::read(root.join("etc/ld-musl-x86_64.path")).unwrap(),
+            b"/opt/\xff\xfe/lib\n/usr/lib/x86_64-linux-gnu\n/usr/lib\n"
+        );
     }
 }
 
@@ -842,4 +847,99 @@ fn a_library_written_in_place_is_read_again() {
     })
     .join()
     .unwrap();
+}
+
+/// Issue 38 item 8: names that are not UTF-8, which glibc's ldconfig keeps as the bytes they
+/// are: a library file name, a SONAME (and so the link ldconfig makes for it), a directory named
+/// by an ld.so.conf line, a `glibc-hwcaps` subdirectory and a configuration file matched by an
+/// include glob. Byte for byte
+/// against `ldconfig -r`, without and with the image's own cache (which the hook then keeps).
+#[test]
+fn names_that_are_not_utf8_are_kept_as_bytes() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    for with_cache in [false, true] {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("image");
+        let t = Tree::new(&image);
+        debian_image(&t);
+        let at = |p: &[u8]| image.join(OsStr::from_bytes(&p[1..]));
+        // Latin-1 "ete" with accents as a file name and a SONAME; a SONAME alone; a directory.
+        fs::write(
+            at(b"/usr/lib/x86_64-linux-gnu/lib\xe9t\xe9.so.1"),
+            stub_with_soname(b"lib\xe9t\xe9.so.1"),
+        )
+        .unwrap();
+        fs::write(
+            at(b"/usr/lib/x86_64-linux-gnu/libnamed.so.2.0"),
+            stub_with_soname(b"libn\xffmed.so.2"),
+        )
+        .unwrap();
+        fs::create_dir_all(at(b"/opt/\xff\xfe/lib")).unwrap();
+        fs::write(
+            at(b"/opt/\xff\xfe/lib/libopt.so.1"),
+            stub_with_soname(b"libopt.so.1"),
+        )
+        .unwrap();
+        fs::write(at(b"/etc/ld.so.conf.d/\xe9.conf"), b"/opt/\xff\xfe/lib\n").unwrap();
+        // A glibc-hwcaps subdirectory whose name is not UTF-8, with a library in it.
+        fs::create_dir_all(at(b"/opt/\xff\xfe/lib/glibc-hwcaps/\xe9v9")).unwrap();
+        fs::write(
+            at(b"/opt/\xff\xfe/lib/glibc-hwcaps/\xe9v9/libopt.so.1"),
+            stub_with_soname(b"libopt.so.1"),
+        )
+        .unwrap();
+        if with_cache {
+            ldconfig_r(&image);
+        }
+        inject_driver(&t, LIBDIR, true);
+        let ours = compare(
+            work.path(),
+            &image,
+            &options(&[LIBDIR], false),
+            Resolver::Openat2,
+        );
+        let cache = fs::read(ours.join("etc/ld.so.cache")).unwrap();
+        let entries = nvshim_hook::ldcache::cache_entries(&cache).unwrap();
+        for (name, path) in [
+            // Merged /usr: the directory's first configured name.
+            (
+                &b"lib\xe9t\xe9.so.1"[..],
+                &b"/lib/x86_64-linux-gnu/lib\xe9t\xe9.so.1"[..],
+            ),
+            (
+                b"libn\xffmed.so.2",
+                b"/lib/x86_64-linux-gnu/libn\xffmed.so.2",
+            ),
+            (b"libopt.so.1", b"/opt/\xff\xfe/lib/libopt.so.1"),
+        ] {
+            assert!(
+                entries.iter().any(|e| e.name == name && e.path == path),
+                "with_cache {with_cache}: no {:?}",
+                String::from_utf8_lossy(path)
+            );
+        }
+    }
+}
+
+/// A stub library whose SONAME is `soname`, any bytes: built with an ASCII stand-in of the
+/// same length (gcc takes no other argument), whose bytes are then replaced in the file.
+fn stub_with_soname(soname: &[u8]) -> Vec<u8> {
+    let stand_in: String = soname
+        .iter()
+        .map(|&b| if b.is_ascii() { b as char } else { 'Q' })
+        .collect();
+    let mut lib = fs::read(nvshim_testsupport::hook_harness::stub(&stand_in)).unwrap();
+    let mut replaced = 0;
+    let mut at = 0;
+    while let Some(i) = lib[at..]
+        .windows(soname.len())
+        .position(|w| w == stand_in.as_bytes())
+    {
+        lib[at + i..at + i + soname.len()].copy_from_slice(soname);
+        at += i + soname.len();
+        replaced += 1;
+    }
+    assert!(replaced > 0, "{stand_in} not found in the stub");
+    lib
 }

@@ -230,9 +230,83 @@ fn image(root: &Path, host: &Host, fixture: &str) {
             fs::remove_dir_all(t.path("/dev")).unwrap();
             t.link("/dev", &format!("{up}{h}/etc"));
         }
+        bomb if bomb.starts_with("include-") && bomb != "include-loop" => {
+            include_bomb(&t, &bomb["include-".len()..])
+        }
         other => panic!("unknown fixture {other}"),
     }
 }
+
+/// `include` lines whose full expansion is exponential or huge (issue 38 item 3: 60 self-links
+/// took an earlier hook past 40 s and 650 MB), written into the image `t`. Each keeps the
+/// usual `include /etc/ld.so.conf.d/*.conf` first, as Debian's ld.so.conf has it.
+pub(crate) fn include_bomb(t: &Tree, kind: &str) {
+    let conf = |lines: &str| {
+        t.file(
+            "/etc/ld.so.conf",
+            &format!("include /etc/ld.so.conf.d/*.conf\n{lines}"),
+        );
+    };
+    match kind {
+        // 60 links to their own directory: `*/*/*/*` is 60^4 paths.
+        "self-links" => {
+            for i in 0..60 {
+                t.link(&format!("/etc/ld.so.conf.d/l{i:02}"), ".");
+            }
+            conf("include /etc/ld.so.conf.d/*/*/*/*/*.conf\n");
+        }
+        // Two directories whose links lead to each other, eight each way.
+        "two-dir-loop" => {
+            for i in 0..8 {
+                t.link(&format!("/etc/loop/a/b{i}"), "../b");
+                t.link(&format!("/etc/loop/b/a{i}"), "../a");
+            }
+            conf(&format!("include /etc/loop/a/{}x.conf\n", "*/".repeat(12)));
+        }
+        // More entries than are read, every one a match.
+        "wide-dir" => {
+            let dir = t.path("/etc/wide");
+            fs::create_dir_all(&dir).unwrap();
+            for i in 0..17_000 {
+                fs::File::create(dir.join(format!("w{i:05}.conf"))).unwrap();
+            }
+            conf("include /etc/wide/*.conf\n");
+        }
+        // A chain of 1100 directories, a `*` for each.
+        "deep-dirs" => {
+            let chain = "d/".repeat(1100);
+            t.dir(&format!("/etc/deep/{chain}"));
+            conf(&format!("include /etc/deep/{}x.conf\n", "*/".repeat(1100)));
+        }
+        // Thirty files that each include all thirty again.
+        "recursion" => {
+            for i in 0..30 {
+                t.file(
+                    &format!("/etc/ld.so.conf.d/r{i:02}.conf"),
+                    "include /etc/ld.so.conf.d/*.conf\ninclude r*.conf\n",
+                );
+            }
+        }
+        // Twenty `*` from the root, which four links lead back to.
+        "many-stars" => {
+            for i in 0..4 {
+                t.link(&format!("/opt/up{i}"), "/");
+            }
+            conf(&format!("include /{}x.conf\n", "*/".repeat(20)));
+        }
+        other => panic!("unknown include bomb {other}"),
+    }
+}
+
+/// [`include_bomb`]s, each tried in [`FIXTURES`] (but the wide directory, slow to make 40 times).
+const INCLUDE_BOMBS: &[&str] = &[
+    "self-links",
+    "two-dir-loop",
+    "wide-dir",
+    "deep-dirs",
+    "recursion",
+    "many-stars",
+];
 
 const FIXTURES: &[&str] = &[
     "plain",
@@ -269,6 +343,11 @@ const FIXTURES: &[&str] = &[
     "fifo-params",
     "dev-dri-symlink-to-host",
     "dev-symlink-to-host",
+    "include-self-links",
+    "include-two-dir-loop",
+    "include-deep-dirs",
+    "include-recursion",
+    "include-many-stars",
 ];
 
 /// One hook command line, the names it runs under, and whether it mounts.
@@ -487,6 +566,54 @@ fn hostile_cache_files_are_errors_naming_the_path() {
     // A FIFO named like a library is skipped, and the rest is indexed.
     let run = run_fixture(&bin, "nvshim-hook", "fifo-libraries", &update, &host, &[]);
     assert_eq!(run.code, Some(0), "{run:?}");
+}
+
+/// Each [`include_bomb`]: the expansion stops at its limits (counted, not timed), the hook
+/// warns once, exits 0 and indexes the driver's folder all the same.
+#[test]
+fn include_globs_stop_at_their_limits() {
+    use nvshim_hook::ldcache::LdCache;
+    use nvshim_hook::ldconfig::{self, MAX_GLOB_DIRS, MAX_GLOB_MATCHES, MAX_GLOB_NAMES};
+    use nvshim_hook::root::Root;
+    let host = Host::new();
+    let bin = static_hook(TARGET_TMPDIR);
+    let update = hooks(&host).remove(1).args;
+    for bomb in INCLUDE_BOMBS {
+        let fixture = format!("include-{bomb}");
+        let work = tempfile::tempdir().unwrap();
+        let rootfs = work.path().join("rootfs");
+        image(&rootfs, &host, &fixture);
+        let config =
+            ldconfig::read_config(&Root::open(&rootfs).unwrap(), "/etc/ld.so.conf", &[], "");
+        let g = &config.globbed;
+        assert!(
+            g.dirs <= MAX_GLOB_DIRS && g.names <= MAX_GLOB_NAMES && g.matches <= MAX_GLOB_MATCHES,
+            "{bomb}: {g:?}"
+        );
+        if *bomb != "two-dir-loop" {
+            // The loop ends at the kernel's 40 links; the others run into a limit.
+            assert!(g.stopped.is_some(), "{bomb}: {g:?}");
+        }
+        let state = hook_bundle(&work.path().join("bundle"), &rootfs);
+        let args: Vec<&str> = update.iter().map(String::as_str).collect();
+        let run = run_hook(&bin, "nvshim-hook", &args, &state, &[], &rootfs, TIMEOUT);
+        assert_eq!(run.code, Some(0), "{bomb}: {run:?}");
+        let stopped = run.stderr.matches("expansion stopped").count()
+            + run.stderr.matches("not expanded").count();
+        assert!(stopped <= 1, "{bomb}: {:?}", run.stderr);
+        assert_eq!(
+            stopped,
+            usize::from(g.stopped.is_some()),
+            "{bomb}: {:?}",
+            run.stderr
+        );
+        let cache = LdCache::parse(&fs::read(rootfs.join("etc/ld.so.cache")).unwrap()).unwrap();
+        assert_eq!(
+            cache.lookup("libcuda.so.1"),
+            Some(format!("{LIBDIR}/libcuda.so.1").as_str()),
+            "{bomb}"
+        );
+    }
 }
 
 #[test]

@@ -318,3 +318,99 @@ fn nvidiascape_image_cannot_preload_into_the_hook() {
         "the image's LD_PRELOAD library ran in a hook"
     );
 }
+
+/// Issue 38 item 3: an image whose `include` lines expand without end (60 self-links, and the
+/// wide directory of 17,000 matches) still starts, and its dynamic linker finds libcuda: the
+/// hook stops expanding at its limits and warns.
+#[test]
+fn include_bombs_do_not_stop_the_container() {
+    for bomb in ["self-links", "wide-dir"] {
+        let work = tempfile::tempdir().unwrap();
+        let bundle = new_bundle(work.path());
+        crate::malicious::include_bomb(&Tree::new(bundle.rootfs().path()), bomb);
+        let out = run_container(&bundle, driver_hooks(true), &[]);
+        assert!(
+            has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
+            "{bomb}: {out}"
+        );
+    }
+}
+
+/// Issue 38 item 8: a container whose configuration names a directory that is not UTF-8, through
+/// a configuration file whose name is not UTF-8 either: its dynamic linker's cache lists the
+/// library there, as `ldconfig` would.
+#[test]
+fn container_indexes_names_that_are_not_utf8() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let work = tempfile::tempdir().unwrap();
+    let bundle = new_bundle(work.path());
+    let rootfs = bundle.rootfs().path();
+    let at = |p: &[u8]| rootfs.join(OsStr::from_bytes(&p[1..]));
+    Tree::new(rootfs).file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n");
+    fs::create_dir_all(at(b"/etc/ld.so.conf.d")).unwrap();
+    fs::write(at(b"/etc/ld.so.conf.d/\xe9.conf"), b"/opt/\xff\xfe/lib\n").unwrap();
+    fs::create_dir_all(at(b"/opt/\xff\xfe/lib")).unwrap();
+    fs::copy(stub("libopt.so.1"), at(b"/opt/\xff\xfe/lib/libopt.so.1")).unwrap();
+    let out = run_container(&bundle, driver_hooks(true), &[]);
+    // The runner reads the container's output lossily: each byte that is not UTF-8 is U+FFFD.
+    assert!(
+        has(&out, "libopt.so.1", "/opt/\u{fffd}\u{fffd}/lib/libopt.so.1"),
+        "{out}"
+    );
+    assert!(
+        has(&out, "libcuda.so.1", &format!("{LIBDIR}/libcuda.so.1")),
+        "{out}"
+    );
+}
+
+/// Issue 38 "defence in depth": runc runs a container whose `root.path` climbs out of the
+/// bundle with `..` (it joins and cleans the path; a symlinked `rootfs` it refuses itself,
+/// "not an absolute path, or a symlink"); the fix-ups hook (`--bundle`, as nvshim-runtime
+/// writes it) refuses it, and the container does not start, with nothing written there. The
+/// same bundle with its rootfs in place starts and gets the link.
+#[test]
+fn fixups_refuse_a_root_path_climbing_out_of_the_bundle() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = new_bundle(work.path());
+    let link = format!("{LIBDIR}/libcuda.so.1");
+    let fixups = hook(
+        &[
+            "nvshim-hook",
+            "fixups",
+            "--link",
+            &format!("libcuda.so.580.65.06::{link}"),
+            "--bundle",
+            bundle.dir().to_str().unwrap(),
+        ],
+        true,
+    );
+    bundle.set_args(&["/bin/true"]).unwrap();
+    bundle
+        .edit(|config| {
+            config["hooks"] = json!({ "createContainer": [fixups] });
+            Ok(())
+        })
+        .unwrap();
+    let runtime = Runtime::new("runc", &bundle.dir().join("runc-state"))
+        .unwrap()
+        .timeout(Duration::from_secs(60));
+    let rootfs = bundle.rootfs().path().to_path_buf();
+    let out = runtime.run(&bundle, &unique_id("nvshim-hook")).unwrap();
+    assert!(out.success(), "{out}");
+    assert!(fs::symlink_metadata(rootfs.join(&link[1..])).is_ok());
+    fs::remove_file(rootfs.join(&link[1..])).unwrap();
+    // The rootfs moved out of the bundle, named from it with `..`.
+    let outside = work.path().join("outside-rootfs");
+    fs::rename(&rootfs, &outside).unwrap();
+    bundle
+        .edit(|config| {
+            config["root"]["path"] = json!("../outside-rootfs");
+            Ok(())
+        })
+        .unwrap();
+    let out = runtime.run(&bundle, &unique_id("nvshim-hook")).unwrap();
+    assert!(!out.success(), "{out}");
+    assert!(out.stderr.contains("it climbs with `..`"), "{out}");
+    assert!(fs::symlink_metadata(outside.join(&link[1..])).is_err());
+}

@@ -131,6 +131,7 @@ pub fn exit_code(checks: &[Check]) -> u8 {
 pub fn run(opts: &Options) -> Vec<Check> {
     let mut out = Vec::new();
     out.push(config_check(opts));
+    out.push(request_policy_check(&opts.config));
     let host = install::host_from(&opts.config);
     let driver = driver_check(&host);
     let loaded = driver.1.clone();
@@ -195,6 +196,32 @@ fn config_check(opts: &Options) -> Check {
             None,
         ),
     }
+}
+
+/// Which mode the node is in for unprivileged env requests (`request::env_policy`), and what
+/// that mode guarantees with NVIDIA's device plugin (README, "On Kubernetes").
+fn request_policy_check(config: &Config) -> Check {
+    use crate::config::UnprivilegedEnv;
+    let setting = format!(
+        "accept-envvar-unprivileged = {}",
+        config.accept_envvar_unprivileged.name()
+    );
+    let mounts = if config.accept_volume_mounts {
+        "the device plugin's volume mounts are read as requests"
+    } else {
+        "the device plugin's volume-mounts strategy fails (accept-volume-mounts = false)"
+    };
+    let what = match config.accept_envvar_unprivileged {
+        UnprivilegedEnv::Accept => "any container may pick GPUs by NVIDIA_VISIBLE_DEVICES (a pod can widen its device-plugin allocation): for Docker hosts and nodes whose pods may all use every GPU",
+        UnprivilegedEnv::AllocationBacked => "an unprivileged NVIDIA_VISIBLE_DEVICES is honoured only when the kubelet's device checkpoint (kubelet-device-checkpoint, containerd nodes), the device plugin's mounts, CDI annotations or device nodes (PASS_DEVICE_SPECS=true) name the same GPUs; others fail to create",
+        UnprivilegedEnv::Refuse => "an unprivileged GPU list in NVIDIA_VISIBLE_DEVICES fails to create: the device plugin's envvar strategy does not work here",
+    };
+    check(
+        "request-policy",
+        Status::Ok,
+        format!("{setting}: {what}; {mounts}; IMEX and MIG management variables count from privileged containers only; DRA claims need the engine's CDI (see the engine checks)"),
+        None,
+    )
 }
 
 /// The driver check, and the running driver version when it is loaded.

@@ -25,7 +25,7 @@ pub fn backup_path(path: &Path) -> PathBuf {
 
 /// The file's text, `None` if it does not exist.
 pub fn read_optional(path: &Path) -> Result<Option<String>, EngineError> {
-    match fs::read_to_string(path) {
+    match crate::hostfile::read_to_string(path, crate::hostfile::CONFIG_LIMIT) {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(EngineError::Read {
@@ -61,10 +61,9 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
         path: c.path.clone(),
         source,
     };
-    // A config that is a symlink (config management keeps the real file elsewhere) is
-    // written through the link: the link stays, its final target gets the new text.
+    // A config that is a symlink is written through the link (`atomic::target`).
     let target = match &c.after {
-        Some(_) => resolve_links(&c.path).map_err(write_err)?,
+        Some(_) => crate::atomic::target(&c.path).map_err(write_err)?,
         None => c.path.clone(),
     };
     // The existing file's mode and owner are kept (daemon.json may be 0600 on purpose).
@@ -107,32 +106,6 @@ pub fn apply_change(c: &FileChange) -> Result<Applied, EngineError> {
             })
         }
     }
-}
-
-/// Follows `path` while it is a symlink (a relative target is read from the link's
-/// directory) to the file a write must replace; a dangling chain ends at the missing target,
-/// which is then created.
-pub fn resolve_links(path: &Path) -> std::io::Result<PathBuf> {
-    let mut cur = path.to_path_buf();
-    // The kernel's own limit on a chain (ELOOP after 40 links).
-    for _ in 0..40 {
-        match fs::symlink_metadata(&cur) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let next = fs::read_link(&cur)?;
-                cur = match cur.parent() {
-                    Some(dir) if next.is_relative() => dir.join(next),
-                    _ => next,
-                };
-            }
-            Ok(_) => return Ok(cur),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(cur),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(std::io::Error::other(format!(
-        "more than 40 symlinks from {}; point it at the real file",
-        path.display()
-    )))
 }
 
 /// Replaces the engine's file ([`crate::atomic::write`]), flushed with its directory: the

@@ -1,12 +1,16 @@
 //! A fake `libnvidia-ml.so.1` for nvshim's tests.
 //!
-//! Built as a `cdylib`, it exports the NVML entry points `nvshim cdi generate` resolves through
-//! nvml-wrapper, and answers them from a JSON [`Topology`] in the file named by
-//! [`TOPOLOGY_ENV`]. nvml-wrapper-sys resolves every symbol lazily (a missing one becomes an
-//! error at call time, `NvmlError::FailedToLoadSymbol`), so this library exports exactly the
-//! functions nvshim calls, plus `nvmlInit` and `nvmlErrorString` for other C callers. The C
-//! types come from nvml-wrapper-sys, the bindings nvml-wrapper itself uses, so the layouts
-//! cannot drift from what the caller expects.
+//! Built as a `cdylib`, it exports every NVML entry point NVIDIA's device plugin, GPU feature
+//! discovery and DRA driver link (tests/fixtures/nvml/go-nvml-symbols.txt, where the list comes
+//! from), and answers from a JSON [`Topology`] in the file named by [`TOPOLOGY_ENV`]: devices,
+//! MIG devices and their GPU and compute instances (`instances`), memory, PCI, and in
+//! `telemetry` events that never fire, no processes, PCI topology and NVLink, clocks and power
+//! as constants. The rest answer `NVML_ERROR_NOT_SUPPORTED` (`unsupported`). `nvmlInit*` and
+//! `nvmlShutdown` are counted as NVML counts them. The C types come from nvml-wrapper-sys, the
+//! bindings nvml-wrapper itself uses, so the layouts cannot drift from what the caller expects.
+//! NVIDIA's DRA driver stops at a GPU whose compute capability answers
+//! `NVML_ERROR_NOT_SUPPORTED` (go-nvlib's `GetCudaComputeCapabilityAsString`): a topology for
+//! it sets `computeCapability`, which also gives the architecture.
 //!
 //! Device handles are addresses of records leaked once at `nvmlInit_v2`; every handle passed
 //! in is checked against them before use, so a bad handle is `NVML_ERROR_INVALID_ARGUMENT`,
@@ -50,6 +54,10 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_t, NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE,
 };
 use serde::{Deserialize, Serialize};
+
+mod instances;
+mod telemetry;
+mod unsupported;
 
 /// The environment variable naming the topology JSON file.
 pub const TOPOLOGY_ENV: &str = "NVSHIM_FAKE_NVML_TOPOLOGY";
@@ -184,18 +192,32 @@ impl Topology {
     }
 }
 
-/// A device handle's target.
+/// What a handle is: NVML's device, GPU instance and compute instance handles are all opaque
+/// pointers, so each record says which it is and a handle of one kind is refused as another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Device,
+    GpuInstance,
+    ComputeInstance,
+}
+
+/// A handle's target.
 #[derive(Debug)]
 struct Record {
+    kind: Kind,
     gpu: usize,
-    /// `Some(i)`: MIG device `i` of `gpu`.
+    /// `Some(i)`: MIG device `i` of `gpu` (its own device handle or its compute instance), or
+    /// the first MIG device of a GPU instance.
     mig: Option<usize>,
 }
 
 struct State {
     topology: Topology,
-    /// Leaked once per `nvmlInit_v2`: handles stay valid for the process.
+    /// Leaked once per first `nvmlInit_v2`: handles stay valid for the process.
     records: &'static [Record],
+    /// `nvmlInit*` calls not yet matched by `nvmlShutdown` (NVML counts them: the library
+    /// shuts down at the last).
+    refs: u32,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -247,12 +269,25 @@ fn with_state(f: impl FnOnce(&State) -> nvmlReturn_t) -> nvmlReturn_t {
     }
 }
 
-/// The record a handle points at, if it is one of ours.
+/// The device record a handle points at, if it is one of ours.
 fn record(state: &State, handle: nvmlDevice_t) -> Option<&'static Record> {
+    record_of(state, handle as *const u8, Kind::Device)
+}
+
+/// The record of `kind` a handle points at, if it is one of ours.
+fn record_of(state: &State, handle: *const u8, kind: Kind) -> Option<&'static Record> {
     state
         .records
         .iter()
-        .find(|r| std::ptr::eq(*r as *const Record as *const u8, handle as *const u8))
+        .find(|r| r.kind == kind && std::ptr::eq(*r as *const Record as *const u8, handle))
+}
+
+/// The record of `kind` for GPU `gpu` and MIG slot `mig`.
+fn find(state: &State, kind: Kind, gpu: usize, mig: Option<usize>) -> Option<&'static Record> {
+    state
+        .records
+        .iter()
+        .find(|r| r.kind == kind && r.gpu == gpu && r.mig == mig)
 }
 
 fn handle_of(r: &'static Record) -> nvmlDevice_t {
@@ -292,9 +327,16 @@ unsafe fn put<T>(out: *mut T, value: T) -> nvmlReturn_t {
     SUCCESS
 }
 
-/// `nvmlInit_v2`: reads the topology.
+/// `nvmlInit_v2`: reads the topology at the first call; later ones only count.
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    let Ok(mut guard) = STATE.lock() else {
+        return UNKNOWN;
+    };
+    if let Some(state) = guard.as_mut() {
+        state.refs += 1;
+        return SUCCESS;
+    }
     let topology = match load() {
         Ok(t) => t,
         Err(e) => {
@@ -304,22 +346,39 @@ pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
     };
     let mut records = Vec::new();
     for (gpu, g) in topology.gpus.iter().enumerate() {
-        records.push(Record { gpu, mig: None });
-        for mig in 0..g.mig_devices.len() {
+        records.push(Record {
+            kind: Kind::Device,
+            gpu,
+            mig: None,
+        });
+        for i in 0..g.mig_devices.len() {
+            let mig = Some(i);
             records.push(Record {
+                kind: Kind::Device,
                 gpu,
-                mig: Some(mig),
+                mig,
             });
+            records.push(Record {
+                kind: Kind::ComputeInstance,
+                gpu,
+                mig,
+            });
+            if first_of_instance(g, i) == i {
+                records.push(Record {
+                    kind: Kind::GpuInstance,
+                    gpu,
+                    mig,
+                });
+            }
         }
     }
     let records: &'static [Record] = Box::leak(records.into_boxed_slice());
-    match STATE.lock() {
-        Ok(mut guard) => {
-            *guard = Some(State { topology, records });
-            SUCCESS
-        }
-        Err(_) => UNKNOWN,
-    }
+    *guard = Some(State {
+        topology,
+        records,
+        refs: 1,
+    });
+    SUCCESS
 }
 
 /// `nvmlInit` (v1): the same.
@@ -334,15 +393,23 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
     nvmlInit_v2()
 }
 
-/// `nvmlShutdown`. Handles stay readable (they are leaked), but calls answer uninitialised.
+/// `nvmlShutdown`: the last of the `nvmlInit*` calls shuts down (`NVML_ERROR_UNINITIALIZED`
+/// when none is left). Handles stay readable (they are leaked), but calls answer uninitialised.
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
-    match STATE.lock() {
-        Ok(mut guard) => {
+    let Ok(mut guard) = STATE.lock() else {
+        return UNKNOWN;
+    };
+    match guard.as_mut() {
+        None => UNINITIALIZED,
+        Some(state) if state.refs > 1 => {
+            state.refs -= 1;
+            SUCCESS
+        }
+        Some(_) => {
             *guard = None;
             SUCCESS
         }
-        Err(_) => UNKNOWN,
     }
 }
 
@@ -415,11 +482,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     with_state(|s| {
-        match s
-            .records
-            .iter()
-            .find(|r| r.mig.is_none() && r.gpu == index as usize)
-        {
+        match find(s, Kind::Device, index as usize, None) {
             // SAFETY: forwarded caller contract.
             Some(r) => unsafe { put(device, handle_of(r)) },
             None => INVALID_ARGUMENT,
@@ -442,13 +505,17 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     // SAFETY: forwarded caller contract.
     let wanted = unsafe { CStr::from_ptr(uuid) }.to_string_lossy();
     with_state(|s| {
-        let found = s.records.iter().find(|r| {
-            let g = &s.topology.gpus[r.gpu];
-            match r.mig {
-                None => g.uuid == wanted,
-                Some(m) => g.mig_devices[m].uuid == wanted,
-            }
-        });
+        let found = s
+            .records
+            .iter()
+            .filter(|r| r.kind == Kind::Device)
+            .find(|r| {
+                let g = &s.topology.gpus[r.gpu];
+                match r.mig {
+                    None => g.uuid == wanted,
+                    Some(m) => g.mig_devices[m].uuid == wanted,
+                }
+            });
         match found {
             // SAFETY: forwarded caller contract.
             Some(r) => unsafe { put(device, handle_of(r)) },
@@ -849,11 +916,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         if index >= MAX_MIG_DEVICES {
             return INVALID_ARGUMENT;
         }
-        match s
-            .records
-            .iter()
-            .find(|r| r.gpu == parent.gpu && r.mig == Some(index as usize))
-        {
+        match find(s, Kind::Device, parent.gpu, Some(index as usize)) {
             // SAFETY: forwarded caller contract.
             Some(r) => unsafe { put(mig_device, handle_of(r)) },
             None => NOT_FOUND,
@@ -887,7 +950,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 ) -> nvmlReturn_t {
     with_state(|s| match record(s, mig_device) {
         Some(r) if r.mig.is_some() => {
-            match s.records.iter().find(|p| p.gpu == r.gpu && p.mig.is_none()) {
+            match find(s, Kind::Device, r.gpu, None) {
                 // SAFETY: forwarded caller contract.
                 Some(p) => unsafe { put(device, handle_of(p)) },
                 None => UNKNOWN,
@@ -951,6 +1014,188 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
         a.memorySizeMB = m.memory_total / (1024 * 1024);
         // SAFETY: forwarded caller contract.
         unsafe { put(attributes, a) }
+    })
+}
+
+/// The index of the first MIG device of `g` in the GPU instance of MIG device `i`.
+fn first_of_instance(g: &Gpu, i: usize) -> usize {
+    let id = g.mig_devices[i].gpu_instance_id;
+    g.mig_devices
+        .iter()
+        .position(|m| m.gpu_instance_id == id)
+        .unwrap_or(i)
+}
+
+/// The slices of MIG device `m`'s compute instance: `N` of a `Nc.` profile (`1c.3g.40gb`),
+/// else the whole GPU instance.
+fn compute_slices(m: &MigDevice) -> u32 {
+    m.profile
+        .split_once("c.")
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(m.slice_count)
+        .max(1)
+}
+
+/// nvml.h's `NVML_GPU_INSTANCE_PROFILE_<N>_SLICE` and `NVML_COMPUTE_INSTANCE_PROFILE_<N>_SLICE`
+/// IDs (the two share these values), by slice count `N`: the profiles a 7-slice GPU (A100,
+/// H100) offers.
+const PROFILE_IDS: &[(u32, c_uint)] = &[(1, 0), (2, 1), (3, 2), (4, 3), (7, 4)];
+
+fn profile_id(slices: u32) -> Option<c_uint> {
+    PROFILE_IDS
+        .iter()
+        .find(|(n, _)| *n == slices)
+        .map(|(_, id)| *id)
+}
+
+fn profile_slices(id: c_uint) -> Option<u32> {
+    PROFILE_IDS.iter().find(|(_, i)| *i == id).map(|(n, _)| *n)
+}
+
+/// `nvmlDeviceGetCount` (v1): the same as v2 (every GPU is accessible).
+///
+/// # Safety
+/// `count` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { nvmlDeviceGetCount_v2(count) }
+}
+
+/// `nvmlDeviceGetHandleByIndex` (v1): the same as v2.
+///
+/// # Safety
+/// `device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { nvmlDeviceGetHandleByIndex_v2(index, device) }
+}
+
+/// `nvmlDeviceGetHandleByPciBusId_v2`: `domain:bus:device.function` or `bus:device.function`,
+/// hexadecimal in either case, as NVML accepts it.
+///
+/// # Safety
+/// `bus_id` must be a NUL-terminated string and `device` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    if bus_id.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    // SAFETY: forwarded caller contract.
+    let wanted = unsafe { CStr::from_ptr(bus_id) }.to_string_lossy();
+    let wanted = if wanted.matches(':').count() == 1 {
+        format!("0:{wanted}")
+    } else {
+        wanted.into_owned()
+    };
+    let Some(wanted) = bus_parts(&wanted) else {
+        return INVALID_ARGUMENT;
+    };
+    with_state(|s| {
+        let gpu = s
+            .topology
+            .gpus
+            .iter()
+            .position(|g| bus_parts(&g.bus_id) == Some(wanted));
+        match gpu.and_then(|gpu| find(s, Kind::Device, gpu, None)) {
+            // SAFETY: forwarded caller contract.
+            Some(r) => unsafe { put(device, handle_of(r)) },
+            None => NOT_FOUND,
+        }
+    })
+}
+
+/// `nvmlDeviceGetHandleByPciBusId` (v1): the same as v2.
+///
+/// # Safety
+/// `bus_id` must be a NUL-terminated string and `device` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { nvmlDeviceGetHandleByPciBusId_v2(bus_id, device) }
+}
+
+/// `nvmlSystemGetNVMLVersion`: `<CUDA major>.<driver version>`, as NVML writes it
+/// (`12.535.104.05`).
+///
+/// # Safety
+/// `version` must be valid for writes of `length` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    with_state(|s| {
+        let t = &s.topology;
+        let value = format!("{}.{}", t.cuda_driver_version / 1000, t.driver_version);
+        // SAFETY: forwarded caller contract.
+        unsafe { write_str(&value, version, length) }
+    })
+}
+
+/// `nvmlDeviceGetArchitecture`: from the compute capability (nvml.h's
+/// `NVML_DEVICE_ARCH_*`); a MIG device answers for its GPU.
+///
+/// # Safety
+/// `arch` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(
+    device: nvmlDevice_t,
+    arch: *mut nvml_wrapper_sys::bindings::nvmlDeviceArchitecture_t,
+) -> nvmlReturn_t {
+    use nvml_wrapper_sys::bindings as b;
+    with_device(device, |g, _| {
+        let value = match g.compute_capability.as_deref() {
+            Some(cc) if cc.starts_with("3.") => b::NVML_DEVICE_ARCH_KEPLER,
+            Some(cc) if cc.starts_with("5.") => b::NVML_DEVICE_ARCH_MAXWELL,
+            Some(cc) if cc.starts_with("6.") => b::NVML_DEVICE_ARCH_PASCAL,
+            Some("7.0" | "7.2") => b::NVML_DEVICE_ARCH_VOLTA,
+            Some("7.5") => b::NVML_DEVICE_ARCH_TURING,
+            Some("8.9") => b::NVML_DEVICE_ARCH_ADA,
+            Some(cc) if cc.starts_with("8.") => b::NVML_DEVICE_ARCH_AMPERE,
+            Some(cc) if cc.starts_with("9.") => b::NVML_DEVICE_ARCH_HOPPER,
+            Some(cc) if cc.starts_with("10.") || cc.starts_with("12.") => {
+                b::NVML_DEVICE_ARCH_BLACKWELL
+            }
+            _ => b::NVML_DEVICE_ARCH_UNKNOWN,
+        };
+        // SAFETY: forwarded caller contract.
+        unsafe { put(arch, value) }
+    })
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: as v1, nothing reserved; `version` is left as the caller
+/// set it.
+///
+/// # Safety
+/// `memory` must be valid for reads and writes of `nvmlMemory_v2_t`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvml_wrapper_sys::bindings::nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    if memory.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    with_device(device, |g, mig| {
+        let total = mig.map_or(g.memory_total, |(_, m)| m.memory_total);
+        // SAFETY: non-null, and valid for reads and writes by the caller's contract.
+        let m = unsafe { &mut *memory };
+        m.total = total;
+        m.reserved = 0;
+        m.free = total;
+        m.used = 0;
+        SUCCESS
     })
 }
 

@@ -544,6 +544,9 @@ pub const DRIVER_LIBS: &[DriverLib] = &[
         "",
         "graphics",
     ),
+    // nvidia-settings' front ends, which the .run installer puts beside the driver's libraries.
+    lib("libnvidia-gtk2", Soname::FullVersion, "", "display"),
+    lib("libnvidia-gtk3", Soname::FullVersion, "", "display"),
     lib("libnvidia-ngx", Soname::Major("1"), "", "ngx"),
 ];
 

@@ -1,0 +1,160 @@
+//! The rest of the NVML API NVIDIA's Kubernetes components link
+//! (tests/fixtures/nvml/go-nvml-symbols.txt): every entry point there that the other modules
+//! do not answer returns `NVML_ERROR_NOT_SUPPORTED` (`NVML_ERROR_UNINITIALIZED` before
+//! `nvmlInit`), as a GPU without the feature does, rather than the caller dying on a missing
+//! symbol. The start-up calls read in NVIDIA's sources take `NOT_SUPPORTED` as "absent"
+//! (go-nvlib's `IsFabricAttached` and `GetAddressingModeAsString`, the DRA driver's
+//! `GetGpuInstancePossiblePlacements`); not every call site was read.
+//!
+//! Each is defined without parameters: on x86-64 (System V) and AArch64 (AAPCS64) the caller
+//! passes the arguments in registers and on its own stack and removes them itself, so a
+//! function that reads none can be called with any. Every real one returns `nvmlReturn_t`
+//! (only `nvmlErrorString` differs, and lib.rs answers it).
+
+use super::{nvmlReturn_t, with_state, NOT_SUPPORTED};
+
+macro_rules! not_supported {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name() -> nvmlReturn_t {
+            with_state(|_| NOT_SUPPORTED)
+        }
+    )*};
+}
+
+not_supported! {
+    nvmlComputeInstanceDestroy nvmlDeviceCcuGetStreamState nvmlDeviceCcuSetStreamState
+    nvmlDeviceClearAccountingPids nvmlDeviceClearCpuAffinity nvmlDeviceClearEccErrorCounts
+    nvmlDeviceClearFieldValues nvmlDeviceCreateGpuInstance nvmlDeviceCreateGpuInstanceWithPlacement
+    nvmlDeviceDiscoverGpus nvmlDeviceFreezeNvLinkUtilizationCounter nvmlDeviceGetAPIRestriction
+    nvmlDeviceGetAccountingBufferSize nvmlDeviceGetAccountingMode nvmlDeviceGetAccountingPids
+    nvmlDeviceGetAccountingStats nvmlDeviceGetAccountingStats_v2 nvmlDeviceGetActiveVgpus
+    nvmlDeviceGetAdaptiveClockInfoStatus nvmlDeviceGetAddressingMode nvmlDeviceGetApplicationsClock
+    nvmlDeviceGetAttributes nvmlDeviceGetAutoBoostedClocksEnabled nvmlDeviceGetBAR1MemoryInfo
+    nvmlDeviceGetBBXTimeData_v1 nvmlDeviceGetBoardId nvmlDeviceGetBoardPartNumber
+    nvmlDeviceGetBridgeChipInfo nvmlDeviceGetBusType nvmlDeviceGetC2cModeInfoV
+    nvmlDeviceGetCapabilities nvmlDeviceGetClkMonStatus nvmlDeviceGetClock
+    nvmlDeviceGetClockOffsets nvmlDeviceGetComputeMode nvmlDeviceGetConfComputeGpuAttestationReport
+    nvmlDeviceGetConfComputeGpuCertificate nvmlDeviceGetConfComputeMemSizeInfo
+    nvmlDeviceGetConfComputeProtectedMemoryUsage nvmlDeviceGetCoolerInfo nvmlDeviceGetCpuAffinity
+    nvmlDeviceGetCpuAffinityWithinScope nvmlDeviceGetCreatableVgpus
+    nvmlDeviceGetCurrPcieLinkGeneration nvmlDeviceGetCurrPcieLinkWidth
+    nvmlDeviceGetCurrentClockFreqs nvmlDeviceGetCurrentClocksEventReasons
+    nvmlDeviceGetCurrentClocksThrottleReasons nvmlDeviceGetDecoderUtilization
+    nvmlDeviceGetDefaultApplicationsClock nvmlDeviceGetDefaultEccMode
+    nvmlDeviceGetDetailedEccErrors nvmlDeviceGetDisplayActive nvmlDeviceGetDisplayMode
+    nvmlDeviceGetDramEncryptionMode nvmlDeviceGetDriverModel nvmlDeviceGetDriverModel_v2
+    nvmlDeviceGetDynamicPstatesInfo nvmlDeviceGetEccMode nvmlDeviceGetEncoderCapacity
+    nvmlDeviceGetEncoderSessions nvmlDeviceGetEncoderStats nvmlDeviceGetEncoderUtilization
+    nvmlDeviceGetFBCSessions nvmlDeviceGetFBCStats nvmlDeviceGetFanControlPolicy_v2
+    nvmlDeviceGetFanSpeed nvmlDeviceGetFanSpeedRPM nvmlDeviceGetFanSpeed_v2
+    nvmlDeviceGetFieldValues nvmlDeviceGetGpcClkMinMaxVfOffset nvmlDeviceGetGpcClkVfOffset
+    nvmlDeviceGetGpuFabricInfo nvmlDeviceGetGpuFabricInfoV
+    nvmlDeviceGetGpuInstancePossiblePlacements nvmlDeviceGetGpuInstancePossiblePlacements_v2
+    nvmlDeviceGetGpuInstanceProfileInfoByIdV nvmlDeviceGetGpuInstanceProfileInfoV
+    nvmlDeviceGetGpuInstanceRemainingCapacity nvmlDeviceGetGpuMaxPcieLinkGeneration
+    nvmlDeviceGetGpuOperationMode nvmlDeviceGetGridLicensableFeatures
+    nvmlDeviceGetGridLicensableFeatures_v2 nvmlDeviceGetGridLicensableFeatures_v3
+    nvmlDeviceGetGridLicensableFeatures_v4 nvmlDeviceGetGspFirmwareMode
+    nvmlDeviceGetGspFirmwareVersion nvmlDeviceGetHandleBySerial nvmlDeviceGetHandleByUUIDV
+    nvmlDeviceGetHostVgpuMode nvmlDeviceGetHostname_v1 nvmlDeviceGetInforomConfigurationChecksum
+    nvmlDeviceGetInforomImageVersion nvmlDeviceGetInforomVersion nvmlDeviceGetIrqNum
+    nvmlDeviceGetJpgUtilization nvmlDeviceGetLastBBXFlushTime nvmlDeviceGetMarginTemperature
+    nvmlDeviceGetMaxCustomerBoostClock nvmlDeviceGetMaxPcieLinkGeneration
+    nvmlDeviceGetMaxPcieLinkWidth nvmlDeviceGetMemClkMinMaxVfOffset nvmlDeviceGetMemClkVfOffset
+    nvmlDeviceGetMemoryAffinity nvmlDeviceGetMemoryBusWidth nvmlDeviceGetMemoryErrorCounter
+    nvmlDeviceGetMinMaxClockOfPState nvmlDeviceGetMinMaxFanSpeed nvmlDeviceGetModuleId
+    nvmlDeviceGetMultiGpuBoard nvmlDeviceGetNumFans nvmlDeviceGetNumGpuCores
+    nvmlDeviceGetNumaNodeId nvmlDeviceGetNvLinkCapability nvmlDeviceGetNvLinkErrorCounter
+    nvmlDeviceGetNvLinkInfo nvmlDeviceGetNvLinkRemoteDeviceType nvmlDeviceGetNvLinkRemotePciInfo
+    nvmlDeviceGetNvLinkRemotePciInfo_v2 nvmlDeviceGetNvLinkUtilizationControl
+    nvmlDeviceGetNvLinkUtilizationCounter nvmlDeviceGetNvLinkVersion nvmlDeviceGetNvlinkBwMode
+    nvmlDeviceGetNvlinkSupportedBwModes nvmlDeviceGetOfaUtilization nvmlDeviceGetP2PStatus
+    nvmlDeviceGetPciInfo nvmlDeviceGetPciInfoExt nvmlDeviceGetPciInfo_v2
+    nvmlDeviceGetPcieLinkMaxSpeed nvmlDeviceGetPcieReplayCounter nvmlDeviceGetPcieSpeed
+    nvmlDeviceGetPcieThroughput nvmlDeviceGetPdi nvmlDeviceGetPerformanceModes
+    nvmlDeviceGetPerformanceState nvmlDeviceGetPgpuMetadataString nvmlDeviceGetPlatformInfo
+    nvmlDeviceGetPowerManagementLimitConstraints nvmlDeviceGetPowerManagementMode
+    nvmlDeviceGetPowerMizerMode_v1 nvmlDeviceGetPowerSource nvmlDeviceGetPowerState
+    nvmlDeviceGetProcessUtilization nvmlDeviceGetProcessesUtilizationInfo nvmlDeviceGetRemappedRows
+    nvmlDeviceGetRemappedRows_v2 nvmlDeviceGetRepairStatus nvmlDeviceGetRetiredPages
+    nvmlDeviceGetRetiredPagesPendingStatus nvmlDeviceGetRetiredPages_v2
+    nvmlDeviceGetRowRemapperHistogram nvmlDeviceGetRunningProcessDetailList nvmlDeviceGetSamples
+    nvmlDeviceGetSerial nvmlDeviceGetSramEccErrorStatus
+    nvmlDeviceGetSramUniqueUncorrectedEccErrorCounts nvmlDeviceGetSupportedClocksEventReasons
+    nvmlDeviceGetSupportedClocksThrottleReasons nvmlDeviceGetSupportedGraphicsClocks
+    nvmlDeviceGetSupportedMemoryClocks nvmlDeviceGetSupportedPerformanceStates
+    nvmlDeviceGetSupportedVgpus nvmlDeviceGetTargetFanSpeed nvmlDeviceGetTemperatureThreshold
+    nvmlDeviceGetTemperatureV nvmlDeviceGetThermalSettings nvmlDeviceGetTopologyNearestGpus
+    nvmlDeviceGetTotalEccErrors nvmlDeviceGetTotalEnergyConsumption
+    nvmlDeviceGetUnrepairableMemoryFlag_v1 nvmlDeviceGetUtilizationRates nvmlDeviceGetVbiosVersion
+    nvmlDeviceGetVgpuCapabilities nvmlDeviceGetVgpuHeterogeneousMode
+    nvmlDeviceGetVgpuInstancesUtilizationInfo nvmlDeviceGetVgpuMetadata
+    nvmlDeviceGetVgpuProcessUtilization nvmlDeviceGetVgpuProcessesUtilizationInfo
+    nvmlDeviceGetVgpuSchedulerCapabilities nvmlDeviceGetVgpuSchedulerLog
+    nvmlDeviceGetVgpuSchedulerLog_v2 nvmlDeviceGetVgpuSchedulerState
+    nvmlDeviceGetVgpuSchedulerState_v2 nvmlDeviceGetVgpuTypeCreatablePlacements
+    nvmlDeviceGetVgpuTypeSupportedPlacements nvmlDeviceGetVgpuUtilization
+    nvmlDeviceGetViolationStatus nvmlDeviceModifyDrainState nvmlDeviceOnSameBoard
+    nvmlDevicePowerSmoothingActivatePresetProfile nvmlDevicePowerSmoothingSetState
+    nvmlDevicePowerSmoothingUpdatePresetProfileParam nvmlDeviceQueryDrainState
+    nvmlDeviceReadPRMCounters_v1 nvmlDeviceReadWritePRM_v1 nvmlDeviceRemoveGpu
+    nvmlDeviceRemoveGpu_v2 nvmlDeviceResetApplicationsClocks nvmlDeviceResetGpuLockedClocks
+    nvmlDeviceResetMemoryLockedClocks nvmlDeviceResetNvLinkErrorCounters
+    nvmlDeviceResetNvLinkUtilizationCounter nvmlDeviceSetAPIRestriction nvmlDeviceSetAccountingMode
+    nvmlDeviceSetApplicationsClocks nvmlDeviceSetAutoBoostedClocksEnabled nvmlDeviceSetClockOffsets
+    nvmlDeviceSetComputeMode nvmlDeviceSetConfComputeUnprotectedMemSize nvmlDeviceSetCpuAffinity
+    nvmlDeviceSetDefaultAutoBoostedClocksEnabled nvmlDeviceSetDefaultFanSpeed_v2
+    nvmlDeviceSetDramEncryptionMode nvmlDeviceSetDriverModel nvmlDeviceSetEccMode
+    nvmlDeviceSetFanControlPolicy nvmlDeviceSetFanSpeed_v2 nvmlDeviceSetGpcClkVfOffset
+    nvmlDeviceSetGpuLockedClocks nvmlDeviceSetGpuOperationMode nvmlDeviceSetHostname_v1
+    nvmlDeviceSetMemClkVfOffset nvmlDeviceSetMemoryLockedClocks nvmlDeviceSetMigMode
+    nvmlDeviceSetNvLinkDeviceLowPowerThreshold nvmlDeviceSetNvLinkUtilizationControl
+    nvmlDeviceSetNvlinkBwMode nvmlDeviceSetPersistenceMode nvmlDeviceSetPowerManagementLimit
+    nvmlDeviceSetPowerManagementLimit_v2 nvmlDeviceSetPowerMizerMode_v1
+    nvmlDeviceSetRusdSettings_v1 nvmlDeviceSetTemperatureThreshold nvmlDeviceSetVgpuCapabilities
+    nvmlDeviceSetVgpuHeterogeneousMode nvmlDeviceSetVgpuSchedulerState
+    nvmlDeviceSetVgpuSchedulerState_v2 nvmlDeviceSetVirtualizationMode nvmlDeviceValidateInforom
+    nvmlDeviceVgpuForceGspUnload nvmlDeviceWorkloadPowerProfileClearRequestedProfiles
+    nvmlDeviceWorkloadPowerProfileGetCurrentProfiles nvmlDeviceWorkloadPowerProfileGetProfilesInfo
+    nvmlDeviceWorkloadPowerProfileSetRequestedProfiles
+    nvmlDeviceWorkloadPowerProfileUpdateProfiles_v1 nvmlGetExcludedDeviceCount
+    nvmlGetExcludedDeviceInfoByIndex nvmlGetVgpuCompatibility nvmlGetVgpuDriverCapabilities
+    nvmlGetVgpuVersion nvmlGpmMetricsGet nvmlGpmMigSampleGet nvmlGpmQueryDeviceSupport
+    nvmlGpmQueryIfStreamingEnabled nvmlGpmSampleAlloc nvmlGpmSampleFree nvmlGpmSampleGet
+    nvmlGpmSetStreamingEnabled nvmlGpuInstanceCreateComputeInstance
+    nvmlGpuInstanceCreateComputeInstanceWithPlacement nvmlGpuInstanceDestroy
+    nvmlGpuInstanceGetActiveVgpus nvmlGpuInstanceGetComputeInstancePossiblePlacements
+    nvmlGpuInstanceGetComputeInstanceProfileInfoV
+    nvmlGpuInstanceGetComputeInstanceRemainingCapacity nvmlGpuInstanceGetCreatableVgpus
+    nvmlGpuInstanceGetVgpuHeterogeneousMode nvmlGpuInstanceGetVgpuSchedulerLog
+    nvmlGpuInstanceGetVgpuSchedulerLog_v2 nvmlGpuInstanceGetVgpuSchedulerState
+    nvmlGpuInstanceGetVgpuSchedulerState_v2 nvmlGpuInstanceGetVgpuTypeCreatablePlacements
+    nvmlGpuInstanceSetVgpuHeterogeneousMode nvmlGpuInstanceSetVgpuSchedulerState
+    nvmlGpuInstanceSetVgpuSchedulerState_v2 nvmlSetVgpuVersion nvmlSystemEventSetCreate
+    nvmlSystemEventSetFree nvmlSystemEventSetWait nvmlSystemGetCPER_v1
+    nvmlSystemGetConfComputeCapabilities nvmlSystemGetConfComputeGpusReadyState
+    nvmlSystemGetConfComputeKeyRotationThresholdInfo nvmlSystemGetConfComputeSettings
+    nvmlSystemGetConfComputeState nvmlSystemGetDriverBranch nvmlSystemGetHicVersion
+    nvmlSystemGetNvlinkBwMode nvmlSystemGetProcessName nvmlSystemGetTopologyGpuSet
+    nvmlSystemRegisterEvents nvmlSystemSetConfComputeGpusReadyState
+    nvmlSystemSetConfComputeKeyRotationThresholdInfo nvmlSystemSetNvlinkBwMode nvmlUnitGetCount
+    nvmlUnitGetDevices nvmlUnitGetFanSpeedInfo nvmlUnitGetHandleByIndex nvmlUnitGetLedState
+    nvmlUnitGetPsuInfo nvmlUnitGetTemperature nvmlUnitGetUnitInfo nvmlUnitSetLedState
+    nvmlVgpuInstanceClearAccountingPids nvmlVgpuInstanceGetAccountingMode
+    nvmlVgpuInstanceGetAccountingPids nvmlVgpuInstanceGetAccountingStats nvmlVgpuInstanceGetEccMode
+    nvmlVgpuInstanceGetEncoderCapacity nvmlVgpuInstanceGetEncoderSessions
+    nvmlVgpuInstanceGetEncoderStats nvmlVgpuInstanceGetFBCSessions nvmlVgpuInstanceGetFBCStats
+    nvmlVgpuInstanceGetFbUsage nvmlVgpuInstanceGetFrameRateLimit nvmlVgpuInstanceGetGpuInstanceId
+    nvmlVgpuInstanceGetGpuPciId nvmlVgpuInstanceGetLicenseInfo nvmlVgpuInstanceGetLicenseInfo_v2
+    nvmlVgpuInstanceGetLicenseStatus nvmlVgpuInstanceGetMdevUUID nvmlVgpuInstanceGetMetadata
+    nvmlVgpuInstanceGetPlacementId nvmlVgpuInstanceGetRuntimeStateSize nvmlVgpuInstanceGetType
+    nvmlVgpuInstanceGetUUID nvmlVgpuInstanceGetVmDriverVersion nvmlVgpuInstanceGetVmID
+    nvmlVgpuInstanceSetEncoderCapacity nvmlVgpuTypeGetBAR1Info nvmlVgpuTypeGetCapabilities
+    nvmlVgpuTypeGetClass nvmlVgpuTypeGetDeviceID nvmlVgpuTypeGetFbReservation
+    nvmlVgpuTypeGetFrameRateLimit nvmlVgpuTypeGetFramebufferSize
+    nvmlVgpuTypeGetGpuInstanceProfileId nvmlVgpuTypeGetGspHeapSize nvmlVgpuTypeGetLicense
+    nvmlVgpuTypeGetMaxInstances nvmlVgpuTypeGetMaxInstancesPerGpuInstance
+    nvmlVgpuTypeGetMaxInstancesPerVm nvmlVgpuTypeGetName nvmlVgpuTypeGetNumDisplayHeads
+    nvmlVgpuTypeGetResolution
+}
