@@ -171,7 +171,7 @@ pub fn key_fields(k: &Key, out: &mut Vec<u8>) {
 /// have written: a regular file (not followed if a symlink) owned by root or this user and
 /// writable by its owner only. Otherwise whoever could write it could hide a higher-priority
 /// definition or change what a device brings.
-pub fn read_private(path: &Path, what: &str) -> Option<FileBytes> {
+pub fn read_private(path: &Path, what: &str) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -180,98 +180,16 @@ pub fn read_private(path: &Path, what: &str) -> Option<FileBytes> {
         .ok()?;
     let meta = file.metadata().ok()?;
     if !private(meta.is_file(), meta.uid(), meta.permissions().mode()) {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
+        let euid = nix::unistd::geteuid();
         tracing::warn!(
             "{what} {} is not a file owned by root or uid {euid} and writable only by its owner: not used (remove it)",
             path.display()
         );
         return None;
     }
-    if meta.len() >= MAP_MIN {
-        if let Some(mapped) = Mapping::of(&file, meta.len()) {
-            return Some(FileBytes::Mapped(mapped));
-        }
-    }
     let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
     file.read_to_end(&mut bytes).ok()?;
-    Some(FileBytes::Read(bytes))
-}
-
-/// Cache files at least this large are mapped rather than read ([`FileBytes`]).
-const MAP_MIN: u64 = 64 << 10;
-
-/// A cache file's bytes: mapped from the page cache when it is large, else read into memory.
-///
-/// Why map: reading copies the file into fresh heap pages, and a fresh page costs a create
-/// more than its copy (each first touch is a page fault: 1.2 µs on the 2-core CI machine of
-/// earlier runs, 3.3 µs on the one of the latest, docs/benchmarks.md). A mapping of pages the
-/// page cache already holds costs an `mmap`, a `munmap` and a fault per 64 KiB (the kernel
-/// maps the pages around a fault). Measured there in a C loop (median of 6), the 182 KB index
-/// of 1,000 spec files: 150 µs read into fresh memory, 32 µs mapped (52 µs with
-/// `MAP_POPULATE`, which maps page by page); in paired creates (600 rounds), 0.15 ms less
-/// with 1,000 spec files and 0.03 ms with 500 (a 91 KB index). Smaller files are read: the
-/// allocator hands their pages out again once they are freed, to the config.json written
-/// next, so mapping the 34 KB spec cache of NVIDIA's 8-GPU spec made a CDI create
-/// 0.02 ms slower, although alone it maps in 12 µs and reads in 31 µs.
-///
-/// Why a mapped file cannot change under the slice: nvshim writes cache files only through
-/// [`write_private`], a new file renamed over the old one, so the file a mapping holds is
-/// never written again, nor truncated (which would fault a read past its new end); and only
-/// root or this user could write it ([`read_private`] checks).
-pub enum FileBytes {
-    Read(Vec<u8>),
-    Mapped(Mapping),
-}
-
-impl std::ops::Deref for FileBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            FileBytes::Read(v) => v,
-            FileBytes::Mapped(m) => m.bytes(),
-        }
-    }
-}
-
-/// A private, read-only mapping of a whole file, unmapped when dropped.
-pub struct Mapping {
-    at: std::ptr::NonNull<std::ffi::c_void>,
-    len: std::num::NonZeroUsize,
-}
-
-impl Mapping {
-    fn of(file: &std::fs::File, len: u64) -> Option<Mapping> {
-        use nix::sys::mman::{mmap, MapFlags, ProtFlags};
-        let len = std::num::NonZeroUsize::new(usize::try_from(len).ok()?)?;
-        // SAFETY: a new private read-only mapping of `len` bytes of `file` from its start,
-        // placed where the kernel chooses; nothing else refers to it.
-        let at = unsafe {
-            mmap(
-                None,
-                len,
-                ProtFlags::PROT_READ,
-                MapFlags::MAP_PRIVATE,
-                file,
-                0,
-            )
-        }
-        .ok()?;
-        Some(Mapping { at, len })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `at` maps `len` readable bytes until `self` is dropped, and the file behind
-        // them is never written while mapped ([`FileBytes`]).
-        unsafe { std::slice::from_raw_parts(self.at.as_ptr().cast(), self.len.get()) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `at` and `len` are the mapping `Mapping::of` made, unmapped only here.
-        let _ = unsafe { nix::sys::mman::munmap(self.at, self.len.get()) };
-    }
+    Some(bytes)
 }
 
 /// Writes a cache file with [`crate::atomic::write`], mode 0600 in a 0700 directory. Not
@@ -397,11 +315,10 @@ fn bound(dir: &Path) {
 mod tests {
     use super::*;
 
-    /// Small files are read, large ones mapped; both give the file's bytes, and a mapped
-    /// file replaced as nvshim replaces them (a new file renamed over it) keeps giving the
-    /// version it mapped. A file others could write is not used.
+    /// A private file gives its bytes, then the new ones once replaced. A file others could
+    /// write is not used.
     #[test]
-    fn private_files_read_or_mapped_give_their_bytes() {
+    fn private_files_give_their_bytes() {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         for len in [0, 1, 4096, 65535, 65536, 65537, 200_000] {
@@ -409,14 +326,8 @@ mod tests {
             let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             write_private(dir.path(), &path, &bytes).unwrap();
             let got = read_private(&path, "test").unwrap();
-            assert_eq!(
-                matches!(got, FileBytes::Mapped(_)),
-                len as u64 >= MAP_MIN,
-                "{len}"
-            );
             assert_eq!(&got[..], &bytes[..], "{len}");
             write_private(dir.path(), &path, b"new").unwrap();
-            assert_eq!(&got[..], &bytes[..], "{len}");
             assert_eq!(&read_private(&path, "test").unwrap()[..], b"new");
         }
         let shared = dir.path().join("shared");
