@@ -1067,7 +1067,8 @@ fn nvshim_cache_files(w: &World) -> Vec<String> {
 /// deleted, with other claims' specs rewritten and the GPUs asked for by legacy requests on the
 /// way. Without the bound they left 286 files. `nvshim doctor` counts them, `--caches` lists
 /// them (a file others can write shows as ignored), `--clear-caches` removes them (and nothing
-/// else in the directory), and a create afterwards rebuilds what it needs.
+/// else in the directory), and a create afterwards rebuilds what it needs; a cache-dir whose
+/// parent others can write is reported as not used.
 #[test]
 fn cache_dir_stays_bounded_under_churn_and_doctor_lists_and_clears_it() {
     let w = World::new();
@@ -1171,5 +1172,16 @@ fn cache_dir_stays_bounded_under_churn_and_doctor_lists_and_clears_it() {
     assert!(
         !nvshim_cache_files(&w).is_empty(),
         "the index was not written again"
+    );
+    // A cache-dir whose parent others can write is not used: doctor says so.
+    let parent = cache.parent().unwrap();
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o777)).unwrap();
+    let d = doctor(&w);
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();
+    d.assert(
+        "cache-dir",
+        "warning",
+        &["not used", "mode 777"],
+        &["parent"],
     );
 }

@@ -6,10 +6,21 @@ use std::path::Path;
 
 use super::{check, Check, Status};
 use crate::cache::{self, CacheFile};
+use crate::config::Config;
 
 /// How many of nvshim's files `cache-dir` holds, and a warning for any nvshim ignores (not
-/// root's, or writable by others: someone else wrote it).
-pub fn cache_check(dir: &Path) -> Check {
+/// root's, or writable by others: someone else wrote it), or for a `cache-dir` the config
+/// refused (`Config::cache_dir_refused`).
+pub fn cache_check(config: &Config) -> Check {
+    if let Some(why) = &config.cache_dir_refused {
+        return check(
+            "cache-dir",
+            Status::Warning,
+            format!("not used, every create reads the host again ({why})"),
+            Some("make cache-dir and its parent owned by root, writable by root only".into()),
+        );
+    }
+    let dir = config.cache_dir.as_path();
     if dir.as_os_str().is_empty() {
         return check("cache-dir", Status::Ok, "off (cache-dir = \"\")", None);
     }

@@ -173,7 +173,7 @@ pub fn run(opts: &Options) -> Vec<Check> {
     }
     out.push(low_level_runtime_check(opts));
     out.push(hook_check(opts));
-    out.push(caches::cache_check(&opts.config.cache_dir));
+    out.push(caches::cache_check(&opts.config));
     out
 }
 
