@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks `nvshim-hook update-ldcache` as runc would run it on a container start.
 #
-# - Builds the hook as it ships (scripts/build-release.sh: static-pie, for musl where the
-#   target is installed).
+# - Builds the hook as it ships (scripts/build-release.sh: static-pie, glibc).
 # - Makes a Debian-like image rootfs with a few base libraries and its own ld.so.cache (made by
 #   the host's ldconfig), then "injects" ~40 stub driver libraries named like a real driver's
 #   (<name>.so.580.65.06, each with its real SONAME) into /usr/lib/x86_64-linux-gnu, with the

@@ -3,8 +3,7 @@
 #
 # Builds the release binaries as they ship (scripts/build-release.sh: nvshim-runtime and
 # nvshim-hook static-pie, nvshim dynamic: it dlopens libnvidia-ml), plus nvshim-runtime
-# dynamically linked, and it and nvshim-hook linked static with glibc, as reference rows, a
-# simulated 8-GPU host, bundles on a tmpfs (engines keep
+# dynamically linked as a reference row, a simulated 8-GPU host, bundles on a tmpfs (engines keep
 # bundles under /run), and the floor: a static C program that only execs /bin/true
 # (scripts/bench/floor.c). Then times, side by side in one run, interleaved round by round
 # in a shuffled order (nvshim-bench, tests/support/src/bin/bench.rs), medians and interquartile
@@ -25,8 +24,7 @@
 #      nodes, from /proc, no NVML), and of one MIG device by UUID (NVML's answer, through the
 #      fake NVML, from cache-dir; and without cache-dir, the nvml-query helper every time);
 #   9. the hooks of figure 3's GPU container, timed in place as runc runs them
-#      (scripts/bench/hook-timer.c), in total and against /bin/true in their place (and the
-#      hook's glibc static build, a reference);
+#      (scripts/bench/hook-timer.c), in total and against /bin/true in their place;
 #   6. peak memory (GNU time %M) of each;
 # and, for figures 1, 7 and 8, the least a create costs under nvshim's rules without nvshim
 # (scripts/bench/least.c: config.json replaced atomically, every spec file stat'ed, each GPU
@@ -104,15 +102,9 @@ say() { echo "== $*" >&2; }
 # the same build as `cargo build --release`. The binaries are copied out at once, since the
 # next build of the same binary with other flags relinks it in place.
 say "building release binaries (LTO; minutes on 2 cores)"
-# Reference only: nvshim-runtime dynamically linked, as plain `cargo build` makes it, and
-# nvshim-runtime and nvshim-hook linked static with glibc (what build-release.sh makes where
-# the musl target is missing).
+# Reference only: nvshim-runtime dynamically linked, as plain `cargo build` makes it.
 cargo build --release --quiet -p nvshim --bin nvshim-runtime
 cp target/release/nvshim-runtime "$bin/nvshim-runtime-dynamic"
-cargo rustc --release --quiet -p nvshim --bin nvshim-runtime -- -C target-feature=+crt-static
-cp target/release/nvshim-runtime "$bin/nvshim-runtime-glibc"
-cargo rustc --release --quiet -p nvshim-hook --bin nvshim-hook -- -C target-feature=+crt-static
-cp target/release/nvshim-hook "$bin/nvshim-hook-glibc"
 scripts/build-release.sh --quiet
 cp target/release/nvshim target/release/nvshim-runtime target/release/nvshim-hook "$bin/"
 cargo build --release --quiet -p nvshim-testsupport --bins -p nvshim-fake-nvml
@@ -173,10 +165,8 @@ ${5:-}
 EOF
 }
 config "$work/true.toml" /bin/true
-# The reference builds keep their own cache-dir: the driver-files cache is keyed on the binary
-# that wrote it (src/legacy/files_cache.rs), so builds sharing one would rewrite it in turn.
+# The reference build keeps its own cache-dir: the two builds never read each other's files.
 config "$work/true-dynamic.toml" /bin/true "" "$work/run/cache-dynamic"
-config "$work/true-glibc.toml" /bin/true "" "$work/run/cache-glibc"
 config "$work/runc.toml" runc
 config "$work/mig.toml" /bin/true
 sed -i "s|\"$host|\"$work/mighost|" "$work/mig.toml"
@@ -372,11 +362,11 @@ image_libs() { # ROOTFS: returns 1 when there is no list
 }
 # Figure 9: the same container's hooks, timed in place. runc runs each hook through
 # scripts/bench/hook-timer.c, which times it (`hooks`), or times /bin/true in its place
-# (`hooks-true`), or the glibc static build of the hook (`hooks-glibc`, a reference); every run
+# (`hooks-true`); every run
 # starts from the image's pristine rootfs, a container's first start.
 cp -a "$work/run/full-edited/rootfs" "$work/run/rootfs-pristine"
 image_libs "$work/run/rootfs-pristine" || echo "bench: no Debian package lists: figure 9's image is the busybox rootfs" >&2
-for b in hooks hooks-true hooks-glibc; do
+for b in hooks hooks-true; do
     cp -a "$work/run/full-edited" "$work/run/$b"
     python3 - "$work/run/$b/config.json" "$bin/hook-timer" "$work/run/$b.times" "$b" "$bin" <<'TIMED'
 import json, os, sys
@@ -391,8 +381,6 @@ for h in hooks:
         run[run.index("--bundle") + 1] = os.path.dirname(path)
     if kind == "hooks-true":
         run = ["/bin/true", "true"]
-    elif kind == "hooks-glibc" and run[0] == os.path.join(bin_dir, "nvshim-hook"):
-        run[0] += "-glibc"
     h["path"], h["args"] = timer, [timer, log] + run
 json.dump(spec, open(path, "w"), indent=1)
 TIMED
@@ -460,11 +448,8 @@ MOUNTS
 printf '{"ociVersion":"1.0.2","id":"bench","status":"creating","pid":1,"bundle":"%s","annotations":{}}' \
     "$work/run/hook" > "$work/run/hook/state.json"
 cp -a "$rootfs" "$work/run/hook/rootfs-ldconfig"
-# The cache dir nvshim-runtime would have made, where the hook keeps what it read of each
-# library (hooks/src/elf_facts.rs): on a node that ran a GPU container before, a container's
-# first start finds the driver's libraries there.
-mkdir -m 700 "$work/run/hook-cache"
-"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu --cache-dir "$work/run/hook-cache" < "$work/run/hook/state.json"
+# The image indexes the driver's libraries after the hook has run once.
+"$bin/nvshim-hook" update-ldcache --folder /usr/lib/x86_64-linux-gnu < "$work/run/hook/state.json"
 # grep -c, not -q: it reads all of ldconfig's output, so pipefail never sees a SIGPIPE'd writer.
 /sbin/ldconfig -r "$rootfs" -p | grep -c 'libcuda.so.1 ' > /dev/null || { echo "bench: the hook did not index libcuda" >&2; exit 1; }
 
@@ -515,9 +500,6 @@ cat > "$spec" <<EOF
   $(create_cmd create-cdi-pod "$bin/nvshim-runtime" "$R/pod" "$work/true.toml"),
   $(create_cmd create-plain "$bin/nvshim-runtime" "$R/plain" "$work/true.toml"),
   $(create_cmd create-legacy-dynamic "$bin/nvshim-runtime-dynamic" "$R/legacy" "$work/true-dynamic.toml"),
-  $(create_cmd create-legacy-glibc "$bin/nvshim-runtime-glibc" "$R/legacy" "$work/true-glibc.toml"),
-  $(create_cmd create-cdi-glibc "$bin/nvshim-runtime-glibc" "$R/cdi" "$work/true-glibc.toml"),
-  {"name":"state-glibc","steps":[["$bin/nvshim-runtime-glibc","--root","$st","state","c1"]],"env":{"NVSHIM_CONFIG":"$work/true-glibc.toml"}},
   $(create_cmd create-legacy-disk "$bin/nvshim-runtime" "$work/disk/legacy" "$work/true.toml"),
   {"name":"floor-disk","steps":[["$bin/floor","--root","$st","create","--bundle","$work/disk/legacy","c1"]],"prepare":[["cp","$work/disk/legacy.orig.json","$work/disk/legacy/config.json"]]},
   {"name":"state","steps":[["$bin/nvshim-runtime","--root","$st","state","c1"]],"env":{"NVSHIM_CONFIG":"$work/true.toml"}},
@@ -537,12 +519,7 @@ cat > "$spec" <<EOF
   {"name":"hooks-true","no_mem":true,"measured_by":"$R/hooks-true.times",
    "steps":[["runc","--root","$R/s5","run","--bundle","$R/hooks-true","h2"]],
    "prepare":[["rm","-rf","$R/hooks-true/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-true/rootfs"]]},
-  {"name":"hooks-glibc","no_mem":true,"measured_by":"$R/hooks-glibc.times",
-   "steps":[["runc","--root","$R/s6","run","--bundle","$R/hooks-glibc","h3"]],
-   "prepare":[["rm","-rf","$R/hooks-glibc/rootfs"],["cp","-a","$R/rootfs-pristine","$R/hooks-glibc/rootfs"]]},
-  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu","--cache-dir","$R/hook-cache"]],"stdin":"$R/hook/state.json",
-   "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
-  {"name":"hook-glibc","steps":[["$bin/nvshim-hook-glibc","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu","--cache-dir","$R/hook-cache"]],"stdin":"$R/hook/state.json",
+  {"name":"hook","steps":[["$bin/nvshim-hook","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json",
    "prepare":[["cp","$R/hook/image-ld.so.cache","$R/hook/rootfs/etc/ld.so.cache"]]},
   {"name":"true-stdin","steps":[["/bin/true","update-ldcache","--folder","/usr/lib/x86_64-linux-gnu"]],"stdin":"$R/hook/state.json"},
   {"name":"ldconfig","steps":[["/sbin/ldconfig","-r","$R/hook/rootfs-ldconfig"]],
@@ -573,8 +550,6 @@ cat > "$spec" <<EOF
   {"figure":"8. the same without cache-dir (nvml-query helper, fake NVML), against the cached","cmd":"create-mig-uuid-nocache","baseline":"create-mig-uuid"},
   {"figure":"1. create, legacy, against exec'ing /bin/true directly","cmd":"create-legacy","baseline":"true"},
   {"figure":"1. create, legacy, dynamically linked build (reference, not shipped)","cmd":"create-legacy-dynamic","baseline":"floor"},
-  {"figure":"1. create, legacy, glibc static build (reference: shipped before the musl build)","cmd":"create-legacy-glibc","baseline":"floor"},
-  {"figure":"1. create, CDI, glibc static build (reference)","cmd":"create-cdi-glibc","baseline":"floor"},
   {"figure":"1. create, legacy, bundle on ext4 instead of tmpfs","cmd":"create-legacy-disk","baseline":"floor-disk","goal_ms":0.25},
   {"figure":"1. the least of a create with GPUs, against the floor: config.json replaced atomically (read, a temporary file, fdatasync, rename), nothing else (scripts/bench/least.c)","cmd":"least-rewrite","baseline":"floor"},
   {"figure":"1. the same least, bundle on ext4, against its floor","cmd":"least-rewrite-disk","baseline":"floor-disk"},
@@ -583,14 +558,11 @@ cat > "$spec" <<EOF
   $musl_row,
   {"figure":"2. state (pass-through)","cmd":"state","baseline":"floor-state","goal_ms":0.1},
   {"figure":"2. delete (pass-through)","cmd":"delete","baseline":"floor-delete","goal_ms":0.1},
-  {"figure":"2. state, glibc static build (reference)","cmd":"state-glibc","baseline":"floor-state"},
   {"figure":"3. create+start+delete, busybox GPU container, over runc","cmd":"full-shim","baseline":"full-runc"},
   {"figure":"3. control: runc alone against runc alone (this figure's noise)","cmd":"full-runc-control","baseline":"full-runc"},
   {"figure":"4. nvshim-hook update-ldcache (first start)","cmd":"hook","baseline":"true-stdin","goal_ms":1.0},
   {"figure":"9. a GPU container's hooks in place under runc, in total (first start)","cmd":"hooks","goal_ms":2.0},
   {"figure":"9. the same, against /bin/true run in their place","cmd":"hooks","baseline":"hooks-true"},
-  {"figure":"9. the same, the hook's glibc static build (reference: shipped before the musl build)","cmd":"hooks-glibc","baseline":"hooks-true"},
-  {"figure":"4. nvshim-hook update-ldcache, glibc static build (reference)","cmd":"hook-glibc","baseline":"true-stdin"},
   {"figure":"4. ldconfig -r ROOT (reference: what NVIDIA's hook runs)","cmd":"ldconfig","baseline":"true-stdin"},
   {"figure":"5. nvshim cdi generate, 8 GPUs, fake NVML","cmd":"cdi-generate","baseline":"true"},
   {"figure":"5. nvshim cdi list","cmd":"cdi-list","baseline":"true"},
@@ -598,7 +570,6 @@ cat > "$spec" <<EOF
   {"figure":"6. peak RSS: create, CDI","cmd":"create-cdi","metric":"rss","baseline":"true","goal_kib":3072},
   {"figure":"6. peak RSS: state","cmd":"state","metric":"rss","baseline":"true","goal_kib":3072},
   {"figure":"6. peak RSS: create, legacy, dynamically linked build (reference)","cmd":"create-legacy-dynamic","metric":"rss","baseline":"true"},
-  {"figure":"6. peak RSS: create, legacy, glibc static build (reference)","cmd":"create-legacy-glibc","metric":"rss","baseline":"true"},
   {"figure":"6. peak RSS: the floor","cmd":"floor","metric":"rss","baseline":"true"},
   {"figure":"6. peak RSS: update-ldcache","cmd":"hook","metric":"rss","baseline":"true-stdin"},
   {"figure":"6. peak RSS: ldconfig -r","cmd":"ldconfig","metric":"rss","baseline":"true-stdin"},

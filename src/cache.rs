@@ -1,9 +1,8 @@
 //! The private cache files nvshim keeps under `cache-dir` (`/run/nvshim`: the CDI index and
 //! parsed specs, `src/cdi/index.rs` and `src/cdi/spec_cache.rs`; what the GPUs' `/proc` files
-//! say, `src/host/gpu_cache.rs`; NVML's answer, `src/host/nvml/cache.rs`; the driver's
-//! ld.so.cache entries, `src/host/ld_entries.rs`; the driver files of a legacy create,
-//! `src/legacy/files_cache.rs`; and the hook's, what update-ldcache read of each library,
-//! hooks/src/elf_facts.rs), and the identity rule that makes an answer
+//! say, `src/host/gpu_cache.rs`; the driver's MIG minors, `src/host/mig_table.rs`; NVML's
+//! answer, `src/host/nvml/cache.rs`), at most [`MAX_FILES`] of them, and the identity rule that
+//! makes an answer
 //! from them safe: an entry is used only while a fresh `stat` of what it describes gives the
 //! same [`Key`], and only once that key's ctime is more than [`RACY_NS`] older than the moment
 //! it was read (git's "racily clean" rule). A cache file is written atomically, is private to
@@ -16,23 +15,22 @@ use std::path::Path;
 // The identity rule and the trailer, in the library the hook links too (one home).
 pub use nvshim_hook::cache::{checksum, now_ns, private, seal, unseal, Key, RACY_NS};
 
-/// Whether the kernel itself keeps `dir`'s times on its file system, so that a change of its
-/// entries shows in its key: local disk and memory file systems (and overlays of them), not
-/// `/proc` or `/sys` (whose directories keep the time they were first looked at) nor network
-/// and FUSE file systems (times from a server or a daemon, possibly cached).
-pub fn keeps_dir_times(dir: &Path) -> bool {
-    // `statfs` magics (linux/magic.h; ZFS's and bcachefs's their own), as numbers: nix names
-    // only some of them on musl.
-    const LOCAL: [u32; 11] = [
+/// Whether a [`Key`] of a file in `dir` names one version of it: the file system is a local
+/// one that stamps inodes and times itself on every change (disk and memory file systems).
+/// Not an image file system (squashfs, erofs: inodes and times come from the image, so an
+/// image swapped on a reused loop device keeps every part of the key), an overlay (whose
+/// layers may be such images), `/proc` or `/sys` (directories keep the time they were first
+/// looked at), nor network and FUSE file systems (times from a server or a daemon). Anything
+/// not listed is not trusted: its files are read again every time.
+pub fn trusts_identity(dir: &Path) -> bool {
+    // `statfs` magics (linux/magic.h; ZFS's and bcachefs's their own), as numbers.
+    const LOCAL: [u32; 8] = [
         0xef53,      // ext2, ext3, ext4
         0x5846_5342, // xfs
         0x9123_683e, // btrfs
         0x0102_1994, // tmpfs
-        0x794c_7630, // overlayfs
         0xf2f5_2010, // f2fs
         0x2fc1_2fc1, // zfs
-        0x7371_7368, // squashfs
-        0xe0f5_e1e2, // erofs
         0xca45_1a4e, // bcachefs
         0x8584_58f6, // ramfs
     ];
@@ -173,7 +171,7 @@ pub fn key_fields(k: &Key, out: &mut Vec<u8>) {
 /// have written: a regular file (not followed if a symlink) owned by root or this user and
 /// writable by its owner only. Otherwise whoever could write it could hide a higher-priority
 /// definition or change what a device brings.
-pub fn read_private(path: &Path, what: &str) -> Option<FileBytes> {
+pub fn read_private(path: &Path, what: &str) -> Option<Vec<u8>> {
     use std::io::Read;
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -182,102 +180,21 @@ pub fn read_private(path: &Path, what: &str) -> Option<FileBytes> {
         .ok()?;
     let meta = file.metadata().ok()?;
     if !private(meta.is_file(), meta.uid(), meta.permissions().mode()) {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
+        let euid = nix::unistd::geteuid();
         tracing::warn!(
             "{what} {} is not a file owned by root or uid {euid} and writable only by its owner: not used (remove it)",
             path.display()
         );
         return None;
     }
-    if meta.len() >= MAP_MIN {
-        if let Some(mapped) = Mapping::of(&file, meta.len()) {
-            return Some(FileBytes::Mapped(mapped));
-        }
-    }
     let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
     file.read_to_end(&mut bytes).ok()?;
-    Some(FileBytes::Read(bytes))
-}
-
-/// Cache files at least this large are mapped rather than read ([`FileBytes`]).
-const MAP_MIN: u64 = 64 << 10;
-
-/// A cache file's bytes: mapped from the page cache when it is large, else read into memory.
-///
-/// Why map: reading copies the file into fresh heap pages, and a fresh page costs a create
-/// more than its copy (each first touch is a page fault: 1.2 µs on the 2-core CI machine of
-/// earlier runs, 3.3 µs on the one of the latest, docs/benchmarks.md). A mapping of pages the
-/// page cache already holds costs an `mmap`, a `munmap` and a fault per 64 KiB (the kernel
-/// maps the pages around a fault). Measured there in a C loop (median of 6), the 182 KB index
-/// of 1,000 spec files: 150 µs read into fresh memory, 32 µs mapped (52 µs with
-/// `MAP_POPULATE`, which maps page by page); in paired creates (600 rounds), 0.15 ms less
-/// with 1,000 spec files and 0.03 ms with 500 (a 91 KB index). Smaller files are read: the
-/// arena hands their pages out again once they are freed (hooks/src/arena.rs), to the config.json
-/// written next, so mapping the 34 KB spec cache of NVIDIA's 8-GPU spec made a CDI create
-/// 0.02 ms slower, although alone it maps in 12 µs and reads in 31 µs.
-///
-/// Why a mapped file cannot change under the slice: nvshim writes cache files only through
-/// [`write_private`], a new file renamed over the old one, so the file a mapping holds is
-/// never written again, nor truncated (which would fault a read past its new end); and only
-/// root or this user could write it ([`read_private`] checks).
-pub enum FileBytes {
-    Read(Vec<u8>),
-    Mapped(Mapping),
-}
-
-impl std::ops::Deref for FileBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            FileBytes::Read(v) => v,
-            FileBytes::Mapped(m) => m.bytes(),
-        }
-    }
-}
-
-/// A private, read-only mapping of a whole file, unmapped when dropped.
-pub struct Mapping {
-    at: std::ptr::NonNull<std::ffi::c_void>,
-    len: std::num::NonZeroUsize,
-}
-
-impl Mapping {
-    fn of(file: &std::fs::File, len: u64) -> Option<Mapping> {
-        use nix::sys::mman::{mmap, MapFlags, ProtFlags};
-        let len = std::num::NonZeroUsize::new(usize::try_from(len).ok()?)?;
-        // SAFETY: a new private read-only mapping of `len` bytes of `file` from its start,
-        // placed where the kernel chooses; nothing else refers to it.
-        let at = unsafe {
-            mmap(
-                None,
-                len,
-                ProtFlags::PROT_READ,
-                MapFlags::MAP_PRIVATE,
-                file,
-                0,
-            )
-        }
-        .ok()?;
-        Some(Mapping { at, len })
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `at` maps `len` readable bytes until `self` is dropped, and the file behind
-        // them is never written while mapped ([`FileBytes`]).
-        unsafe { std::slice::from_raw_parts(self.at.as_ptr().cast(), self.len.get()) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `at` and `len` are the mapping `Mapping::of` made, unmapped only here.
-        let _ = unsafe { nix::sys::mman::munmap(self.at, self.len.get()) };
-    }
+    Some(bytes)
 }
 
 /// Writes a cache file with [`crate::atomic::write`], mode 0600 in a 0700 directory. Not
-/// flushed: it lives on /run (tmpfs), and a lost or damaged one is only rebuilt.
+/// flushed: it lives on /run (tmpfs), and a lost or damaged one is only rebuilt. Then keeps
+/// the directory within [`MAX_FILES`] ([`bound`]).
 pub fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
@@ -289,18 +206,119 @@ pub fn write_private(cache_dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Re
         owner: None,
         durability: crate::atomic::Durability::None,
     };
-    crate::atomic::write(path, bytes, &opts)
+    crate::atomic::write(path, bytes, &opts)?;
+    bound(cache_dir);
+    Ok(())
+}
+
+/// The names nvshim's cache files start with: the CDI index (`cdi-index-`, `src/cdi/index.rs`),
+/// parsed specs (`cdi-spec-`), the GPUs' `/proc` facts (`gpus-`), the driver's MIG minors
+/// (`mig-minors-`) and NVML's answers (`nvml-`). Nothing else in `cache-dir` is nvshim's.
+pub const PREFIXES: [&str; 5] = ["cdi-index-", "cdi-spec-", "gpus-", "mig-minors-", "nvml-"];
+
+/// Cache files kept at most: the names hash the paths they describe (config roots, spec
+/// directory lists, spec files), so changed configs and churned spec files would otherwise
+/// each leave a file behind. Past it the least recently written go ([`write_private`]).
+pub const MAX_FILES: usize = 128;
+
+/// One of nvshim's files in `cache-dir`, as [`list`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheFile {
+    pub path: std::path::PathBuf,
+    pub bytes: u64,
+    /// Written this long ago (a clock that went back counts as now).
+    pub age: std::time::Duration,
+    /// Whether nvshim uses it: a regular file owned by root or this user, writable only by
+    /// its owner ([`private`]); any other is ignored.
+    pub used: bool,
+}
+
+/// Whether `name` is one of nvshim's cache files, or the temporary file of one
+/// (`crate::atomic`'s `.<name>.nvshim-<pid>.tmp`, left by a writer killed mid-write).
+fn is_cache_name(name: &[u8]) -> bool {
+    let name = match name.strip_prefix(b".") {
+        Some(rest) if name.ends_with(b".tmp") => rest,
+        Some(_) => return false,
+        None => name,
+    };
+    PREFIXES.iter().any(|p| name.starts_with(p.as_bytes()))
+}
+
+/// nvshim's files in `dir` (temporary ones included), least recently written first; none when
+/// `dir` does not exist. Symlinks are listed, not followed.
+pub fn list(dir: &Path) -> std::io::Result<Vec<CacheFile>> {
+    use std::os::unix::ffi::OsStrExt;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let now = std::time::SystemTime::now();
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if !is_cache_name(entry.file_name().as_bytes()) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        out.push(CacheFile {
+            path: entry.path(),
+            bytes: meta.len(),
+            age: meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or_default(),
+            used: private(meta.is_file(), meta.uid(), meta.permissions().mode()),
+        });
+    }
+    out.sort_by(|a, b| b.age.cmp(&a.age).then_with(|| a.path.cmp(&b.path)));
+    Ok(out)
+}
+
+/// Removes nvshim's files from `dir` (nothing else there); how many were removed.
+pub fn clear(dir: &Path) -> std::io::Result<usize> {
+    let mut removed = 0;
+    for f in list(dir)? {
+        match std::fs::remove_file(&f.path) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
+}
+
+/// Keeps `dir` at [`MAX_FILES`] of nvshim's files: counts them with one listing, and only past
+/// the bound looks at their times and removes the least recently written. A file removed
+/// under a reader costs that reader a re-read, never a wrong answer.
+fn bound(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let count = std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| is_cache_name(e.file_name().as_bytes()))
+            .count()
+    });
+    if count <= MAX_FILES {
+        return;
+    }
+    let Ok(files) = list(dir) else { return };
+    for f in &files[..files.len().saturating_sub(MAX_FILES)] {
+        let _ = std::fs::remove_file(&f.path);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Small files are read, large ones mapped; both give the file's bytes, and a mapped
-    /// file replaced as nvshim replaces them (a new file renamed over it) keeps giving the
-    /// version it mapped. A file others could write is not used.
+    /// A private file gives its bytes, then the new ones once replaced. A file others could
+    /// write is not used.
     #[test]
-    fn private_files_read_or_mapped_give_their_bytes() {
+    fn private_files_give_their_bytes() {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         for len in [0, 1, 4096, 65535, 65536, 65537, 200_000] {
@@ -308,14 +326,8 @@ mod tests {
             let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             write_private(dir.path(), &path, &bytes).unwrap();
             let got = read_private(&path, "test").unwrap();
-            assert_eq!(
-                matches!(got, FileBytes::Mapped(_)),
-                len as u64 >= MAP_MIN,
-                "{len}"
-            );
             assert_eq!(&got[..], &bytes[..], "{len}");
             write_private(dir.path(), &path, b"new").unwrap();
-            assert_eq!(&got[..], &bytes[..], "{len}");
             assert_eq!(&read_private(&path, "test").unwrap()[..], b"new");
         }
         let shared = dir.path().join("shared");
@@ -366,10 +378,10 @@ mod tests {
 
     #[test]
     fn directory_times_kept_by_the_kernel_only_on_local_file_systems() {
-        assert!(keeps_dir_times(&std::env::temp_dir()));
-        assert!(!keeps_dir_times(Path::new("/proc")));
-        assert!(!keeps_dir_times(Path::new("/sys")));
-        assert!(!keeps_dir_times(Path::new("/no/such/dir")));
+        assert!(trusts_identity(&std::env::temp_dir()));
+        assert!(!trusts_identity(Path::new("/proc")));
+        assert!(!trusts_identity(Path::new("/sys")));
+        assert!(!trusts_identity(Path::new("/no/such/dir")));
     }
 
     /// A cache dir under `/tmp` (world-writable), below a group-writable directory or one of

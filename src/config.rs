@@ -163,12 +163,9 @@ pub struct Config {
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
     /// CDI request reads only the specs that define its devices, the GPUs' `/proc` facts
-    /// (`host::gpu_cache`), the driver's MIG capability minors (`host::mig_table`), NVML's
-    /// answer for MIG ids
-    /// (`host::nvml::cache`), the driver's ld.so.cache entries (`host::ld_entries`) and the
-    /// driver files a legacy create mounts (`legacy::files_cache`); empty:
-    /// none of them (every CDI `create` reads every spec). Made 0700 on first use; a read-only
-    /// one only costs the caches.
+    /// (`host::gpu_cache`), the driver's MIG capability minors (`host::mig_table`) and NVML's
+    /// answer for MIG ids (`host::nvml::cache`); empty: none of them (every CDI `create` reads
+    /// every spec). Made 0700 on first use; a read-only one only costs the caches.
     pub cache_dir: PathBuf,
     /// Why `cache-dir` was turned off ([`crate::cache::untrusted_dir`]), for the one warning
     /// the binary logs once its log is open; not a setting.

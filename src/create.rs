@@ -324,11 +324,7 @@ pub fn plan_bundle(
                 let known = |s: &&str| files.binary_search_by(|f| f.as_str().cmp(s)).is_ok();
                 sources.iter().map(|s| known(s).then_some(false)).collect()
             }
-            None => {
-                let cache_dir =
-                    Some(config.cache_dir.as_path()).filter(|d| !d.as_os_str().is_empty());
-                crate::rootfs::bind_sources::kinds(sources, cache_dir, crate::cache::now_ns())
-            }
+            None => vec![None; sources.len()],
         };
         crate::rootfs::check_added_mounts(&plan.binds(), &rootfs, added, kinds).map_err(
             |source| CreateError::MountIntoBindMount {
@@ -539,7 +535,7 @@ fn apply_cdi(
     legacy::merge_fixups(&mut groups, &tools.hook);
     if let Some(bundle) = absolute_bundle(plan) {
         for hook in groups.iter_mut().flat_map(|g| &mut g.edits.hooks) {
-            legacy::name_bundle(hook, &tools.hook, &bundle, &config.cache_dir);
+            legacy::name_bundle(hook, &tools.hook, &bundle);
         }
     }
     let stale: Vec<String> = groups

@@ -295,8 +295,7 @@ fn clean_parts(path: &str) -> String {
 
 /// Whether [`go_clean`] returns `path` as it is: not empty, no empty, `.` or `..` part, no
 /// trailing `/` (but `/` itself). Most destinations are, and skip the split and join; the
-/// mount sort and the bind-source cache (`rootfs::bind_sources`) ask it of every mount. By
-/// byte: splitting the `str` by `char` was most of the bind-source cache's look-ups.
+/// mount sort asks it of every mount.
 pub fn is_clean(path: &str) -> bool {
     if path == "/" {
         return true;

@@ -1,8 +1,6 @@
 //! The identity rule that makes an answer kept between processes safe, and the trailer that
 //! guards a kept file against damage: what nvshim-runtime's caches under `cache-dir` use
-//! (`src/cache.rs` in the `nvshim` crate, which re-exports these) and the hook's own
-//! ([`crate::elf_facts`]). Here, in the library both binaries link, so that the rule has one
-//! home.
+//! (`src/cache.rs` in the `nvshim` crate, which re-exports these).
 //!
 //! An entry is used only while a fresh `stat` of what it describes gives the same [`Key`], and
 //! only once that key's ctime is more than [`RACY_NS`] older than the moment it was read (git's
@@ -13,8 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// nvshim's cache dir unless its config says otherwise (`cache-dir`): nvshim-runtime's
-/// caches, and the hook's [`crate::elf_facts`] where nvshim-runtime names no other.
+/// nvshim's cache dir unless its config says otherwise (`cache-dir`).
 pub const DEFAULT_DIR: &str = "/run/nvshim";
 
 /// How much older than the read an entry's ctime must be to be trusted: file timestamps come

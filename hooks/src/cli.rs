@@ -39,7 +39,7 @@ use crate::apply_cuda_memory_limits as memory_limits;
 use crate::create_symlinks::{self, Link};
 use crate::root::Root;
 use crate::state::State;
-use crate::{cache, chmod, disable_device_node_modification as ddnm, enable_cuda_compat};
+use crate::{chmod, disable_device_node_modification as ddnm, enable_cuda_compat};
 use crate::{update_application_profile, update_ldcache};
 
 /// Exit status for a usage error.
@@ -72,8 +72,7 @@ subcommands:
 flags:
   --container-spec FILE   read the OCI state from FILE instead of stdin
   --ldconfig-path PATH    host ldconfig, used only where the cache cannot be written natively
-  --cache-dir DIR         (update-ldcache, fixups) where what was read of each library is kept
-                          between containers, if DIR exists (default /run/nvshim; empty: off)
+  --cache-dir DIR         (update-ldcache, fixups) ignored: bundles of older versions name it
   --help, --version
 
 The last three are optional: when one cannot apply it warns and exits 0.
@@ -121,8 +120,6 @@ pub enum Command {
     UpdateLdcache {
         folders: Vec<String>,
         ldconfig_path: Option<PathBuf>,
-        /// `--cache-dir` as given ([`cache_dir`] says what it means).
-        cache_dir: Option<PathBuf>,
         spec: Option<String>,
     },
     EnableCudaCompat {
@@ -161,8 +158,6 @@ pub struct Fixups {
     pub compat: enable_cuda_compat::Options,
     pub folders: Vec<String>,
     pub ldconfig_path: Option<PathBuf>,
-    /// `--cache-dir` as given ([`cache_dir`] says what it means).
-    pub cache_dir: Option<PathBuf>,
     /// `disable-device-node-modification` with this host params file.
     pub host_params: Option<PathBuf>,
     pub application_profile: bool,
@@ -197,16 +192,6 @@ fn flag(arg: &str) -> Option<(&str, Option<&str>)> {
         Some((n, v)) => (n, Some(v)),
         None => (body, None),
     })
-}
-
-/// The cache dir a `--cache-dir` flag names: [`cache::DEFAULT_DIR`] when not given, none when
-/// empty. Where nvshim's config names another, nvshim-runtime passes it to its fix-ups hook.
-pub fn cache_dir(given: Option<PathBuf>) -> Option<PathBuf> {
-    match given {
-        None => Some(PathBuf::from(cache::DEFAULT_DIR)),
-        Some(dir) if dir.as_os_str().is_empty() => None,
-        Some(dir) => Some(dir),
-    }
 }
 
 /// Parses argv (including argv[0]).
@@ -269,7 +254,6 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
     let mut links = Vec::new();
     let mut folders = Vec::new();
     let mut ldconfig_path = None;
-    let mut cache_dir = None;
     let mut compat = enable_cuda_compat::Options::default();
     let mut host_params = PathBuf::from(ddnm::HOST_PARAMS);
     let mut mode: Option<String> = None;
@@ -292,8 +276,9 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             ("update-ldcache", "ldconfig-path") => {
                 ldconfig_path = Some(PathBuf::from(value(inline, &mut it, name)?))
             }
-            ("update-ldcache", "cache-dir") => {
-                cache_dir = Some(PathBuf::from(value(inline, &mut it, name)?))
+            // What earlier versions kept of each library between containers (no longer kept).
+            ("update-ldcache" | "fixups", "cache-dir") => {
+                value(inline, &mut it, name)?;
             }
             ("enable-cuda-compat", "host-driver-version") => {
                 compat.host_driver_version = Some(value(inline, &mut it, name)?)
@@ -319,9 +304,6 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
             ("fixups", "folder") => fixups.folders.push(value(inline, &mut it, name)?),
             ("fixups", "ldconfig-path") => {
                 fixups.ldconfig_path = Some(PathBuf::from(value(inline, &mut it, name)?))
-            }
-            ("fixups", "cache-dir") => {
-                fixups.cache_dir = Some(PathBuf::from(value(inline, &mut it, name)?))
             }
             ("fixups", "disable-device-node-modification") if inline.is_none() => {
                 fixups
@@ -360,7 +342,6 @@ pub fn parse(args: &[OsString]) -> Result<Command, Usage> {
         "update-ldcache" => Command::UpdateLdcache {
             folders,
             ldconfig_path,
-            cache_dir,
             spec,
         },
         "enable-cuda-compat" => Command::EnableCudaCompat {
@@ -524,7 +505,6 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
         Command::UpdateLdcache {
             folders,
             ldconfig_path,
-            cache_dir: dir,
             spec,
         } => {
             if folders.is_empty() {
@@ -534,7 +514,6 @@ pub fn run(args: &[OsString], stdin: impl Read, err: &mut dyn Write) -> i32 {
                 let mut opts = update_ldcache::Options::new(folders);
                 opts.ldconfig_path = ldconfig_path;
                 opts.mounted = mounts;
-                opts.cache_dir = cache_dir(dir);
                 update_ldcache::run(&root, &opts)
                     .map(|r| r.warnings)
                     .map_err(|e| format!("update-ldcache: {e}"))
@@ -621,7 +600,6 @@ fn run_fixups(root: &Root, f: &Fixups, mounts: Option<Vec<String>>) -> Result<Ve
         let mut opts = update_ldcache::Options::new(f.folders.clone());
         opts.ldconfig_path = f.ldconfig_path.clone();
         opts.mounted = mounts;
-        opts.cache_dir = cache_dir(f.cache_dir.clone());
         let report =
             update_ldcache::run(root, &opts).map_err(|e| format!("update-ldcache: {e}"))?;
         warnings.extend(report.warnings);
@@ -882,31 +860,17 @@ mod tests {
             Command::UpdateLdcache {
                 folders: vec!["/a".into(), "/b".into()],
                 ldconfig_path: None,
-                cache_dir: None,
                 spec: None
             }
         );
-        let dir = |args: &[&str]| match p(args).unwrap() {
-            Command::UpdateLdcache { cache_dir, .. } => super::cache_dir(cache_dir),
-            Command::Fixups(f) => super::cache_dir(f.cache_dir),
-            other => panic!("{other:?}"),
-        };
+        // Older nvshim-runtime versions named a cache dir: accepted, ignored.
         let hook = ["nvshim-hook", "update-ldcache", "--folder", "/a"];
-        assert_eq!(dir(&hook), Some("/run/nvshim".into()));
+        assert_eq!(p(&[&hook[..], &["--cache-dir=/x"]].concat()), p(&hook));
+        let fixups = ["nvshim-hook", "fixups", "--folder", "/a"];
         assert_eq!(
-            dir(&[&hook[..], &["--cache-dir=/x"]].concat()),
-            Some("/x".into())
+            p(&[&fixups[..], &["--cache-dir", "/y"]].concat()),
+            p(&fixups)
         );
-        assert_eq!(dir(&[&hook[..], &["--cache-dir="]].concat()), None);
-        let fixups = [
-            "nvshim-hook",
-            "fixups",
-            "--folder",
-            "/a",
-            "--cache-dir",
-            "/y",
-        ];
-        assert_eq!(dir(&fixups), Some("/y".into()));
         assert_eq!(
             p(&[
                 "nvshim-hook",
@@ -943,7 +907,6 @@ mod tests {
             Command::UpdateLdcache {
                 folders: vec!["/a".into()],
                 ldconfig_path: Some("@/sbin/ldconfig".into()),
-                cache_dir: None,
                 spec: None
             }
         );

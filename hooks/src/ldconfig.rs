@@ -53,7 +53,6 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::elf::{self, Arch, FLAG_ELF, FLAG_ELF_LIBC5, FLAG_ELF_LIBC6};
-use crate::elf_facts::Facts;
 use crate::ldcache::{libcmp, CacheEntry};
 use crate::root::{self, Root};
 
@@ -794,8 +793,6 @@ struct DirScan<'a> {
     links: HashMap<Vec<u8>, Vec<u8>>,
     /// ELF information by inode, for files reached from the root.
     seen: HashMap<(u64, u64), Option<elf::DsoInfo>>,
-    /// What earlier runs read, by file identity.
-    facts: &'a Facts,
 }
 
 /// One entry of the scanned directory, not followed.
@@ -844,8 +841,7 @@ impl DirScan<'_> {
         }
     }
 
-    /// Looks at `name`. A name the listing says is a regular file is found in [`Facts`] by
-    /// its `lstat` when earlier runs kept any, else opened at once, with
+    /// Looks at `name`. A name the listing says is a regular file is opened at once, with
     /// `O_NOFOLLOW|O_NONBLOCK`, and read (it is a library candidate, and `fstat` on the open
     /// file is as cheap as `lstat`); anything else is only `lstat`ed, so that no FIFO or device
     /// is ever opened.
@@ -855,18 +851,7 @@ impl DirScan<'_> {
         }
         let mut found = None;
         let regular = self.kinds.get(name) == Some(&libc::DT_REG);
-        let mut looked = None;
-        if regular && self.facts.any() {
-            let st = root::lstatat(self.fd, name).ok()?;
-            if let Some(info) = root::is_regular(&st).then(|| self.facts.get(&st)).flatten() {
-                found = Some(Local {
-                    st,
-                    info: Some(info),
-                });
-            }
-            looked = Some(st);
-        }
-        if found.is_none() && regular && looked.is_none_or(|st| root::is_regular(&st)) {
+        if regular {
             if let Ok(fd) = root::openat(
                 self.fd,
                 name,
@@ -878,9 +863,6 @@ impl DirScan<'_> {
                     let info = root::is_regular(&st)
                         .then(|| elf::inspect(&file, st.st_size as u64, self.arch))
                         .flatten();
-                    if root::is_regular(&st) {
-                        self.facts.record(&st, &info);
-                    }
                     found = Some(Local {
                         st,
                         info: Some(info),
@@ -888,10 +870,9 @@ impl DirScan<'_> {
                 }
             }
         }
-        let local = match (found, looked) {
-            (Some(l), _) => l,
-            (None, Some(st)) => Local { st, info: None },
-            (None, None) => Local {
+        let local = match found {
+            Some(l) => l,
+            None => Local {
                 st: root::lstatat(self.fd, name).ok()?,
                 info: None,
             },
@@ -944,8 +925,6 @@ pub struct Scanner<'a> {
     pub arch: Arch,
     /// Create the SONAME symlinks (ldconfig's default; `-X` turns it off).
     pub make_links: bool,
-    /// What earlier runs read of the libraries, by identity ([`Facts::none`]: every one read).
-    pub facts: &'a Facts,
 }
 
 fn file_type(kind: u8) -> libc::mode_t {
@@ -1068,7 +1047,6 @@ impl Scanner<'_> {
             locals: HashMap::new(),
             links: HashMap::new(),
             seen: HashMap::new(),
-            facts: self.facts,
         };
         let include = only.map(|only| self.looked_at(dir, &mut ctx, only));
         let mut dlibs: Vec<Dlib> = Vec::new();
@@ -1308,9 +1286,6 @@ impl Scanner<'_> {
         if let Some(info) = ctx.seen.get(&id) {
             return info.clone();
         }
-        if let Some(info) = self.facts.get(&target.st) {
-            return info;
-        }
         let file = match &target.local {
             // A regular file the listing did not type (DT_UNKNOWN): lstat said regular.
             Some(local) => File::from(
@@ -1330,7 +1305,6 @@ impl Scanner<'_> {
             return None;
         }
         let info = elf::inspect(&file, st.st_size as u64, self.arch);
-        self.facts.record(&st, &info);
         ctx.seen.insert(id, info.clone());
         info
     }

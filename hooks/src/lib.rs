@@ -9,13 +9,11 @@
 //! [`disable_device_node_modification`], [`update_application_profile`] and [`chmod`], and the
 //! createRuntime hook [`apply_cuda_memory_limits`] (GPU memory limits through NVML).
 //!
-//! Also the edges of the two binaries' musl builds, [`arena`] (their allocator), [`memcpy`] and
-//! [`memcmp`]: here, in the library both short-lived binaries link, rather than in `nvshim`'s;
-//! [`cache`], the identity rule of the answers nvshim keeps between processes, and
-//! [`hostfile`], how a file outside a container is read.
+//! Also [`cache`], the identity rule of the answers nvshim keeps between processes, and
+//! [`hostfile`], how a file outside a container is read: here, in the library both binaries
+//! link.
 
 pub mod apply_cuda_memory_limits;
-pub mod arena;
 pub mod bytes;
 pub mod cache;
 pub mod chmod;
@@ -23,14 +21,11 @@ pub mod cli;
 pub mod create_symlinks;
 pub mod disable_device_node_modification;
 pub mod elf;
-pub mod elf_facts;
 pub mod enable_cuda_compat;
 pub mod fallback;
 pub mod hostfile;
 pub mod ldcache;
 pub mod ldconfig;
-pub mod memcmp;
-pub mod memcpy;
 pub mod root;
 pub mod state;
 pub mod update_application_profile;

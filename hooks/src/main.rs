@@ -10,13 +10,6 @@
 
 #![no_main]
 
-/// The arena allocator in the musl build that ships, as in `nvshim-runtime`: the hook does one
-/// bounded job and exits (hooks/src/arena.rs says what that allows). A glibc build keeps
-/// glibc's allocator.
-#[cfg(target_env = "musl")]
-#[global_allocator]
-static ALLOCATOR: nvshim_hook::arena::Arena = nvshim_hook::arena::Arena::new();
-
 use std::os::raw::{c_char, c_int};
 
 /// # Safety

@@ -801,11 +801,9 @@ pub fn read_dir_fresh(dir: BorrowedFd) -> io::Result<Vec<DirEnt>> {
 pub fn read_dir_upto(dir: BorrowedFd, limit: usize) -> io::Result<Vec<DirEnt>> {
     let mut out = Vec::new();
     // Not zeroed: the kernel writes what is read (zeroing 32 KiB per directory was an eighth of
-    // a GPU container's fix-ups hook, callgrind). On the stack, not the heap: a heap buffer
-    // freed under the entries allocated after it is not reused by nvshim-runtime's arena
-    // (hooks/src/arena.rs), so a walk of many small directories faulted in a page of it each. One
-    // page, as musl's `opendir` has half of: a larger frame is probed page by page, and 32 KiB
-    // cost a legacy create five page faults; a directory of more entries takes more calls.
+    // a GPU container's fix-ups hook, callgrind). One page on the stack: a larger frame is probed
+    // page by page, and 32 KiB cost a legacy create five page faults; a directory of more entries
+    // takes more calls.
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
     loop {
         // SAFETY: `buf` has `buf.len()` writable bytes; getdents64 writes at most that many.

@@ -54,7 +54,6 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::elf::Arch;
-use crate::elf_facts::Facts;
 use crate::fallback::{self, FallbackError};
 use crate::ldcache::{self, CacheEntry, MAX_CACHE_LEN};
 use crate::ldconfig::{self, Listing, Scan, Scanner};
@@ -104,9 +103,6 @@ pub struct Options {
     /// them and the image's own cache, a folder is rescanned for the mounted libraries and the
     /// links to them only (module documentation); `None` rescans every library in it.
     pub mounted: Option<Vec<String>>,
-    /// nvshim's cache dir, where what was read of each library is kept between containers
-    /// ([`crate::elf_facts`]); `None`: every library is read.
-    pub cache_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -119,7 +115,6 @@ impl Options {
             system_dirs: None,
             force_fallback: false,
             mounted: None,
-            cache_dir: None,
         }
     }
 }
@@ -190,18 +185,13 @@ pub fn run(root: &Root, opts: &Options) -> Result<Report, UpdateError> {
     let libc = detect_libc(root);
     report.libc = Some(libc);
     match libc {
-        Libc::Musl => musl(root, opts, &folders, &mut report)?,
+        Libc::Musl => musl(root, &folders, &mut report)?,
         Libc::Glibc => glibc(root, opts, &folders, &mut report)?,
     }
     Ok(report)
 }
 
-fn musl(
-    root: &Root,
-    opts: &Options,
-    folders: &[String],
-    report: &mut Report,
-) -> Result<(), UpdateError> {
+fn musl(root: &Root, folders: &[String], report: &mut Report) -> Result<(), UpdateError> {
     let name = format!("ld-musl-{}.path", musl_arch());
     let path = format!("/etc/{name}");
     let old = root.read_regular(&path, MAX_MUSL_PATH_LEN)?;
@@ -238,15 +228,12 @@ fn musl(
     }
     // musl finds libraries by file name: make the SONAME links that ldconfig would.
     if let Some(arch) = Arch::host() {
-        let facts = facts(root, opts, arch);
         let scanner = Scanner {
             root,
             arch,
             make_links: true,
-            facts: &facts,
         };
         let (_, scan) = scanner.scan_dirs(folders.iter().map(|f| f.as_str()));
-        facts.save();
         report.written.extend(scan.links);
         report.warnings.extend(scan.warnings);
     }
@@ -378,12 +365,10 @@ fn glibc(
         }
         None => None,
     };
-    let facts = facts(root, opts, arch);
     let scanner = Scanner {
         root,
         arch,
         make_links: true,
-        facts: &facts,
     };
     let mut hwcaps_names = config.hwcaps_names.clone();
     let mut all: Vec<(CacheEntry, usize, usize)> = match &old {
@@ -496,16 +481,7 @@ fn glibc(
             .map_err(|e| write_error(root, LD_SO_CACHE, e))?;
         report.written.push(LD_SO_CACHE.into());
     }
-    facts.save();
     Ok(())
-}
-
-/// What earlier runs read of the host's libraries, from `opts.cache_dir`.
-fn facts(root: &Root, opts: &Options, arch: Arch) -> Facts {
-    match &opts.cache_dir {
-        Some(dir) => Facts::load(dir, arch, root.dev()),
-        None => Facts::none(),
-    }
 }
 
 /// The names in the folder `id` (named `paths`) at which config.json's `mounted` destinations

@@ -13,17 +13,11 @@
 //!   (docs/benchmarks.md).
 //!
 //! The arguments are read from `main`'s own (`nvshim_hook::cli::args_of_main`: std finds them
-//! before `main` only on glibc, and the shim ships as a musl build). What the runtime did that
-//! still matters is done here: fds 0-2 are made to exist, so no file the shim opens
-//! (config.json's temporary file) can land on them and receive an error message.
+//! before `main` only on glibc). What the runtime did that still matters is done here: fds 0-2
+//! are made to exist, so no file the shim opens (config.json's temporary file) can land on them
+//! and receive an error message.
 
 #![no_main]
-
-/// The arena allocator in the musl build that ships: the shim does one bounded job and execs
-/// runc (hooks/src/arena.rs). A glibc build keeps glibc's allocator, which is fast enough there.
-#[cfg(target_env = "musl")]
-#[global_allocator]
-static ALLOCATOR: nvshim_hook::arena::Arena = nvshim_hook::arena::Arena::new();
 
 use std::ffi::OsString;
 use std::os::raw::{c_char, c_int};

@@ -809,6 +809,12 @@ mod diagnostics {
         /// Output format.
         #[arg(long, value_parser = ["text", "json"], default_value = "text")]
         format: String,
+        /// List nvshim's files in cache-dir (size, age, whether used) instead of checking.
+        #[arg(long, conflicts_with = "clear_caches")]
+        caches: bool,
+        /// Remove nvshim's files from cache-dir instead of checking (rebuilt as needed).
+        #[arg(long)]
+        clear_caches: bool,
     }
 
     pub fn explain_command(args: &ExplainArgs, config: &Config, config_path: &Path) -> ExitCode {
@@ -848,6 +854,15 @@ mod diagnostics {
             Ok(c) => (c, None),
             Err(e) => (Config::default(), Some(e.to_string())),
         };
+        if args.caches || args.clear_caches {
+            let (text, ok) = doctor::caches::caches_command(&config.cache_dir, args.clear_caches);
+            if ok {
+                print!("{text}");
+                return ExitCode::SUCCESS;
+            }
+            eprint!("nvshim: {text}");
+            return ExitCode::FAILURE;
+        }
         let mut opts = doctor::Options::system(config, config_path.to_path_buf());
         opts.config_error = error;
         opts.docker_config = args.docker_config.clone();

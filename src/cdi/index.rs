@@ -15,10 +15,12 @@
 //! (device, inode, size, mtime, ctime of the file it names, symlinks followed) with the kind
 //! and device names it defines, or the error it failed with. An entry is used only when a
 //! fresh `stat` gives the same identity, so a changed, added, removed or renamed file (or a
-//! directory whose entries changed: its mtime and ctime move) is always read again. A
-//! directory's listing is kept only on a file system whose directory times the kernel keeps
-//! itself ([`crate::cache::keeps_dir_times`]); a spec directory on NFS or FUSE, whose times
-//! come from a server or a daemon, is listed again on every create.
+//! directory whose entries changed: its mtime and ctime move) is always read again. That
+//! holds only where the file system stamps inodes and times itself on every change
+//! ([`crate::cache::trusts_identity`]: ext4, xfs, btrfs, tmpfs, ...): a spec directory on
+//! squashfs or erofs (an image swapped on a reused loop device keeps every key), an overlay,
+//! NFS or FUSE is listed and its files read again on every create, and so is a spec file
+//! reached through a symlink onto another file system than its directory's.
 //!
 //! File times come from a coarse clock: two writes within one tick can leave the same mtime
 //! and ctime (and, with the same size, the same identity). An entry is therefore trusted only
@@ -188,15 +190,7 @@ fn load_at(
             Err(e) => tracing::debug!("CDI index {} not written: {e}", path.display()),
         }
     }
-    match select(
-        &clean,
-        &index,
-        names,
-        &mut parsed,
-        cache_dir,
-        read_at,
-        &mut stats,
-    ) {
+    match select(&clean, &index, names, &mut parsed, cache_dir, &mut stats) {
         Some(reg) => (reg, stats),
         None => full(stats),
     }
@@ -248,15 +242,15 @@ fn refresh<'a>(
         let key = Key::of_stat(&nix::sys::stat::fstat(dir_fd.as_raw_fd()).ok()?);
         // The names: the index's, in its order, when the directory is the same; else listed
         // again and matched to the old entries by name.
-        // A listing is trusted only where the kernel keeps the directory's times itself (a
-        // spec directory on NFS or FUSE is listed on every create): asked when it is listed.
+        // Trusted only on a file system that stamps its own inodes and times (module doc):
+        // asked when the directory is listed; a trusted directory was asked then.
         let mut local = true;
         let (mut same, mut by_name): (Vec<FileEntry>, HashMap<Cow<[u8]>, FileEntry>) = match old_dir
         {
             Some(d) if d.key == Some(key) && d.trusted => (d.files, HashMap::new()),
             other => {
                 changed = true;
-                local = crate::cache::keeps_dir_times(dir);
+                local = crate::cache::trusts_identity(dir);
                 let listed = list(dir)?;
                 let old: HashMap<Cow<[u8]>, FileEntry> = other
                     .map(|d| d.files.into_iter().map(|f| (f.name.clone(), f)).collect())
@@ -282,8 +276,10 @@ fn refresh<'a>(
             };
             let stat = key_at(&dir_fd, &entry.name);
             let candidate = old.as_ref().unwrap_or(entry);
+            // A file elsewhere than its directory's file system (a symlink) is not trusted.
+            let trust = |k: &Key| local && k.dev == key.dev;
             if let Some(key) = stat {
-                if candidate.trusted && candidate.key == key {
+                if candidate.trusted && candidate.key == key && trust(&key) {
                     if let Some(old) = old {
                         *entry = old;
                     }
@@ -297,13 +293,13 @@ fn refresh<'a>(
                     let key = Key::of(&meta);
                     entry.content = Content::of(&spec);
                     entry.key = key;
-                    entry.trusted = key.trusted_at(read_at);
+                    entry.trusted = trust(&key) && key.trusted_at(read_at);
                     parsed.insert(path, (spec, key));
                 }
                 (Some(key), Err(e)) => {
                     entry.content = Content::error(e.to_string());
                     entry.key = key;
-                    entry.trusted = key.trusted_at(read_at);
+                    entry.trusted = trust(&key) && key.trusted_at(read_at);
                 }
                 // A dangling symlink, or a file gone since the listing: the error a full
                 // scan reports, tried again on every use (the zero key is never trusted).
@@ -394,7 +390,6 @@ fn select(
     names: &[String],
     parsed: &mut Parsed,
     cache_dir: &Path,
-    read_at: i64,
     stats: &mut Stats,
 ) -> Option<Registry> {
     // The kinds asked for, each with its devices: a request names one or two kinds, so a
@@ -464,7 +459,7 @@ fn select(
             if key != f.key || Content::of(&spec) != f.content {
                 return None;
             }
-            if !from_cache && large && key.trusted_at(read_at) {
+            if !from_cache && large && f.trusted {
                 spec_cache::write(cache_dir, &path, &key, &spec);
             }
             reg.add(LoadedSpec {
@@ -902,6 +897,150 @@ mod tests {
         let (_, first) = load_at(std::slice::from_ref(&d.run), &[], &d.cache, t);
         let (_, again) = load_at(std::slice::from_ref(&d.run), &[], &d.cache, t);
         assert!(first.wrote && !again.wrote, "{first:?} {again:?}");
+    }
+
+    /// Spec files on image file systems (squashfs, erofs: the kernel's own, from
+    /// squashfs-tools and erofs-utils), whose inodes and times come from the image: a second
+    /// image with other contents, the same sizes and times, attached to the same loop device
+    /// keeps every part of each file's key (asserted, so the case is the real one). The answer
+    /// after the swap is the new image's, for a small spec (the index), a large one (the parsed
+    /// spec cache), and one reached by a symlink from a local directory. Before
+    /// `trusts_identity` left image file systems out, the old image's env came back.
+    #[test]
+    fn spec_files_on_a_swapped_image_are_read_again() {
+        use std::process::Command;
+        let have = |tool: &str| {
+            Command::new(tool)
+                .arg("--help")
+                .output()
+                .is_ok_and(|o| !o.stdout.is_empty() || !o.stderr.is_empty())
+        };
+        if !nix::unistd::geteuid().is_root() || !have("mksquashfs") || !have("mkfs.erofs") {
+            eprintln!("skipped: needs root, mksquashfs (squashfs-tools), mkfs.erofs (erofs-utils)");
+            return;
+        }
+        let run = |cmd: &mut Command| {
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{cmd:?}: {out:?}");
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        std::thread::spawn(move || {
+            nvshim_testsupport::hook_harness::enter_private_mount_ns().unwrap();
+            let d = Dirs::new();
+            let base = d.etc.parent().unwrap().to_path_buf();
+            let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+            for v in ["1", "2"] {
+                let src = base.join(format!("src{v}"));
+                fs::create_dir(&src).unwrap();
+                let files = [
+                    (
+                        "small.yaml",
+                        spec_text("v.com/small", &[("a", &format!("V={v}"))]),
+                    ),
+                    (
+                        "large.yaml",
+                        large_spec_text("v.com/large", "a", &format!("V={v}")),
+                    ),
+                ];
+                for (name, text) in files {
+                    fs::write(src.join(name), text).unwrap();
+                    set_mtime(&src.join(name), time);
+                }
+                fs::File::open(&src).unwrap().set_modified(time).unwrap();
+            }
+            let mnt = base.join("mnt");
+            fs::create_dir(&mnt).unwrap();
+            let images = [
+                ("squashfs", "mksquashfs", "-all-time"),
+                ("erofs", "mkfs.erofs", "-T"),
+            ];
+            for (fstype, mkfs, time_flag) in images {
+                let image = |v: &str| {
+                    let (src, img) = (
+                        base.join(format!("src{v}")),
+                        base.join(format!("{fstype}{v}")),
+                    );
+                    let mut cmd = Command::new(mkfs);
+                    if fstype == "squashfs" {
+                        cmd.arg(&src)
+                            .arg(&img)
+                            .args(["-noappend", "-quiet", "-all-root"]);
+                        cmd.args([time_flag, "1700000000", "-mkfs-time", "1700000000"]);
+                    } else {
+                        cmd.arg(format!("{time_flag}1700000000")).arg("--all-root");
+                        cmd.arg(&img).arg(&src);
+                    }
+                    run(&mut cmd);
+                    img
+                };
+                let (one, two) = (image("1"), image("2"));
+                let dev = run(Command::new("losetup").args(["-f", "--show"]).arg(&one));
+                let mount = || {
+                    run(Command::new("mount")
+                        .args(["-t", fstype, "-o", "ro", &dev])
+                        .arg(&mnt))
+                };
+                mount();
+                let dirs = vec![mnt.clone(), d.run.clone()];
+                let ask = |name: &str| {
+                    let names = vec![name.to_string()];
+                    let (reg, _) = load_at(&dirs, &names, &d.cache, later());
+                    Dirs::answer(&reg, &names)
+                        .unwrap()
+                        .last()
+                        .unwrap()
+                        .1
+                        .clone()
+                };
+                for name in ["v.com/small=a", "v.com/large=a"] {
+                    assert_eq!(ask(name), ["V=1"], "{fstype} {name}");
+                    assert_eq!(ask(name), ["V=1"], "{fstype} {name}, again");
+                }
+                let keys = |dir: &Path| {
+                    ["small.yaml", "large.yaml", "."].map(|n| Key::at(&dir.join(n)).unwrap())
+                };
+                let before = keys(&mnt);
+                run(Command::new("umount").arg(&mnt));
+                run(Command::new("losetup").args(["-d", &dev]));
+                run(Command::new("losetup").arg(&dev).arg(&two));
+                mount();
+                assert_eq!(keys(&mnt), before, "{fstype}: the swap kept every key");
+                for name in ["v.com/small=a", "v.com/large=a"] {
+                    assert_eq!(ask(name), ["V=2"], "{fstype} {name} after the swap");
+                }
+                // The same file through a symlink in a local (trusted) directory, which the
+                // swap leaves as it is.
+                run(Command::new("umount").arg(&mnt));
+                run(Command::new("losetup").args(["-d", &dev]));
+                run(Command::new("losetup").arg(&dev).arg(&one));
+                mount();
+                let link = d.run.join("linked.yaml");
+                std::os::unix::fs::symlink(mnt.join("small.yaml"), &link).unwrap();
+                let linked = |want: &str| {
+                    let names = vec!["v.com/small=a".to_string()];
+                    let (reg, _) = load_at(std::slice::from_ref(&d.run), &names, &d.cache, later());
+                    let env = Dirs::answer(&reg, &names)
+                        .unwrap()
+                        .last()
+                        .unwrap()
+                        .1
+                        .clone();
+                    assert_eq!(env, [want], "{fstype}: linked");
+                };
+                linked("V=1");
+                linked("V=1");
+                run(Command::new("umount").arg(&mnt));
+                run(Command::new("losetup").args(["-d", &dev]));
+                run(Command::new("losetup").arg(&dev).arg(&two));
+                mount();
+                linked("V=2");
+                fs::remove_file(&link).unwrap();
+                run(Command::new("umount").arg(&mnt));
+                run(Command::new("losetup").args(["-d", &dev]));
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

@@ -20,7 +20,6 @@ use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
 mod gpu_cache;
-mod ld_entries;
 mod mig_table;
 pub mod nvml;
 
@@ -160,10 +159,6 @@ pub struct Host {
     resolved_dirs: std::cell::RefCell<std::collections::HashMap<String, Option<String>>>,
     /// Where [`Host::gpus`] keeps what it read (`gpu_cache.rs`); `None`: nowhere.
     cache_dir: Option<PathBuf>,
-    /// While recording ([`Host::record_lookups`]): every directory whose entries a look-up of
-    /// the driver's files depended on (the parent of each path `stat`ed or followed, each
-    /// directory listed), for the driver-files cache of `legacy`.
-    looked_in: std::cell::RefCell<Option<Vec<PathBuf>>>,
     /// `<dev-root>/dev`, opened by the first [`Host::device_node`] (`None` inside: it would
     /// not open), so that each node is `stat`ed by its name in it rather than by its whole
     /// path: a MIG `all` create on 8 GPUs × 7 MIG devices `stat`s 124.
@@ -224,7 +219,6 @@ impl Host {
             roots,
             resolved_dirs: Default::default(),
             cache_dir: None,
-            looked_in: Default::default(),
             dev_dir: Default::default(),
             mig_table: Default::default(),
         }
@@ -233,38 +227,6 @@ impl Host {
     /// Where this host keeps what it read between commands; `None`: nowhere.
     pub fn cache_dir(&self) -> Option<&Path> {
         self.cache_dir.as_deref()
-    }
-
-    /// Starts noting the directories the look-ups of the driver's files depend on
-    /// ([`Host::libraries`], [`Host::binaries`], [`Host::data_files`], [`Host::xorg_modules`],
-    /// [`Host::firmware_files`], [`Host::ipc_paths`]); directories resolved before are resolved
-    /// again, so that their look-ups are noted too.
-    pub fn record_lookups(&self) {
-        self.resolved_dirs.borrow_mut().clear();
-        *self.looked_in.borrow_mut() = Some(Vec::new());
-    }
-
-    /// Stops noting; the directories noted since [`Host::record_lookups`], sorted, each once.
-    pub fn take_lookups(&self) -> Vec<PathBuf> {
-        let mut dirs = self.looked_in.borrow_mut().take().unwrap_or_default();
-        dirs.sort_unstable();
-        dirs.dedup();
-        dirs
-    }
-
-    /// Notes the directory holding `path`, whose entries say whether `path` is there and what
-    /// it is (a file, a socket, a link and its target).
-    fn looked_up(&self, path: &Path) {
-        if let (Some(dirs), Some(dir)) = (self.looked_in.borrow_mut().as_mut(), path.parent()) {
-            dirs.push(dir.to_path_buf());
-        }
-    }
-
-    /// Notes a directory that was listed (or that a listing found missing).
-    fn listed(&self, dir: &Path) {
-        if let Some(dirs) = self.looked_in.borrow_mut().as_mut() {
-            dirs.push(dir.to_path_buf());
-        }
     }
 
     /// This host, keeping what [`Host::gpus`] reads in `cache_dir` (`src/host/gpu_cache.rs`);
@@ -423,7 +385,6 @@ impl Host {
     /// [`Host::ld_cache`] with only the entries named `<stem>.so.<anything>` for one of
     /// `stems` (none of which holds `.so.`): what [`Host::libraries`] looks up for them
     /// ([`LdCache::parse_only`] says why).
-    /// With a `cache-dir`, the entries are kept there for the cache's key (`ld_entries.rs`).
     pub fn ld_cache_of(&self, stems: &[&str]) -> Result<LdCache, HostError> {
         // Looked up by the stem's first 8 bytes and length, as one integer: a binary search
         // of the names themselves cost 490 instructions an entry, most of it `memcmp` calls.
@@ -448,22 +409,6 @@ impl Host {
                 .take_while(|(other, _)| *other == k)
                 .any(|(_, s)| s.as_bytes() == stem)
         };
-        if let Some(dir) = &self.cache_dir {
-            let path = under_root(&self.roots.driver_root, "/etc/ld.so.cache");
-            let sorted: Vec<&str> = keys.iter().map(|(_, s)| *s).collect();
-            let now = crate::cache::now_ns();
-            let read = ld_entries::entries_of(&path, &sorted, dir, now, |bytes| {
-                LdCache::parse_only(bytes, keep)
-            });
-            match read {
-                Some(Ok(parsed)) => {
-                    return parsed.map_err(|source| HostError::LdCache { path, source })
-                }
-                Some(Err(source)) => return Err(HostError::Read { path, source }),
-                // No ld.so.cache to stat: scanned, as below.
-                None => {}
-            }
-        }
         self.ld_cache_only(keep)
     }
 
@@ -492,7 +437,6 @@ impl Host {
             root: &root,
             arch: nvshim_hook::elf::Arch::host()?,
             make_links: false,
-            facts: &nvshim_hook::elf_facts::Facts::none(),
         };
         let (_, scan) = scanner.scan_dirs(DRIVER_LIBRARY_DIRS.iter().copied());
         let mut entries: Vec<_> = scan
@@ -556,7 +500,6 @@ impl Host {
                 format!("{resolved_dir}/{name}")
             };
             let host = under_root(&self.roots.driver_root, &candidate);
-            self.looked_up(&host);
             let meta = fs::symlink_metadata(&host).ok()?;
             if !meta.file_type().is_symlink() {
                 return meta.is_file().then_some(candidate);
@@ -591,7 +534,6 @@ impl Host {
         while let Some(name) = todo.pop_front() {
             let candidate = done.join(&name);
             let host = under_root(root, candidate.to_str()?);
-            self.looked_up(&host);
             if !fs::symlink_metadata(&host).ok()?.file_type().is_symlink() {
                 done = candidate;
                 continue;
@@ -613,7 +555,6 @@ impl Host {
             done = PathBuf::from("/");
         }
         let host = under_root(root, done.to_str()?);
-        self.looked_up(&host);
         let meta = fs::metadata(host).ok()?;
         (if file { meta.is_file() } else { meta.is_dir() })
             .then(|| done.to_string_lossy().into_owned())
@@ -622,7 +563,6 @@ impl Host {
     /// Whether the in-root path `abs` is a symlink under the driver root (not followed).
     pub fn is_symlink(&self, abs: &str) -> bool {
         let host = under_root(&self.roots.driver_root, abs);
-        self.looked_up(&host);
         fs::symlink_metadata(host).is_ok_and(|m| m.file_type().is_symlink())
     }
 
@@ -690,7 +630,6 @@ impl Host {
                 let container_path = format!("{dir}/{subdir}/{name}");
                 let host_path = under_root(&self.roots.driver_root, &container_path);
                 // Its SONAME link, if any, is beside it: the same directory.
-                self.looked_up(&host_path);
                 if !fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
                     continue;
                 }
@@ -719,7 +658,6 @@ impl Host {
             let found = rule.host_paths.iter().find_map(|p| {
                 let p = p.replace("{v}", driver_version);
                 let host_path = under_root(&self.roots.driver_root, &p);
-                self.looked_up(&host_path);
                 fs::metadata(&host_path)
                     .is_ok_and(|m| m.is_file())
                     .then_some((p, host_path))
@@ -754,7 +692,6 @@ impl Host {
             let found = dirs.iter().find_map(|dir| {
                 let container_path = format!("{dir}/{module}");
                 let host_path = under_root(&self.roots.driver_root, &container_path);
-                self.looked_up(&host_path);
                 fs::metadata(&host_path)
                     .is_ok_and(|m| m.is_file())
                     .then_some(HostFile {
@@ -863,7 +800,6 @@ impl Host {
         for name in names {
             for dir in &dirs {
                 let host_path = under_root(&self.roots.driver_root, &format!("{dir}/{name}"));
-                self.looked_up(&host_path);
                 if fs::metadata(&host_path).is_ok_and(|m| m.is_file()) {
                     out.push(HostFile {
                         host_path,
@@ -902,7 +838,6 @@ impl Host {
         for dir in dirs {
             let dir = format!("{dir}/nvidia/{driver_version}");
             let host_dir = under_root(&self.roots.driver_root, &dir);
-            self.listed(&host_dir);
             let Ok(entries) = fs::read_dir(host_dir) else {
                 continue;
             };
@@ -935,7 +870,6 @@ impl Host {
             for run in ["/run", "/var/run"] {
                 let container_path = format!("{run}/{socket}");
                 let host_path = under_root(&self.roots.driver_root, &container_path);
-                self.looked_up(&host_path);
                 if fs::symlink_metadata(&host_path).is_ok_and(|m| m.file_type().is_socket()) {
                     out.push(HostFile {
                         host_path,
@@ -947,7 +881,6 @@ impl Host {
         }
         let mps = "/tmp/nvidia-mps";
         let host_path = under_root(&self.roots.driver_root, mps);
-        self.looked_up(&host_path);
         if fs::symlink_metadata(&host_path).is_ok_and(|m| m.is_dir()) {
             out.push(HostFile {
                 host_path,
@@ -1330,9 +1263,6 @@ mod tests {
             .collect();
         let kept = host.ld_cache_of(&stems).unwrap().entries;
         assert_eq!(kept, expected);
-        // The same through a cache-dir (ld_entries.rs tests when it is used).
-        let cached = host.clone().with_cache_dir(&tmp.path().join("cache"));
-        assert_eq!(cached.ld_cache_of(&stems).unwrap().entries, expected);
         let mut kept_names: Vec<&str> = kept.iter().map(|e| e.name.as_str()).collect();
         kept_names.sort_unstable();
         assert_eq!(

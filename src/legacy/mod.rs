@@ -22,7 +22,7 @@
 //!   `nvidia-caps-imex-channels` of `/proc/devices`, minor `N`; the node must exist.
 //! - MPS: the host daemon's pipe directory, when it exists, for compute containers.
 //!
-//! One module (its driver files kept between creates in `files_cache.rs`): each part is a step
+//! One module: each part is a step
 //! of [`resolve`], which builds the edits, grouped by cause, from the selected GPUs, their
 //! device nodes, MIG and IMEX capability nodes, the driver files of the capabilities and the
 //! hooks. The steps stay public in one place because `ops::generate` writes a CDI spec with
@@ -32,8 +32,6 @@
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
-
-mod files_cache;
 
 use crate::config::Config;
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
@@ -93,9 +91,6 @@ pub struct Settings {
     /// The bundle being created, absolute: the fix-ups hook finds the container from it
     /// instead of waiting for its OCI state ([`HookPlan::bundle`]).
     pub bundle: Option<PathBuf>,
-    /// nvshim's cache dir (`cache-dir`), named to the fix-ups hook of a create when it is not
-    /// the hook's default.
-    pub cache_dir: PathBuf,
 }
 
 impl Settings {
@@ -105,7 +100,6 @@ impl Settings {
             mps_pipe_directory: config.mps_pipe_directory.clone(),
             nvml: tools.nvml.clone(),
             bundle: None,
-            cache_dir: config.cache_dir.clone(),
         }
     }
 }
@@ -705,7 +699,6 @@ pub fn resolve(
         application_profile: graphics,
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
         bundle: settings.bundle.as_deref(),
-        cache_dir: &settings.cache_dir,
     };
     edits.hooks.extend(container_hooks(
         host,
@@ -901,26 +894,14 @@ pub struct DriverFiles {
     pub links: Vec<(String, String)>,
 }
 
-/// The driver's files `caps` brings (a device's DRM nodes are [`device_nodes`]'). The files
-/// come from `cache-dir` while nothing they were found from has changed ([`files_cache`]).
+/// The driver's files `caps` brings (a device's DRM nodes are [`device_nodes`]').
 pub fn driver_files(
     host: &Host,
     caps: &Capabilities,
     driver_version: &str,
 ) -> Result<DriverFiles, LegacyError> {
-    let mut out = match host.cache_dir() {
-        Some(dir) => files_cache::files_of(
-            host,
-            caps,
-            driver_version,
-            dir,
-            crate::cache::now_ns(),
-            || host_files(host, caps, driver_version),
-        )?,
-        None => host_files(host, caps, driver_version)?,
-    };
-    // The daemons' sockets, looked at every time: three `stat`s in `/run` and `/tmp`, whose
-    // entries change too often to key a cache on.
+    let mut out = host_files(host, caps, driver_version)?;
+    // The daemons' sockets: three `stat`s in `/run` and `/tmp`.
     if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
         for f in host
             .ipc_paths()
@@ -1055,8 +1036,6 @@ pub struct HookPlan<'a> {
     /// `--bundle`, so the hook does not wait for the OCI state runc writes late (the hook
     /// crate's `cli::Fixups::bundle` says how late).
     pub bundle: Option<&'a Path>,
-    /// nvshim's cache dir, passed with the bundle ([`name_bundle`]).
-    pub cache_dir: &'a Path,
 }
 
 /// The container fix-ups NVIDIA runs as separate hooks (`create-symlinks`, `enable-cuda-compat`,
@@ -1122,7 +1101,7 @@ pub fn container_hooks(
         timeout: None,
     };
     if let Some(bundle) = plan.bundle {
-        name_bundle(&mut hook, hook_path, bundle, plan.cache_dir);
+        name_bundle(&mut hook, hook_path, bundle);
     }
     vec![hook]
 }
@@ -1130,10 +1109,8 @@ pub fn container_hooks(
 /// Names `bundle` in `hook` when it is nvshim's own fix-ups hook (`hook_path ... fixups`)
 /// without a bundle: the hook then finds the container from it instead of waiting for the OCI
 /// state ([`HookPlan::bundle`]). For the hooks [`container_hooks`] writes, and those of a CDI
-/// spec nvshim generated when nvshim-runtime applies it. With it `cache_dir`, when it is not
-/// the hook's default (`nvshim_hook::cache::DEFAULT_DIR`): the hook keeps what it read of the
-/// libraries there (`--cache-dir=` when it is empty, or not UTF-8: kept nowhere).
-pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path, cache_dir: &Path) {
+/// spec nvshim generated when nvshim-runtime applies it.
+pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path) {
     let given = |hook: &Hook, flag: &str| {
         hook.args
             .iter()
@@ -1146,10 +1123,6 @@ pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path, cache_dir: 
     }
     hook.args.push("--bundle".into());
     hook.args.push(bundle.to_string_lossy().into_owned());
-    if cache_dir != Path::new(nvshim_hook::cache::DEFAULT_DIR) && !given(hook, "--cache-dir") {
-        let dir = cache_dir.to_str().unwrap_or_default();
-        hook.args.push(format!("--cache-dir={dir}"));
-    }
 }
 
 /// Merges nvshim's fix-ups hooks (`hook_path ... fixups`, as [`container_hooks`] writes them)
@@ -1771,22 +1744,12 @@ mod tests {
             "/usr/bin/nvshim-hook",
             &["nvshim-hook", "fixups", "--folder", "/l"],
         );
-        let default = Path::new(nvshim_hook::cache::DEFAULT_DIR);
-        name_bundle(&mut h, ours, bundle, default);
+        name_bundle(&mut h, ours, bundle);
         assert_eq!(h.args[4..], ["--bundle", "/run/containerd/b/1"]);
         // Once only (a retried create), and never another binary's or another subcommand.
         let named = h.clone();
-        name_bundle(&mut h, ours, bundle, default);
+        name_bundle(&mut h, ours, bundle);
         assert_eq!(h, named);
-        // Another cache dir is named with the bundle; an empty one as the flag turning it off.
-        for (dir, flag) in [
-            ("/var/cache/nvshim", "--cache-dir=/var/cache/nvshim"),
-            ("", "--cache-dir="),
-        ] {
-            let mut h = hook("/usr/bin/nvshim-hook", &["nvshim-hook", "fixups"]);
-            name_bundle(&mut h, ours, bundle, Path::new(dir));
-            assert_eq!(h.args[2..], ["--bundle", "/run/containerd/b/1", flag]);
-        }
         for mut other in [
             hook(
                 "/usr/bin/nvidia-cdi-hook",
@@ -1796,7 +1759,7 @@ mod tests {
             hook("/opt/other/nvshim-hook", &["nvshim-hook", "fixups"]),
         ] {
             let before = other.clone();
-            name_bundle(&mut other, ours, bundle, Path::new("/elsewhere"));
+            name_bundle(&mut other, ours, bundle);
             assert_eq!(other, before);
         }
     }

@@ -304,7 +304,6 @@ fn global_edits(
         host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
         // A spec serves every container: its hooks read the OCI state.
         bundle: None,
-        cache_dir: Path::new(nvshim_hook::cache::DEFAULT_DIR),
     };
     edits.hooks.extend(legacy::container_hooks(
         host,
@@ -348,7 +347,6 @@ fn device_edits(
         application_profile: false,
         host_params: None,
         bundle: None,
-        cache_dir: Path::new(nvshim_hook::cache::DEFAULT_DIR),
     };
     edits
         .hooks

@@ -31,8 +31,6 @@ use thiserror::Error;
 
 use crate::edits::{go_clean, is_clean, Mount};
 
-pub mod bind_sources;
-
 /// Symlinks followed in one resolution, as the kernel's `MAXSYMLINKS`.
 const MAX_SYMLINKS: u32 = 40;
 
@@ -238,8 +236,8 @@ fn is_within(path: &str, dir: &str) -> bool {
 /// the edited document as (destination, source): [`crate::edits::binds`]) whose destination
 /// resolves inside another of `binds` through the image's symlinks, or lies inside a directory
 /// the engine binds whose host side lacks it, with the root filesystem at `rootfs`. `kinds` is asked at most once, with the added binds' sources, whether each is a
-/// directory where that is known (a legacy request's driver files are not; a CDI request's
-/// through [`bind_sources`]): those are not `stat`ed here.
+/// directory where that is known (a legacy request's driver files are not): those are not
+/// `stat`ed here.
 ///
 /// What it costs depends on the spec: a source is `stat`ed to learn whether it is a directory,
 /// a destination resolved with a lookup per component. The engine's own binds are few and go

@@ -718,11 +718,6 @@ fn explain_legacy_request_matches_what_create_does() {
         .map(|a| a.as_str().unwrap())
         .collect();
     assert_eq!(args[1], "fixups");
-    // The config's cache dir, not the hook's default: named to the hook.
-    let cache_dir = format!(
-        "--cache-dir={}",
-        w.config.parent().unwrap().join("cache").display()
-    );
     let flags: Vec<&str> = args
         .iter()
         .copied()
@@ -741,7 +736,6 @@ fn explain_legacy_request_matches_what_create_does() {
             "--folder",
             "--disable-device-node-modification",
             "--bundle",
-            &cache_dir
         ],
         "{e:#}"
     );
@@ -1052,4 +1046,142 @@ fn generate_shows_progress_on_a_terminal_only() {
         "{seen:?}"
     );
     assert!(seen.contains("nvshim: wrote"), "{seen:?}");
+}
+
+// ---- cache-dir -------------------------------------------------------------------------------
+
+/// nvshim's files in the world's cache-dir (src/cache.rs `PREFIXES`: index, parsed specs, GPU
+/// facts, MIG minors, NVML answers).
+fn nvshim_cache_files(w: &World) -> Vec<String> {
+    let prefixes = ["cdi-index-", "cdi-spec-", "gpus-", "mig-minors-", "nvml-"];
+    let (_, names) = w.cache_files("");
+    names
+        .into_iter()
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .collect()
+}
+
+/// cache-dir holds a bounded number of files whatever the churn (src/cache.rs `MAX_FILES`,
+/// 128): 150 creates, each under a config naming another list of spec directories (its own
+/// index file), asking for a DRA claim whose spec (over 4 KB: its parsed form is kept) is then
+/// deleted, with other claims' specs rewritten and the GPUs asked for by legacy requests on the
+/// way. Without the bound they left 286 files. `nvshim doctor` counts them, `--caches` lists
+/// them (a file others can write shows as ignored), `--clear-caches` removes them (and nothing
+/// else in the directory), and a create afterwards rebuilds what it needs; a cache-dir whose
+/// parent others can write is reported as not used.
+#[test]
+fn cache_dir_stays_bounded_under_churn_and_doctor_lists_and_clears_it() {
+    let w = World::new();
+    let kind = "k8s.gpu.nvidia.com/claim";
+    let claim = |i: usize, v: &str| {
+        let mut t = format!(
+            "cdiVersion: 0.5.0\nkind: {kind}\ndevices:\n- name: c{i}\n  containerEdits:\n    env: [\"CLAIM={i}-{v}\"]\ncontainerEdits:\n  env:\n"
+        );
+        for k in 0..120 {
+            t += &format!("  - PADDING_{k:03}=to-make-the-spec-over-4-kb\n");
+        }
+        t
+    };
+    let claims = w.tmp.path().join("claims");
+    fs::create_dir_all(&claims).unwrap();
+    let rounds = 150;
+    for i in 0..rounds {
+        fs::write(claims.join(format!("claim-{i}.yaml")), claim(i, "a")).unwrap();
+    }
+    // Older than 2 s: trusted, so their parsed forms are kept.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let rt = w.shim();
+    for i in 0..rounds {
+        let other = w.tmp.path().join(format!("other-{i}"));
+        fs::create_dir_all(&other).unwrap();
+        w.configure(&format!(
+            "low-level-runtimes = [\"/bin/true\"]\ncdi-spec-dirs = [{:?}, {:?}]\ncdi-env-kinds = [{kind:?}]\n",
+            claims.display().to_string(),
+            other.display().to_string()
+        ));
+        let b = w.bundle(
+            &format!("b{i}"),
+            &["true"],
+            &[("NVIDIA_VISIBLE_DEVICES", &format!("{kind}=c{i}"))],
+        );
+        let out = rt.create(&b, &format!("churn-{i}")).unwrap();
+        assert!(out.success(), "round {i}: {out}");
+        fs::remove_file(claims.join(format!("claim-{i}.yaml"))).unwrap();
+        if i % 10 == 0 {
+            let next = claims.join(format!("claim-{}.yaml", i + 1));
+            fs::write(&next, claim(i + 1, "b")).unwrap();
+            let b = w.bundle(
+                &format!("g{i}"),
+                &["true"],
+                &[("NVIDIA_VISIBLE_DEVICES", "0")],
+            );
+            let out = rt.create(&b, &format!("churn-gpu-{i}")).unwrap();
+            assert!(out.success(), "round {i}, legacy: {out}");
+        }
+        let kept = nvshim_cache_files(&w);
+        assert!(kept.len() <= 128, "round {i}: {} files", kept.len());
+    }
+    let kept = nvshim_cache_files(&w);
+    assert!(
+        kept.len() > 100,
+        "the churn did not reach the bound: {kept:?}"
+    );
+
+    let (cache, _) = w.cache_files("");
+    let foreign = cache.join(&kept[0]);
+    fs::set_permissions(&foreign, fs::Permissions::from_mode(0o666)).unwrap();
+    fs::write(cache.join("not-nvshims"), "kept").unwrap();
+    let d = doctor(&w);
+    d.assert(
+        "cache-dir",
+        "warning",
+        &["files of at most 128", "1 ignored"],
+        &["--clear-caches"],
+    );
+    let out = run_doctor(&w, &["--caches"]);
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(listed.lines().count(), kept.len() + 1, "{listed}");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&kept[0]) && l.ends_with("ignored")),
+        "{listed}"
+    );
+    assert!(!listed.contains("not-nvshims"), "{listed}");
+    let out = run_doctor(&w, &["--clear-caches"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        said.contains(&format!("removed {} cache files", kept.len())),
+        "{said}"
+    );
+    assert!(nvshim_cache_files(&w).is_empty());
+    assert_eq!(
+        fs::read_to_string(cache.join("not-nvshims")).unwrap(),
+        "kept"
+    );
+    fs::write(claims.join("claim-0.yaml"), claim(0, "c")).unwrap();
+    let b = w.bundle(
+        "after",
+        &["true"],
+        &[("NVIDIA_VISIBLE_DEVICES", &format!("{kind}=c0"))],
+    );
+    let out = rt.create(&b, "churn-after").unwrap();
+    assert!(out.success(), "{out}");
+    assert!(
+        !nvshim_cache_files(&w).is_empty(),
+        "the index was not written again"
+    );
+    // A cache-dir whose parent others can write is not used: doctor says so.
+    let parent = cache.parent().unwrap();
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o777)).unwrap();
+    let d = doctor(&w);
+    fs::set_permissions(parent, fs::Permissions::from_mode(0o755)).unwrap();
+    d.assert(
+        "cache-dir",
+        "warning",
+        &["not used", "mode 777"],
+        &["parent"],
+    );
 }

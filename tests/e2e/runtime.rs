@@ -21,7 +21,7 @@ use nvshim_testsupport::{
 use serde_json::{json, Value};
 
 use super::common::NVSHIM;
-use super::world::{create_at_once, World};
+use super::world::World;
 
 /// Plain runc with a fresh state dir under the world's temp dir: the harness tests' reference.
 fn runc(w: &World) -> Runtime {
@@ -357,14 +357,12 @@ fn utility_capability_brings_nvml_and_smi_but_not_cuda() {
     assert_no_problems("NVIDIA_DRIVER_CAPABILITIES=utility", &sorted(p), &r);
 }
 
-/// The driver's files a legacy create mounts are kept in cache-dir once what they were found
-/// from is 2 s old; removing a binary from the driver root, adding one, and putting a library's
-/// development link beside it each show in the next container (a stale answer would have runc
-/// mount a file that is gone, or leave out one that came).
+/// Removing a binary from the driver root, adding one, and putting a library's development
+/// link beside it each show in the next container (a stale answer would have runc mount a file
+/// that is gone, or leave out one that came).
 #[test]
-fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
+fn the_driver_files_follow_the_driver_root() {
     let w = World::new();
-    std::thread::sleep(std::time::Duration::from_millis(2100));
     let mounted = |name: &str, dest: &str| {
         let r = w.probe(&w.shim(), &w.gpu_bundle(name, "0"), false);
         let mut p = r.gpu_problems(&w.host, &[w.gpu(0)]);
@@ -374,9 +372,6 @@ fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
     };
     let smi = "/usr/bin/nvidia-smi";
     assert!(mounted("first", smi).0);
-    let (cache, kept) = w.cache_files("driver-files-");
-    assert_eq!(kept.len(), 1, "no driver files kept in {}", cache.display());
-    assert!(mounted("cached", smi).0);
 
     let host_smi = w.host.host_path(smi);
     let bytes = fs::read(&host_smi).unwrap();
@@ -400,134 +395,6 @@ fn the_driver_files_kept_in_cache_dir_follow_the_driver_root() {
         r.links.contains_key(&dev),
         "{dev} not linked in the container:\n{}",
         r.raw
-    );
-}
-
-/// What update-ldcache read of the driver's libraries is kept in cache-dir once they are 2 s
-/// old (hooks/src/elf_facts.rs), where the container's root is on another file system than
-/// the host's files, as on a node (an overlay rootfs, the driver on the root disk): here each
-/// rootfs moved onto a tmpfs of its own. The next container finds them there (the file is not
-/// written again, which any library read would do), and its `ldconfig -p` lists the driver's
-/// libraries all the same.
-#[test]
-fn the_hooks_library_facts_kept_in_cache_dir() {
-    use nvshim_testsupport::hook_harness::{enter_private_mount_ns, mount_tmpfs};
-    use std::os::unix::fs::MetadataExt as _;
-    let w = World::new();
-    std::thread::sleep(std::time::Duration::from_millis(2100));
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // The tmpfs mounts stay in this thread's mount namespace, runc's too.
-            enter_private_mount_ns().unwrap();
-            let run = |name: &str| {
-                let b = w.gpu_bundle(name, "0");
-                let rootfs = b.rootfs().path().to_path_buf();
-                let disk = rootfs.with_extension("disk");
-                fs::rename(&rootfs, &disk).unwrap();
-                fs::create_dir(&rootfs).unwrap();
-                mount_tmpfs(&rootfs);
-                let cp = Command::new("cp")
-                    .arg("-a")
-                    .arg(disk.join("."))
-                    .arg(&rootfs)
-                    .status()
-                    .unwrap();
-                assert!(cp.success());
-                let r = w.probe(&w.shim(), &b, false);
-                let mut p = r.gpu_problems(&w.host, &[w.gpu(0)]);
-                p.extend(r.ldcache_problems("libcuda.so.1"));
-                p.extend(r.ldcache_problems("libnvidia-ml.so.1"));
-                assert_no_problems(name, &p, &r);
-            };
-            run("first");
-            let (cache, kept) = w.cache_files("elf-facts-");
-            assert_eq!(
-                kept.len(),
-                1,
-                "no library facts kept in {}",
-                cache.display()
-            );
-            let file = cache.join(&kept[0]);
-            let ino = fs::metadata(&file).unwrap().ino();
-            run("second");
-            assert_eq!(
-                fs::metadata(&file).unwrap().ino(),
-                ino,
-                "a library was read again"
-            );
-        });
-    });
-}
-
-/// Twenty creates at once, the driver files in cache-dir from a create before (the host 2 s old,
-/// so every create may write them again), and a driver binary removed from the host meanwhile.
-/// Each
-/// create gets the driver's libraries; one that planned before the removal may have runc fail
-/// to mount the binary (the race any runtime has), nothing else. The create after the removal
-/// succeeds without the binary: no answer kept from before the removal is used after it.
-#[test]
-fn concurrent_creates_share_the_driver_files_and_see_a_removal() {
-    let w = World::new();
-    std::thread::sleep(std::time::Duration::from_millis(2100));
-    let debugdump = "/usr/bin/nvidia-debugdump";
-    let host_debugdump = w.host.host_path(debugdump);
-    assert!(host_debugdump.is_file(), "the fake host has no {debugdump}");
-    let lib = w.host.container_lib_path("libnvidia-ml");
-    let first = w.gpu_bundle("first", "0");
-    let (rt, id) = (w.shim(), unique_id("files-first"));
-    let out = rt.create(&first, &id).unwrap();
-    rt.force_delete(&id);
-    assert!(out.success(), "{out}");
-    let (cache, kept) = w.cache_files("driver-files-");
-    assert_eq!(kept.len(), 1, "no driver files kept in {}", cache.display());
-    let bundles: Vec<Bundle> = (0..20)
-        .map(|k| w.gpu_bundle(&format!("c{k:02}"), "0"))
-        .collect();
-    let runtimes: Vec<Runtime> = (0..bundles.len()).map(|_| w.shim()).collect();
-    let outcomes = create_at_once(&bundles, runtimes, "files", || {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        fs::remove_file(&host_debugdump).unwrap();
-    });
-    let mounts_of = |b: &Bundle| -> Vec<String> {
-        let config: Value = serde_json::from_slice(&b.config_bytes().unwrap()).unwrap();
-        config["mounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|m| m["destination"].as_str().map(str::to_string))
-            .collect()
-    };
-    let mut problems = Vec::new();
-    for ((out, id, rt), b) in outcomes.iter().zip(&bundles) {
-        let mounts = mounts_of(b);
-        if !mounts.contains(&lib) {
-            problems.push(format!("{id}: {lib} not in config.json"));
-        }
-        let raced = mounts.contains(&debugdump.to_string())
-            && out
-                .stderr
-                .contains(&format!("{}: no such file", host_debugdump.display()));
-        if !out.success() && !raced {
-            problems.push(format!("{id}: create failed: {out}"));
-        }
-        rt.force_delete(id);
-    }
-    assert!(
-        problems.is_empty(),
-        "{problems:#?}\n--- nvshim.log ---\n{}",
-        w.shim_log()
-    );
-    let after = w.gpu_bundle("after", "0");
-    let id = unique_id("files-after");
-    let rt = w.shim();
-    let out = rt.create(&after, &id).unwrap();
-    assert!(out.success(), "{out}");
-    let mounted = mounts_of(&after);
-    rt.force_delete(&id);
-    assert!(mounted.contains(&lib), "{mounted:?}");
-    assert!(
-        !mounted.contains(&debugdump.to_string()),
-        "{debugdump} mounted after its removal: {mounted:?}"
     );
 }
 

@@ -242,8 +242,8 @@ pub fn brand_name(brand: &nvml_wrapper::enum_wrappers::device::Brand) -> &'stati
 
 /// How a process gets the NVML inventory.
 ///
-/// `nvshim-runtime` ships statically linked, for musl (a create costs about 0.5 ms less than
-/// dynamically linked, a pass-through call about 0.5 ms less: docs/benchmarks.md), and a static
+/// `nvshim-runtime` ships statically linked (a create costs about 0.35 ms less than
+/// dynamically linked, a pass-through call about 0.3 ms less: docs/benchmarks.md), and a static
 /// program cannot `dlopen` libnvidia-ml safely: the library pulls the host's `libc.so.6` in
 /// beside the static C library. So the shim asks the dynamically linked `nvshim` instead, the rare times it needs NVML
 /// (a MIG id, an `arch` or `brand` requirement). The helper is a host binary next to the shim;

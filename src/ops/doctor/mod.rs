@@ -34,6 +34,7 @@ use crate::ops::engine::Engine;
 use crate::ops::freshness::{self, HostView};
 use crate::ops::system::{self, DevCharOptions, LinkAction};
 
+pub mod caches;
 mod engines;
 use engines::{engine_check, hook_check, low_level_runtime_check};
 
@@ -172,6 +173,7 @@ pub fn run(opts: &Options) -> Vec<Check> {
     }
     out.push(low_level_runtime_check(opts));
     out.push(hook_check(opts));
+    out.push(caches::cache_check(&opts.config));
     out
 }
 

@@ -285,9 +285,8 @@ pub fn bind_file(source: &Path, target: &Path) {
 }
 
 /// The hook binary static-pie, as it ships (`-C target-feature=+crt-static`: linked with glibc,
-/// as scripts/build-release.sh links it where the musl target is missing; the musl build is as
-/// static), so the dynamic loader never runs and `LD_PRELOAD` cannot inject code. Built once
-/// per test process with `cargo rustc` into its own target directory under `target_tmpdir`
+/// as scripts/build-release.sh links it), so the dynamic loader never runs and `LD_PRELOAD`
+/// cannot inject code. Built once per test process with `cargo rustc` into its own target directory under `target_tmpdir`
 /// (the calling test's `env!("CARGO_TARGET_TMPDIR")`): the flag applies to the final link
 /// only, and a separate directory keeps the cargo-built binary untouched.
 pub fn static_hook(target_tmpdir: &str) -> PathBuf {
