@@ -752,7 +752,7 @@ mod tests {
         assert!(String::from_utf8_lossy(&err).contains("no root.path"));
     }
 
-    /// Issue 38 "defence in depth": a `root.path` that leads out of the bundle (`..`, /proc's
+    /// Defence in depth (docs/reliability.md): a `root.path` that leads out of the bundle (`..`, /proc's
     /// links, a `rootfs` symlink leaving it) or to the host's `/` is refused before anything is
     /// written; the layouts engines write (a `rootfs` below the bundle, an absolute path
     /// anywhere, as Docker's in tests/fixtures/oci) still work.
