@@ -1128,7 +1128,22 @@ fn cache_dir_stays_bounded_under_churn_and_doctor_lists_and_clears_it() {
     );
 
     let (cache, _) = w.cache_files("");
-    let foreign = cache.join(&kept[0]);
+    // The file made foreign is the newest parsed form of a claim spec since deleted: doctor
+    // rewrites the index and the GPU facts it reads, and at the bound a write removes the
+    // oldest file, so either could replace or remove another pick (read_dir order is random).
+    let newest = |names: &[String]| -> String {
+        names
+            .iter()
+            .max_by_key(|n| {
+                let spec = n.starts_with("cdi-spec-");
+                let time = fs::metadata(cache.join(n)).unwrap().modified().unwrap();
+                (spec, time)
+            })
+            .unwrap()
+            .clone()
+    };
+    let foreign_name = newest(&kept);
+    let foreign = cache.join(&foreign_name);
     fs::set_permissions(&foreign, fs::Permissions::from_mode(0o666)).unwrap();
     fs::write(cache.join("not-nvshims"), "kept").unwrap();
     let d = doctor(&w);
@@ -1138,6 +1153,7 @@ fn cache_dir_stays_bounded_under_churn_and_doctor_lists_and_clears_it() {
         &["files of at most 128", "1 ignored"],
         &["--clear-caches"],
     );
+    let kept = nvshim_cache_files(&w);
     let out = run_doctor(&w, &["--caches"]);
     let listed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{out:?}");
@@ -1145,7 +1161,7 @@ fn cache_dir_stays_bounded_under_churn_and_doctor_lists_and_clears_it() {
     assert!(
         listed
             .lines()
-            .any(|l| l.starts_with(&kept[0]) && l.ends_with("ignored")),
+            .any(|l| l.starts_with(&foreign_name) && l.ends_with("ignored")),
         "{listed}"
     );
     assert!(!listed.contains("not-nvshims"), "{listed}");
