@@ -21,6 +21,8 @@ FLAGS = {
     "O_CLOEXEC": 0o2000000, "O_PATH": 0o10000000, "O_TMPFILE": 0o20200000,
     "AT_SYMLINK_NOFOLLOW": 0x100, "AT_REMOVEDIR": 0x200, "AT_SYMLINK_FOLLOW": 0x400,
     "AT_NO_AUTOMOUNT": 0x800, "AT_EMPTY_PATH": 0x1000,
+    # statx(2) sync mode, which glibc's fstatat passes on (0: as stat does).
+    "AT_STATX_SYNC_AS_STAT": 0,
     "F_OK": 0, "R_OK": 4, "W_OK": 2, "X_OK": 1, "SEEK_SET": 0, "SEEK_CUR": 1, "SEEK_END": 2,
     "GRND_NONBLOCK": 1, "GRND_RANDOM": 2, "GRND_INSECURE": 4, "F_SETFD": 2, "F_GETFD": 1,
     "F_GETFL": 3, "F_SETFL": 4, "FD_CLOEXEC": 1, "PROT_READ": 1, "MAP_PRIVATE": 2,
