@@ -47,6 +47,22 @@ impl Mode {
     }
 }
 
+/// `profile`: what nvshim adds to a GPU container besides its devices and driver files
+/// (README.md "Sandboxed runtimes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// `sandbox` when the low-level runtime is gVisor's `runsc` or a Kata runtime, else
+    /// `standard` (`runtime::profile_for`).
+    #[default]
+    Auto,
+    /// The fix-ups hook, the daemons' sockets and the `/proc` params overmount.
+    Standard,
+    /// None of those: the libraries are also mounted at their SONAMEs where the image's own
+    /// loader looks (`legacy::sandbox`).
+    Sandbox,
+}
+
 /// `accept-envvar-unprivileged`: `true`, `false` or `"allocation-backed"`
 /// (`request::env_policy` applies it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -179,6 +195,8 @@ pub struct Config {
     /// for one (NVIDIA's `disable-require`). Off by default: an image built for a newer driver
     /// is refused with the reason instead of failing later inside CUDA.
     pub disable_require: bool,
+    /// [`Profile`]: `auto`, `standard` or `sandbox`.
+    pub profile: Profile,
 }
 
 impl Default for Config {
@@ -206,6 +224,7 @@ impl Default for Config {
             cdi_annotation_prefixes: vec!["cdi.k8s.io/".into()],
             cdi_default_kind: "nvidia.com/gpu".into(),
             disable_require: false,
+            profile: Profile::Auto,
         }
     }
 }
@@ -295,6 +314,7 @@ mod tests {
             mps-pipe-directory = "/run/mps/pipe"
             mode = "cdi"
             cdi-spec-dirs = ["/etc/cdi"]
+            profile = "sandbox"
             "#,
         )
         .unwrap();
@@ -323,6 +343,8 @@ mod tests {
         assert!(cfg.accept_volume_mounts);
         assert_eq!(cfg.mps_pipe_directory, PathBuf::from("/run/mps/pipe"));
         assert_eq!(cfg.mode, Mode::Cdi);
+        assert_eq!(cfg.profile, Profile::Sandbox);
+        assert_eq!(Config::default().profile, Profile::Auto);
         assert_eq!(
             cfg.cdi_annotation_prefixes,
             Config::default().cdi_annotation_prefixes

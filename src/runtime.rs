@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+use crate::config::Profile;
+
 #[derive(Debug, Error)]
 pub enum RuntimeError {
     #[error("no low-level runtime found: none of {tried} is an executable file on PATH or in /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin; install runc or crun, or set low-level-runtimes in the nvshim config to an absolute path")]
@@ -240,6 +242,27 @@ pub fn find_low_level_runtime(
     })
 }
 
+/// What [`Profile::Auto`] means when nvshim execs `runtime`: [`Profile::Sandbox`] for gVisor's
+/// `runsc` and Kata's OCI runtimes (`kata-runtime`, `kata-qemu`, ...), named so or linked to a
+/// file named so; they skip or refuse OCI hooks and run the container in their own kernel,
+/// where the host's `/proc` overmount and daemon sockets mean nothing. Other settings stand.
+pub fn profile_for(configured: Profile, runtime: &Path) -> Profile {
+    if configured != Profile::Auto {
+        return configured;
+    }
+    let sandboxed = |p: &Path| {
+        p.file_name()
+            .and_then(OsStr::to_str)
+            .is_some_and(|n| n == "runsc" || n.starts_with("kata"))
+    };
+    let target = std::fs::canonicalize(runtime).ok();
+    if sandboxed(runtime) || target.as_deref().is_some_and(sandboxed) {
+        Profile::Sandbox
+    } else {
+        Profile::Standard
+    }
+}
+
 /// Replaces this process with `runtime`, argv unchanged after argv[0], environment unchanged
 /// (runc needs e.g. `NOTIFY_SOCKET` and `XDG_RUNTIME_DIR` from its caller). Only returns on error.
 pub fn exec(runtime: &Path, args: &[OsString]) -> RuntimeError {
@@ -433,5 +456,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("no-such-runtime-x"), "{err}");
+    }
+
+    #[test]
+    fn sandboxed_runtimes_choose_the_sandbox_profile() {
+        let dir = tempfile::tempdir().unwrap();
+        let runsc = dir.path().join("runsc");
+        std::fs::write(&runsc, b"#!/bin/sh\n").unwrap();
+        // An engine that only knows `runc` pointed at gVisor through a link.
+        let runc = dir.path().join("runc");
+        std::os::unix::fs::symlink(&runsc, &runc).unwrap();
+        for (path, want) in [
+            (runsc.as_path(), Profile::Sandbox),
+            (runc.as_path(), Profile::Sandbox),
+            (Path::new("/opt/kata/bin/kata-runtime"), Profile::Sandbox),
+            (Path::new("/usr/bin/kata-qemu"), Profile::Sandbox),
+            (Path::new("/usr/sbin/runc"), Profile::Standard),
+            (Path::new("/usr/bin/crun"), Profile::Standard),
+        ] {
+            assert_eq!(profile_for(Profile::Auto, path), want, "{}", path.display());
+        }
+        // A setting other than `auto` is kept whatever the runtime.
+        assert_eq!(profile_for(Profile::Standard, &runsc), Profile::Standard);
+        assert_eq!(
+            profile_for(Profile::Sandbox, Path::new("/usr/sbin/runc")),
+            Profile::Sandbox
+        );
     }
 }

@@ -50,7 +50,7 @@ pub unsafe extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int 
 /// Only returns on error: success is an exec.
 fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
     let config_path = Config::path_from_env(std::env::var_os(CONFIG_ENV));
-    let config = match Config::load(&config_path) {
+    let mut config = match Config::load(&config_path) {
         Ok(c) => c,
         Err(e) => return e.into(),
     };
@@ -78,6 +78,7 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
         Ok(p) => p,
         Err(e) => return e.into(),
     };
+    config.profile = runtime::profile_for(config.profile, &runc);
     if inv.version && inv.subcommand.is_none() {
         // As NVIDIA's shim does: our version, then the low-level runtime's.
         println!("nvshim-runtime version {}", env!("CARGO_PKG_VERSION"));

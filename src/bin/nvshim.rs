@@ -4,7 +4,7 @@
 //! type, [`Cli`], which `completions` and `generate-man` walk whole, and each subcommand's handler
 //! is a thin call into the library next to its arguments.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -500,6 +500,12 @@ struct NamingArgs {
     /// the nodes.
     #[arg(long)]
     no_additional_gids: bool,
+    /// standard (nvshim's fix-ups hook, the daemons' sockets) or sandbox (neither; the
+    /// libraries also at their SONAMEs in /usr/lib and /usr/lib64, for gVisor and Kata)
+    /// [default: the config's `profile`; `auto` is sandbox when the low-level runtime
+    /// nvshim-runtime would exec is runsc or Kata's].
+    #[arg(long, value_parser = ["standard", "sandbox"])]
+    profile: Option<String>,
 }
 
 impl NamingArgs {
@@ -517,6 +523,10 @@ impl NamingArgs {
             all_device: !self.no_all_device,
             additional_gids: !self.no_additional_gids,
             hook_path: nvshim::install::hook_path(config, nvshim::install::self_exe().as_deref()),
+            sandbox: match self.profile.as_deref() {
+                Some(p) => p == "sandbox",
+                None => node_profile(config) == nvshim::config::Profile::Sandbox,
+            },
             ..Default::default()
         };
         if !self.strategies.is_empty() {
@@ -527,6 +537,23 @@ impl NamingArgs {
                 .collect::<Result<_, _>>()?;
         }
         Ok(opts)
+    }
+}
+
+/// The config's `profile`, `auto` resolved as nvshim-runtime resolves it: against the
+/// low-level runtime it would exec (the one beside this binary skipped, as it skips itself).
+fn node_profile(config: &Config) -> nvshim::config::Profile {
+    let shim = nvshim::install::self_exe()
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|d| d.join("nvshim-runtime"));
+    match nvshim::runtime::find_low_level_runtime(
+        &config.low_level_runtimes,
+        std::env::var_os("PATH").as_deref(),
+        shim.as_deref(),
+    ) {
+        Ok(runc) => nvshim::runtime::profile_for(config.profile, &runc),
+        Err(_) => nvshim::runtime::profile_for(config.profile, Path::new("")),
     }
 }
 

@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::config::Config;
+pub mod sandbox;
+
+use crate::config::{Config, Profile};
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
 use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
 use crate::host::{
@@ -91,6 +93,8 @@ pub struct Settings {
     /// The bundle being created, absolute: the fix-ups hook finds the container from it
     /// instead of waiting for its OCI state ([`HookPlan::bundle`]).
     pub bundle: Option<PathBuf>,
+    /// The sandbox profile ([`sandbox`]): no hooks, no daemon sockets.
+    pub sandbox: bool,
 }
 
 impl Settings {
@@ -100,6 +104,7 @@ impl Settings {
             mps_pipe_directory: config.mps_pipe_directory.clone(),
             nvml: tools.nvml.clone(),
             bundle: None,
+            sandbox: config.profile == Profile::Sandbox,
         }
     }
 }
@@ -706,6 +711,9 @@ pub fn resolve(
         &snapshot.driver_version,
         &settings.hook_path,
     ));
+    if settings.sandbox {
+        sandbox::confine(&mut edits, &files.libs);
+    }
     groups.push(EditGroup {
         cause: Cause::Driver,
         edits,

@@ -109,6 +109,9 @@ pub struct Options {
     /// NVIDIA's generator does: the spec then needs CDI 0.7.0, which the CDI readers of
     /// containerd 1.7 and podman 4 do not take (`--no-additional-gids` leaves them out).
     pub additional_gids: bool,
+    /// The sandbox profile (`--profile sandbox`, [`legacy::sandbox`]): no hooks, no daemon
+    /// sockets, the libraries also at their SONAMEs where the image's loader looks.
+    pub sandbox: bool,
 }
 
 impl Default for Options {
@@ -120,6 +123,7 @@ impl Default for Options {
             all_device: true,
             hook_path: PathBuf::from("/usr/bin/nvshim-hook"),
             additional_gids: true,
+            sandbox: false,
         }
     }
 }
@@ -262,6 +266,7 @@ fn global_edits(
     host: &Host,
     driver_version: &str,
     hook_path: &Path,
+    sandbox: bool,
 ) -> Result<ContainerEdits, GenerateError> {
     let mut edits = ContainerEdits {
         env: vec![format!("{}=void", crate::request::VISIBLE_DEVICES)],
@@ -311,6 +316,9 @@ fn global_edits(
         driver_version,
         hook_path,
     ));
+    if sandbox {
+        legacy::sandbox::confine(&mut edits, &files.libs);
+    }
     Ok(edits)
 }
 
@@ -348,9 +356,11 @@ fn device_edits(
         host_params: None,
         bundle: None,
     };
-    edits
-        .hooks
-        .extend(legacy::container_hooks(host, &plan, "", &opts.hook_path));
+    if !opts.sandbox {
+        edits
+            .hooks
+            .extend(legacy::container_hooks(host, &plan, "", &opts.hook_path));
+    }
     Ok(())
 }
 
@@ -495,7 +505,12 @@ pub fn generate_with_progress(
         kind: format!("{}/{}", opts.vendor, opts.class),
         annotations: Default::default(),
         devices,
-        container_edits: global_edits(host, &discovery.driver_version, &opts.hook_path)?,
+        container_edits: global_edits(
+            host,
+            &discovery.driver_version,
+            &opts.hook_path,
+            opts.sandbox,
+        )?,
     };
     spec.cdi_version = spec.minimum_version().to_string();
     spec.validate()?;

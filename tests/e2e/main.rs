@@ -43,5 +43,7 @@ mod k8s;
 mod memory_limits;
 mod nvidia_hooks;
 mod reliability;
+mod rootless;
 mod runtime;
+mod sandbox;
 mod world;

@@ -18,9 +18,11 @@ pub mod breakage;
 pub mod bundle;
 pub mod hook_harness;
 pub mod host;
+pub mod loader;
 pub mod podman;
 pub mod probe;
 pub mod rootfs;
+pub mod rootless;
 pub mod runner;
 mod stubs;
 

@@ -1,0 +1,216 @@
+//! The sandbox profile (`profile = "sandbox"`, `nvshim cdi generate --profile sandbox`): no
+//! hook, no daemon socket, no `/proc` overmount, and the image's own loader still finds
+//! `libcuda.so.1`, in a glibc image and in a musl one.
+//!
+//! gVisor's `runsc` and Kata cannot be installed here (no package in Debian 12, and Kata needs
+//! a hypervisor), so the containers run on real runc: what is checked is what nvshim hands the
+//! runtime (config.json, the spec) and that a container given exactly that works without the
+//! hook. The profile's auto-detection from the runtime's name is `runtime::tests`'
+//! `sandboxed_runtimes_choose_the_sandbox_profile`.
+
+use std::fs;
+
+use nvshim_testsupport::loader::{self, Libc};
+use nvshim_testsupport::probe::assert_no_problems;
+use nvshim_testsupport::{ProbeReport, ProbeSpec};
+use serde_json::Value;
+
+use super::world::{SpecDirs, World};
+
+/// The fake host's daemon endpoints, as `nvshim cdi generate` finds them under the driver root.
+const IPC: &[&str] = &[
+    "/run/nvidia-persistenced/socket",
+    "/run/nvidia-fabricmanager/socket",
+    "/tmp/nvidia-mps",
+];
+
+/// A host whose daemons' endpoints are there, so that leaving them out means something; a
+/// legacy request finds the MPS pipe directory at `mps-pipe-directory`, set to the fake one.
+fn world(profile: &str) -> World {
+    let w = World::builder()
+        .gpus(2)
+        .spec_dirs(SpecDirs::EtcAndRun)
+        .build();
+    let root = w.host.root();
+    let mps = root.join("tmp/nvidia-mps");
+    fs::create_dir_all(&mps).unwrap();
+    w.configure(&format!(
+        "profile = \"{profile}\"\nmps-pipe-directory = {:?}\n",
+        mps.display().to_string()
+    ));
+    for s in &IPC[..2] {
+        let p = root.join(s.trim_start_matches('/'));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let _ = fs::remove_file(&p);
+        std::os::unix::net::UnixListener::bind(&p).unwrap();
+    }
+    w
+}
+
+/// What a config.json or spec asks for besides devices and libraries: its hooks, and the
+/// mounts of the daemons' endpoints.
+fn extras(
+    hooks: &Value,
+    mounts: &[Value],
+    destination: &str,
+    ipc: &[&str],
+) -> (usize, Vec<String>) {
+    let hooks = hooks
+        .as_object()
+        .map(|h| h.values().map(|v| v.as_array().map_or(0, Vec::len)).sum())
+        .or_else(|| hooks.as_array().map(Vec::len))
+        .unwrap_or(0);
+    let ipc = mounts
+        .iter()
+        .filter_map(|m| m[destination].as_str())
+        .filter(|d| ipc.contains(d))
+        .map(str::to_string)
+        .collect();
+    (hooks, ipc)
+}
+
+/// The probe, then the dlopen program.
+fn args(w: &World) -> Vec<String> {
+    let probe = ProbeSpec::for_host(&w.host).script();
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!("{probe}\n{}", loader::PROGRAM),
+    ]
+}
+
+/// A GPU through nvshim-runtime, standard then sandbox profile, in a glibc and a musl image:
+/// the sandbox config.json has no hook, no daemon mount, the container no params overmount,
+/// and its loader finds libcuda.so.1 at `/usr/lib/libcuda.so.1`. The standard profile is the
+/// control: the same checks see its hook and sockets.
+#[test]
+fn sandbox_profile_loads_libcuda_without_hooks() {
+    for libc in [Libc::Glibc, Libc::Musl] {
+        for profile in ["standard", "sandbox"] {
+            let w = world(profile);
+            let args = args(&w);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let b = w.bundle(
+                "b",
+                &args,
+                &[
+                    ("NVIDIA_VISIBLE_DEVICES", "0"),
+                    ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+                ],
+            );
+            loader::add_dlopen_program(b.rootfs().path(), libc).unwrap();
+            let id = nvshim_testsupport::unique_id("nvshim-e2e-sandbox");
+            let out = w.shim().run(&b, &id).unwrap();
+            let what = format!("{libc:?} image, {profile} profile");
+            let report = ProbeReport::parse(&out.stdout);
+            assert!(report.complete, "{what}: {out}\n{}", w.shim_log());
+            let config = b.config().unwrap();
+            let mounts = config["mounts"].as_array().unwrap();
+            let mps = w.host.root().join("tmp/nvidia-mps");
+            let legacy_ipc = [IPC[0], IPC[1], mps.to_str().unwrap()];
+            let (hooks, ipc) = extras(&config["hooks"], mounts, "destination", &legacy_ipc);
+            let mps_env = b
+                .env()
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.starts_with("CUDA_MPS_PIPE_DIRECTORY="))
+                .count();
+            let params = report.mount("/proc/driver/nvidia/params");
+            let loaded = loader::parse(&out.stdout);
+            if profile == "standard" {
+                assert!(
+                    hooks > 0 && ipc.len() == 3 && mps_env == 1,
+                    "{what}: {hooks} hooks, {ipc:?}, {mps_env} MPS variable"
+                );
+                continue;
+            }
+            assert_eq!(
+                (hooks, &ipc[..], mps_env),
+                (0, &[][..], 0),
+                "{what}: {config:#}"
+            );
+            assert!(params.is_none(), "{what}: {params:?}");
+            assert_no_problems(&what, &report.gpu_problems(&w.host, &[w.gpu(0)]), &report);
+            assert_eq!(
+                loaded,
+                Some((1, "/usr/lib/libcuda.so.1".to_string())),
+                "{what}: the image's loader did not load libcuda.so.1\n{out}"
+            );
+        }
+    }
+}
+
+/// `nvshim cdi generate --profile sandbox`: no hook anywhere in the spec, no daemon mount; a
+/// container given its device through nvshim-runtime (CDI annotation) loads libcuda.so.1 with
+/// the image's loader, glibc and musl.
+#[test]
+fn sandbox_spec_has_no_hooks_and_still_loads_libcuda() {
+    let w = world("standard");
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    for (profile, want_hooks) in [("standard", true), ("sandbox", false)] {
+        let out = w.nvshim(&[
+            "cdi",
+            "generate",
+            "--profile",
+            profile,
+            "--format",
+            "json",
+            "--output",
+            spec_path.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let spec: Value = serde_json::from_str(&fs::read_to_string(&spec_path).unwrap()).unwrap();
+        let mut edits = vec![&spec["containerEdits"]];
+        edits.extend(
+            spec["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| &d["containerEdits"]),
+        );
+        let hooks: usize = edits
+            .iter()
+            .map(|e| e["hooks"].as_array().map_or(0, Vec::len))
+            .sum();
+        let (_, ipc) = extras(
+            &Value::Null,
+            spec["containerEdits"]["mounts"].as_array().unwrap(),
+            "containerPath",
+            IPC,
+        );
+        assert_eq!(hooks > 0, want_hooks, "{profile}: {hooks} hooks");
+        assert_eq!(!ipc.is_empty(), want_hooks, "{profile}: {ipc:?}");
+    }
+    for libc in [Libc::Glibc, Libc::Musl] {
+        let args = args(&w);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let name = format!("b-{libc:?}");
+        let b = w.bundle(&name, &args, &[]);
+        b.edit(|c| {
+            c["annotations"]["cdi.k8s.io/nvshim"] = "nvidia.com/gpu=0".into();
+            Ok(())
+        })
+        .unwrap();
+        loader::add_dlopen_program(b.rootfs().path(), libc).unwrap();
+        let id = nvshim_testsupport::unique_id("nvshim-e2e-sandbox");
+        let out = w.shim().run(&b, &id).unwrap();
+        let what = format!("{libc:?} image, sandbox spec");
+        let report = ProbeReport::parse(&out.stdout);
+        assert!(report.complete, "{what}: {out}\n{}", w.shim_log());
+        assert!(
+            b.config().unwrap()["hooks"].is_null(),
+            "{what}: {:#}",
+            b.config().unwrap()["hooks"]
+        );
+        assert_no_problems(&what, &report.gpu_problems(&w.host, &[w.gpu(0)]), &report);
+        assert_eq!(
+            loader::parse(&out.stdout),
+            Some((1, "/usr/lib/libcuda.so.1".to_string())),
+            "{what}\n{out}"
+        );
+    }
+}
