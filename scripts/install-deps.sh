@@ -3,10 +3,11 @@
 # busybox for container root filesystems, gcc for the simulated driver's ELF stub libraries,
 # the engines the end-to-end tests start, protoc (the CRI client in the engine tests), g++
 # (libFuzzer, for scripts/fuzz.sh), GNU time and musl-tools (scripts/bench.sh: peak memory,
-# the musl floor).
+# the musl floor; the e2e sandbox tests' musl image), uidmap (newuidmap/newgidmap for the
+# rootless podman test).
 # Only what is missing is installed.
 set -euo pipefail
-need=(runc crun busybox-static gcc g++ podman containerd docker.io hyperfine protobuf-compiler time musl-tools file)
+need=(runc crun busybox-static gcc g++ podman containerd docker.io hyperfine protobuf-compiler time musl-tools file uidmap)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -17,6 +17,7 @@ use std::process::{Command, Output};
 use anyhow::{bail, Context, Result};
 
 use crate::rootfs::Rootfs;
+use crate::rootless::RootlessUser;
 
 /// A podman with its state under `dir`.
 #[derive(Debug)]
@@ -25,6 +26,8 @@ pub struct Podman {
     program: PathBuf,
     /// The major release (`podman --version`).
     major: u32,
+    /// Run as this user, with the nodes of this fake host `dev` ([`RootlessUser::command`]).
+    rootless: Option<(RootlessUser, PathBuf)>,
 }
 
 impl Podman {
@@ -62,6 +65,16 @@ impl Podman {
         )
     }
 
+    /// The podman of `$NVSHIM_PODMAN` (else the system one) run rootless as `user`, its
+    /// state under `dir` (made the user's), with the device nodes of `fake_dev` at `/dev`.
+    pub fn rootless(dir: &Path, user: &RootlessUser, fake_dev: &Path) -> Result<Podman> {
+        let program = std::env::var_os("NVSHIM_PODMAN").unwrap_or_else(|| "podman".into());
+        let mut p = Podman::with_program(dir, Path::new(&program))?;
+        user.own(dir)?;
+        p.rootless = Some((user.clone(), fake_dev.to_path_buf()));
+        Ok(p)
+    }
+
     fn with_program(dir: &Path, program: &Path) -> Result<Podman> {
         let out = Command::new(program)
             .arg("--version")
@@ -91,12 +104,18 @@ impl Podman {
             dir: dir.to_path_buf(),
             program: program.to_path_buf(),
             major,
+            rootless: None,
         })
     }
 
     /// `podman` with this instance's global flags.
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(&self.program);
+        let mut c = match &self.rootless {
+            Some((user, dev)) => user
+                .command(dev, &self.dir, &self.program)
+                .expect("the rootless user's runtime dir"),
+            None => Command::new(&self.program),
+        };
         c.arg("--root")
             .arg(self.dir.join("root"))
             .arg("--runroot")
@@ -119,17 +138,22 @@ impl Podman {
     /// Imports a busybox rootfs (made under this podman's dir) as image `name`.
     pub fn import_busybox(&self, name: &str) -> Result<()> {
         let rootfs = Rootfs::busybox(&self.dir.join("image-rootfs"))?;
+        self.import_rootfs(rootfs.path(), name)
+    }
+
+    /// Imports the rootfs directory `root` as image `name`.
+    pub fn import_rootfs(&self, root: &Path, name: &str) -> Result<()> {
         let tar = self.dir.join("image.tar");
         let status = Command::new("tar")
             .arg("-C")
-            .arg(rootfs.path())
+            .arg(root)
             .arg("-cf")
             .arg(&tar)
             .arg(".")
             .status()
             .context("running tar")?;
         if !status.success() {
-            bail!("tar of {} failed: {status}", rootfs.path().display());
+            bail!("tar of {} failed: {status}", root.display());
         }
         let out = self
             .cmd()
@@ -151,6 +175,17 @@ impl Podman {
     /// probe mknods nodes to test the device cgroup), `--device` per CDI name, and `args` as the
     /// command.
     pub fn run(&self, image: &str, devices: &[&str], args: &[&str]) -> Result<Output> {
+        self.run_with(image, devices, &[], args)
+    }
+
+    /// [`Podman::run`] with further `run` options (`--userns=keep-id`).
+    pub fn run_with(
+        &self,
+        image: &str,
+        devices: &[&str],
+        options: &[&str],
+        args: &[&str],
+    ) -> Result<Output> {
         let mut c = self.cmd();
         c.args([
             "run",
@@ -167,7 +202,7 @@ impl Podman {
         for d in devices {
             c.args(["--device", d]);
         }
-        c.arg(image).args(args);
+        c.args(options).arg(image).args(args);
         c.output().context("running podman run")
     }
 }
@@ -175,6 +210,19 @@ impl Podman {
 impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self.cmd().args(["rm", "-af"]).output();
+        // A rootless podman leaves its pause process (holding its user namespace) running.
+        if self.rootless.is_some() {
+            let pid_file = self.dir.join("xdg/libpod/tmp/pause.pid");
+            if let Some(pid) = fs::read_to_string(pid_file)
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
         // Anything podman left mounted under its dirs goes with it.
         if let Ok(mounts) = fs::read_to_string("/proc/self/mounts") {
             let prefix = self.dir.to_string_lossy().into_owned();

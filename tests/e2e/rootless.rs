@@ -1,0 +1,104 @@
+//! Rootless podman (Debian 13's podman 5, `$NVSHIM_PODMAN`, else the system one) given the spec
+//! `nvshim cdi generate` writes, as a user with subordinate ids, with `--userns=keep-id` and
+//! with the default rootless mapping (the user is root in the container).
+//!
+//! The GPU nodes are where a GPU host has them, at `/dev` ([`RootlessUser::command`] says why
+//! the fake host's are put there for podman); the fake driver's files stay under its root,
+//! readable by everyone as a host's `/usr/lib` is.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use nvshim_testsupport::loader::{self, Libc};
+use nvshim_testsupport::podman::{Podman, SystemSpec};
+use nvshim_testsupport::probe::assert_no_problems;
+use nvshim_testsupport::rootless::RootlessUser;
+use nvshim_testsupport::{ProbeReport, ProbeSpec};
+
+use super::world::{SpecDirs, World};
+
+#[test]
+fn rootless_podman_gets_the_gpu_and_its_libraries() {
+    let w = World::builder()
+        .gpus(2)
+        .spec_dirs(SpecDirs::EtcAndRun)
+        .build();
+    fs::set_permissions(w.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let class = format!("gpu-rootless{}", std::process::id());
+    let user = RootlessUser::ensure().unwrap();
+    let dir = w.tmp.path().join("podman");
+    let podman = Podman::rootless(&dir, &user, &w.host.root().join("dev")).unwrap();
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    // The DRM groups (`additionalGids`) need CDI 0.7.0: left out for a podman 4 only.
+    let mut args = vec![
+        "cdi",
+        "generate",
+        "--class",
+        &class,
+        "--output",
+        spec_path.to_str().unwrap(),
+    ];
+    if !podman.reads_cdi("0.7.0") {
+        args.push("--no-additional-gids");
+    }
+    let out = w.nvshim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _spec = SystemSpec::write(
+        Path::new("/var/run/cdi"),
+        &format!("nvshim-e2e-{class}.yaml"),
+        &fs::read_to_string(&spec_path).unwrap(),
+    )
+    .unwrap();
+
+    // The busybox image with a glibc program that loads libcuda.so.1 by its SONAME.
+    let image_root = w.tmp.path().join("image");
+    nvshim_testsupport::Rootfs::busybox(&image_root).unwrap();
+    loader::add_dlopen_program(&image_root, Libc::Glibc).unwrap();
+    let image = format!("localhost/nvshim-e2e-rootless:{}", std::process::id());
+    podman.import_rootfs(&image_root, &image).unwrap();
+
+    let device = format!("nvidia.com/{class}=1");
+    let probe = ProbeSpec::for_host(&w.host).script();
+    let script = format!("echo UID $(id -u)\n{probe}\n{}", loader::PROGRAM);
+    for (options, uid) in [(&["--userns=keep-id"][..], user.uid), (&[][..], 0)] {
+        let out = podman
+            .run_with(&image, &[&device], options, &["sh", "-c", &script])
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let what = format!("rootless podman {options:?}");
+        let report = ProbeReport::parse(&stdout);
+        assert!(
+            out.status.success() && report.complete,
+            "{what} failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(&format!("UID {uid}\n")), "{what}: {stdout}");
+        // No device cgroup confines a rootless container (podman cannot write one) and it
+        // cannot mknod at all: the user namespace is the barrier, so the GPU it did not ask for
+        // is reachable only if its node is there, which `gpu_problems` checks.
+        let mut problems: Vec<String> = report
+            .gpu_problems(&w.host, &[w.gpu(1)])
+            .into_iter()
+            .filter(|p| !p.contains("mknod'ed") && !p.contains("devices.list"))
+            .collect();
+        for (node, result) in &report.mknod {
+            if !result.starts_with("MKNOD_FAILED") {
+                problems.push(format!(
+                    "mknod {node:?} worked in a rootless container: {result}"
+                ));
+            }
+        }
+        problems.extend(report.control_device_problems(&w.host));
+        problems.extend(report.library_mounted_problems(&w.host, "libcuda"));
+        problems.extend(report.ldcache_problems("libcuda.so.1"));
+        assert_no_problems(&what, &problems, &report);
+        let (count, _) = loader::parse(&stdout)
+            .unwrap_or_else(|| panic!("{what}: libcuda.so.1 did not load\n{stdout}"));
+        assert_eq!(count, 1, "{what}: {stdout}");
+    }
+}
