@@ -101,4 +101,34 @@ fn rootless_podman_gets_the_gpu_and_its_libraries() {
             .unwrap_or_else(|| panic!("{what}: libcuda.so.1 did not load\n{stdout}"));
         assert_eq!(count, 1, "{what}: {stdout}");
     }
+
+    // `nvshim doctor` as the user: its subordinate ids are there; the fake host's nodes are
+    // not at /dev, which it says.
+    let out = std::process::Command::new("runuser")
+        .args(["-u", nvshim_testsupport::rootless::USER, "--", "env"])
+        .arg(format!("NVSHIM_CONFIG={}", w.config.display()))
+        .arg(super::common::NVSHIM)
+        .args(["doctor", "--format", "json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let status = |name: &str| {
+        report["checks"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["name"] == name))
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap_or("").to_string(),
+                    c["message"].to_string(),
+                )
+            })
+            .unwrap_or_else(|| panic!("no {name} in {report:#}"))
+    };
+    assert_eq!(status("rootless-subids").0, "ok", "{report:#}");
+    let devices = status("rootless-devices");
+    assert!(
+        devices.0 == "warning" && devices.1.contains("dev-root"),
+        "{devices:?}"
+    );
 }

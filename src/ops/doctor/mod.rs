@@ -36,6 +36,7 @@ use crate::ops::system::{self, DevCharOptions, LinkAction};
 
 pub mod caches;
 mod engines;
+pub mod rootless;
 use engines::{engine_check, hook_check, low_level_runtime_check};
 
 /// A check's verdict, in increasing order of gravity.
@@ -143,6 +144,10 @@ pub fn run(opts: &Options) -> Vec<Check> {
             out.push(dev_char_check(&host, opts));
             out.push(persistence_check(&host));
             out.push(libraries_check(&host, version));
+            // A regular user running doctor is asking about rootless containers.
+            if !nix::unistd::geteuid().is_root() {
+                out.extend(rootless::current_user(&opts.config, &host, &gpus));
+            }
         }
         None => {
             for name in [
