@@ -6,6 +6,14 @@
 //! joined to the bundle when relative. Both files are read with a size limit and only the fields
 //! needed are decoded. A `root.path` that leads out of the bundle or to the host's `/` is refused
 //! ([`Container::open`]).
+//!
+//! A rootless container whose user is not mapped into it (podman `--userns=nomap`) runs its
+//! hooks as a container root that cannot read `<bundle>/config.json` (the user's, mode 0600).
+//! runc runs a `createContainer` hook from the container's init, in its mount namespace, after
+//! `chdir` to the root filesystem (runc `libcontainer/rootfs_linux.go`, `prepareRootfs`): when
+//! config.json is refused and the state says so (status `creating`, `pid` our parent), the
+//! root is the working directory ([`State::root_from_cwd`]). Seen with podman 5.4 and runc
+//! (tests/e2e/rootless.rs).
 
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -77,6 +85,9 @@ pub struct State {
     /// The container's init process (0 or absent before it exists).
     #[serde(default)]
     pub pid: Option<i64>,
+    /// `creating`, `created`, `running`, `stopped`.
+    #[serde(default)]
+    pub status: String,
 }
 
 #[derive(Deserialize)]
@@ -238,7 +249,10 @@ impl State {
                 None,
             ),
             None => {
-                let (path, config): (_, Config) = self.config()?;
+                let (path, config): (_, Config) = match self.config() {
+                    Ok(c) => c,
+                    Err(e) => return self.root_from_cwd(e),
+                };
                 let rel = config
                     .root
                     .and_then(|r| r.path)
@@ -277,6 +291,27 @@ impl State {
             root,
             mounts: mounts.map(|m| m.into_iter().map(|m| m.destination).collect()),
             bundle,
+        })
+    }
+
+    /// The root when config.json was refused (`err`, returned otherwise): the working
+    /// directory, when this is a `createContainer` hook of runc's, run by the container's init
+    /// (our parent is the state's `pid`, in our pid namespace) while `creating`. The root must
+    /// still not be the hook's `/` ([`Container::open`]); no mounts are known.
+    fn root_from_cwd(&self, err: StateError) -> Result<Container, StateError> {
+        let refused = matches!(&err, StateError::Config { source, .. }
+            if source.kind() == io::ErrorKind::PermissionDenied);
+        let by_init = self
+            .pid
+            .is_some_and(|p| p > 0 && p == i64::from(std::os::unix::process::parent_id()));
+        if !(refused && by_init && self.status == "creating") {
+            return Err(err);
+        }
+        let root = std::env::current_dir().map_err(|_| err)?;
+        Ok(Container {
+            root,
+            mounts: None,
+            bundle: None,
         })
     }
 }
@@ -351,6 +386,42 @@ mod tests {
         let s = State::read(state.as_bytes(), "stdin").unwrap();
         let e = s.process_env().unwrap_err().to_string();
         assert!(e.contains("config.json") && e.contains("a FIFO"), "{e}");
+    }
+
+    /// config.json refused: the working directory is the root only for runc's createContainer
+    /// hook (run by the container's init while creating); any other error, or another
+    /// caller, keeps the error.
+    #[test]
+    fn refused_config_falls_back_to_the_working_directory_for_runc_create() {
+        let refused = || StateError::Config {
+            path: "/b/config.json".into(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        };
+        let parent = i64::from(std::os::unix::process::parent_id());
+        let state = |pid: i64, status: &str| State {
+            bundle: "/b".into(),
+            pid: Some(pid),
+            status: status.into(),
+            ..State::default()
+        };
+        let c = state(parent, "creating").root_from_cwd(refused()).unwrap();
+        assert_eq!(c.root, std::env::current_dir().unwrap());
+        assert_eq!((c.mounts, c.bundle), (None, None));
+        for s in [
+            state(parent + 1, "creating"),
+            state(parent, "created"),
+            state(0, "creating"),
+        ] {
+            assert!(
+                matches!(s.root_from_cwd(refused()), Err(StateError::Config { .. })),
+                "{s:?}"
+            );
+        }
+        let missing = StateError::Config {
+            path: "/b/config.json".into(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        };
+        assert!(state(parent, "creating").root_from_cwd(missing).is_err());
     }
 
     #[test]

@@ -62,12 +62,40 @@ fn rootless_podman_gets_the_gpu_and_its_libraries() {
     let image = format!("localhost/nvshim-e2e-rootless:{}", std::process::id());
     podman.import_rootfs(&image_root, &image).unwrap();
 
+    // Test set-up: the kernel driver's /proc/driver/nvidia as the container would see it (the
+    // fake host's, bind-mounted over the container's by a hook that runs before nvshim's, as
+    // in nvidia_hooks.rs); runc runs it from the root filesystem, its working directory.
+    let stand_in = format!(
+        "cdiVersion: 0.5.0\nkind: nvshim-e2e.test/proc{class}\ndevices:\n- name: driver\n  containerEdits:\n    hooks:\n    - hookName: createContainer\n      path: /bin/sh\n      args: [sh, -c, 'mount --bind {} \"$PWD/proc/driver\"']\n      env: [PATH=/usr/sbin:/usr/bin:/sbin:/bin]\n",
+        w.host.proc_root().join("driver").display()
+    );
+    let _stand_in = SystemSpec::write(
+        Path::new("/var/run/cdi"),
+        &format!("nvshim-e2e-proc{class}.yaml"),
+        &stand_in,
+    )
+    .unwrap();
+    let proc_driver = format!("nvshim-e2e.test/proc{class}=driver");
     let device = format!("nvidia.com/{class}=1");
     let probe = ProbeSpec::for_host(&w.host).script();
-    let script = format!("echo UID $(id -u)\n{probe}\n{}", loader::PROGRAM);
-    for (options, uid) in [(&["--userns=keep-id"][..], user.uid), (&[][..], 0)] {
+    let script = format!(
+        "echo UID $(id -u)\ngrep ModifyDeviceFiles /proc/driver/nvidia/params\n{probe}\n{}",
+        loader::PROGRAM
+    );
+    // keep-id: the user is itself in the container; the default: the user is root there;
+    // nomap: the user is not mapped at all, so the hooks cannot read the bundle's config.json.
+    for (options, uid) in [
+        (&["--userns=keep-id"][..], user.uid),
+        (&[][..], 0),
+        (&["--userns=nomap"][..], 0),
+    ] {
         let out = podman
-            .run_with(&image, &[&device], options, &["sh", "-c", &script])
+            .run_with(
+                &image,
+                &[&proc_driver, &device],
+                options,
+                &["sh", "-c", &script],
+            )
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let what = format!("rootless podman {options:?}");
@@ -78,6 +106,16 @@ fn rootless_podman_gets_the_gpu_and_its_libraries() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(stdout.contains(&format!("UID {uid}\n")), "{what}: {stdout}");
+        // The fix-ups hook's params overmount, made inside the user namespace.
+        assert!(
+            stdout.contains("ModifyDeviceFiles: 0\n"),
+            "{what}: {stdout}"
+        );
+        let params = report.mount("/proc/driver/nvidia/params");
+        assert!(
+            params.is_some_and(|m| m.is_readonly()),
+            "{what}: {params:?}"
+        );
         // No device cgroup confines a rootless container (podman cannot write one) and it
         // cannot mknod at all: the user namespace is the barrier, so the GPU it did not ask for
         // is reachable only if its node is there, which `gpu_problems` checks.
