@@ -68,3 +68,99 @@ pub fn confine(edits: &mut ContainerEdits, libs: &[DriverLibrary]) {
     }
     edits.mounts.extend(added);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edits::Hook;
+    use crate::host::HostFile;
+    use crate::nvidia::MOUNT_OPTIONS;
+
+    fn lib(container_path: &str, soname: &str) -> DriverLibrary {
+        DriverLibrary {
+            file: HostFile {
+                host_path: format!("/driver{container_path}").into(),
+                container_path: container_path.into(),
+            },
+            soname: soname.into(),
+        }
+    }
+
+    fn mount(l: &DriverLibrary, options: &[&str]) -> Mount {
+        Mount {
+            host_path: l.file.host_path.to_string_lossy().into_owned(),
+            container_path: l.file.container_path.clone(),
+            kind: Some("bind".into()),
+            options: options.iter().map(|o| o.to_string()).collect(),
+        }
+    }
+
+    /// The 64-bit library at its SONAME in both folders, as its own mount is; not the 32-bit
+    /// one of the same SONAME, nor the one in `vdpau/`; hooks, the socket mount and the MPS
+    /// variable gone, everything else kept.
+    #[test]
+    fn confined_edits() {
+        let libs = [
+            lib(
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                "libcuda.so.1",
+            ),
+            lib(
+                "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.65.06",
+                "libvdpau_nvidia.so.1",
+            ),
+            lib(
+                "/usr/lib/i386-linux-gnu/libcuda.so.580.65.06",
+                "libcuda.so.1",
+            ),
+        ];
+        let socket = Mount {
+            host_path: "/run/nvidia-persistenced/socket".into(),
+            container_path: "/run/nvidia-persistenced/socket".into(),
+            kind: Some("bind".into()),
+            options: IPC_MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
+        };
+        let mut edits = ContainerEdits {
+            mounts: libs.iter().map(|l| mount(l, MOUNT_OPTIONS)).collect(),
+            env: vec![format!("{MPS_PIPE_ENV}=/tmp/nvidia-mps"), "A=1".into()],
+            hooks: vec![Hook {
+                hook_name: "createContainer".into(),
+                path: "/usr/bin/nvshim-hook".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        edits.mounts.push(socket);
+        confine(&mut edits, &libs);
+        assert!(edits.hooks.is_empty());
+        assert_eq!(edits.env, ["A=1"]);
+        let paths: Vec<&str> = edits
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                "/usr/lib/x86_64-linux-gnu/vdpau/libvdpau_nvidia.so.580.65.06",
+                "/usr/lib/i386-linux-gnu/libcuda.so.580.65.06",
+                "/usr/lib/libcuda.so.1",
+                "/usr/lib64/libcuda.so.1",
+            ]
+        );
+        let added = &edits.mounts[3];
+        assert_eq!(
+            (added.host_path.as_str(), &added.options, &added.kind),
+            (
+                "/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+                &edits.mounts[0].options,
+                &Some("bind".to_string())
+            )
+        );
+        // Twice is once.
+        let before = edits.clone();
+        confine(&mut edits, &libs);
+        assert_eq!(edits, before);
+    }
+}

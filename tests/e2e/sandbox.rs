@@ -55,10 +55,15 @@ fn extras(
     destination: &str,
     ipc: &[&str],
 ) -> (usize, Vec<String>) {
+    // All hooks but the test's own stand-in ([`stand_in`]).
+    let ours = |v: &Value| {
+        v.as_array()
+            .map_or(0, |a| a.iter().filter(|h| h["path"] != "/bin/sh").count())
+    };
     let hooks = hooks
         .as_object()
-        .map(|h| h.values().map(|v| v.as_array().map_or(0, Vec::len)).sum())
-        .or_else(|| hooks.as_array().map(Vec::len))
+        .map(|h| h.values().map(ours).sum())
+        .or_else(|| Some(ours(hooks)))
         .unwrap_or(0);
     let ipc = mounts
         .iter()
@@ -69,13 +74,32 @@ fn extras(
     (hooks, ipc)
 }
 
+/// Test set-up, as in nvidia_hooks.rs: the kernel driver's /proc/driver as the container
+/// would see it (the fake host's, saying `ModifyDeviceFiles: 1`), bind-mounted by a first
+/// createContainer hook, which runc runs from the root filesystem.
+fn stand_in(w: &World, b: &nvshim_testsupport::Bundle) {
+    let driver = w.host.proc_root().join("driver");
+    b.edit(|c| {
+        c["hooks"]["createContainer"] = serde_json::json!([{
+            "path": "/bin/sh",
+            "args": ["sh", "-c", format!("mount --bind '{}' \"$PWD/proc/driver\"", driver.display())],
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        }]);
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// The probe, then the dlopen program.
 fn args(w: &World) -> Vec<String> {
     let probe = ProbeSpec::for_host(&w.host).script();
     vec![
         "sh".into(),
         "-c".into(),
-        format!("{probe}\n{}", loader::PROGRAM),
+        format!(
+            "grep ModifyDeviceFiles /proc/driver/nvidia/params\n{probe}\n{}",
+            loader::PROGRAM
+        ),
     ]
 }
 
@@ -99,6 +123,7 @@ fn sandbox_profile_loads_libcuda_without_hooks() {
                 ],
             );
             loader::add_dlopen_program(b.rootfs().path(), libc).unwrap();
+            stand_in(&w, &b);
             let id = nvshim_testsupport::unique_id("nvshim-e2e-sandbox");
             let out = w.shim().run(&b, &id).unwrap();
             let what = format!("{libc:?} image, {profile} profile");
@@ -117,7 +142,15 @@ fn sandbox_profile_loads_libcuda_without_hooks() {
                 .count();
             let params = report.mount("/proc/driver/nvidia/params");
             let loaded = loader::parse(&out.stdout);
+            // The hook's overmount says 0; without it, the host's file says 1.
+            let modify = if profile == "standard" { 0 } else { 1 };
+            assert!(
+                out.stdout
+                    .contains(&format!("ModifyDeviceFiles: {modify}\n")),
+                "{what}: {out}"
+            );
             if profile == "standard" {
+                assert!(params.is_some(), "{what}: no params overmount");
                 assert!(
                     hooks > 0 && ipc.len() == 3 && mps_env == 1,
                     "{what}: {hooks} hooks, {ipc:?}, {mps_env} MPS variable"
@@ -196,16 +229,19 @@ fn sandbox_spec_has_no_hooks_and_still_loads_libcuda() {
         })
         .unwrap();
         loader::add_dlopen_program(b.rootfs().path(), libc).unwrap();
+        stand_in(&w, &b);
         let id = nvshim_testsupport::unique_id("nvshim-e2e-sandbox");
         let out = w.shim().run(&b, &id).unwrap();
         let what = format!("{libc:?} image, sandbox spec");
+        assert!(
+            out.stdout.contains("ModifyDeviceFiles: 1\n"),
+            "{what}: {out}"
+        );
         let report = ProbeReport::parse(&out.stdout);
         assert!(report.complete, "{what}: {out}\n{}", w.shim_log());
-        assert!(
-            b.config().unwrap()["hooks"].is_null(),
-            "{what}: {:#}",
-            b.config().unwrap()["hooks"]
-        );
+        let config = b.config().unwrap();
+        let (hooks, _) = extras(&config["hooks"], &[], "destination", IPC);
+        assert_eq!(hooks, 0, "{what}: {:#}", config["hooks"]);
         assert_no_problems(&what, &report.gpu_problems(&w.host, &[w.gpu(0)]), &report);
         assert_eq!(
             loader::parse(&out.stdout),
