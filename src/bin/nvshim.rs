@@ -863,7 +863,12 @@ mod diagnostics {
             shim.as_deref(),
         );
         let shown_config = config_path.exists().then_some(config_path);
-        let e = explain::explain(config, shown_config, &input, &hook, runc);
+        // The profile nvshim-runtime would use with that runtime.
+        let mut config = config.clone();
+        if let Ok(r) = &runc {
+            config.profile = runtime::profile_for(config.profile, r);
+        }
+        let e = explain::explain(&config, shown_config, &input, &hook, runc);
         if args.format == "json" {
             println!("{}", serde_json::to_string_pretty(&e).unwrap_or_default());
         } else {

@@ -250,3 +250,79 @@ fn sandbox_spec_has_no_hooks_and_still_loads_libcuda() {
         );
     }
 }
+
+/// `profile = "auto"` (the default) with a low-level runtime named `runsc`: here a link of
+/// that name to runc, the only way to run it on these machines. nvshim-runtime, `nvshim cdi
+/// generate` without `--profile` and `nvshim explain` all take the sandbox profile.
+#[test]
+fn a_runtime_named_runsc_selects_the_sandbox_profile() {
+    let w = world("auto");
+    let runc = nvshim::runtime::find_low_level_runtime(
+        &["runc".into()],
+        std::env::var_os("PATH").as_deref(),
+        None,
+    )
+    .unwrap();
+    let bin = w.tmp.path().join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(&runc, bin.join("runsc")).unwrap();
+    let mps = w.host.root().join("tmp/nvidia-mps");
+    w.configure(&format!(
+        "low-level-runtimes = [{:?}]\nmps-pipe-directory = {:?}\n",
+        bin.join("runsc").display().to_string(),
+        mps.display().to_string()
+    ));
+
+    let args = args(&w);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let b = w.bundle("b", &args, &[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    loader::add_dlopen_program(b.rootfs().path(), Libc::Glibc).unwrap();
+    let explained = w.nvshim(&[
+        "explain",
+        "--bundle",
+        b.dir().to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let explained: Value = serde_json::from_slice(&explained.stdout).unwrap();
+    let (hooks, _) = extras(&explained["result"]["hooks"], &[], "destination", IPC);
+    let sandboxed = explained["result"]["mounts"].as_array().is_some_and(|m| {
+        m.iter()
+            .any(|m| m["destination"] == "/usr/lib/libcuda.so.1")
+    });
+    assert!(hooks == 0 && sandboxed, "explain: {explained:#}");
+
+    let id = nvshim_testsupport::unique_id("nvshim-e2e-sandbox");
+    let out = w.shim().run(&b, &id).unwrap();
+    assert!(
+        ProbeReport::parse(&out.stdout).complete,
+        "{out}\n{}",
+        w.shim_log()
+    );
+    let config = b.config().unwrap();
+    let (hooks, _) = extras(&config["hooks"], &[], "destination", IPC);
+    assert_eq!(hooks, 0, "{:#}", config["hooks"]);
+    assert_eq!(
+        loader::parse(&out.stdout),
+        Some((1, "/usr/lib/libcuda.so.1".to_string())),
+        "{out}"
+    );
+
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    let out = w.nvshim(&[
+        "cdi",
+        "generate",
+        "--format",
+        "json",
+        "--output",
+        spec_path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec = fs::read_to_string(&spec_path).unwrap();
+    assert!(!spec.contains("\"hooks\""), "{spec}");
+    assert!(spec.contains("\"/usr/lib/libcuda.so.1\""), "{spec}");
+}
