@@ -79,7 +79,8 @@ fn rootless_podman_gets_the_gpu_and_its_libraries() {
     let device = format!("nvidia.com/{class}=1");
     let probe = ProbeSpec::for_host(&w.host).script();
     let script = format!(
-        "echo UID $(id -u)\ngrep ModifyDeviceFiles /proc/driver/nvidia/params\n{probe}\n{}",
+        "echo UID $(id -u)\ngrep ModifyDeviceFiles /proc/driver/nvidia/params\n{probe}\n{}\n\
+         for f in /dev/dri/card* /dev/dri/renderD*; do echo \"DRIOPEN $f $(tryopen $f)\"; done",
         loader::PROGRAM
     );
     // keep-id: the user is itself in the container; the default: the user is root there;
@@ -138,6 +139,17 @@ fn rootless_podman_gets_the_gpu_and_its_libraries() {
         let (count, _) = loader::parse(&stdout)
             .unwrap_or_else(|| panic!("{what}: libcuda.so.1 did not load\n{stdout}"));
         assert_eq!(count, 1, "{what}: {stdout}");
+        // The GPU's DRM nodes (0660, groups video and render) are there, and closed: runc
+        // sets the container's own groups (the spec's additionalGids, ids inside the user
+        // namespace), so the user's host groups never apply (README "Rootless podman").
+        let dri: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("DRIOPEN "))
+            .collect();
+        assert!(
+            dri.len() == 2 && dri.iter().all(|l| l.ends_with(" EACCES")),
+            "{what}: {dri:?}"
+        );
     }
 
     // `nvshim doctor` as the user: its subordinate ids are there; the fake host's nodes are

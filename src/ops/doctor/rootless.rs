@@ -85,22 +85,8 @@ fn devices(host: &Host, gpus: &[Gpu], who: &Who) -> Check {
     for g in gpus {
         nodes.extend(host.drm_nodes(&g.bus_id));
     }
-    let mut closed = Vec::new();
-    for n in &nodes {
-        let mode = n.file_mode & 0o777;
-        let open = mode & 0o006 == 0o006
-            || (n.uid == who.uid && mode & 0o600 == 0o600)
-            || (who.groups.contains(&n.gid) && mode & 0o060 == 0o060);
-        if !open {
-            closed.push(format!(
-                "{} (mode {mode:04o}, owner {}:{})",
-                n.host_path.display(),
-                n.uid,
-                n.gid
-            ));
-        }
-    }
-    if closed.is_empty() {
+    let (closed, by_group) = access(&nodes, who);
+    if closed.is_empty() && by_group.is_empty() {
         return check(
             "rootless-devices",
             Status::Ok,
@@ -108,15 +94,50 @@ fn devices(host: &Host, gpus: &[Gpu], who: &Who) -> Check {
             None,
         );
     }
+    let mut message = Vec::new();
+    if !closed.is_empty() {
+        message.push(format!("{} cannot open {}", who.name, closed.join(", ")));
+    }
+    if !by_group.is_empty() {
+        message.push(format!(
+            "{} opens {} only through a group, which a rootless container under runc does not keep (podman sets the container's own groups; the spec's additionalGids are groups inside the user namespace)",
+            who.name,
+            by_group.join(", ")
+        ));
+    }
     check(
         "rootless-devices",
         Status::Warning,
-        format!("{} cannot open {}", who.name, closed.join(", ")),
+        message.join("; "),
         Some(format!(
-            "usermod -aG <the node's group> {} (DRM nodes: video, render), then run podman with --group-add keep-groups (crun: the spec's additionalGids name groups inside the user namespace, not the host's)",
+            "usermod -aG <the node's group> {} (DRM nodes: video, render) and run podman with --group-add keep-groups, which needs crun",
             who.name
         )),
     )
+}
+
+/// The nodes `who` cannot open at all, and those it opens only through one of its groups:
+/// each as `path (mode, owner:group)`.
+fn access(nodes: &[HostDeviceNode], who: &Who) -> (Vec<String>, Vec<String>) {
+    let (mut closed, mut by_group) = (Vec::new(), Vec::new());
+    for n in nodes {
+        let mode = n.file_mode & 0o777;
+        let shown = format!(
+            "{} (mode {mode:04o}, owner {}:{})",
+            n.host_path.display(),
+            n.uid,
+            n.gid
+        );
+        if mode & 0o006 == 0o006 || (n.uid == who.uid && mode & 0o600 == 0o600) {
+            continue;
+        }
+        if who.groups.contains(&n.gid) && mode & 0o060 == 0o060 {
+            by_group.push(shown);
+        } else {
+            closed.push(shown);
+        }
+    }
+    (closed, by_group)
 }
 
 fn specs(config: &Config) -> Check {
@@ -224,6 +245,33 @@ mod tests {
             name: "alice".into(),
             groups: vec![1000],
         }
+    }
+
+    #[test]
+    fn node_access_by_mode_owner_and_group() {
+        let node = |name: &str, mode: u32, uid: u32, gid: u32| HostDeviceNode {
+            container_path: format!("/dev/{name}"),
+            host_path: format!("/dev/{name}").into(),
+            kind: 'c',
+            major: 195,
+            minor: 0,
+            file_mode: 0o20000 | mode,
+            uid,
+            gid,
+        };
+        let nodes = [
+            node("nvidia0", 0o666, 0, 0),
+            node("dri/card0", 0o660, 0, 44),
+            node("dri/renderD128", 0o660, 0, 105),
+            node("mine", 0o600, 1000, 0),
+        ];
+        let who = Who {
+            groups: vec![1000, 44],
+            ..who()
+        };
+        let (closed, by_group) = access(&nodes, &who);
+        assert_eq!(closed, ["/dev/dri/renderD128 (mode 0660, owner 0:105)"]);
+        assert_eq!(by_group, ["/dev/dri/card0 (mode 0660, owner 0:44)"]);
     }
 
     #[test]
