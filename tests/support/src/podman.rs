@@ -210,10 +210,11 @@ impl Podman {
 impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self.cmd().args(["rm", "-af"]).output();
-        // A rootless podman leaves its pause process (holding its user namespace) running.
-        if self.rootless.is_some() {
-            let pid_file = self.dir.join("xdg/libpod/tmp/pause.pid");
-            if let Some(pid) = fs::read_to_string(pid_file)
+        // A rootless podman leaves its pause process (holding its user namespace) running; its
+        // pid file is in `--tmpdir` (podman 4) or `$XDG_RUNTIME_DIR/libpod/tmp` (podman 5).
+        let pid_files = ["tmp/pause.pid", "xdg/libpod/tmp/pause.pid"];
+        for pid_file in pid_files.iter().filter(|_| self.rootless.is_some()) {
+            if let Some(pid) = fs::read_to_string(self.dir.join(pid_file))
                 .ok()
                 .and_then(|p| p.trim().parse::<i32>().ok())
             {
