@@ -243,7 +243,7 @@ pub fn find_low_level_runtime(
 }
 
 /// What [`Profile::Auto`] means when nvshim execs `runtime`: [`Profile::Sandbox`] for gVisor's
-/// `runsc` and Kata's OCI runtimes (`kata-runtime`, `kata-qemu`, ...), named so or linked to a
+/// `runsc` and Kata's OCI runtimes (`kata-runtime`, `kata-qemu`, ...), named so or a link to a
 /// file named so; they skip or refuse OCI hooks and run the container in their own kernel,
 /// where the host's `/proc` overmount and daemon sockets mean nothing. Other settings stand.
 pub fn profile_for(configured: Profile, runtime: &Path) -> Profile {
@@ -255,7 +255,8 @@ pub fn profile_for(configured: Profile, runtime: &Path) -> Profile {
             .and_then(OsStr::to_str)
             .is_some_and(|n| n == "runsc" || n.starts_with("kata"))
     };
-    let target = std::fs::canonicalize(runtime).ok();
+    // One `readlink` (EINVAL for a plain file): a create pays nothing more.
+    let target = std::fs::read_link(runtime).ok();
     if sandboxed(runtime) || target.as_deref().is_some_and(sandboxed) {
         Profile::Sandbox
     } else {
