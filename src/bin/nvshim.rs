@@ -594,7 +594,7 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
             // as `cdi refresh` writes it (src/ops/freshness.rs).
             let stamp = (args.mode != "imex" && format == spec::Format::Yaml).then(|| {
                 use nvshim::ops::freshness::HostView;
-                HostView::read(&host).stamp(&host)
+                HostView::read(&host).stamp(&host, &opts)
             });
             let (spec, origin) = if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)

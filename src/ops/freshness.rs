@@ -58,11 +58,12 @@ impl HostView {
 
     /// A hash of what a spec generated now is checked against: this view, the NVIDIA lines of
     /// `/proc/devices` (device majors) and the names of the NVIDIA nodes in `/dev` and
-    /// `/dev/nvidia-caps` (nodes gone or added). A few reads, no NVML.
-    pub fn stamp(&self, host: &Host) -> u64 {
+    /// `/dev/nvidia-caps` (nodes gone or added), and the options it is generated with (a
+    /// `profile` changed in the config makes the spec stale). A few reads, no NVML.
+    pub fn stamp(&self, host: &Host, opts: &super::generate::Options) -> u64 {
         let roots = host.roots();
-        // The view's Debug text: every field, in order, and nothing else.
-        let mut text = format!("{self:?}\n");
+        // The view's and the options' Debug text: every field, in order, and nothing else.
+        let mut text = format!("{self:?}\n{opts:?}\n");
         let devices = crate::hostfile::read_to_string(
             &roots.proc_root.join("devices"),
             crate::hostfile::KERNEL_FILE_LIMIT,

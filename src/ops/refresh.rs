@@ -9,8 +9,9 @@
 //!   for the module to load, so a boot-time run ordered before the engines has a spec for them;
 //!   without such a device it does not wait at all.
 //! - a YAML spec whose stamp line ([`freshness::HostView::stamp`]: driver version, GPU set,
-//!   MIG layout, device majors and nodes, read from `/proc` and `/dev`, no NVML) is the host's
-//!   now is left alone without parsing it; one without it that parses and is fresh by
+//!   MIG layout, device majors and nodes, read from `/proc` and `/dev`, no NVML; and the
+//!   generate options, the profile among them) is the host's and options' now is left alone
+//!   without parsing it; one without it that parses and is fresh by
 //!   [`freshness`] (also device numbers and library files, by `stat`) is left alone without
 //!   generating when it is JSON (no comment to hold a stamp), and regenerated once to carry
 //!   the stamp when it is YAML; `force` skips these shortcuts (package upgrades use it: a new
@@ -109,7 +110,7 @@ pub fn refresh(
     // Read before generating: a host that changes meanwhile leaves an older stamp, so the
     // next refresh looks again.
     let view = HostView::read(host);
-    let stamp = (format == spec::Format::Yaml).then(|| view.stamp(host));
+    let stamp = (format == spec::Format::Yaml).then(|| view.stamp(host, &opts.generate));
     let stamped = |bytes: &[u8]| stamp.is_some() && freshness::stamp_of(bytes) == stamp;
     if !opts.force && existing.as_deref().is_some_and(stamped) {
         return Ok(Outcome::Fresh);
@@ -125,7 +126,9 @@ pub fn refresh(
             match (reasons.is_empty() && !opts.force, stamp) {
                 (false, _) => reasons,
                 (true, None) => return Ok(Outcome::Fresh),
-                (true, Some(_)) => vec!["its host-state line is not this host's now".to_string()],
+                (true, Some(_)) => {
+                    vec!["its host-state line is not this host's and options' now".to_string()]
+                }
             }
         }
     };

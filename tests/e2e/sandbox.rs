@@ -326,3 +326,36 @@ fn a_runtime_named_runsc_selects_the_sandbox_profile() {
     assert!(!spec.contains("\"hooks\""), "{spec}");
     assert!(spec.contains("\"/usr/lib/libcuda.so.1\""), "{spec}");
 }
+
+/// `profile` changed in the config (the packages' path unit then runs `nvshim cdi refresh`):
+/// the node's spec, current for the host, is regenerated for the new profile, and left alone
+/// once it is.
+#[test]
+fn refresh_follows_a_profile_change() {
+    let w = world("standard");
+    let spec_path = w.run_cdi.join("nvidia.yaml");
+    let refresh = |w: &World| {
+        let out = w.nvshim(&["cdi", "refresh", "--output", spec_path.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    refresh(&w);
+    assert!(fs::read_to_string(&spec_path).unwrap().contains("hooks:"));
+    assert_eq!(refresh(&w), "", "a current spec is left alone");
+    let mps = w.host.root().join("tmp/nvidia-mps");
+    w.configure(&format!(
+        "profile = \"sandbox\"\nmps-pipe-directory = {:?}\n",
+        mps.display().to_string()
+    ));
+    let stderr = refresh(&w);
+    let spec = fs::read_to_string(&spec_path).unwrap();
+    assert!(
+        !spec.contains("hooks:") && spec.contains("/usr/lib/libcuda.so.1"),
+        "{stderr}\n{spec}"
+    );
+    assert_eq!(refresh(&w), "", "a current spec is left alone");
+}
