@@ -26,14 +26,15 @@
 //!   be named: both skipped with a warning. A device with no GPU node (an IMEX channel,
 //!   another vendor's device) is not a GPU and is passed over.
 //! - Nothing is added when config.json already has an `apply-cuda-memory-limits` hook (specs
-//!   written by NVIDIA's generator carry their own).
+//!   written by NVIDIA's generator carry their own), nor under the sandbox profile, which adds
+//!   no hook: a warning says the limit is not applied, as when a driver cannot apply it.
 
 use std::path::Path;
 
 use nvshim_hook::apply_cuda_memory_limits::{LIMIT_ENV, REQUEST_ENV};
 use serde_json::Value;
 
-use crate::config::Config;
+use crate::config::{Config, Profile};
 use crate::edits::{Cause, DeviceNode, EditGroup, Hook};
 use crate::host::{DeviceMajors, Gpu, Host, HostError};
 use crate::legacy::{self, MigId};
@@ -175,6 +176,12 @@ pub fn hook(
 ) -> Result<(Option<Hook>, Vec<String>), HostError> {
     if !requested(plan.edited) || has_hook(plan.edited) {
         return Ok((None, Vec::new()));
+    }
+    if config.profile == Profile::Sandbox {
+        return Ok((
+            None,
+            vec![format!("{LIMIT_ENV} not applied: the sandbox profile adds no hook ({SUBCOMMAND}); set profile = \"standard\" in the nvshim config to apply it")],
+        ));
     }
     let (ids, warnings) = match plan.route {
         Route::Legacy(_) if !plan.gpus.is_empty() => legacy_ids(plan, &host.gpus()?),

@@ -120,6 +120,9 @@ fn sandbox_profile_loads_libcuda_without_hooks() {
                 &[
                     ("NVIDIA_VISIBLE_DEVICES", "0"),
                     ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+                    // A limit needs a hook: the sandbox profile warns instead.
+                    ("NVIDIA_GPU_MEMORY_REQUEST", "1024"),
+                    ("NVIDIA_GPU_MEMORY_LIMIT", "2048"),
                 ],
             );
             loader::add_dlopen_program(b.rootfs().path(), libc).unwrap();
@@ -164,6 +167,11 @@ fn sandbox_profile_loads_libcuda_without_hooks() {
             );
             assert!(params.is_none(), "{what}: {params:?}");
             assert_no_problems(&what, &report.gpu_problems(&w.host, &[w.gpu(0)]), &report);
+            let log = w.shim_log();
+            assert!(
+                log.contains("NVIDIA_GPU_MEMORY_LIMIT not applied: the sandbox profile"),
+                "{what}: {log}"
+            );
             assert_eq!(
                 loaded,
                 Some((1, "/usr/lib/libcuda.so.1".to_string())),
