@@ -333,7 +333,44 @@ pub fn plan_bundle(
             },
         )?;
     }
+    if crate::userns::has_user_namespace(&plan.edited) {
+        in_user_namespace(config, &mut plan, trace)?;
+    }
     Ok(plan)
+}
+
+/// A container in a user namespace ([`crate::userns`]): device nodes runc would bind from the
+/// wrong host path become binds of the right one, and added gids it cannot map are dropped.
+/// The document is built whole for that (what was deferred, materialized).
+fn in_user_namespace(
+    config: &Config,
+    plan: &mut Plan,
+    trace: &mut Trace,
+) -> Result<(), CreateError> {
+    let path = plan.bundle.config_path().to_path_buf();
+    let mut doc = plan.document().map_err(|source| CreateError::Edit {
+        path: path.clone(),
+        source,
+    })?;
+    let parts = plan.part_list();
+    let moved = crate::userns::bind_device_nodes(&mut doc, &parts, &config.dev_root);
+    let gids = crate::userns::drop_unmapped_gids(&mut doc, &parts);
+    if moved.is_empty() && gids.is_empty() {
+        return Ok(());
+    }
+    if !moved.is_empty() {
+        tracing::info!(bundle = %plan.bundle.dir().display(), nodes = ?moved, "user namespace: device nodes bind-mounted from dev-root");
+    }
+    if !gids.is_empty() {
+        trace.warn(format!(
+            "{}: the container has a user namespace whose gid mappings do not map {gids:?}: these supplementary groups of the device nodes are not added (runc's setgroups would fail); map them 1:1 in linux.gidMappings to keep them",
+            path.display()
+        ));
+    }
+    plan.edited = doc;
+    plan.deferred = edits::Deferred::default();
+    plan.touched = true;
+    Ok(())
 }
 
 /// The annotations containerd's CRI sets on every container (containerd

@@ -21,7 +21,8 @@
 //! - The `create` pipeline: [`cdi`] (the CDI consumer: names, annotations, specs, registry,
 //!   index), [`rootfs`], [`request`] (what the container asked for, and the route with its
 //!   reason), [`legacy`] (`NVIDIA_VISIBLE_DEVICES` resolved on the host, into edits grouped by
-//!   cause), [`memory_limits`], [`create`] (the pipeline itself).
+//!   cause), [`memory_limits`], [`userns`] (containers with their own user namespace), [`create`] (the
+//!   pipeline itself).
 //! - [`ops`]: the operator tool (`nvshim`): CDI generate/refresh, explain, doctor, engine
 //!   configuration, node set-up.
 
@@ -45,3 +46,4 @@ pub mod report;
 pub mod request;
 pub mod rootfs;
 pub mod runtime;
+pub mod userns;

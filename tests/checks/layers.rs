@@ -33,6 +33,7 @@ const ORDER: &[&str] = &[
     "request",
     "legacy",
     "memory_limits",
+    "userns",
     "create",
     // the operator tool
     "ops",

@@ -26,6 +26,7 @@
 //! - [`memory_limits`]: `NVIDIA_GPU_MEMORY_LIMIT` through the `apply-cuda-memory-limits` hook;
 //! - [`error_messages`]: the wording of the errors users meet most;
 //! - [`host_files`]: a FIFO, device or huge file where nvshim reads or writes a host file;
+//! - [`userns`]: GPU containers with their own user namespace through runc;
 //! - [`reliability`]: load and faults (it rebuilds `docs/reliability.md`).
 //!
 //! Tests of different areas run concurrently in this one process: every test keeps its files
@@ -44,4 +45,5 @@ mod memory_limits;
 mod nvidia_hooks;
 mod reliability;
 mod runtime;
+mod userns;
 mod world;
