@@ -13,7 +13,7 @@
 //! - Model and edges: [`hostfile`] (the one way a file outside a container is read:
 //!   non-blocking, regular files only, size-capped), [`atomic`] (the one temp-file-and-rename
 //!   write), [`config`], [`report`]
-//!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
+//!   (the one error printer), [`runtime`] (argv scan, exec), [`features`] (the answer to `features`), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`json`]
 //!   (JSON text as serde_json writes it, faster), [`bundle`] (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
 //!   [`host::Snapshot`]; NVML under it), [`install`] (where
@@ -33,6 +33,7 @@ pub mod cdi;
 pub mod config;
 pub mod create;
 pub mod edits;
+pub mod features;
 pub mod host;
 pub mod hostfile;
 pub mod install;

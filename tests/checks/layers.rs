@@ -20,6 +20,7 @@ const ORDER: &[&str] = &[
     "config",
     "report",
     "runtime",
+    "features",
     "logging",
     "nvidia",
     "json",
