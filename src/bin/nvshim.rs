@@ -172,6 +172,10 @@ struct EngineArgs {
     /// config [default: from `dockerd --version` / `containerd --version`].
     #[arg(long, value_name = "MAJOR.MINOR", value_parser = parse_engine_version)]
     engine_version: Option<(u64, u64)>,
+    /// Where configure keeps the content of the files it changes, and unconfigure finds it;
+    /// give both the same one [default: /var/lib/nvshim/backups].
+    #[arg(long, value_name = "DIR")]
+    backup_dir: Option<PathBuf>,
     /// Print the changes as a unified diff and write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -267,6 +271,10 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
             "--drop-in-config must be an absolute path (the engine resolves it)"
         );
         opts.drop_in = Some(d.clone());
+    }
+    if let Some(d) = &args.backup_dir {
+        opts.backup_dir =
+            std::path::absolute(d).with_context(|| format!("resolving {}", d.display()))?;
     }
     opts.runtime_name = args.runtime_name.clone();
     opts.set_as_default = match args.runtime {

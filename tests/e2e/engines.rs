@@ -127,9 +127,18 @@ fn nvshim(args: &[&str]) -> Out {
     run(Command::new(NVSHIM).args(args), Duration::from_secs(30))
 }
 
-/// `nvshim runtime VERB --runtime ENGINE --config CONFIG EXTRA...`.
+/// The `--backup-dir` the tests give `runtime configure` and `unconfigure` for the engine
+/// config `config`: beside it, in the test's temp dir, so no test leaves backups in the host's
+/// /var/lib/nvshim/backups.
+fn backup_dir(config: &Path) -> PathBuf {
+    config.parent().unwrap().join("nvshim-backups")
+}
+
+/// `nvshim runtime VERB --runtime ENGINE --config CONFIG --backup-dir ([backup_dir]) EXTRA...`.
 fn runtime_cmd(verb: &str, engine: &str, config: &Path, extra: &[&str]) -> Out {
+    let backups = backup_dir(config);
     let mut args = vec!["runtime", verb, "--runtime", engine, "--config", s(config)];
+    args.extend(["--backup-dir", s(&backups)]);
     args.extend_from_slice(extra);
     nvshim(&args)
 }
@@ -544,10 +553,10 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert_eq!(v["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
     assert_eq!(v["runtimes"]["nvidia"], json!({"path": SHIM, "args": []}));
     assert_eq!(v["default-runtime"], "nvidia");
-    let backup = backup_of(&path);
+    let backup = backup_of(&path, &path);
     assert_eq!(fs::read_to_string(&backup).unwrap(), original);
     assert_eq!(
-        fs::read_dir(tmp.path()).unwrap().count(),
+        entries_beside(&path),
         2,
         "only daemon.json and its state file beside it"
     );
@@ -566,9 +575,17 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert!(!backup.exists(), "the backup is removed");
 }
 
-/// The backup `runtime configure` keeps of `config` (`/var/lib/nvshim/backups` + its path).
-fn backup_of(config: &Path) -> PathBuf {
-    nvshim::ops::engine::backup_path(Path::new(nvshim::ops::engine::DEFAULT_BACKUP_DIR), config)
+/// How many entries the directory of `config` holds, but for the tests' [`backup_dir`].
+fn entries_beside(config: &Path) -> usize {
+    fs::read_dir(config.parent().unwrap())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path() != backup_dir(config))
+        .count()
+}
+
+/// The backup `runtime configure --config CONFIG` keeps of `file` ([`backup_dir`] + its path).
+fn backup_of(config: &Path, file: &Path) -> PathBuf {
+    nvshim::ops::engine::backup_path(&backup_dir(config), file)
 }
 
 /// A one-line daemon.json without a final newline comes back byte for byte after configure and
@@ -584,12 +601,8 @@ fn unconfigure_docker_gives_the_bytes_back() {
     assert_ne!(fs::read_to_string(&path).unwrap(), original);
     runtime_cmd("unconfigure", "docker", &path, &[]).expect_ok();
     assert_eq!(fs::read_to_string(&path).unwrap(), original);
-    assert!(!backup_of(&path).exists());
-    assert_eq!(
-        fs::read_dir(tmp.path()).unwrap().count(),
-        1,
-        "nothing left beside it"
-    );
+    assert!(!backup_of(&path, &path).exists());
+    assert_eq!(entries_beside(&path), 1, "nothing left beside it");
 
     runtime_cmd("configure", "docker", &path, &[]).expect_ok();
     let mut edited: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
@@ -601,7 +614,7 @@ fn unconfigure_docker_gives_the_bytes_back() {
         back,
         json!({"log-driver": "journald", "storage-driver": "overlay2", "debug": true})
     );
-    assert!(!backup_of(&path).exists());
+    assert!(!backup_of(&path, &path).exists());
 }
 
 #[test]
@@ -789,6 +802,8 @@ fn configure_containerd_fixtures_through_links_config_dump() {
                 "containerd".into(),
                 "--config".into(),
                 s(&config).into(),
+                "--backup-dir".into(),
+                s(&backup_dir(&config)).into(),
             ]
         };
         let mut configure = args("configure");
@@ -857,6 +872,8 @@ fn configure_containerd_gives_engine_cdi_nvshim_s_spec_dirs() {
                 "--config",
             ])
             .arg(&config)
+            .arg("--backup-dir")
+            .arg(backup_dir(&config))
             .args(["--engine-version", "1.7"])
             .env("NVSHIM_CONFIG", &nvshim_config),
         Duration::from_secs(30),
@@ -901,6 +918,8 @@ fn configure_containerd_turns_on_cdi_a_config_sets_whatever_is_on_path() {
                 "--config",
             ])
             .arg(&config)
+            .arg("--backup-dir")
+            .arg(backup_dir(&config))
             .env("PATH", debian_path),
         Duration::from_secs(30),
     )
@@ -1038,10 +1057,13 @@ fn configure_crio_reconfigure_and_unconfigure_as_crio_reads_them() {
         crio_view(&main),
         (Some(other.to_string()), vec!["99-nvshim.toml".to_string()])
     );
-    assert_eq!(fs::read_to_string(backup_of(&drop_in)).unwrap(), first);
+    assert_eq!(
+        fs::read_to_string(backup_of(&main, &drop_in)).unwrap(),
+        first
+    );
     runtime_cmd("unconfigure", "crio", &main, &[]).expect_ok();
     assert_eq!(crio_view(&main), (None, vec![]));
-    assert!(!backup_of(&drop_in).exists());
+    assert!(!backup_of(&main, &drop_in).exists());
 
     let legacy = tmp.path().join("crio.conf.d/99-nvshim.toml.nvshim.bak");
     fs::write(&legacy, &first).unwrap();
@@ -1375,6 +1397,8 @@ impl Containerd {
                 "containerd",
                 "--config",
                 s(&config),
+                "--backup-dir",
+                s(&backup_dir(&config)),
             ])
             .env("NVSHIM_CONFIG", &w.config);
         if !v3 {
