@@ -2,8 +2,8 @@
 //! a `user` entry).
 //!
 //! In a user namespace the low-level runtime cannot `mknod`: runc (libcontainer
-//! `createDevices`, every release from 1.0 to 1.3) and crun bind-mount each `linux.devices`
-//! entry from the host path equal to its container path instead. Where nvshim's `dev-root` is
+//! `createDevices`; seen with 1.1.5 and 1.3.6) bind-mounts each `linux.devices` entry from the
+//! host path equal to its container path instead. Where nvshim's `dev-root` is
 //! not `/` (a driver container's `/run/nvidia/driver`, the test host), that is not where the
 //! node is, and the container fails to start (`error creating device nodes: mount /dev/nvidia1
 //! ...: no such file or directory`). [`bind_device_nodes`] writes those entries as the bind
