@@ -735,14 +735,14 @@ pub struct FakeHost {
     spec: FakeHostSpec,
 }
 
-fn write(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write(path: &Path, contents: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
-fn write_executable(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write_executable(path: &Path, contents: &str) -> Result<()> {
     write(path, contents)?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", path.display()))
