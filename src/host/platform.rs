@@ -2,11 +2,12 @@
 //! (`wsl`), or a Jetson served from NVIDIA's CSV file lists (`csv`). NVIDIA's runtime decides
 //! the same way (go-nvlib `pkg/nvlib/info/resolver.go`, `property-extractor.go`): WSL when
 //! `libdxcore.so` is there; Tegra when `/etc/nv_tegra_release` exists or
-//! `/sys/devices/soc0/family` starts with `tegra`, and the host has no discrete driver. NVIDIA
-//! asks NVML for the second half (no `libnvidia-ml.so.1`, or a GPU named `(nvgpu)`); nvshim
-//! loads nothing and asks the kernel instead: an Orin's nvgpu driver has no
-//! `/proc/driver/nvidia/gpus`, while a Thor's (and a dGPU's) driver lists its GPUs there, so
-//! a Thor is served like any NVIDIA-driver host, through CDI, as NVIDIA serves it.
+//! `/sys/devices/soc0/family` starts with `tegra`, and either NVML is absent or a GPU is
+//! integrated. NVIDIA asks NVML for that (no `libnvidia-ml.so.1`; a GPU named `(nvgpu)` or
+//! `NVIDIA Thor`, or at PCI `0000:01:00.0`); nvshim loads nothing and asks the kernel instead:
+//! an Orin's nvgpu driver has no `/proc/driver/nvidia/gpus`, a Thor's driver lists its iGPU
+//! there at `0000:01:00.0`. Both are served from the CSV lists, as NVIDIA serves them; Tegra
+//! files beside discrete GPUs only are an NVIDIA-driver host.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -73,19 +74,33 @@ pub fn detect(host: &Host, setting: Platform) -> (Platform, String) {
     let Some(why) = tegra else {
         return (Platform::Nvml, "no WSL or Jetson files".into());
     };
+    // A Thor's iGPU is always at 0000:01:00.0 (`isIntegratedGPU`, `pkg/nvcdi/lib-csv.go`).
     let gpus = host.roots().proc_root.join("driver/nvidia/gpus");
-    if fs::read_dir(&gpus).is_ok_and(|mut d| d.next().is_some()) {
+    let buses: Vec<String> = fs::read_dir(&gpus)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_ascii_lowercase())
+                .collect()
+        })
+        .unwrap_or_default();
+    if buses.is_empty() {
         return (
-            Platform::Nvml,
-            format!(
-                "{why}, with GPUs under {} (a Thor or a dGPU: served through the NVIDIA driver)",
-                gpus.display()
-            ),
+            Platform::Csv,
+            format!("{why} and no GPU under {} (an Orin)", gpus.display()),
+        );
+    }
+    if buses.iter().any(|b| b.starts_with("0000:01:00.")) {
+        return (
+            Platform::Csv,
+            format!("{why} and an integrated GPU at 0000:01:00.0 (a Thor)"),
         );
     }
     (
-        Platform::Csv,
-        format!("{why} and no GPU under {}", gpus.display()),
+        Platform::Nvml,
+        format!(
+            "{why}, but only discrete GPUs under {}: served through the NVIDIA driver",
+            gpus.display()
+        ),
     )
 }
 
@@ -163,8 +178,12 @@ mod tests {
         fs::create_dir_all(root.join("sys/devices/soc0")).unwrap();
         fs::write(root.join("sys/devices/soc0/family"), "Tegra\n").unwrap();
         assert_eq!(p(root), Platform::Csv);
-        // A Thor (or a dGPU beside the Tegra SoC): its driver lists GPUs in /proc.
+        // A Thor: its iGPU at 0000:01:00.0 in /proc, as NVIDIA's Tegra platform.
         fs::create_dir_all(root.join("proc/driver/nvidia/gpus/0000:01:00.0")).unwrap();
+        assert_eq!(p(root), Platform::Csv);
+        // Discrete GPUs only beside the Tegra files: the NVIDIA driver's host.
+        fs::remove_dir(root.join("proc/driver/nvidia/gpus/0000:01:00.0")).unwrap();
+        fs::create_dir_all(root.join("proc/driver/nvidia/gpus/0005:03:00.0")).unwrap();
         assert_eq!(p(root), Platform::Nvml);
         fs::create_dir_all(root.join("usr/lib/wsl/lib")).unwrap();
         fs::write(root.join("usr/lib/wsl/lib/libdxcore.so"), "").unwrap();

@@ -139,6 +139,7 @@ fn script(devs: &[String], paths: &[String]) -> String {
             "if [ -L {p} ]; then echo \"LINK {p} $(readlink {p})\"; elif [ -f {p} ]; then echo \"FILE {p}\"; elif [ -d {p} ]; then echo \"DIR {p}\"; else echo \"ABSENT {p}\"; fi\n"
         );
     }
+    s += "echo \"GROUPS $(id -G)\"\n";
     s += "for f in /dev/nvidia*; do [ -e \"$f\" ] && echo \"NVDEV $f\"; done\n";
     s += "/sbin/ldconfig -p | while IFS= read -r l; do echo \"LDP $l\"; done\n";
     s += "echo \"SMI $(PATH=/usr/bin:/usr/sbin:/bin nvidia-smi 2>&1)\"\necho PROBE_DONE\n";
@@ -409,6 +410,39 @@ fn orin_csv_lists_give_their_nodes_files_and_links_as_nvidia_does() {
         lines(&all),
         "the CDI path differs from the env path"
     );
+}
+
+/// A Jetson Thor (its iGPU in `/proc` at 0000:01:00.0) is served from its CSV lists too, as
+/// NVIDIA's Tegra platform serves it (`HasAnIntegratedGPU`, go-nvlib `info/resolver.go`):
+/// the Orin's nodes and files plus `nvidiactl`, and `/dev/nvmap`'s group (the node is not
+/// world-usable) among the process's groups, as NVIDIA's `internal/edits/device.go` adds it.
+#[test]
+fn thor_is_served_from_its_csv_lists_with_the_nvmap_group() {
+    let h = Host::new(platforms::build_thor, "");
+    let mut devs = orin_devs();
+    devs.extend(["/dev/nvidiactl".to_string(), "/dev/nvidia1".to_string()]);
+    let out = h.run(&h.bundle(&devs, &orin_paths(), &[("NVIDIA_VISIBLE_DEVICES", "all")]));
+    assert_orin_container(&out, "Thor, NVIDIA_VISIBLE_DEVICES=all");
+    assert_lines(
+        &out,
+        &[
+            "DEV /dev/nvidiactl c3:ff".into(),
+            "NODEV /dev/nvidia1".into(),
+        ],
+        "Thor",
+    );
+    let groups = out
+        .lines()
+        .find_map(|l| l.strip_prefix("GROUPS "))
+        .unwrap_or("");
+    assert!(
+        groups
+            .split(' ')
+            .any(|g| g == platforms::THOR_NVMAP_GID.to_string()),
+        "nvmap's group is not among the process's: {groups}\n{out}"
+    );
+    let doctor = String::from_utf8_lossy(&h.nvshim(&["doctor"]).stdout).into_owned();
+    assert!(doctor.contains("a Thor"), "{doctor}");
 }
 
 /// `NVIDIA_REQUIRE_JETPACK=csv-mounts=all` adds the CSV files beyond the base ones

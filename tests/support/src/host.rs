@@ -753,7 +753,7 @@ pub(crate) fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> 
     make_char_node_mode(path, major, minor, 0o666)
 }
 
-fn make_char_node_mode(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {
+pub(crate) fn make_char_node_mode(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {
     mknod(
         path,
         SFlag::S_IFCHR,

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::hook_harness::stub;
-use crate::host::{make_char_node, write, write_executable as script};
+use crate::host::{make_char_node, make_char_node_mode, write, write_executable as script};
 
 /// `/dev/dxg`: misc major 10, and a minor standing for the one a WSL kernel assigns.
 pub const DXG_MINOR: u32 = 125;
@@ -186,6 +186,33 @@ pub fn build_orin(root: &Path) -> Result<()> {
     )?;
     Ok(())
 }
+
+/// A Jetson Thor under `root`: the Orin's files, and what NVIDIA's Thor fixture
+/// (`testdata/lookup/rootfs-thor-dgpu`) adds: the iGPU listed by its driver at PCI
+/// `0000:01:00.0`, `/dev/nvidiactl`, `/dev/nvmap` readable by its owner and group 44 only (so
+/// the group joins the container's), and the Thor list's `nvidia1` and `nvidiactl` lines (no
+/// dGPU here: no `nvidia1` node).
+pub fn build_thor(root: &Path) -> Result<()> {
+    build_orin(root)?;
+    let devices = root.join(CSV_DIR).join("devices.csv");
+    let mut text = fs::read_to_string(&devices)?;
+    text += "dev, /dev/nvidia1\ndev, /dev/nvidiactl\n";
+    write(&devices, &text)?;
+    write(
+        &root.join("proc/driver/nvidia/gpus/0000:01:00.0/information"),
+        "Model: \t\t NVIDIA Thor\nDevice Minor: \t 0\nBus Location: \t 0000:01:00.0\n",
+    )?;
+    node(root, "nvidiactl", 195, 255)?;
+    let nvmap = root.join("dev/nvmap");
+    fs::remove_file(&nvmap)?;
+    make_char_node_mode(&nvmap, 10, 126, 0o440)?;
+    std::os::unix::fs::chown(&nvmap, Some(0), Some(THOR_NVMAP_GID))
+        .with_context(|| format!("chown {}", nvmap.display()))?;
+    Ok(())
+}
+
+/// `/dev/nvmap`'s group on the simulated Thor (NVIDIA's fixture: 44).
+pub const THOR_NVMAP_GID: u32 = 44;
 
 /// The container path of the WSL store.
 pub fn wsl_store() -> String {
