@@ -41,6 +41,11 @@ pub enum PlatformError {
     NoCsvDevices { files: String, dev: PathBuf },
     #[error("Jetson (CSV mode) has one GPU, device 0: NVIDIA_VISIBLE_DEVICES={value} names one it does not have; ask for 0 or all (NVIDIA's CSV mode accepts only those)")]
     CsvDeviceIds { value: String },
+    #[error("{what} asks for what a {platform} host does not have (IMEX channels and MIG capabilities need NVIDIA's datacenter driver); remove {what} from the container's environment")]
+    Unsupported {
+        what: &'static str,
+        platform: &'static str,
+    },
     #[error("NVIDIA_VISIBLE_DEVICES={value}: the container is unprivileged and accept-envvar-unprivileged = \"allocation-backed\", and on this {platform} host no device-plugin allocation can back a GPU id; unset NVIDIA_VISIBLE_DEVICES in the pod")]
     Unbacked {
         value: String,

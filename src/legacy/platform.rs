@@ -197,6 +197,29 @@ pub fn resolve(
             platform: platform.name(),
         });
     }
+    let unsupported = [
+        (!request.imex_channels.is_empty(), "NVIDIA_IMEX_CHANNELS"),
+        (
+            matches!(
+                request.mig_config,
+                VisibleDevices::All | VisibleDevices::List(_)
+            ),
+            "NVIDIA_MIG_CONFIG_DEVICES",
+        ),
+        (
+            matches!(
+                request.mig_monitor,
+                VisibleDevices::All | VisibleDevices::List(_)
+            ),
+            "NVIDIA_MIG_MONITOR_DEVICES",
+        ),
+    ];
+    if let Some((_, what)) = unsupported.into_iter().find(|(asked, _)| *asked) {
+        return Err(PlatformError::Unsupported {
+            what,
+            platform: platform.name(),
+        });
+    }
     let device = wants_device(platform, &request.devices)?;
     let hook = &settings.hook_path;
     let bundle = settings.bundle.as_deref();
