@@ -100,6 +100,9 @@ pub fn discover(host: &Host, dir: &Path, all: bool) -> Result<CsvDriver, Platfor
             },
         });
     }
+    for p in std::iter::once(dir).chain(files.iter().map(PathBuf::as_path)) {
+        trusted(p)?;
+    }
     let mut entries = Vec::new();
     for f in &files {
         let text = crate::hostfile::read_to_string(f, crate::hostfile::CONFIG_LIMIT).map_err(
@@ -145,6 +148,25 @@ pub fn discover(host: &Host, dir: &Path, all: bool) -> Result<CsvDriver, Platfor
             .filter(|f| f.host_path.is_file()),
     );
     Ok(out)
+}
+
+/// A CSV list or its directory is trusted when root (or the user running nvshim) owns it and
+/// no one else can write it: its lines become mounts and device nodes of every GPU container.
+fn trusted(path: &Path) -> Result<(), PlatformError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(path).map_err(|source| PlatformError::CsvRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if (meta.uid() == 0 || meta.uid() == euid) && meta.mode() & 0o022 == 0 {
+        return Ok(());
+    }
+    Err(PlatformError::UntrustedCsv {
+        path: path.to_path_buf(),
+        uid: meta.uid(),
+        mode: meta.mode() & 0o7777,
+    })
 }
 
 /// `path` under `root`, its last component expanded as a glob.

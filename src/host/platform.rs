@@ -32,6 +32,8 @@ pub enum PlatformError {
     WslDeviceIds { value: String },
     #[error("Jetson (CSV mode): no CSV file lists in {dir} ({which}); install NVIDIA's nvidia-container package of JetPack, which writes them, or set csv-mount-spec-path in the nvshim config to where they are")]
     NoCsvFiles { dir: PathBuf, which: &'static str },
+    #[error("Jetson (CSV mode): {path} is owned by uid {uid} with mode {mode:o}: the CSV lists name the host files and devices every GPU container gets, so they and their directory must be owned by root and writable by no one else; `chown root: {path}; chmod go-w {path}`")]
+    UntrustedCsv { path: PathBuf, uid: u32, mode: u32 },
     #[error("cannot read the CSV file list {path}: {source}; make it readable or remove it")]
     CsvRead {
         path: PathBuf,

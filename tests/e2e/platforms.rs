@@ -17,6 +17,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -467,6 +468,17 @@ fn orin_csv_mounts_all_other_ids_and_missing_lists() {
 
     let err = h.refused(&h.bundle(&[], &[], &[("NVIDIA_VISIBLE_DEVICES", "1")]));
     assert!(err.contains("has one GPU, device 0"), "{err}");
+
+    // A list others can write would let them give every GPU container any host file or
+    // device: refused, naming it.
+    let devices_csv = h.root.join(platforms::CSV_DIR).join("devices.csv");
+    fs::set_permissions(&devices_csv, fs::Permissions::from_mode(0o666)).unwrap();
+    let err = h.refused(&h.bundle(&[], &[], &[("NVIDIA_VISIBLE_DEVICES", "all")]));
+    assert!(
+        err.contains(&devices_csv.display().to_string()) && err.contains("writable by no one else"),
+        "{err}"
+    );
+    fs::set_permissions(&devices_csv, fs::Permissions::from_mode(0o644)).unwrap();
 
     for (name, _, _) in ORIN_NODES {
         fs::remove_file(h.root.join("dev").join(name)).unwrap();
