@@ -654,7 +654,8 @@ the file and the fix. Deliberate differences: nvshim finds the WSL driver store 
 adapters (it loads no library); it reads `/etc/nv_tegra_release` under `driver-root`; it does
 not check `NVIDIA_REQUIRE_*` there (it warns: the CUDA version comes from
 `/proc/driver/nvidia`, which these hosts lack); `NVIDIA_IMEX_CHANNELS` and the MIG variables
-fail the create there. `nvshim cdi refresh` and the installer do not know these platforms yet:
+fail the create there; CSV lists (and their directory) not owned by root or writable by others
+are refused, since their lines become every GPU container's mounts and device nodes. `nvshim cdi refresh` and the installer do not know these platforms yet:
 run `nvshim cdi generate`.
 "#;
 
