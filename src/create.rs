@@ -360,12 +360,14 @@ fn platform_resolve(
     trace: &mut Trace,
 ) -> Result<legacy::Resolved, CreateError> {
     let path = plan.bundle.config_path();
-    let all_csv = request::env_map(&plan.edited)
-        .map(|env| {
-            env.iter()
-                .any(|(k, v)| *k == "NVIDIA_REQUIRE_JETPACK" && *v == "csv-mounts=all")
-        })
-        .unwrap_or(false);
+    // The last of repeated keys counts, as in NVIDIA's image (`internal/modifier/cdi.go`
+    // compares the whole value).
+    let all_csv = request::env_map(&plan.edited).is_ok_and(|env| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| *k == "NVIDIA_REQUIRE_JETPACK")
+            .is_some_and(|(_, v)| *v == "csv-mounts=all")
+    });
     let resolved = legacy::platform::resolve(
         platform,
         &plan.request,
