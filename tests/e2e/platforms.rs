@@ -254,6 +254,19 @@ fn wsl_all_gets_dxg_and_the_driver_store_as_nvidia_gives_them() {
     let legacy = h.run(&h.bundle(&devs, &wsl_paths(), &[("NVIDIA_VISIBLE_DEVICES", "all")]));
     assert_wsl_container(&legacy, "NVIDIA_VISIBLE_DEVICES=all");
     assert!(legacy.contains("NODEV /dev/nvidiactl"), "{legacy}");
+    // `nvshim explain` shows the same plan without running it.
+    let b = h.bundle(&devs, &[], &[("NVIDIA_VISIBLE_DEVICES", "all")]);
+    let out = h.nvshim(&[
+        "explain",
+        "--format",
+        "json",
+        "--bundle",
+        b.dir().to_str().unwrap(),
+    ]);
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{e:#}");
+    assert_eq!(e["route"]["mode"], "legacy", "{e:#}");
+    assert!(e["groups"].to_string().contains("/dev/dxg"), "{e:#}");
 
     let spec = h.generate();
     assert!(
