@@ -288,7 +288,7 @@ fn wsl_all_gets_dxg_and_the_driver_store_as_nvidia_gives_them() {
 
 /// WSL's one device cannot be split: a GPU index is refused as NVIDIA's runtime refuses it
 /// (its WSL spec has only `all`); no `/dev/dxg` fails naming the node; `none` gets the driver
-/// store without the node.
+/// store without the node; IMEX and MIG variables fail the create.
 #[test]
 fn wsl_refuses_gpu_ids_and_a_missing_dxg() {
     let h = Host::new(platforms::build_wsl, "");
@@ -301,6 +301,21 @@ fn wsl_refuses_gpu_ids_and_a_missing_dxg() {
         none.contains(&format!("FILE {}/libcuda.so.1.1", platforms::wsl_store())),
         "{none}"
     );
+    // IMEX channels and MIG capabilities need the datacenter driver: refused, not dropped.
+    for var in ["NVIDIA_IMEX_CHANNELS", "NVIDIA_MIG_CONFIG_DEVICES"] {
+        let b = h.bundle(&devs, &[], &[("NVIDIA_VISIBLE_DEVICES", "all"), (var, "0")]);
+        b.edit(|c| {
+            let caps = c
+                .pointer_mut("/process/capabilities/bounding")
+                .and_then(serde_json::Value::as_array_mut)
+                .unwrap();
+            caps.push("CAP_SYS_ADMIN".into());
+            Ok(())
+        })
+        .unwrap();
+        let err = h.refused(&b);
+        assert!(err.contains(&format!("remove {var}")), "{err}");
+    }
     fs::remove_file(h.root.join("dev/dxg")).unwrap();
     let err = h.refused(&h.bundle(&devs, &[], &[("NVIDIA_VISIBLE_DEVICES", "all")]));
     assert!(
