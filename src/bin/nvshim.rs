@@ -556,6 +556,7 @@ struct RefreshArgs {
 
 fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
     use nvshim::cdi::{spec, Registry};
+    use nvshim::config::Platform;
     use nvshim::ops::generate;
     match cmd {
         CdiCommand::Generate(args) => {
@@ -571,16 +572,27 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 (None, Some(path)) => spec::Format::for_path(path),
             };
             let host = nvshim::install::host_from(config);
+            let (platform, _) = nvshim::host::platform::detect(&host, config.platform);
+            let on_platform = matches!(platform, Platform::Wsl | Platform::Csv);
             // A YAML GPU spec carries the host state it was made for, read before discovery,
             // as `cdi refresh` writes it (src/ops/freshness.rs).
-            let stamp = (args.mode != "imex" && format == spec::Format::Yaml).then(|| {
-                use nvshim::ops::freshness::HostView;
-                HostView::read(&host).stamp(&host)
-            });
+            let stamp =
+                (args.mode != "imex" && !on_platform && format == spec::Format::Yaml).then(|| {
+                    use nvshim::ops::freshness::HostView;
+                    HostView::read(&host).stamp(&host)
+                });
             let (spec, origin) = if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)
                     .context("generating the IMEX channel spec")?;
                 (spec, "IMEX channel nodes".to_string())
+            } else if on_platform {
+                nvshim::ops::platform_spec::generate(
+                    &host,
+                    platform,
+                    &config.csv_mount_spec_path,
+                    &opts,
+                )
+                .context("generating the CDI spec")?
             } else {
                 // Progress on a terminal only: a script's stderr stays as it was.
                 let mut progress = diagnostics::TermProgress::new();

@@ -18,6 +18,7 @@ pub mod breakage;
 pub mod bundle;
 pub mod hook_harness;
 pub mod host;
+pub mod platforms;
 pub mod podman;
 pub mod probe;
 pub mod rootfs;
