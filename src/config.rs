@@ -63,6 +63,36 @@ pub enum Profile {
     Sandbox,
 }
 
+/// Which kind of host serves GPU requests (NVIDIA's platform, go-nvlib `pkg/nvlib/info`):
+/// `auto` detects it ([`crate::host::platform::detect`]), `nvml` is a host with NVIDIA's
+/// kernel driver (`/proc/driver/nvidia`), `wsl` Windows' WSL2 (`/dev/dxg` and the driver
+/// store under `/usr/lib/wsl`), `csv` a Jetson served from NVIDIA's CSV file lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Platform {
+    #[default]
+    Auto,
+    Nvml,
+    Wsl,
+    Csv,
+}
+
+impl Platform {
+    /// The name the config file uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Auto => "auto",
+            Platform::Nvml => "nvml",
+            Platform::Wsl => "wsl",
+            Platform::Csv => "csv",
+        }
+    }
+}
+
+/// NVIDIA's `modes.csv.mount-spec-path`: where a Jetson's CSV file lists are.
+pub const DEFAULT_CSV_MOUNT_SPEC_PATH: &str =
+    "/etc/nvidia-container-runtime/host-files-for-container.d";
+
 /// `accept-envvar-unprivileged`: `true`, `false` or `"allocation-backed"`
 /// (`request::env_policy` applies it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -175,6 +205,10 @@ pub struct Config {
     /// else `/usr/bin/nvshim-hook`.
     pub hook_path: Option<PathBuf>,
     pub mode: Mode,
+    /// The kind of host ([`Platform`]); `auto`: detected.
+    pub platform: Platform,
+    /// The directory of a Jetson's CSV file lists (NVIDIA's `mount-spec-path`), on the host.
+    pub csv_mount_spec_path: PathBuf,
     /// CDI spec directories, lowest priority first.
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// Where `create` keeps its index of the CDI spec directories (`cdi::index`), so that a
@@ -218,6 +252,8 @@ impl Default for Config {
             mps_pipe_directory: PathBuf::from("/tmp/nvidia-mps"),
             hook_path: None,
             mode: Mode::Auto,
+            platform: Platform::Auto,
+            csv_mount_spec_path: PathBuf::from(DEFAULT_CSV_MOUNT_SPEC_PATH),
             cdi_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
             cache_dir: PathBuf::from(nvshim_hook::cache::DEFAULT_DIR),
             cache_dir_refused: None,

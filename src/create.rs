@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use crate::bundle::{Bundle, BundleError};
 use crate::cdi;
-use crate::config::Config;
+use crate::config::{Config, Platform};
 use crate::edits::{self, Cause, ContainerEdits, EditError, EditGroup};
 use crate::host::nvml::{self, NvmlAccess};
 use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, Snapshot};
@@ -28,6 +28,11 @@ pub enum CreateError {
     Host(#[from] HostError),
     #[error(transparent)]
     Requirement(#[from] RequirementError),
+    #[error("{path}: {source}")]
+    Platform {
+        path: PathBuf,
+        source: crate::host::platform::PlatformError,
+    },
     #[error("cannot edit {path}: {source}")]
     Edit { path: PathBuf, source: EditError },
     #[error("{path}: {source}")]
@@ -284,21 +289,27 @@ pub fn plan_bundle(
                 bundle: absolute_bundle(&plan),
                 ..legacy::Settings::new(config, tools)
             };
-            let snapshot = host.snapshot()?;
-            check_backed(&plan.request, &snapshot, &config_path)?;
-            let resolved =
-                legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
-                    nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
-                })?;
+            let (platform, _) = crate::host::platform::detect(&host, config.platform);
+            let resolved = if matches!(platform, Platform::Wsl | Platform::Csv) {
+                platform_resolve(config, &plan, &host, &settings, platform, trace)?
+            } else {
+                let snapshot = host.snapshot()?;
+                check_backed(&plan.request, &snapshot, &config_path)?;
+                let resolved =
+                    legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
+                        nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
+                    })?;
+                check_requirements(
+                    config,
+                    &host,
+                    &snapshot,
+                    &plan.request,
+                    &resolved.gpus,
+                    &tools.nvml,
+                )?;
+                resolved
+            };
             trace.gpus = resolved.gpus.clone();
-            check_requirements(
-                config,
-                &host,
-                &snapshot,
-                &plan.request,
-                &resolved.gpus,
-                &tools.nvml,
-            )?;
             let parts: Vec<&ContainerEdits> = resolved.groups.iter().map(|g| &g.edits).collect();
             plan.deferred =
                 edits::apply_all_deferred(&mut plan.edited, &parts).map_err(|source| {
@@ -333,7 +344,88 @@ pub fn plan_bundle(
             },
         )?;
     }
+    if crate::userns::has_user_namespace(&plan.edited) {
+        in_user_namespace(config, &mut plan, trace)?;
+    }
     Ok(plan)
+}
+
+/// A container in a user namespace ([`crate::userns`]): device nodes runc would bind from the
+/// wrong host path become binds of the right one, and added gids it cannot map are dropped.
+/// The document is built whole for that (what was deferred, materialized).
+fn in_user_namespace(
+    config: &Config,
+    plan: &mut Plan,
+    trace: &mut Trace,
+) -> Result<(), CreateError> {
+    let path = plan.bundle.config_path().to_path_buf();
+    let mut doc = plan.document().map_err(|source| CreateError::Edit {
+        path: path.clone(),
+        source,
+    })?;
+    let parts = plan.part_list();
+    let moved = crate::userns::bind_device_nodes(&mut doc, &parts, &config.dev_root);
+    let gids = crate::userns::drop_unmapped_gids(&mut doc, &parts);
+    if moved.is_empty() && gids.is_empty() {
+        return Ok(());
+    }
+    if !moved.is_empty() {
+        tracing::info!(bundle = %plan.bundle.dir().display(), nodes = ?moved, "user namespace: device nodes bind-mounted from dev-root");
+    }
+    if !gids.is_empty() {
+        trace.warn(format!(
+            "{}: the container has a user namespace whose gid mappings do not map {gids:?}: these supplementary groups of the device nodes are not added (runc's setgroups would fail); map them 1:1 in linux.gidMappings to keep them",
+            path.display()
+        ));
+    }
+    plan.edited = doc;
+    plan.deferred = edits::Deferred::default();
+    plan.touched = true;
+    Ok(())
+}
+
+/// A legacy request on a WSL or Jetson (CSV) host ([`legacy::platform`]). The
+/// `NVIDIA_REQUIRE_*` checks need the driver's CUDA version, which nvshim reads from
+/// `/proc/driver/nvidia` these hosts lack: they are skipped with a warning (NVIDIA's runtime
+/// skips them on WSL too).
+fn platform_resolve(
+    config: &Config,
+    plan: &Plan,
+    host: &Host,
+    settings: &legacy::Settings,
+    platform: Platform,
+    trace: &mut Trace,
+) -> Result<legacy::Resolved, CreateError> {
+    let path = plan.bundle.config_path();
+    // The last of repeated keys counts, as in NVIDIA's image (`internal/modifier/cdi.go`
+    // compares the whole value).
+    let all_csv = request::env_map(&plan.edited).is_ok_and(|env| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| *k == "NVIDIA_REQUIRE_JETPACK")
+            .is_some_and(|(_, v)| *v == "csv-mounts=all")
+    });
+    let resolved = legacy::platform::resolve(
+        platform,
+        &plan.request,
+        host,
+        settings,
+        &config.csv_mount_spec_path,
+        all_csv,
+    )
+    .map_err(|source| CreateError::Platform {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let checked = !(config.disable_require || plan.request.disable_require);
+    if checked && !plan.request.requirements.is_empty() {
+        trace.warn(format!(
+            "{}: NVIDIA_REQUIRE_* not checked on this {} host (no /proc/driver/nvidia to read the CUDA version from)",
+            path.display(),
+            platform.name()
+        ));
+    }
+    Ok(resolved)
 }
 
 /// The annotations containerd's CRI sets on every container (containerd

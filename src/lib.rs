@@ -13,7 +13,7 @@
 //! - Model and edges: [`hostfile`] (the one way a file outside a container is read:
 //!   non-blocking, regular files only, size-capped), [`atomic`] (the one temp-file-and-rename
 //!   write), [`config`], [`report`]
-//!   (the one error printer), [`runtime`] (argv scan, exec), [`logging`], [`nvidia`] (the
+//!   (the one error printer), [`runtime`] (argv scan, exec), [`features`] (the answer to `features`), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`json`]
 //!   (JSON text as serde_json writes it, faster), [`bundle`] (config.json), [`host`] (the host under its roots; its `/proc` facts as one value,
 //!   [`host::Snapshot`]; NVML under it), [`install`] (where
@@ -21,7 +21,8 @@
 //! - The `create` pipeline: [`cdi`] (the CDI consumer: names, annotations, specs, registry,
 //!   index), [`rootfs`], [`request`] (what the container asked for, and the route with its
 //!   reason), [`legacy`] (`NVIDIA_VISIBLE_DEVICES` resolved on the host, into edits grouped by
-//!   cause), [`memory_limits`], [`create`] (the pipeline itself).
+//!   cause), [`memory_limits`], [`userns`] (containers with their own user namespace), [`create`] (the
+//!   pipeline itself).
 //! - [`ops`]: the operator tool (`nvshim`): CDI generate/refresh, explain, doctor, engine
 //!   configuration, node set-up.
 
@@ -32,6 +33,7 @@ pub mod cdi;
 pub mod config;
 pub mod create;
 pub mod edits;
+pub mod features;
 pub mod host;
 pub mod hostfile;
 pub mod install;
@@ -45,3 +47,4 @@ pub mod report;
 pub mod request;
 pub mod rootfs;
 pub mod runtime;
+pub mod userns;

@@ -618,8 +618,46 @@ pub fn capability_table() -> String {
          keep NVIDIA's separate hooks, which `nvshim-hook` answers under NVIDIA's names.\n",
     );
     out.push_str(GPU_MEMORY_LIMITS);
+    out.push_str(PLATFORMS);
     out
 }
+
+/// The "Platforms" section of docs/capabilities.md: what each kind of host gets
+/// (`crate::host::platform`, `crate::legacy::platform`) and the tests that show it.
+const PLATFORMS: &str = r#"
+## Platforms
+
+What NVIDIA's runtime serves on each kind of host, what nvshim serves there, and the
+end-to-end test (`tests/e2e/`) that checks it from inside a container on a simulated host.
+The platform is the config's `platform` (`auto`, `nvml`, `wsl`, `csv`); `auto` decides as
+NVIDIA's runtime does (go-nvlib `pkg/nvlib/info/resolver.go`), without loading NVML: `wsl`
+when `<driver-root>/usr/lib/wsl/lib/libdxcore.so` exists; `csv` when `/etc/nv_tegra_release`
+exists or `/sys/devices/soc0/family` says `tegra`, and `/proc/driver/nvidia/gpus` lists no GPU
+(an Orin's nvgpu driver) or one at `0000:01:00.0` (a Thor's integrated GPU); else `nvml`.
+`nvshim doctor` says which, and why.
+
+| platform | NVIDIA's runtime gives | nvshim gives | tests |
+|---|---|---|---|
+| x86-64 server, NVIDIA driver (`nvml`) | the tables above (legacy and CDI modes) | the same, but for the rows marked `nvshim` | `runtime::`, `cdi::`, `k8s::`, `engines::` |
+| aarch64, Grace (`nvml`) | see aarch64 | see aarch64 | (to be filled in with the aarch64 work) |
+| WSL2 (`wsl`) | `/dev/dxg` as device `all`, no `/dev/nvidia*`; `libdxcore.so` from `/usr/lib/wsl/lib`; from the NVIDIA driver store (`/usr/lib/wsl/drivers/<inf>_amd64_<hash>`, the one with `libcuda.so.1.1`) its required files and every other `*.so*`, `*.bin`, `*.dll`; `/usr/bin/nvidia-smi` linked to the store's; both folders in the ld.so.cache (`pkg/nvcdi/lib-wsl.go`, `driver-wsl.go`) | the same, by `NVIDIA_VISIBLE_DEVICES=all` and by the spec `nvshim cdi generate` writes | `platforms::wsl_all_gets_dxg_and_the_driver_store_as_nvidia_gives_them`, `platforms::wsl_refuses_gpu_ids_and_a_missing_dxg` |
+| Jetson Orin (`csv`) | the CSV lists of `/etc/nvidia-container-runtime/host-files-for-container.d` (`devices.csv`, `drivers.csv`, `l4t.csv`; every `*.csv` with `NVIDIA_REQUIRE_JETPACK=csv-mounts=all`): `dev` nodes that exist (globs expanded) as device `0` and `all`, `lib` files (links followed), `sym` chains recreated hop by hop with their final file, `dir` directories, `/etc/nv_tegra_release`, `libcuda.so` links, the ld.so.cache (`pkg/nvcdi/lib-csv.go`, `internal/platform-support/tegra/`) | the same, by `NVIDIA_VISIBLE_DEVICES` `all` or `0` and by the generated spec | `platforms::orin_csv_lists_give_their_nodes_files_and_links_as_nvidia_does`, `platforms::orin_csv_mounts_all_other_ids_and_missing_lists` |
+| Jetson Thor (`csv`) | its CSV lists with NVML: the iGPU as device `0` (a dGPU beside it as device `1`), `enable-cuda-compat --host-cuda-version` | the CSV lists as on an Orin, a node's group in `additionalGids` when the node is not world-usable; not a dGPU beside the iGPU, not the CUDA compatibility hook | `platforms::thor_is_served_from_its_csv_lists_with_the_nvmap_group` |
+| feature-gated devices (GDS, MOFED, GDRCOPY, NVSwitch) | see feature-gated devices | see feature-gated devices | (to be filled in with the feature-gated devices work) |
+
+On WSL and CSV hosts, as NVIDIA's CDI and CSV modes: `NVIDIA_DRIVER_CAPABILITIES` does not
+narrow what a container gets, and `none` gets the files without the device nodes. Other GPU
+ids than `all` (WSL) or `0` and `all` (CSV) fail the create, as does a host that lacks what the
+request needs (no `/dev/dxg`, no driver store, no CSV lists, none of the listed nodes), with
+the file and the fix. Deliberate differences: nvshim finds the WSL driver store by looking for
+`libcuda.so.1.1` under `/usr/lib/wsl/drivers` instead of asking `libdxcore.so` for the
+adapters (it loads no library); it reads `/etc/nv_tegra_release` under `driver-root`; it does
+not check `NVIDIA_REQUIRE_*` there (it warns: the CUDA version comes from
+`/proc/driver/nvidia`, which these hosts lack); `NVIDIA_IMEX_CHANNELS` and the MIG variables
+fail the create there; CSV lists (and their directory) not owned by root or writable by others
+are refused, since their lines become every GPU container's mounts and device nodes. `nvshim cdi refresh` and the installer do not know these platforms yet:
+run `nvshim cdi generate`.
+"#;
 
 /// The "GPU memory limits" section of docs/capabilities.md: NVIDIA's `apply-cuda-memory-limits`
 /// hook and nvshim's (`crate::memory_limits`, `nvshim_hook::apply_cuda_memory_limits`).

@@ -24,6 +24,11 @@ pub enum RuntimeError {
     Exec { path: PathBuf, source: nix::Error },
     #[error("argument contains a NUL byte: {0:?}; fix the command line the engine or script passed to nvshim-runtime")]
     NulInArgument(OsString),
+    #[error("cannot run low-level runtime {path}: {source}; check that it is a working runc or crun (low-level-runtimes in the nvshim config)")]
+    Run {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Global flags that take a value, of runc (main.go: `--log`, `--log-format`, `--root`,
@@ -289,6 +294,23 @@ pub fn exec(runtime: &Path, args: &[OsString]) -> RuntimeError {
         },
         Ok(never) => match never {},
     }
+}
+
+/// Runs `runtime` with `args` (argv unchanged, environment and stdin/stderr inherited) and
+/// returns its exit status and stdout: for `features`, whose answer nvshim adjusts.
+pub fn stdout_of(
+    runtime: &Path,
+    args: &[OsString],
+) -> Result<(std::process::ExitStatus, Vec<u8>), RuntimeError> {
+    let out = std::process::Command::new(runtime)
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|source| RuntimeError::Run {
+            path: runtime.to_path_buf(),
+            source,
+        })?;
+    Ok((out.status, out.stdout))
 }
 
 #[cfg(test)]

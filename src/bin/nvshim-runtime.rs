@@ -84,6 +84,9 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
         println!("nvshim-runtime version {}", env!("CARGO_PKG_VERSION"));
         println!("low-level runtime: {}", runc.display());
     }
+    if inv.subcommand.as_deref() == Some("features") {
+        return features(&runc, args, &config);
+    }
     if inv.edits_bundle() {
         let tools = install::Tools::for_runtime(&config, self_exe.as_deref());
         match create::create(&config, &inv.bundle_dir(), &tools) {
@@ -97,4 +100,28 @@ fn run(args: &[OsString], inv: &runtime::Invocation) -> anyhow::Error {
     }
     tracing::debug!(runtime = %runc.display(), "exec");
     runtime::exec(&runc, args).into()
+}
+
+/// `features`: the low-level runtime's answer with what nvshim changes (`nvshim::features`);
+/// its exit status is the runtime's. An answer that is not a JSON object (an error, a runtime
+/// without `features`) passes through unchanged, with a warning in the log.
+fn features(runc: &std::path::Path, args: &[OsString], config: &Config) -> anyhow::Error {
+    use std::io::Write;
+    let (status, stdout) = match runtime::stdout_of(runc, args) {
+        Ok(o) => o,
+        Err(e) => return e.into(),
+    };
+    let out = match nvshim::features::answer(&stdout, runc, config) {
+        Some(out) => out,
+        None => {
+            tracing::warn!(runtime = %runc.display(), %status, "features: the low-level runtime's answer is not a JSON object; passed on unchanged");
+            stdout
+        }
+    };
+    let mut w = std::io::stdout().lock();
+    if let Err(e) = w.write_all(&out).and_then(|()| w.flush()) {
+        return anyhow::anyhow!("writing the features answer: {e}");
+    }
+    // The runtime's own status; a signal counts as runc's failure.
+    std::process::exit(status.code().unwrap_or(1))
 }

@@ -172,6 +172,10 @@ struct EngineArgs {
     /// config [default: from `dockerd --version` / `containerd --version`].
     #[arg(long, value_name = "MAJOR.MINOR", value_parser = parse_engine_version)]
     engine_version: Option<(u64, u64)>,
+    /// Where configure keeps the content of the files it changes, and unconfigure finds it;
+    /// give both the same one [default: /var/lib/nvshim/backups].
+    #[arg(long, value_name = "DIR")]
+    backup_dir: Option<PathBuf>,
     /// Print the changes as a unified diff and write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -267,6 +271,10 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
             "--drop-in-config must be an absolute path (the engine resolves it)"
         );
         opts.drop_in = Some(d.clone());
+    }
+    if let Some(d) = &args.backup_dir {
+        opts.backup_dir =
+            std::path::absolute(d).with_context(|| format!("resolving {}", d.display()))?;
     }
     opts.runtime_name = args.runtime_name.clone();
     opts.set_as_default = match args.runtime {
@@ -575,6 +583,7 @@ struct RefreshArgs {
 
 fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
     use nvshim::cdi::{spec, Registry};
+    use nvshim::config::Platform;
     use nvshim::ops::generate;
     match cmd {
         CdiCommand::Generate(args) => {
@@ -590,16 +599,27 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                 (None, Some(path)) => spec::Format::for_path(path),
             };
             let host = nvshim::install::host_from(config);
+            let (platform, _) = nvshim::host::platform::detect(&host, config.platform);
+            let on_platform = matches!(platform, Platform::Wsl | Platform::Csv);
             // A YAML GPU spec carries the host state it was made for, read before discovery,
             // as `cdi refresh` writes it (src/ops/freshness.rs).
-            let stamp = (args.mode != "imex" && format == spec::Format::Yaml).then(|| {
-                use nvshim::ops::freshness::HostView;
-                HostView::read(&host).stamp(&host, &opts)
-            });
+            let stamp =
+                (args.mode != "imex" && !on_platform && format == spec::Format::Yaml).then(|| {
+                    use nvshim::ops::freshness::HostView;
+                    HostView::read(&host).stamp(&host, &opts)
+                });
             let (spec, origin) = if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)
                     .context("generating the IMEX channel spec")?;
                 (spec, "IMEX channel nodes".to_string())
+            } else if on_platform {
+                nvshim::ops::platform_spec::generate(
+                    &host,
+                    platform,
+                    &config.csv_mount_spec_path,
+                    &opts,
+                )
+                .context("generating the CDI spec")?
             } else {
                 // Progress on a terminal only: a script's stderr stays as it was.
                 let mut progress = diagnostics::TermProgress::new();

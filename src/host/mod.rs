@@ -19,9 +19,12 @@ use nvshim_hook::ldcache::{Entry as LdCacheEntry, LdCache};
 use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
+pub mod csv;
 mod gpu_cache;
 mod mig_table;
 pub mod nvml;
+pub mod platform;
+pub mod wsl;
 
 #[derive(Debug, Error)]
 pub enum HostError {
@@ -471,7 +474,7 @@ impl Host {
     /// `/lib/x86_64-linux-gnu/libcuda.so.1` (ldconfig lists `/lib/x86_64-linux-gnu` first), and
     /// the file is mounted where it really is, `/usr/lib/x86_64-linux-gnu/libcuda.so.<v>`, as
     /// NVIDIA's tools do. At most 40 links, as the kernel allows.
-    fn resolve_in_driver_root(&self, abs: &str) -> Option<String> {
+    pub(crate) fn resolve_in_driver_root(&self, abs: &str) -> Option<String> {
         let Some((dir, name)) = abs.rsplit_once('/') else {
             return self.walk_in_driver_root(abs, true);
         };
@@ -1107,7 +1110,7 @@ pub fn cuda_version_for_driver(driver_version: &str) -> Option<&'static str> {
 }
 
 /// Lexically cleans an absolute path (`..` cannot climb above `/`).
-fn clean(p: &Path) -> PathBuf {
+pub(crate) fn clean(p: &Path) -> PathBuf {
     let mut out = PathBuf::from("/");
     for c in p.components() {
         match c {

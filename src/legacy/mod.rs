@@ -47,6 +47,8 @@ use crate::nvidia::{
 };
 use crate::request::{Request, VisibleDevices, MIG_CONFIG_DEVICES, MIG_MONITOR_DEVICES};
 
+pub mod platform;
+
 #[derive(Debug, Error)]
 pub enum LegacyError {
     #[error(transparent)]

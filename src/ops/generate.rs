@@ -49,6 +49,8 @@ pub enum GenerateError {
     },
     #[error(transparent)]
     Driver(#[from] legacy::LegacyError),
+    #[error(transparent)]
+    Platform(#[from] crate::host::platform::PlatformError),
     #[error("no GPUs found ({from})")]
     NoGpus { from: String },
     #[error("MIG device {device} of GPU {gpu}: no {capability:?} line in {file}")]

@@ -14,5 +14,6 @@ pub mod engine;
 pub mod explain;
 pub mod freshness;
 pub mod generate;
+pub mod platform_spec;
 pub mod refresh;
 pub mod system;

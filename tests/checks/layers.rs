@@ -20,6 +20,7 @@ const ORDER: &[&str] = &[
     "config",
     "report",
     "runtime",
+    "features",
     "logging",
     "nvidia",
     "json",
@@ -33,6 +34,7 @@ const ORDER: &[&str] = &[
     "request",
     "legacy",
     "memory_limits",
+    "userns",
     "create",
     // the operator tool
     "ops",

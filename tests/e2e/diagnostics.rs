@@ -86,6 +86,7 @@ fn doctor_text(w: &World) -> String {
 /// Registers nvshim-runtime with every engine, in this world's engine configs.
 fn configure_engines(w: &World) {
     let (docker, containerd, crio) = (docker_config(w), containerd_config(w), crio_config(w));
+    let backups = w.tmp.path().join("backups");
     // Docker's CDI told where this world's specs are, as an operator with specs outside
     // /etc/cdi and /var/run/cdi does (configure writes it only for a Docker it knows is
     // 25 or later; none is installed here).
@@ -111,6 +112,9 @@ fn configure_engines(w: &World) {
             config.to_str().unwrap(),
             "--runtime-path",
             SHIM,
+            // Not the host's /var/lib/nvshim/backups.
+            "--backup-dir",
+            backups.to_str().unwrap(),
         ]);
         assert!(
             out.status.success(),
@@ -493,6 +497,7 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
     ] {
         let w = healthy();
         let containerd = containerd_config(&w);
+        let backups = w.tmp.path().join("backups");
         let conf_d = containerd.with_file_name("conf.d");
         // The operator's spec directories are this world's (containerd prints its defaults).
         let dirs = format!(
@@ -515,6 +520,9 @@ fn doctor_reads_every_containerd_config_version_and_reports_cdi_off() {
             containerd.to_str().unwrap(),
             "--runtime-path",
             SHIM,
+            // Not the host's /var/lib/nvshim/backups.
+            "--backup-dir",
+            backups.to_str().unwrap(),
         ];
         args.extend(extra);
         let out = w.nvshim(&args);

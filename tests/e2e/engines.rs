@@ -127,9 +127,18 @@ fn nvshim(args: &[&str]) -> Out {
     run(Command::new(NVSHIM).args(args), Duration::from_secs(30))
 }
 
-/// `nvshim runtime VERB --runtime ENGINE --config CONFIG EXTRA...`.
+/// The `--backup-dir` the tests give `runtime configure` and `unconfigure` for the engine
+/// config `config`: beside it, in the test's temp dir, so no test leaves backups in the host's
+/// /var/lib/nvshim/backups.
+fn backup_dir(config: &Path) -> PathBuf {
+    config.parent().unwrap().join("nvshim-backups")
+}
+
+/// `nvshim runtime VERB --runtime ENGINE --config CONFIG --backup-dir ([backup_dir]) EXTRA...`.
 fn runtime_cmd(verb: &str, engine: &str, config: &Path, extra: &[&str]) -> Out {
+    let backups = backup_dir(config);
     let mut args = vec!["runtime", verb, "--runtime", engine, "--config", s(config)];
+    args.extend(["--backup-dir", s(&backups)]);
     args.extend_from_slice(extra);
     nvshim(&args)
 }
@@ -544,10 +553,10 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert_eq!(v["runtimes"]["runsc"]["path"], "/usr/bin/runsc");
     assert_eq!(v["runtimes"]["nvidia"], json!({"path": SHIM, "args": []}));
     assert_eq!(v["default-runtime"], "nvidia");
-    let backup = backup_of(&path);
+    let backup = backup_of(&path, &path);
     assert_eq!(fs::read_to_string(&backup).unwrap(), original);
     assert_eq!(
-        fs::read_dir(tmp.path()).unwrap().count(),
+        entries_beside(&path),
         2,
         "only daemon.json and its state file beside it"
     );
@@ -566,9 +575,17 @@ fn configure_docker_keeps_keys_backs_up_and_is_idempotent() {
     assert!(!backup.exists(), "the backup is removed");
 }
 
-/// The backup `runtime configure` keeps of `config` (`/var/lib/nvshim/backups` + its path).
-fn backup_of(config: &Path) -> PathBuf {
-    nvshim::ops::engine::backup_path(Path::new(nvshim::ops::engine::DEFAULT_BACKUP_DIR), config)
+/// How many entries the directory of `config` holds, but for the tests' [`backup_dir`].
+fn entries_beside(config: &Path) -> usize {
+    fs::read_dir(config.parent().unwrap())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path() != backup_dir(config))
+        .count()
+}
+
+/// The backup `runtime configure --config CONFIG` keeps of `file` ([`backup_dir`] + its path).
+fn backup_of(config: &Path, file: &Path) -> PathBuf {
+    nvshim::ops::engine::backup_path(&backup_dir(config), file)
 }
 
 /// A one-line daemon.json without a final newline comes back byte for byte after configure and
@@ -584,12 +601,8 @@ fn unconfigure_docker_gives_the_bytes_back() {
     assert_ne!(fs::read_to_string(&path).unwrap(), original);
     runtime_cmd("unconfigure", "docker", &path, &[]).expect_ok();
     assert_eq!(fs::read_to_string(&path).unwrap(), original);
-    assert!(!backup_of(&path).exists());
-    assert_eq!(
-        fs::read_dir(tmp.path()).unwrap().count(),
-        1,
-        "nothing left beside it"
-    );
+    assert!(!backup_of(&path, &path).exists());
+    assert_eq!(entries_beside(&path), 1, "nothing left beside it");
 
     runtime_cmd("configure", "docker", &path, &[]).expect_ok();
     let mut edited: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
@@ -601,7 +614,7 @@ fn unconfigure_docker_gives_the_bytes_back() {
         back,
         json!({"log-driver": "journald", "storage-driver": "overlay2", "debug": true})
     );
-    assert!(!backup_of(&path).exists());
+    assert!(!backup_of(&path, &path).exists());
 }
 
 #[test]
@@ -789,6 +802,8 @@ fn configure_containerd_fixtures_through_links_config_dump() {
                 "containerd".into(),
                 "--config".into(),
                 s(&config).into(),
+                "--backup-dir".into(),
+                s(&backup_dir(&config)).into(),
             ]
         };
         let mut configure = args("configure");
@@ -857,6 +872,8 @@ fn configure_containerd_gives_engine_cdi_nvshim_s_spec_dirs() {
                 "--config",
             ])
             .arg(&config)
+            .arg("--backup-dir")
+            .arg(backup_dir(&config))
             .args(["--engine-version", "1.7"])
             .env("NVSHIM_CONFIG", &nvshim_config),
         Duration::from_secs(30),
@@ -901,6 +918,8 @@ fn configure_containerd_turns_on_cdi_a_config_sets_whatever_is_on_path() {
                 "--config",
             ])
             .arg(&config)
+            .arg("--backup-dir")
+            .arg(backup_dir(&config))
             .env("PATH", debian_path),
         Duration::from_secs(30),
     )
@@ -1038,10 +1057,13 @@ fn configure_crio_reconfigure_and_unconfigure_as_crio_reads_them() {
         crio_view(&main),
         (Some(other.to_string()), vec!["99-nvshim.toml".to_string()])
     );
-    assert_eq!(fs::read_to_string(backup_of(&drop_in)).unwrap(), first);
+    assert_eq!(
+        fs::read_to_string(backup_of(&main, &drop_in)).unwrap(),
+        first
+    );
     runtime_cmd("unconfigure", "crio", &main, &[]).expect_ok();
     assert_eq!(crio_view(&main), (None, vec![]));
-    assert!(!backup_of(&drop_in).exists());
+    assert!(!backup_of(&main, &drop_in).exists());
 
     let legacy = tmp.path().join("crio.conf.d/99-nvshim.toml.nvshim.bak");
     fs::write(&legacy, &first).unwrap();
@@ -1375,6 +1397,8 @@ impl Containerd {
                 "containerd",
                 "--config",
                 s(&config),
+                "--backup-dir",
+                s(&backup_dir(&config)),
             ])
             .env("NVSHIM_CONFIG", &w.config);
         if !v3 {
@@ -1617,6 +1641,20 @@ mod cri {
     }
 
     pub async fn run_pod(channel: Channel, handler: &str, log_dir: &Path) -> Pod {
+        run_pod_in(channel, handler, log_dir, None).await
+    }
+
+    /// [`run_pod`], in its own user namespace when `userns` is given: what the kubelet sends
+    /// for `hostUsers: false` (mode POD with the pod's mappings, in the sandbox's and each
+    /// container's namespace options). Such a pod cannot share the host's network namespace
+    /// (the kubelet refuses `hostNetwork` with it): it gets its own, loopback only
+    /// ([`super::Containerd::start`]'s CNI config).
+    pub async fn run_pod_in(
+        channel: Channel,
+        handler: &str,
+        log_dir: &Path,
+        userns: Option<UserNamespace>,
+    ) -> Pod {
         let mut rt = RuntimeServiceClient::new(channel.clone());
         let version = rt
             .version(VersionRequest::default())
@@ -1653,9 +1691,14 @@ mod cri {
                 security_context: Some(LinuxSandboxSecurityContext {
                     namespace_options: Some(NamespaceOption {
                         // Pod networking is not needed: the host's network namespace.
-                        network: NamespaceMode::Node as i32,
+                        network: if userns.is_some() {
+                            NamespaceMode::Pod
+                        } else {
+                            NamespaceMode::Node
+                        } as i32,
                         pid: NamespaceMode::Pod as i32,
                         ipc: NamespaceMode::Pod as i32,
+                        userns_options: userns,
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -1716,7 +1759,21 @@ mod cri {
                     .map(|(k, v)| ((*k).into(), (*v).into()))
                     .collect(),
                 log_path: log_name.clone(),
-                linux: Some(LinuxContainerConfig::default()),
+                linux: Some(LinuxContainerConfig {
+                    // The pod's namespaces, its user namespace among them, as the kubelet
+                    // repeats them for each container.
+                    security_context: Some(LinuxContainerSecurityContext {
+                        namespace_options: self
+                            .config
+                            .linux
+                            .as_ref()
+                            .and_then(|l| l.security_context.as_ref())
+                            .and_then(|c| c.namespace_options.clone())
+                            .filter(|n| n.userns_options.is_some()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 // What the kubelet sends for DRA claims (CRI `CDI_devices`, Kubernetes 1.28+).
                 cdi_devices: cdi_devices
                     .iter()
@@ -1882,6 +1939,111 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
                 .await;
             assert_gpus(&w, what, &report(what, out), &[w.gpu(1)]);
         }
+
+        pod.remove().await;
+    });
+    drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// A user-namespaced pod (`hostUsers: false`: CRI `userns_options`, mode POD, container 0 →
+/// host 100000) with runtime handler `nvidia` gets its GPU by env, by CDI annotation and by
+/// `CDI_devices` (containerd's own CDI), checked from inside as in [`super::userns`]. containerd
+/// 2.0 is the first with user-namespaced pods; an older one is skipped. The pod has its own
+/// network namespace, loopback and a point-to-point link from Debian's CNI plugins
+/// (containerd needs an address for the pod).
+#[test]
+fn containerd_cri_runs_gpu_pods_in_a_user_namespace() {
+    if containerd_version() < (2, 0) {
+        eprintln!(
+            "skipped: containerd {:?} has no user-namespaced pods",
+            containerd_version()
+        );
+        return;
+    }
+    use super::userns::{problems, script, HOST_ID, SIZE};
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    // runc init and the hook run as host uid 100000: the bundles and the fake host below the
+    // test's dir must be reachable, as `/run/containerd` is.
+    fs::set_permissions(w.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // nvshim's spec, libraries and fix-ups hook included: containerd applies it itself for
+    // the annotation and `CDI_devices`.
+    w.generate();
+    let d = dir(&w, "cri");
+    let cni = dir(&w, "cri/cni");
+    fs::write(
+        cni.join("10-nvshim-e2e.conflist"),
+        serde_json::to_vec_pretty(&json!({
+            "cniVersion": "1.0.0",
+            "name": "nvshim-e2e",
+            "plugins": [{
+                "type": "ptp",
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": "10.254.254.0/24",
+                    "dataDir": s(&d.join("cni-ipam"))
+                }
+            }, {"type": "loopback"}]
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let bins = dir(&w, "cri/cni-bin");
+    for plugin in ["ptp", "host-local", "loopback"] {
+        symlink(Path::new("/usr/lib/cni").join(plugin), bins.join(plugin)).unwrap();
+    }
+    let ctd = Containerd::start(&w, &d);
+    ctd.import_images("k8s.io");
+    let script = script();
+    let map = vec![k8s_cri::v1::IdMapping {
+        host_id: HOST_ID,
+        container_id: 0,
+        length: SIZE,
+    }];
+    let userns = k8s_cri::v1::UserNamespace {
+        mode: k8s_cri::v1::NamespaceMode::Pod as i32,
+        uids: map.clone(),
+        gids: map,
+    };
+
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod_in(channel, "nvidia", &d.join("pods"), Some(userns)).await;
+        let check = |what: &str, out: Result<String, String>, gpu: &FakeGpu| {
+            let stdout = out.unwrap_or_else(|e| {
+                panic!(
+                    "{what}: {e}\n--- nvshim.log ---\n{}\n--- containerd ---\n{}",
+                    w.shim_log(),
+                    ctd.log_tail()
+                )
+            });
+            let report = ProbeReport::parse(&stdout);
+            assert_no_problems(what, &problems(&w, &report, gpu), &report);
+        };
+
+        let what = "user-namespaced pod, handler nvidia, NVIDIA_VISIBLE_DEVICES=1";
+        let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
+        let out = pod.run_container("env", &script, &env, &[], &[], &[]).await;
+        check(what, out, w.gpu(1));
+
+        let what = "user-namespaced pod, handler nvidia, annotation nvidia.com/gpu=0";
+        let annotations = [("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")];
+        let out = pod
+            .run_container("cdi", &script, &[], &annotations, &[], &[])
+            .await;
+        check(what, out, w.gpu(0));
+
+        let what = "user-namespaced pod, handler nvidia, CDI_devices nvidia.com/gpu=1";
+        let out = pod
+            .run_container("cdi-devices", &script, &[], &[], &["nvidia.com/gpu=1"], &[])
+            .await;
+        check(what, out, w.gpu(1));
 
         pod.remove().await;
     });

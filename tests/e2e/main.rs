@@ -23,9 +23,11 @@
 //! - [`engines`]: containerd, Docker and CRI-O configuration and containers through them;
 //! - [`diagnostics`]: `nvshim explain` and `nvshim doctor`;
 //! - [`nvidia_hooks`]: NVIDIA's hook binaries' command lines answered by nvshim-hook;
+//! - [`platforms`]: WSL2 and a Jetson in CSV mode, hosts without NVIDIA's kernel driver;
 //! - [`memory_limits`]: `NVIDIA_GPU_MEMORY_LIMIT` through the `apply-cuda-memory-limits` hook;
 //! - [`error_messages`]: the wording of the errors users meet most;
 //! - [`host_files`]: a FIFO, device or huge file where nvshim reads or writes a host file;
+//! - [`userns`]: GPU containers with their own user namespace through runc;
 //! - [`reliability`]: load and faults (it rebuilds `docs/reliability.md`).
 //!
 //! Tests of different areas run concurrently in this one process: every test keeps its files
@@ -42,8 +44,10 @@ mod host_files;
 mod k8s;
 mod memory_limits;
 mod nvidia_hooks;
+mod platforms;
 mod reliability;
 mod rootless;
 mod runtime;
 mod sandbox;
+mod userns;
 mod world;

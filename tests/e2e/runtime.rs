@@ -1230,3 +1230,97 @@ fn gpu_information_is_cached_and_read_again_when_it_changes() {
     }
     assert_eq!(node_of_gpu0("after"), [format!("/dev/nvidia{}", gpus[1].1)]);
 }
+
+/// `nvshim-runtime features` is the low-level runtime's own answer with nvshim's two changes
+/// (src/features.rs): its version and the runtime's path added to `annotations`, the CDI
+/// annotation prefix added to `potentiallyUnsafeConfigAnnotations`; every other field as the
+/// runtime printed it. For Debian 12's runc (1.1.5, whose `features` has no unsafe list), and
+/// sid's runc 1.3.6 and crun 1.28 where scripts/install-engines.sh put them. An answer that is
+/// not JSON (a runtime's error) passes through byte for byte with its exit status, and nvshim
+/// logs a warning.
+#[test]
+fn features_is_the_low_level_runtime_s_answer_with_nvshim_s_changes() {
+    let engines = std::path::Path::new("/var/cache/nvshim-engines/sid/bin");
+    let mut runtimes = vec![String::from("/usr/sbin/runc")];
+    for name in ["runc", "crun"] {
+        if engines.join(name).is_file() {
+            runtimes.push(engines.join(name).display().to_string());
+        }
+    }
+    let w = World::new();
+    for rt in &runtimes {
+        w.configure(&format!("low-level-runtimes = [{rt:?}]\n"));
+        let own = Command::new(rt).arg("features").output().unwrap();
+        assert!(own.status.success(), "{rt} features: {own:?}");
+        let own: Value = serde_json::from_slice(&own.stdout).unwrap();
+        let out = Command::new(super::common::SHIM)
+            .arg("features")
+            .env("NVSHIM_CONFIG", &w.config)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nvshim-runtime features over {rt}: {out:?}"
+        );
+        let ours: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (own, ours) = (own.as_object().unwrap(), ours.as_object().unwrap());
+        let changed = ["annotations", "potentiallyUnsafeConfigAnnotations"];
+        // Identical: the versions, hooks, mount options and everything under `linux`
+        // (namespaces, capabilities, cgroup, seccomp, mount extensions such as idmap).
+        for (k, v) in own.iter().filter(|(k, _)| !changed.contains(&k.as_str())) {
+            assert_eq!(ours.get(k), Some(v), "{rt}: field {k}");
+        }
+        assert_eq!(
+            ours.keys()
+                .filter(|k| !changed.contains(&k.as_str()))
+                .count(),
+            own.keys()
+                .filter(|k| !changed.contains(&k.as_str()))
+                .count(),
+            "{rt}: nvshim added a field"
+        );
+        let mut want_annotations = own["annotations"].as_object().unwrap().clone();
+        want_annotations.insert(
+            "nvshim.runtime.version".into(),
+            json!(env!("CARGO_PKG_VERSION")),
+        );
+        want_annotations.insert("nvshim.runtime.low-level".into(), json!(rt));
+        assert_eq!(ours["annotations"], Value::Object(want_annotations), "{rt}");
+        let mut want_unsafe = own
+            .get("potentiallyUnsafeConfigAnnotations")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        want_unsafe.push(json!("cdi.k8s.io/"));
+        assert_eq!(
+            ours["potentiallyUnsafeConfigAnnotations"],
+            Value::Array(want_unsafe),
+            "{rt}"
+        );
+    }
+
+    // A runtime whose answer is not JSON: passed through unchanged, exit status included.
+    let fake = w.tmp.path().join("old-runtime");
+    fs::write(
+        &fake,
+        "#!/bin/sh\necho 'No help topic for features'\nexit 3\n",
+    )
+    .unwrap();
+    fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    w.configure(&format!(
+        "low-level-runtimes = [{:?}]\n",
+        fake.display().to_string()
+    ));
+    let out = Command::new(super::common::SHIM)
+        .arg("features")
+        .env("NVSHIM_CONFIG", &w.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(out.stdout, b"No help topic for features\n");
+    let log = w.shim_log();
+    assert!(
+        log.contains("features: the low-level runtime's answer is not a JSON object"),
+        "{log}"
+    );
+}

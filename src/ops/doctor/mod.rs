@@ -36,6 +36,7 @@ use crate::ops::system::{self, DevCharOptions, LinkAction};
 
 pub mod caches;
 mod engines;
+mod platform;
 pub mod rootless;
 use engines::{engine_check, hook_check, low_level_runtime_check};
 
@@ -134,6 +135,18 @@ pub fn run(opts: &Options) -> Vec<Check> {
     out.push(config_check(opts));
     out.push(request_policy_check(&opts.config));
     let host = install::host_from(&opts.config);
+    let platform = platform::platform_checks(&host, &opts.config);
+    let on_platform = platform.len() > 1;
+    out.extend(platform);
+    if on_platform {
+        for engine in Engine::ALL {
+            out.push(engine_check(engine, opts));
+        }
+        out.push(low_level_runtime_check(opts));
+        out.push(hook_check(opts));
+        out.push(caches::cache_check(&opts.config));
+        return out;
+    }
     let driver = driver_check(&host);
     let loaded = driver.1.clone();
     out.push(driver.0);

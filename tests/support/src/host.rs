@@ -735,14 +735,14 @@ pub struct FakeHost {
     spec: FakeHostSpec,
 }
 
-fn write(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write(path: &Path, contents: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
     fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
-fn write_executable(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write_executable(path: &Path, contents: &str) -> Result<()> {
     write(path, contents)?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .with_context(|| format!("making {} executable", path.display()))
@@ -753,7 +753,7 @@ pub(crate) fn make_char_node(path: &Path, major: u32, minor: u32) -> Result<()> 
     make_char_node_mode(path, major, minor, 0o666)
 }
 
-fn make_char_node_mode(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {
+pub(crate) fn make_char_node_mode(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {
     mknod(
         path,
         SFlag::S_IFCHR,

@@ -19,6 +19,7 @@ pub mod bundle;
 pub mod hook_harness;
 pub mod host;
 pub mod loader;
+pub mod platforms;
 pub mod podman;
 pub mod probe;
 pub mod rootfs;
