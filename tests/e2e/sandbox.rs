@@ -90,6 +90,20 @@ fn stand_in(w: &World, b: &nvshim_testsupport::Bundle) {
     .unwrap();
 }
 
+/// `nvshim cdi generate --format json EXTRA` into `<run-cdi>/nvidia.json`: the spec's text.
+fn generate(w: &World, extra: &[&str]) -> String {
+    let spec_path = w.run_cdi.join("nvidia.json");
+    let mut args = vec!["cdi", "generate", "--output", spec_path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = w.nvshim(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::read_to_string(&spec_path).unwrap()
+}
+
 /// The probe, then the dlopen program.
 fn args(w: &World) -> Vec<String> {
     let probe = ProbeSpec::for_host(&w.host).script();
@@ -187,24 +201,8 @@ fn sandbox_profile_loads_libcuda_without_hooks() {
 #[test]
 fn sandbox_spec_has_no_hooks_and_still_loads_libcuda() {
     let w = world("standard");
-    let spec_path = w.run_cdi.join("nvidia.yaml");
     for (profile, want_hooks) in [("standard", true), ("sandbox", false)] {
-        let out = w.nvshim(&[
-            "cdi",
-            "generate",
-            "--profile",
-            profile,
-            "--format",
-            "json",
-            "--output",
-            spec_path.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let spec: Value = serde_json::from_str(&fs::read_to_string(&spec_path).unwrap()).unwrap();
+        let spec: Value = serde_json::from_str(&generate(&w, &["--profile", profile])).unwrap();
         let mut edits = vec![&spec["containerEdits"]];
         edits.extend(
             spec["devices"]
@@ -316,21 +314,7 @@ fn a_runtime_named_runsc_selects_the_sandbox_profile() {
         "{out}"
     );
 
-    let spec_path = w.run_cdi.join("nvidia.yaml");
-    let out = w.nvshim(&[
-        "cdi",
-        "generate",
-        "--format",
-        "json",
-        "--output",
-        spec_path.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let spec = fs::read_to_string(&spec_path).unwrap();
+    let spec = generate(&w, &[]);
     assert!(!spec.contains("\"hooks\""), "{spec}");
     assert!(spec.contains("\"/usr/lib/libcuda.so.1\""), "{spec}");
 }
