@@ -277,7 +277,14 @@ pub fn plan_bundle(
     let mut not_dirs: Option<Vec<String>> = None;
     match route {
         Route::Nothing(_) => {}
-        Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, tools, trace)?,
+        Route::Cdi(names, _) => {
+            // As NVIDIA's `cdi` mode: the devices are the spec's (`nvidia.com/gds=all` & co.).
+            for f in &plan.request.features {
+                let (var, mode) = (f.variable(), f.mode());
+                trace.warn(format!("{var}=enabled is ignored beside CDI devices: ask for the CDI device nvidia.com/{mode}=all (`nvshim cdi generate --mode {mode}` writes its spec)"));
+            }
+            apply_cdi(config, &mut plan, names, tools, trace)?
+        }
         Route::Legacy(_) => {
             let host = host_from(config);
             let settings = legacy::Settings {
@@ -286,10 +293,14 @@ pub fn plan_bundle(
             };
             let snapshot = host.snapshot()?;
             check_backed(&plan.request, &snapshot, &config_path)?;
-            let resolved =
+            let mut resolved =
                 legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
                     nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
                 })?;
+            let found = crate::host::gated::discover(&host, &plan.request.features);
+            let gated = legacy::gated::resolve(&found);
+            gated.warnings.into_iter().for_each(|w| trace.warn(w));
+            resolved.groups.extend(gated.groups);
             trace.gpus = resolved.gpus.clone();
             check_requirements(
                 config,

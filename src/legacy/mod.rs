@@ -33,6 +33,8 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+pub mod gated;
+
 use crate::config::Config;
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
 use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
@@ -507,8 +509,9 @@ pub fn device_nodes(host: &Host, device: GpuDevice<'_>, graphics: bool) -> Devic
     }
 }
 
-/// A DRM node as NVIDIA ≥ 1.19 writes it, with the node's group to add to the container's
-/// groups when the node is not world read-write (render and video groups).
+/// A DRM node (or a feature-gated one, [`gated`]) as NVIDIA ≥ 1.19 writes it, with the node's
+/// group to add to the container's groups when the node is not world read-write (render and
+/// video groups).
 fn drm_node(n: &HostDeviceNode) -> (DeviceNode, Option<u32>) {
     let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
     (

@@ -36,6 +36,7 @@ use crate::cdi::name::{self as cdi_name, QualifiedNameError};
 use crate::config::{Config, Mode};
 use crate::nvidia::Capabilities;
 
+pub mod gated;
 mod requirements;
 pub use requirements::{
     compare_versions, parse_requirement, parse_version, GpuFacts, HostFacts, Op, Property,
@@ -244,6 +245,9 @@ pub struct Request {
     pub mig_config: VisibleDevices,
     /// `NVIDIA_MIG_MONITOR_DEVICES`: the MIG monitor capability (privileged containers only).
     pub mig_monitor: VisibleDevices,
+    /// `NVIDIA_GDS`, `NVIDIA_MOFED`, `NVIDIA_GDRCOPY`, `NVIDIA_NVSWITCH` set to `enabled`
+    /// beside a device request ([`gated`]). Served on the legacy route only.
+    pub features: Vec<crate::host::gated::Feature>,
 }
 
 impl Request {
@@ -722,6 +726,11 @@ pub fn from_spec_allocated(
     let mut requirements = Vec::new();
     let mut imex_channels = Vec::new();
     let (mut mig_config, mut mig_monitor) = Default::default();
+    let features = if wants {
+        gated::parse(&env)
+    } else {
+        Vec::new()
+    };
     if wants {
         for (k, v) in &env {
             if k.starts_with(REQUIRE_PREFIX) && !k.starts_with("NVIDIA_REQUIRE_JETPACK") {
@@ -790,6 +799,7 @@ pub fn from_spec_allocated(
         imex_channels,
         mig_config,
         mig_monitor,
+        features,
     })
 }
 

@@ -1,0 +1,316 @@
+//! Feature-gated devices: `NVIDIA_GDS`, `NVIDIA_MOFED`, `NVIDIA_GDRCOPY` and `NVIDIA_NVSWITCH`
+//! set to `enabled` beside a GPU request, on a simulated HGX node
+//! (`nvshim_testsupport::gated`), through nvshim-runtime over runc, and the specs of
+//! `nvshim cdi generate --mode gds|mofed|gdrcopy|nvswitch` through its CDI path.
+//!
+//! What NVIDIA's runtime gives for each, the tables these tests hold nvshim to
+//! (nvidia-container-toolkit):
+//! - the nodes: `internal/discover/gds.go` (`/dev/nvidia-fs*`, and only with such nodes
+//!   `/etc/cufile.json` and `/run/udev`, read-only), `mofed.go` (`/dev/infiniband/uverbs*`,
+//!   `/dev/infiniband/rdma_cm`), `gdrcopy.go` (`/dev/gdrdrv`), `nvswitch.go`
+//!   (`/dev/nvidia-nvswitchctl`, `/dev/nvidia-nvswitch*`); a pattern that matches nothing is
+//!   only logged (`internal/discover/mounts.go`);
+//! - when: the exact value `enabled` (`internal/modifier/cdi.go`, `gatedDevices`), and only
+//!   beside a device request, `none` included (`internal/modifier/gated.go`: any visible
+//!   device; `internal/config/image/devices.go`: `none` lists one empty id, `void` none);
+//! - the specs: `pkg/nvcdi/gated.go` and `pkg/nvcdi/lib_test.go` (kind `nvidia.com/<mode>`,
+//!   one device `all`, global `NVIDIA_VISIBLE_DEVICES=void`).
+
+use std::fs;
+
+use nvshim_testsupport::gated::VARIABLES;
+use nvshim_testsupport::probe::assert_no_problems;
+use nvshim_testsupport::{Bundle, FakeHostSpec, GatedDevices, ProbeReport, ProbeSpec};
+use serde_json::{json, Value};
+
+use super::world::{SpecDirs, World};
+
+fn hgx() -> World {
+    let mut spec = FakeHostSpec::with_gpus(2);
+    spec.gated = Some(GatedDevices::hgx());
+    World::builder().spec(spec).spec_dirs(SpecDirs::Run).build()
+}
+
+fn gated(w: &World) -> &GatedDevices {
+    w.host.spec().gated.as_ref().unwrap()
+}
+
+/// The probe, also `mknod`ing the first node of each feature: allowed gives [`ALLOWED`],
+/// denied `EPERM`.
+fn probe_args(w: &World) -> Vec<String> {
+    let mut spec = ProbeSpec::for_host(&w.host);
+    if let Some(g) = &w.host.spec().gated {
+        for v in VARIABLES {
+            let n = &g.nodes_for(v)[0];
+            spec.mknod.push((n.major, n.minor));
+        }
+    }
+    spec.args()
+}
+
+fn bundle(w: &World, name: &str, env: &[(&str, &str)]) -> Bundle {
+    let args = probe_args(w);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    w.bundle(name, &args, env)
+}
+
+/// What opening a node the devices cgroup allows gives without its driver: `ENXIO` for a
+/// major nobody registered, `ENODEV` from the misc driver (`rdma_cm`, major 10) for a minor
+/// nobody registered. A denied node gives `EPERM`.
+const ALLOWED: [&str; 2] = ["ENXIO", "ENODEV"];
+
+/// Problems unless the container has exactly the nodes of `enabled` among the feature-gated
+/// ones, each with its numbers and openable ([`ALLOWED`], never `EPERM`), a node of every other
+/// feature denied, and GDS's files exactly with `NVIDIA_GDS`.
+fn gated_problems(r: &ProbeReport, g: &GatedDevices, enabled: &[&str]) -> Vec<String> {
+    let mut p = Vec::new();
+    for v in VARIABLES {
+        let on = enabled.contains(&v);
+        for n in g.nodes_for(v) {
+            let path = format!("/dev/{}", n.path);
+            match (r.devices.get(&path), on) {
+                (None, true) => p.push(format!("{v}: {path} is missing")),
+                (Some(_), false) => p.push(format!("{v} not enabled, but {path} is there")),
+                (Some(d), true) => {
+                    if (d.kind.as_str(), d.major, d.minor) != ("c", n.major, n.minor) {
+                        p.push(format!(
+                            "{path} is {} {}:{}, expected c {}:{}",
+                            d.kind, d.major, d.minor, n.major, n.minor
+                        ));
+                    }
+                    if !ALLOWED.contains(&d.open.as_str()) {
+                        p.push(format!(
+                            "opening {path} gave {}, expected {ALLOWED:?}",
+                            d.open
+                        ));
+                    }
+                }
+                (None, false) => {}
+            }
+        }
+        let first = &g.nodes_for(v)[0];
+        let want: &[&str] = if on { &ALLOWED } else { &["EPERM"] };
+        match r.mknod.get(&(first.major, first.minor)) {
+            Some(got) if want.contains(&got.as_str()) => {}
+            got => p.push(format!(
+                "{v}: a mknod'ed {}:{} gave {got:?}, expected {want:?}",
+                first.major, first.minor
+            )),
+        }
+    }
+    let gds = enabled.contains(&"NVIDIA_GDS");
+    for file in ["/etc/cufile.json", "/run/udev"] {
+        match (r.files.contains(file), r.mount(file), gds) {
+            (true, Some(m), true) if m.is_readonly() => {}
+            (false, None, false) => {}
+            (seen, mount, _) => p.push(format!(
+                "{file}: present {seen}, mounted {mount:?}, with NVIDIA_GDS {gds}"
+            )),
+        }
+    }
+    p
+}
+
+#[test]
+fn each_variable_gives_what_nvidias_runtime_gives() {
+    let w = hgx();
+    let g = gated(&w);
+    for v in VARIABLES {
+        let name = v.to_ascii_lowercase();
+        let b = bundle(
+            &w,
+            &name,
+            &[("NVIDIA_VISIBLE_DEVICES", "0"), (v, "enabled")],
+        );
+        let r = w.run(&b);
+        assert_no_problems(v, &gated_problems(&r, g, &[v]), &r);
+        assert_no_problems(v, &r.gpu_problems(&w.host, &[w.gpu(0)]), &r);
+    }
+    // All four at once, beside `none` (a device request for NVIDIA: its one empty id).
+    let b = bundle(
+        &w,
+        "all-four",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "none"),
+            ("NVIDIA_GDS", "enabled"),
+            ("NVIDIA_MOFED", "enabled"),
+            ("NVIDIA_GDRCOPY", "enabled"),
+            ("NVIDIA_NVSWITCH", "enabled"),
+        ],
+    );
+    let r = w.run(&b);
+    assert_no_problems("all four", &gated_problems(&r, g, &VARIABLES), &r);
+    assert_no_problems("all four", &r.gpu_problems(&w.host, &[]), &r);
+}
+
+#[test]
+fn other_values_or_no_device_request_bring_nothing() {
+    let w = hgx();
+    let g = gated(&w);
+    let cases: [(&str, &[(&str, &str)]); 3] = [
+        ("unset", &[("NVIDIA_VISIBLE_DEVICES", "0")]),
+        (
+            "other-values",
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "0"),
+                ("NVIDIA_GDS", "true"),
+                ("NVIDIA_MOFED", "Enabled"),
+                ("NVIDIA_GDRCOPY", "1"),
+                ("NVIDIA_NVSWITCH", "enabled "),
+            ],
+        ),
+        (
+            "void",
+            &[
+                ("NVIDIA_VISIBLE_DEVICES", "void"),
+                ("NVIDIA_GDS", "enabled"),
+                ("NVIDIA_MOFED", "enabled"),
+                ("NVIDIA_GDRCOPY", "enabled"),
+                ("NVIDIA_NVSWITCH", "enabled"),
+            ],
+        ),
+    ];
+    for (name, env) in cases {
+        let r = w.run(&bundle(&w, name, env));
+        assert_no_problems(name, &gated_problems(&r, g, &[]), &r);
+    }
+}
+
+#[test]
+fn a_feature_the_host_lacks_is_a_warning_and_the_container_starts() {
+    // A plain GPU server: no nvidia-fs, no InfiniBand, no gdrdrv, no NVSwitch.
+    let w = World::new();
+    let b = bundle(
+        &w,
+        "lacking",
+        &[("NVIDIA_VISIBLE_DEVICES", "0"), ("NVIDIA_GDS", "enabled")],
+    );
+    let r = w.run(&b);
+    assert_no_problems("no GDS", &r.gpu_problems(&w.host, &[w.gpu(0)]), &r);
+    assert!(!r.files.contains("/etc/cufile.json"), "{}", r.raw);
+    let log = w.shim_log();
+    assert!(
+        log.contains("NVIDIA_GDS=enabled: the container starts without GPUDirect Storage")
+            && log.contains("/dev/nvidia-fs*"),
+        "{log}"
+    );
+    // `nvshim explain` says the same.
+    let out = w.nvshim(&["explain", "--bundle", b.dir().to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("NVIDIA_GDS=enabled: the container starts without"),
+        "{text}"
+    );
+}
+
+#[test]
+fn explain_shows_each_feature_as_a_cause_with_its_nodes() {
+    let w = hgx();
+    let b = bundle(
+        &w,
+        "explained",
+        &[
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_GDS", "enabled"),
+            ("NVIDIA_GDRCOPY", "enabled"),
+        ],
+    );
+    let out = w.nvshim(&[
+        "explain",
+        "--format",
+        "json",
+        "--bundle",
+        b.dir().to_str().unwrap(),
+    ]);
+    let e: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let requests = e["requests"].as_array().unwrap();
+    for v in ["NVIDIA_GDS", "NVIDIA_GDRCOPY"] {
+        assert!(
+            requests
+                .iter()
+                .any(|r| r["key"] == v && r["honoured"] == true),
+            "{v} not among the requests: {requests:?}"
+        );
+    }
+    let groups = e["groups"].as_array().unwrap();
+    let gds = groups
+        .iter()
+        .find(|g| g["cause"] == json!({"type": "feature", "variable": "NVIDIA_GDS", "mode": "gds"}))
+        .unwrap_or_else(|| panic!("no NVIDIA_GDS group: {groups:?}"));
+    let paths: Vec<&str> = gds["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["path"].as_str())
+        .collect();
+    let want: Vec<String> = gated(&w)
+        .nodes_for("NVIDIA_GDS")
+        .iter()
+        .map(|n| format!("/dev/{}", n.path))
+        .collect();
+    assert_eq!(paths, want);
+    assert_eq!(gds["cgroupRules"].as_array().unwrap().len(), want.len());
+    let mounts: Vec<&str> = gds["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["destination"].as_str())
+        .collect();
+    assert_eq!(mounts, ["/etc/cufile.json", "/run/udev"]);
+    assert!(groups
+        .iter()
+        .any(|g| g["cause"]["variable"] == "NVIDIA_GDRCOPY"));
+    assert!(!groups
+        .iter()
+        .any(|g| g["cause"]["variable"] == "NVIDIA_MOFED"));
+}
+
+#[test]
+fn generated_specs_give_the_same_through_the_cdi_path() {
+    let w = hgx();
+    let g = gated(&w);
+    for v in VARIABLES {
+        let mode = v.trim_start_matches("NVIDIA_").to_ascii_lowercase();
+        let path = w.run_cdi.join(format!("{mode}.json"));
+        let out = w.nvshim(&["cdi", "generate", "--mode", &mode, "--format", "json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let spec: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // pkg/nvcdi/lib_test.go: kind nvidia.com/<mode>, one device `all`, `void` globally.
+        assert_eq!(spec["kind"], format!("nvidia.com/{mode}"));
+        let names: Vec<&Value> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| &d["name"])
+            .collect();
+        assert_eq!(names, [&json!("all")]);
+        assert_eq!(
+            spec["containerEdits"]["env"],
+            json!(["NVIDIA_VISIBLE_DEVICES=void"])
+        );
+        fs::write(&path, &out.stdout).unwrap();
+
+        let b = bundle(&w, &format!("cdi-{mode}"), &[]);
+        let device = format!("nvidia.com/{mode}=all");
+        b.edit(move |c| {
+            c["annotations"] = json!({ "cdi.k8s.io/nvshim-e2e": device });
+            Ok(())
+        })
+        .unwrap();
+        let r = w.run(&b);
+        assert_no_problems(v, &gated_problems(&r, g, &[v]), &r);
+        fs::remove_file(&path).unwrap();
+    }
+    // Without the nodes there is nothing to describe: one clear error.
+    let plain = World::new();
+    let out = plain.nvshim(&["cdi", "generate", "--mode", "gds"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("no /dev/nvidia-fs* device node for --mode gds"),
+        "{stderr}"
+    );
+}
