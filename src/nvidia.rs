@@ -618,8 +618,27 @@ pub fn capability_table() -> String {
          keep NVIDIA's separate hooks, which `nvshim-hook` answers under NVIDIA's names.\n",
     );
     out.push_str(GPU_MEMORY_LIMITS);
+    out.push_str(FEATURE_GATED);
     out
 }
+
+/// The "Feature-gated devices" section of docs/capabilities.md (`crate::host::gated`).
+const FEATURE_GATED: &str = r#"
+## Feature-gated devices
+
+Beside a GPU request (`none` included), whatever the capabilities, as NVIDIA's runtime gives
+them (nvidia-container-toolkit `internal/modifier/gated.go`, `internal/discover/*.go`); only
+the exact value `enabled` asks. A node must be listed under its major in `/proc/devices`.
+Beside CDI devices the variables are ignored (as in NVIDIA's `cdi` mode): ask for the mode's
+`all` device instead.
+
+| variable | brings | `nvshim cdi generate --mode` |
+|---|---|---|
+| `NVIDIA_GDS=enabled` | `/dev/nvidia-fs*`; with them `/etc/cufile.json` and `/run/udev` from the driver root, read-only | `gds` (`nvidia.com/gds=all`) |
+| `NVIDIA_MOFED=enabled` | `/dev/infiniband/uverbs*`, `/dev/infiniband/rdma_cm` | `mofed` |
+| `NVIDIA_GDRCOPY=enabled` | `/dev/gdrdrv` | `gdrcopy` |
+| `NVIDIA_NVSWITCH=enabled` | `/dev/nvidia-nvswitchctl`, `/dev/nvidia-nvswitch*` | `nvswitch` |
+"#;
 
 /// The "GPU memory limits" section of docs/capabilities.md: NVIDIA's `apply-cuda-memory-limits`
 /// hook and nvshim's (`crate::memory_limits`, `nvshim_hook::apply_cuda_memory_limits`).

@@ -690,7 +690,8 @@ fn cause_title(c: &CauseItem) -> String {
             format!("CDI device {device} (from {})", spec.display())
         }
         CauseItem::Feature { variable, mode } => {
-            format!("{variable}=enabled: what NVIDIA's runtime gives for it (its `{mode}` devices)")
+            let title = crate::host::gated::Feature::from_mode(mode).map_or("", |f| f.title());
+            format!("{variable}=enabled: {title}, as NVIDIA's runtime gives it (mode {mode})")
         }
     }
 }

@@ -314,3 +314,22 @@ fn generated_specs_give_the_same_through_the_cdi_path() {
         "{stderr}"
     );
 }
+
+#[test]
+fn split_roots_give_nodes_from_the_dev_root_and_gds_files_from_the_driver_root() {
+    // The GPU Operator's layout: NVIDIA's discoverers take the nodes from the dev root and
+    // GDS's files from the driver root (`internal/discover/gds.go`).
+    let mut spec = FakeHostSpec::with_gpus(1);
+    spec.gated = Some(GatedDevices::hgx());
+    let w = World::builder().spec(spec).split().build();
+    assert!(w.host.root().join("etc/cufile.json").is_file());
+    assert!(w.host.dev_root().join("dev/nvidia-fs0").exists());
+    assert!(!w.host.dev_root().join("etc/cufile.json").exists());
+    let b = bundle(
+        &w,
+        "split",
+        &[("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_GDS", "enabled")],
+    );
+    let r = w.run(&b);
+    assert_no_problems("split", &gated_problems(&r, gated(&w), &["NVIDIA_GDS"]), &r);
+}
