@@ -17,6 +17,25 @@ pub fn parse(env: &[(&str, &str)]) -> Vec<Feature> {
         .collect()
 }
 
+/// The fix a refused feature variable names ([`super::env_policy`]): NVIDIA's device plugin
+/// sets the variable in its allocate response when run with the feature's flag
+/// (`internal/plugin/server.go`, `getAllocateResponse`); it has none for NVSwitch.
+pub fn fix(feature: Feature) -> String {
+    let rest = "unset the variable in the pod, or run the container privileged; on a node where every pod may use these devices set accept-envvar-unprivileged = true";
+    let flag = match feature {
+        Feature::Gds => "--gds-enabled",
+        Feature::Mofed => "--mofed-enabled",
+        Feature::Gdrcopy => "--gdrcopy-enabled",
+        Feature::Nvswitch => return format!("NVIDIA's device plugin never sets it: {rest}"),
+    };
+    format!("run the device plugin with {flag} (its allocation then sets the variable) and set accept-envvar-unprivileged = \"allocation-backed\" (read from the kubelet's device checkpoint on containerd nodes), or {rest}")
+}
+
+/// Whether `var` is one of the feature variables.
+pub fn is_variable(var: &str) -> bool {
+    Feature::ALL.iter().any(|f| f.variable() == var)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

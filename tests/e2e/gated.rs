@@ -17,13 +17,16 @@
 //!   one device `all`, global `NVIDIA_VISIBLE_DEVICES=void`).
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 
+use base64::Engine;
 use nvshim_testsupport::gated::VARIABLES;
+use nvshim_testsupport::kubelet::allocate_response;
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{Bundle, FakeHostSpec, GatedDevices, ProbeReport, ProbeSpec};
 use serde_json::{json, Value};
 
-use super::world::{SpecDirs, World};
+use super::world::{assert_rejected, SpecDirs, World};
 
 fn hgx() -> World {
     let mut spec = FakeHostSpec::with_gpus(2);
@@ -332,4 +335,128 @@ fn split_roots_give_nodes_from_the_dev_root_and_gds_files_from_the_driver_root()
     );
     let r = w.run(&b);
     assert_no_problems("split", &gated_problems(&r, gated(&w), &["NVIDIA_GDS"]), &r);
+}
+
+/// The kubelet checkpoint's `AllocResp`: base64 of the allocate response.
+fn alloc_resp(envs: &[(&str, &str)]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(allocate_response(envs))
+}
+
+/// `accept-envvar-unprivileged = "allocation-backed"` on a containerd node: a feature variable
+/// of an unprivileged pod is served only when the device plugin's allocate response (NVIDIA's
+/// `internal/plugin/server.go`: `NVIDIA_GDS=enabled` with `--gds-enabled`), as the kubelet's
+/// checkpoint records it, sets it; otherwise the create fails naming the fix. Privileged
+/// containers are served as before.
+#[test]
+fn allocation_backed_feature_variables_need_the_device_plugins_word() {
+    let w = hgx();
+    let g = gated(&w);
+    let gpu = w.gpu(0);
+    let checkpoint = w
+        .tmp
+        .path()
+        .join("kubelet/device-plugins/kubelet_internal_checkpoint");
+    fs::create_dir_all(checkpoint.parent().unwrap()).unwrap();
+    // The kubelet devicemanager/checkpoint shape (as in k8s::allocation_backed_envvar_policy);
+    // the device plugin's envvar strategy with --device-id-strategy=index: its env names the
+    // GPU by index, the DeviceIDs by UUID.
+    let write_checkpoint = |envs: &[(&str, &str)]| {
+        let doc = json!({"Data": {"PodDeviceEntries": [{
+            "PodUID": "5e7a-uid", "ContainerName": "cuda", "ResourceName": "nvidia.com/gpu",
+            "DeviceIDs": {"0": [gpu.uuid]}, "AllocResp": alloc_resp(envs)
+        }], "RegisteredDevices": {"nvidia.com/gpu": [gpu.uuid]}}, "Checksum": 1});
+        fs::write(&checkpoint, doc.to_string()).unwrap();
+        fs::set_permissions(&checkpoint, fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    w.configure(&format!(
+        "accept-envvar-unprivileged = \"allocation-backed\"\nkubelet-device-checkpoint = \"{}\"\n",
+        checkpoint.display()
+    ));
+    let pod = |name: &str, privileged: bool| {
+        let b = bundle(
+            &w,
+            name,
+            &[("NVIDIA_VISIBLE_DEVICES", "0"), ("NVIDIA_GDS", "enabled")],
+        );
+        b.edit(move |c| {
+            c["annotations"] = json!({
+                "io.kubernetes.cri.sandbox-uid": "5e7a-uid",
+                "io.kubernetes.cri.container-name": "cuda",
+            });
+            if privileged {
+                c["process"]["capabilities"]["bounding"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!("CAP_SYS_ADMIN"));
+            }
+            Ok(())
+        })
+        .unwrap();
+        b
+    };
+    let rt = w.shim();
+    // The device plugin run with --gds-enabled.
+    write_checkpoint(&[("NVIDIA_VISIBLE_DEVICES", "0"), ("NVIDIA_GDS", "enabled")]);
+    let r = w.run(&pod("backed", false));
+    assert_no_problems("backed", &gated_problems(&r, g, &["NVIDIA_GDS"]), &r);
+    assert_no_problems("backed", &r.gpu_problems(&w.host, &[gpu]), &r);
+    // A pod adding a feature its allocation does not set.
+    let b = pod("unbacked-mofed", false);
+    b.set_env("NVIDIA_MOFED", "enabled").unwrap();
+    assert_rejected(
+        &w,
+        &rt,
+        &b,
+        &[
+            "NVIDIA_MOFED=\"enabled\" is refused",
+            "allocation-backed",
+            "--mofed-enabled",
+        ],
+    );
+    // The device plugin without --gds-enabled.
+    write_checkpoint(&[("NVIDIA_VISIBLE_DEVICES", "0")]);
+    assert_rejected(
+        &w,
+        &rt,
+        &pod("unbacked", false),
+        &[
+            "NVIDIA_GDS=\"enabled\" is refused",
+            "accept-envvar-unprivileged = \"allocation-backed\"",
+            "--gds-enabled",
+        ],
+    );
+    let r = w.run(&pod("privileged", true));
+    assert_no_problems("privileged", &gated_problems(&r, g, &["NVIDIA_GDS"]), &r);
+    // `false`: never from the environment of an unprivileged container (here the GPU itself
+    // comes from the device plugin's volume-mounts marker).
+    w.configure("accept-envvar-unprivileged = false\naccept-volume-mounts = true\n");
+    let b = bundle(
+        &w,
+        "refused",
+        &[
+            (
+                "NVIDIA_VISIBLE_DEVICES",
+                "/var/run/nvidia-container-devices",
+            ),
+            ("NVIDIA_GDS", "enabled"),
+        ],
+    );
+    let uuid = gpu.uuid.clone();
+    b.edit(move |c| {
+        c["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": format!("/var/run/nvidia-container-devices/{uuid}"),
+            "type": "bind", "source": "/dev/null", "options": ["rbind", "rprivate", "rw"]
+        }));
+        Ok(())
+    })
+    .unwrap();
+    assert_rejected(
+        &w,
+        &rt,
+        &b,
+        &[
+            "NVIDIA_GDS=\"enabled\" is refused",
+            "accept-envvar-unprivileged = false",
+        ],
+    );
 }

@@ -19,6 +19,7 @@ pub mod bundle;
 pub mod gated;
 pub mod hook_harness;
 pub mod host;
+pub mod kubelet;
 pub mod podman;
 pub mod probe;
 pub mod rootfs;
