@@ -631,6 +631,9 @@ them (nvidia-container-toolkit `internal/modifier/gated.go`, `internal/discover/
 the exact value `enabled` asks. A node must be listed under its major in `/proc/devices`.
 Beside CDI devices the variables are ignored (as in NVIDIA's `cdi` mode): ask for the mode's
 `all` device instead.
+In a container without `CAP_SYS_ADMIN` they follow `accept-envvar-unprivileged`: `true`
+served, `false` refused, `"allocation-backed"` served only when the device plugin's allocate
+response (the kubelet's device checkpoint) sets the same variable; a refusal fails the create.
 
 | variable | brings | `nvshim cdi generate --mode` |
 |---|---|---|
