@@ -208,14 +208,9 @@ pub fn plan_bundle(
     };
     let mut request = request::from_spec(&bundle.spec, config).map_err(request_error)?;
     // The kubelet's checkpoint is read only for an env request the rest did not back.
-    let unsettled = request.ignored_unprivileged_env
-        || !request.unbacked.is_empty()
-        || request.refused.iter().any(
-            |e| matches!(e, RequestError::Refused { var, .. } if *var == request::VISIBLE_DEVICES),
-        );
-    if unsettled {
+    if request.wants_checkpoint() {
         let allocated = kubelet_allocated(&bundle.spec, config);
-        if !allocated.is_empty() {
+        if !allocated.is_empty() || !allocated.envs.is_empty() {
             request = request::from_spec_allocated(&bundle.spec, config, allocated)
                 .map_err(request_error)?;
         }
@@ -282,7 +277,14 @@ pub fn plan_bundle(
     let mut not_dirs: Option<Vec<String>> = None;
     match route {
         Route::Nothing(_) => {}
-        Route::Cdi(names, _) => apply_cdi(config, &mut plan, names, tools, trace)?,
+        Route::Cdi(names, _) => {
+            // As NVIDIA's `cdi` mode: the devices are the spec's (`nvidia.com/gds=all` & co.).
+            for f in &plan.request.features {
+                let (var, mode) = (f.variable(), f.mode());
+                trace.warn(format!("{var}=enabled is ignored beside CDI devices: ask for the CDI device nvidia.com/{mode}=all (`nvshim cdi generate --mode {mode}` writes its spec)"));
+            }
+            apply_cdi(config, &mut plan, names, tools, trace)?
+        }
         Route::Legacy(_) => {
             let host = host_from(config);
             let settings = legacy::Settings {
@@ -290,7 +292,7 @@ pub fn plan_bundle(
                 ..legacy::Settings::new(config, tools)
             };
             let (platform, _) = crate::host::platform::detect(&host, config.platform);
-            let resolved = if matches!(platform, Platform::Wsl | Platform::Csv) {
+            let mut resolved = if matches!(platform, Platform::Wsl | Platform::Csv) {
                 platform_resolve(config, &plan, &host, &settings, platform, trace)?
             } else {
                 let snapshot = host.snapshot()?;
@@ -309,6 +311,12 @@ pub fn plan_bundle(
                 )?;
                 resolved
             };
+            // NVIDIA applies the feature-gated devices in its legacy and CSV modes alike
+            // (src/legacy/gated.rs).
+            let found = crate::host::gated::discover(&host, &plan.request.features);
+            let gated = legacy::gated::resolve(&found);
+            gated.warnings.into_iter().for_each(|w| trace.warn(w));
+            resolved.groups.extend(gated.groups);
             trace.gpus = resolved.gpus.clone();
             let parts: Vec<&ContainerEdits> = resolved.groups.iter().map(|g| &g.edits).collect();
             plan.deferred =
@@ -442,25 +450,28 @@ const CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 /// `{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs":
 /// {"<numa node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}]}, "Checksum"}`.
 /// A time-sliced replica's id `<id>::<n>` counts as `<id>` (what NVIDIA's plugin puts in the
-/// variable). Anything missing or unreadable is no allocation: the request is then judged on
-/// the rest.
-fn kubelet_allocated(spec: &Value, config: &Config) -> Vec<String> {
+/// variable). The envs of `AllocResp` ([`request::kubelet`]) are kept, and the ids of an
+/// `NVIDIA_VISIBLE_DEVICES` among them added (the device plugin's own value: indexes with its
+/// `--device-id-strategy=index`). Anything missing or unreadable is no allocation: the request
+/// is then judged on the rest.
+fn kubelet_allocated(spec: &Value, config: &Config) -> request::Allocation {
+    let mut allocation = request::Allocation::default();
     let path = &config.kubelet_device_checkpoint;
     if config.accept_envvar_unprivileged != crate::config::UnprivilegedEnv::AllocationBacked
         || path.as_os_str().is_empty()
     {
-        return Vec::new();
+        return allocation;
     }
     let annotation = |k: &str| spec.get("annotations")?.get(k)?.as_str();
     let (Some(uid), Some(name)) = (annotation(SANDBOX_UID), annotation(CONTAINER_NAME)) else {
-        return Vec::new();
+        return allocation;
     };
     let Some(bytes) = crate::cache::read_private(path, "kubelet device checkpoint") else {
-        return Vec::new();
+        return allocation;
     };
     let Ok(doc) = serde_json::from_slice::<Value>(&bytes) else {
         tracing::warn!("{}: not JSON; its allocations are not used", path.display());
-        return Vec::new();
+        return allocation;
     };
     let entries = doc
         .pointer("/Data/PodDeviceEntries")
@@ -471,26 +482,37 @@ fn kubelet_allocated(spec: &Value, config: &Config) -> Vec<String> {
             e.get("PodUID").and_then(Value::as_str) == Some(uid)
                 && e.get("ContainerName").and_then(Value::as_str) == Some(name)
         });
-    let mut out = Vec::new();
+    let out = &mut allocation.names;
     for e in entries {
         let lists: Vec<&Value> = match e.get("DeviceIDs") {
             Some(Value::Object(per_numa)) => per_numa.values().collect(),
             Some(list @ Value::Array(_)) => vec![list],
             _ => Vec::new(),
         };
-        for id in lists
+        let envs = e
+            .get("AllocResp")
+            .and_then(Value::as_str)
+            .and_then(request::kubelet::allocate_envs)
+            .unwrap_or_default();
+        let env_ids = envs
+            .iter()
+            .filter(|(k, _)| k == request::VISIBLE_DEVICES)
+            .flat_map(|(_, v)| v.split(','));
+        let ids = lists
             .into_iter()
             .filter_map(Value::as_array)
             .flatten()
             .filter_map(Value::as_str)
-        {
+            .chain(env_ids);
+        for id in ids {
             let id = id.split_once("::").map_or(id, |(base, _)| base);
-            if !out.iter().any(|x| x == id) {
+            if !id.is_empty() && !out.iter().any(|x| x == id) {
                 out.push(id.to_string());
             }
         }
+        allocation.envs.extend(envs);
     }
-    out
+    allocation
 }
 
 /// `accept-envvar-unprivileged = "allocation-backed"`: ids the allocation's names did not back

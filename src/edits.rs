@@ -1203,6 +1203,8 @@ pub enum Cause {
     CdiDevice { name: String, path: PathBuf },
     /// `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT`: the hook that applies them.
     GpuMemoryLimits,
+    /// A feature-gated request (`NVIDIA_GDS=enabled` and the like): its nodes and files.
+    Feature(crate::host::gated::Feature),
 }
 
 /// Edits and their cause.

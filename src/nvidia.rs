@@ -618,9 +618,31 @@ pub fn capability_table() -> String {
          keep NVIDIA's separate hooks, which `nvshim-hook` answers under NVIDIA's names.\n",
     );
     out.push_str(GPU_MEMORY_LIMITS);
+    out.push_str(FEATURE_GATED);
     out.push_str(PLATFORMS);
     out
 }
+
+/// The "Feature-gated devices" section of docs/capabilities.md (`crate::host::gated`).
+const FEATURE_GATED: &str = r#"
+## Feature-gated devices
+
+Beside a GPU request (`none` included), whatever the capabilities, as NVIDIA's runtime gives
+them (nvidia-container-toolkit `internal/modifier/gated.go`, `internal/discover/*.go`); only
+the exact value `enabled` asks. A node must be listed under its major in `/proc/devices`.
+Beside CDI devices the variables are ignored (as in NVIDIA's `cdi` mode): ask for the mode's
+`all` device instead.
+In a container without `CAP_SYS_ADMIN` they follow `accept-envvar-unprivileged`: `true`
+served, `false` refused, `"allocation-backed"` served only when the device plugin's allocate
+response (the kubelet's device checkpoint) sets the same variable; a refusal fails the create.
+
+| variable | brings | `nvshim cdi generate --mode` |
+|---|---|---|
+| `NVIDIA_GDS=enabled` | `/dev/nvidia-fs*`; with them `/etc/cufile.json` and `/run/udev` from the driver root, read-only | `gds` (`nvidia.com/gds=all`) |
+| `NVIDIA_MOFED=enabled` | `/dev/infiniband/uverbs*`, `/dev/infiniband/rdma_cm` | `mofed` |
+| `NVIDIA_GDRCOPY=enabled` | `/dev/gdrdrv` | `gdrcopy` |
+| `NVIDIA_NVSWITCH=enabled` | `/dev/nvidia-nvswitchctl`, `/dev/nvidia-nvswitch*` | `nvswitch` |
+"#;
 
 /// The "Platforms" section of docs/capabilities.md: what each kind of host gets
 /// (`crate::host::platform`, `crate::legacy::platform`) and the tests that show it.
@@ -643,7 +665,7 @@ exists or `/sys/devices/soc0/family` says `tegra`, and `/proc/driver/nvidia/gpus
 | WSL2 (`wsl`) | `/dev/dxg` as device `all`, no `/dev/nvidia*`; `libdxcore.so` from `/usr/lib/wsl/lib`; from the NVIDIA driver store (`/usr/lib/wsl/drivers/<inf>_amd64_<hash>`, the one with `libcuda.so.1.1`) its required files and every other `*.so*`, `*.bin`, `*.dll`; `/usr/bin/nvidia-smi` linked to the store's; both folders in the ld.so.cache (`pkg/nvcdi/lib-wsl.go`, `driver-wsl.go`) | the same, by `NVIDIA_VISIBLE_DEVICES=all` and by the spec `nvshim cdi generate` writes | `platforms::wsl_all_gets_dxg_and_the_driver_store_as_nvidia_gives_them`, `platforms::wsl_refuses_gpu_ids_and_a_missing_dxg` |
 | Jetson Orin (`csv`) | the CSV lists of `/etc/nvidia-container-runtime/host-files-for-container.d` (`devices.csv`, `drivers.csv`, `l4t.csv`; every `*.csv` with `NVIDIA_REQUIRE_JETPACK=csv-mounts=all`): `dev` nodes that exist (globs expanded) as device `0` and `all`, `lib` files (links followed), `sym` chains recreated hop by hop with their final file, `dir` directories, `/etc/nv_tegra_release`, `libcuda.so` links, the ld.so.cache (`pkg/nvcdi/lib-csv.go`, `internal/platform-support/tegra/`) | the same, by `NVIDIA_VISIBLE_DEVICES` `all` or `0` and by the generated spec | `platforms::orin_csv_lists_give_their_nodes_files_and_links_as_nvidia_does`, `platforms::orin_csv_mounts_all_other_ids_and_missing_lists` |
 | Jetson Thor (`csv`) | its CSV lists with NVML: the iGPU as device `0` (a dGPU beside it as device `1`), `enable-cuda-compat --host-cuda-version` | the CSV lists as on an Orin, a node's group in `additionalGids` when the node is not world-usable; not a dGPU beside the iGPU, not the CUDA compatibility hook | `platforms::thor_is_served_from_its_csv_lists_with_the_nvmap_group` |
-| feature-gated devices (GDS, MOFED, GDRCOPY, NVSwitch) | see feature-gated devices | see feature-gated devices | (to be filled in with the feature-gated devices work) |
+| feature-gated devices (GDS, MOFED, GDRCOPY, NVSwitch) | with the NVIDIA driver: "Feature-gated devices" above | the same | `gated::` |
 
 On WSL and CSV hosts, as NVIDIA's CDI and CSV modes: `NVIDIA_DRIVER_CAPABILITIES` does not
 narrow what a container gets, and `none` gets the files without the device nodes. Other GPU

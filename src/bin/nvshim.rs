@@ -475,8 +475,11 @@ struct GenerateArgs {
     #[arg(long, value_parser = ["yaml", "json"])]
     format: Option<String>,
     /// What to describe: auto (GPUs and MIG devices, from NVML or /proc), imex (the IMEX
-    /// channels under <dev-root>/dev/nvidia-caps-imex-channels, kind nvidia.com/imex-channel).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "imex"])]
+    /// channels under <dev-root>/dev/nvidia-caps-imex-channels, kind nvidia.com/imex-channel),
+    /// or as NVIDIA's modes of the same names one `all` device of kind nvidia.com/<mode>: gds
+    /// (/dev/nvidia-fs*, /etc/cufile.json, /run/udev), mofed (/dev/infiniband/uverbs*,
+    /// rdma_cm), gdrcopy (/dev/gdrdrv), nvswitch (/dev/nvidia-nvswitch*).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "imex", "gds", "mofed", "gdrcopy", "nvswitch"])]
     mode: String,
     #[command(flatten)]
     naming: NamingArgs,
@@ -496,7 +499,8 @@ struct NamingArgs {
     /// The vendor part of the kind.
     #[arg(long, default_value = "nvidia.com")]
     vendor: String,
-    /// The class part of the kind [default: gpu; imex-channel with --mode imex].
+    /// The class part of the kind [default: gpu; imex-channel with --mode imex; the mode's
+    /// name with gds, mofed, gdrcopy and nvswitch].
     #[arg(long)]
     class: Option<String>,
     /// Leave out the `all` device.
@@ -587,10 +591,11 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
     use nvshim::ops::generate;
     match cmd {
         CdiCommand::Generate(args) => {
-            let default_class = if args.mode == "imex" {
-                generate::IMEX_CLASS
-            } else {
-                "gpu"
+            let gated = nvshim::host::gated::Feature::from_mode(&args.mode);
+            let default_class = match gated {
+                Some(f) => f.mode(),
+                None if args.mode == "imex" => generate::IMEX_CLASS,
+                None => "gpu",
             };
             let opts = args.naming.options(config, default_class)?;
             let format = match (args.format.as_deref(), &args.output) {
@@ -603,12 +608,19 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
             let on_platform = matches!(platform, Platform::Wsl | Platform::Csv);
             // A YAML GPU spec carries the host state it was made for, read before discovery,
             // as `cdi refresh` writes it (src/ops/freshness.rs).
-            let stamp =
-                (args.mode != "imex" && !on_platform && format == spec::Format::Yaml).then(|| {
+            let stamp = (gated.is_none()
+                && args.mode != "imex"
+                && !on_platform
+                && format == spec::Format::Yaml)
+                .then(|| {
                     use nvshim::ops::freshness::HostView;
                     HostView::read(&host).stamp(&host, &opts)
                 });
-            let (spec, origin) = if args.mode == "imex" {
+            let (spec, origin) = if let Some(f) = gated {
+                let spec = generate::generate_gated(&host, f, &opts)
+                    .with_context(|| format!("generating the {} spec", f.mode()))?;
+                (spec, format!("{} nodes", f.title()))
+            } else if args.mode == "imex" {
                 let spec = generate::generate_imex(&host, &opts)
                     .context("generating the IMEX channel spec")?;
                 (spec, "IMEX channel nodes".to_string())

@@ -20,6 +20,7 @@ use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
 pub mod csv;
+pub mod gated;
 mod gpu_cache;
 mod mig_table;
 pub mod nvml;
@@ -1158,31 +1159,33 @@ pub fn parse_information(path: &Path, text: &str) -> Result<Gpu, HostError> {
     })
 }
 
+/// The character section of `/proc/devices`: (major, driver name) per line, in order. A name
+/// may be listed under several majors (`infiniband_verbs` past 32 adapters).
+pub fn char_devices(text: &str) -> impl Iterator<Item = (u32, &str)> {
+    let mut in_char = false;
+    text.lines().filter_map(move |line| {
+        let line = line.trim();
+        if line == "Character devices:" {
+            in_char = true;
+            return None;
+        }
+        if line.ends_with("devices:") {
+            in_char = false;
+        }
+        if !in_char {
+            return None;
+        }
+        let (major, name) = line.split_once(char::is_whitespace)?;
+        Some((major.parse::<u32>().ok()?, name.trim()))
+    })
+}
+
 /// Parses `/proc/devices`, character section only.
 pub fn parse_devices(text: &str) -> Option<DeviceMajors> {
     let mut majors = DeviceMajors::default();
     let mut frontend = None;
-    let mut in_char = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if line == "Character devices:" {
-            in_char = true;
-            continue;
-        }
-        if line.ends_with("devices:") {
-            in_char = false;
-            continue;
-        }
-        if !in_char {
-            continue;
-        }
-        let Some((major, name)) = line.split_once(char::is_whitespace) else {
-            continue;
-        };
-        let Ok(major) = major.parse::<u32>() else {
-            continue;
-        };
-        match name.trim() {
+    for (major, name) in char_devices(text) {
+        match name {
             "nvidia" => majors.nvidia = major,
             "nvidia-frontend" => frontend = Some(major),
             "nvidia-uvm" => majors.nvidia_uvm = Some(major),

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+pub mod gated;
 pub mod sandbox;
 
 use crate::config::{Config, Profile};
@@ -514,8 +515,9 @@ pub fn device_nodes(host: &Host, device: GpuDevice<'_>, graphics: bool) -> Devic
     }
 }
 
-/// A DRM node as NVIDIA ≥ 1.19 writes it, with the node's group to add to the container's
-/// groups when the node is not world read-write (render and video groups).
+/// A DRM node (or a feature-gated one, [`gated`]) as NVIDIA ≥ 1.19 writes it, with the node's
+/// group to add to the container's groups when the node is not world read-write (render and
+/// video groups).
 fn drm_node(n: &HostDeviceNode) -> (DeviceNode, Option<u32>) {
     let gid = (n.gid != 0 && n.file_mode & 0o006 != 0o006).then_some(n.gid);
     (

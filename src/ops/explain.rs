@@ -163,6 +163,12 @@ pub enum CauseItem {
         spec: PathBuf,
     },
     GpuMemoryLimits,
+    /// `NVIDIA_GDS=enabled` and the like: the variable and NVIDIA's mode name.
+    #[serde(rename_all = "camelCase")]
+    Feature {
+        variable: &'static str,
+        mode: &'static str,
+    },
 }
 
 /// An env entry added, and the entry it replaces.
@@ -270,6 +276,16 @@ pub fn explain(
         out.requirements_disabled |= config.disable_require;
         if let Some(route) = &trace.route {
             out.route = Some(describe_route(route));
+        }
+        // Served on the legacy route only (a warning says so on the CDI route).
+        for f in &request.features {
+            out.requests.push(RequestItem {
+                source: "env",
+                key: f.variable().into(),
+                value: crate::request::gated::ENABLED.into(),
+                honoured: matches!(trace.route, Some(Route::Legacy(_))),
+                note: None,
+            });
         }
     }
     out.removed_hooks = trace.removed_hooks.clone();
@@ -444,6 +460,10 @@ fn describe_group(group: &EditGroup, base: &Value, original: &Value) -> GroupIte
         Cause::Gpu(g) => CauseItem::Gpu { gpu: g.into() },
         Cause::Driver => CauseItem::Driver,
         Cause::GpuMemoryLimits => CauseItem::GpuMemoryLimits,
+        Cause::Feature(f) => CauseItem::Feature {
+            variable: f.variable(),
+            mode: f.mode(),
+        },
         Cause::CdiSpec { path, kind } => CauseItem::CdiSpec {
             spec: path.clone(),
             kind: kind.clone(),
@@ -668,6 +688,10 @@ fn cause_title(c: &CauseItem) -> String {
         }
         CauseItem::CdiDevice { device, spec } => {
             format!("CDI device {device} (from {})", spec.display())
+        }
+        CauseItem::Feature { variable, mode } => {
+            let title = crate::host::gated::Feature::from_mode(mode).map_or("", |f| f.title());
+            format!("{variable}=enabled: {title}, as NVIDIA's runtime gives it (mode {mode})")
         }
     }
 }

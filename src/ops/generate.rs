@@ -32,6 +32,9 @@ use crate::legacy;
 use crate::nvidia::Capabilities;
 use crate::nvidia::IPC_MOUNT_OPTIONS;
 
+mod gated;
+pub use gated::generate_gated;
+
 /// Control nodes, in NVIDIA's order (`pkg/nvcdi/common-nvml.go`); only those present are added.
 const CONTROL_NODES: &[&str] = &[
     "nvidia-modeset",
@@ -66,6 +69,13 @@ pub enum GenerateError {
     Strategy(String),
     #[error("no IMEX channels: no channel<N> device nodes in {} (channels appear when the IMEX daemon or a ComputeDomain creates them)", dir.display())]
     NoImexChannels { dir: PathBuf },
+    #[error("no {patterns} device node for --mode {mode} ({why}); load the {title} kernel module (its nodes appear when it loads), or check dev-root in the nvshim config")]
+    NoGatedNodes {
+        mode: &'static str,
+        title: &'static str,
+        patterns: String,
+        why: String,
+    },
     #[error("cannot write {}: {source}", path.display())]
     Write {
         path: PathBuf,

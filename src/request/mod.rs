@@ -36,6 +36,8 @@ use crate::cdi::name::{self as cdi_name, QualifiedNameError};
 use crate::config::{Config, Mode};
 use crate::nvidia::Capabilities;
 
+pub mod gated;
+pub mod kubelet;
 mod requirements;
 pub use requirements::{
     compare_versions, parse_requirement, parse_version, GpuFacts, HostFacts, Op, Property,
@@ -244,11 +246,25 @@ pub struct Request {
     pub mig_config: VisibleDevices,
     /// `NVIDIA_MIG_MONITOR_DEVICES`: the MIG monitor capability (privileged containers only).
     pub mig_monitor: VisibleDevices,
+    /// `NVIDIA_GDS`, `NVIDIA_MOFED`, `NVIDIA_GDRCOPY`, `NVIDIA_NVSWITCH` set to `enabled`
+    /// beside a device request ([`gated`]). Served on the legacy route only.
+    pub features: Vec<crate::host::gated::Feature>,
 }
 
 impl Request {
     pub fn wants_gpus(&self) -> bool {
         self.devices != VisibleDevices::NotRequested
+    }
+
+    /// Whether the kubelet's device checkpoint could settle what the spec alone did not back
+    /// (`accept-envvar-unprivileged = "allocation-backed"`): an ignored or refused
+    /// `NVIDIA_VISIBLE_DEVICES`, unbacked ids, or a refused feature variable.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.ignored_unprivileged_env
+            || !self.unbacked.is_empty()
+            || self.refused.iter().any(|e| {
+                matches!(e, RequestError::Refused { var, .. } if *var == VISIBLE_DEVICES || gated::is_variable(var))
+            })
     }
 }
 
@@ -424,6 +440,10 @@ pub struct Allocation {
     /// for the device plugin's `DeviceSpec`s (`PASS_DEVICE_SPECS=true`) and for CDI devices
     /// it applied itself (CRI CDI).
     pub nodes: Vec<(u32, u32)>,
+    /// The environment the device plugin's allocate response gave the container, from the
+    /// kubelet's checkpoint ([`kubelet`]): backs the feature variables (`NVIDIA_GDS=enabled`
+    /// and the like).
+    pub envs: Vec<(String, String)>,
 }
 
 impl Allocation {
@@ -454,7 +474,11 @@ impl Allocation {
                 Some((num("major")?, num("minor")?))
             })
             .collect();
-        Allocation { names, nodes }
+        Allocation {
+            names,
+            nodes,
+            envs: Vec::new(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -507,6 +531,8 @@ pub enum EnvAsk<'a> {
     MigCapability(&'static str, &'a VisibleDevices),
     /// A CDI device named in `NVIDIA_VISIBLE_DEVICES` (a DRA claim, an IMEX channel, ...).
     CdiName(&'a str),
+    /// A feature-gated variable set to `enabled` ([`gated`]).
+    Feature(crate::host::gated::Feature),
 }
 
 /// Who is asking: [`env_policy`]'s other input.
@@ -545,6 +571,10 @@ pub enum Verdict {
 ///   it) and refused beside an allocation; a list is refused with `false`, and with
 ///   `"allocation-backed"` honoured when the allocation names every id (else when its device
 ///   nodes hold the GPUs the ids resolve to, checked by `create`).
+/// - Feature-gated devices (`NVIDIA_GDS=enabled` & co., every node of their kind): as GPUs
+///   for privileged containers, the docker hook and `true`; refused with `false`, and with
+///   `"allocation-backed"` unless the device plugin's allocate response (the kubelet's
+///   checkpoint) set the same variable to `enabled`.
 pub fn env_policy(ask: EnvAsk<'_>, who: &Asker<'_>, config: &Config) -> Verdict {
     use crate::config::UnprivilegedEnv;
     match ask {
@@ -603,6 +633,32 @@ pub fn env_policy(ask: EnvAsk<'_>, who: &Asker<'_>, config: &Config) -> Verdict 
                 Verdict::HonourIfNodes(unbacked)
             }
         }
+        EnvAsk::Feature(feature) => {
+            let policy = config.accept_envvar_unprivileged;
+            let var = feature.variable();
+            let backed = || {
+                policy == UnprivilegedEnv::AllocationBacked
+                    && who
+                        .allocation
+                        .envs
+                        .iter()
+                        .any(|(k, v)| k == var && v == gated::ENABLED)
+            };
+            if who.privileged
+                || policy == UnprivilegedEnv::Accept
+                || (who.docker_gpus && config.accept_docker_gpus_hook)
+                || backed()
+            {
+                return Verdict::Honour;
+            }
+            let setting = format!("accept-envvar-unprivileged = {}", policy.name());
+            let why = if policy == UnprivilegedEnv::AllocationBacked {
+                "the device plugin's allocation for it (the kubelet's device checkpoint) does not set it"
+            } else {
+                "the environment does not choose devices"
+            };
+            Verdict::Refuse(format!("the container is unprivileged and {setting}, and {why}: {var}=enabled gives every {} node of the host; {}", feature.title(), gated::fix(feature)))
+        }
     }
 }
 
@@ -621,15 +677,16 @@ fn wants_some(v: &VisibleDevices) -> bool {
 /// the image, so no privilege rule applies to them; what the environment asks for goes
 /// through [`env_policy`] when it is the request (not when mounts or annotations win).
 pub fn from_spec(spec: &Value, config: &Config) -> Result<Request, RequestError> {
-    from_spec_allocated(spec, config, Vec::new())
+    from_spec_allocated(spec, config, Allocation::default())
 }
 
-/// [`from_spec`] with device ids the host records as allocated to this container (the
-/// kubelet's device-manager checkpoint, read by `create`), added to [`Allocation::names`].
+/// [`from_spec`] with what the host records as allocated to this container (the kubelet's
+/// device-manager checkpoint, read by `create`): its names and envs are added to the
+/// [`Allocation`] read from the spec.
 pub fn from_spec_allocated(
     spec: &Value,
     config: &Config,
-    allocated: Vec<String>,
+    allocated: Allocation,
 ) -> Result<Request, RequestError> {
     let env = env_map(spec)?;
     let privileged = is_privileged(spec);
@@ -646,7 +703,8 @@ pub fn from_spec_allocated(
         Allocation::default()
     } else {
         let mut a = Allocation::read(spec, config);
-        a.names.extend(allocated);
+        a.names.extend(allocated.names);
+        a.envs = allocated.envs;
         a
     };
     let who = Asker {
@@ -722,6 +780,19 @@ pub fn from_spec_allocated(
     let mut requirements = Vec::new();
     let mut imex_channels = Vec::new();
     let (mut mig_config, mut mig_monitor) = Default::default();
+    let mut features = Vec::new();
+    for feature in gated::parse(&env).into_iter().filter(|_| wants) {
+        match env_policy(EnvAsk::Feature(feature), &who, config) {
+            // Beside annotations (the CDI route) the variable is not served at all.
+            Verdict::Refuse(_) if !annotation_devices.is_empty() => {}
+            Verdict::Refuse(reason) => refused.push(RequestError::Refused {
+                var: feature.variable(),
+                value: gated::ENABLED.to_string(),
+                reason,
+            }),
+            _ => features.push(feature),
+        }
+    }
     if wants {
         for (k, v) in &env {
             if k.starts_with(REQUIRE_PREFIX) && !k.starts_with("NVIDIA_REQUIRE_JETPACK") {
@@ -790,6 +861,7 @@ pub fn from_spec_allocated(
         imex_channels,
         mig_config,
         mig_monitor,
+        features,
     })
 }
 
@@ -1190,9 +1262,20 @@ mod tests {
         let all = VisibleDevices::All;
         let backed = Allocation {
             names: vec!["GPU-a".into()],
-            nodes: vec![],
+            ..Allocation::default()
         };
         let none = Allocation::default();
+        let envs = |k: &str, v: &str| Allocation {
+            envs: vec![(k.into(), v.into())],
+            ..backed.clone()
+        };
+        // The device plugin with --gds-enabled; with another feature's flag; a wrong value.
+        let (gds, mofed, gds_true) = (
+            envs("NVIDIA_GDS", "enabled"),
+            envs("NVIDIA_MOFED", "enabled"),
+            envs("NVIDIA_GDS", "true"),
+        );
+        use crate::host::gated::Feature::{Gds, Nvswitch};
         // (ask, privileged, policy, allocation, verdict: H honour, I ignore, R refuse)
         let cases: Vec<(EnvAsk<'_>, bool, UnprivilegedEnv, &Allocation, char)> = vec![
             (EnvAsk::Gpus(&list), false, Accept, &none, 'H'),
@@ -1204,6 +1287,28 @@ mod tests {
             (EnvAsk::Gpus(&all), false, AllocationBacked, &none, 'I'),
             (EnvAsk::Gpus(&all), false, AllocationBacked, &backed, 'R'),
             (EnvAsk::Gpus(&all), true, AllocationBacked, &backed, 'H'),
+            (EnvAsk::Feature(Gds), false, Accept, &none, 'H'),
+            (EnvAsk::Feature(Gds), false, Refuse, &none, 'R'),
+            (EnvAsk::Feature(Gds), false, Refuse, &gds, 'R'),
+            (EnvAsk::Feature(Gds), true, Refuse, &none, 'H'),
+            (EnvAsk::Feature(Gds), false, AllocationBacked, &backed, 'R'),
+            (EnvAsk::Feature(Gds), false, AllocationBacked, &gds, 'H'),
+            (EnvAsk::Feature(Gds), false, AllocationBacked, &mofed, 'R'),
+            (
+                EnvAsk::Feature(Gds),
+                false,
+                AllocationBacked,
+                &gds_true,
+                'R',
+            ),
+            (EnvAsk::Feature(Gds), true, AllocationBacked, &none, 'H'),
+            (
+                EnvAsk::Feature(Nvswitch),
+                false,
+                AllocationBacked,
+                &gds,
+                'R',
+            ),
             (EnvAsk::ImexChannels(&[7]), false, Accept, &backed, 'R'),
             (EnvAsk::ImexChannels(&[7]), true, Refuse, &none, 'H'),
             (EnvAsk::ImexChannels(&[]), false, Accept, &none, 'H'),
@@ -1267,6 +1372,62 @@ mod tests {
             };
             assert_eq!(got, want, "{ask:?} privileged={privileged} {policy:?}");
         }
+    }
+
+    /// A refused feature variable fails the create (naming the setting and the device
+    /// plugin's flag), is not served, and asks for the checkpoint; beside CDI annotations it
+    /// is neither served nor refused; the docker hook (trusted) is served.
+    #[test]
+    fn feature_variables_follow_the_env_policy() {
+        use crate::host::gated::Feature;
+        let env = json!([
+            "NVIDIA_VISIBLE_DEVICES=0",
+            "NVIDIA_MOFED=enabled",
+            "NVIDIA_GDS=true"
+        ]);
+        let spec = json!({"process": {"env": env}});
+        let mut cfg = Config::default();
+        assert_eq!(from_spec(&spec, &cfg).unwrap().features, [Feature::Mofed]);
+        // The GPU from the device plugin's volume-mounts marker, which no policy judges.
+        let marked = json!({"process": {"env": env}, "mounts": [{"destination":
+            format!("{DEVICE_MOUNT_ROOT}/0"), "type": "bind", "source": "/dev/null"}]});
+        cfg.accept_volume_mounts = true;
+        for policy in [UnprivilegedEnv::Refuse, UnprivilegedEnv::AllocationBacked] {
+            cfg.accept_envvar_unprivileged = policy;
+            let r = from_spec(&marked, &cfg).unwrap();
+            assert!(r.wants_gpus() && r.features.is_empty(), "{policy:?}");
+            assert!(r.wants_checkpoint());
+            let err = r.refused[0].to_string();
+            assert!(
+                err.contains("NVIDIA_MOFED=\"enabled\" is refused")
+                    && err.contains(&format!("accept-envvar-unprivileged = {}", policy.name()))
+                    && err.contains("--mofed-enabled"),
+                "{err}"
+            );
+        }
+        // The allocation's envs back it.
+        let backed = Allocation {
+            names: vec!["0".into()],
+            envs: vec![("NVIDIA_MOFED".into(), "enabled".into())],
+            ..Allocation::default()
+        };
+        let r = from_spec_allocated(&spec, &cfg, backed).unwrap();
+        assert!(
+            r.refused.is_empty() && r.features == [Feature::Mofed],
+            "{r:?}"
+        );
+        // Beside CDI annotations (the CDI route, which does not serve the variable).
+        let annotated = json!({"process": {"env": env},
+            "annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"}});
+        let r = from_spec(&annotated, &cfg).unwrap();
+        assert!(r.refused.is_empty() && r.features.is_empty(), "{r:?}");
+        // dockerd's --gpus hook, trusted by accept-docker-gpus-hook.
+        let docker = json!({"process": {"env": env},
+            "hooks": {"prestart": [{"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]}]}});
+        cfg.accept_docker_gpus_hook = true;
+        let r = from_spec(&docker, &cfg).unwrap();
+        assert!(r.sources.contains(&Source::DockerGpusHook));
+        assert_eq!(r.features, [Feature::Mofed]);
     }
 
     /// `accept-envvar-unprivileged = "allocation-backed"`: the variable is honoured when what

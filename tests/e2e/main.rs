@@ -23,6 +23,8 @@
 //! - [`engines`]: containerd, Docker and CRI-O configuration and containers through them;
 //! - [`diagnostics`]: `nvshim explain` and `nvshim doctor`;
 //! - [`nvidia_hooks`]: NVIDIA's hook binaries' command lines answered by nvshim-hook;
+//! - [`gated`]: `NVIDIA_GDS`, `NVIDIA_MOFED`, `NVIDIA_GDRCOPY`, `NVIDIA_NVSWITCH` and the
+//!   matching `nvshim cdi generate` modes;
 //! - [`platforms`]: WSL2 and a Jetson in CSV mode, hosts without NVIDIA's kernel driver;
 //! - [`memory_limits`]: `NVIDIA_GPU_MEMORY_LIMIT` through the `apply-cuda-memory-limits` hook;
 //! - [`error_messages`]: the wording of the errors users meet most;
@@ -40,6 +42,7 @@ mod common;
 mod diagnostics;
 mod engines;
 mod error_messages;
+mod gated;
 mod host_files;
 mod k8s;
 mod memory_limits;

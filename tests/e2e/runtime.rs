@@ -15,13 +15,12 @@ use std::process::Command;
 
 use nvshim_testsupport::probe::assert_no_problems;
 use nvshim_testsupport::{
-    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, KernelModules, Layout, ProbeReport,
-    RunOutput, Runtime,
+    unique_id, Bundle, FakeGpu, FakeHost, FakeHostSpec, KernelModules, Layout, ProbeReport, Runtime,
 };
 use serde_json::{json, Value};
 
 use super::common::NVSHIM;
-use super::world::World;
+use super::world::{assert_rejected, World};
 
 /// Plain runc with a fresh state dir under the world's temp dir: the harness tests' reference.
 fn runc(w: &World) -> Runtime {
@@ -396,40 +395,6 @@ fn the_driver_files_follow_the_driver_root() {
         "{dev} not linked in the container:\n{}",
         r.raw
     );
-}
-
-/// `create` must fail before touching anything: non-zero exit, a message on stderr containing
-/// each of `needles`, config.json byte-identical, no container in runc's state dir.
-#[track_caller]
-fn assert_rejected(w: &World, rt: &Runtime, bundle: &Bundle, needles: &[&str]) -> RunOutput {
-    let before = bundle.config_bytes().unwrap();
-    let id = unique_id("nvshim-e2e-reject");
-    let out = rt.create(bundle, &id).unwrap();
-    let log = w.shim_log();
-    assert!(
-        !out.success(),
-        "create should have failed\n{out}\n--- nvshim.log ---\n{log}"
-    );
-    // With create, the runtime's own stderr is the container stderr file.
-    let (_, stderr) = rt.container_output(&id).unwrap();
-    for n in needles {
-        assert!(
-            stderr.contains(n),
-            "stderr should mention {n:?}\n{out}\n--- nvshim.log ---\n{log}"
-        );
-    }
-    assert!(
-        stderr.trim().lines().count() <= 2,
-        "the error should be short: {stderr:?}"
-    );
-    assert_eq!(
-        bundle.config_bytes().unwrap(),
-        before,
-        "config.json changed although create failed"
-    );
-    assert_eq!(rt.status(&id).unwrap(), None, "runc knows container {id}");
-    assert!(rt.list().unwrap().is_empty(), "runc state dir is not empty");
-    out
 }
 
 #[test]

@@ -230,8 +230,8 @@ fn request_policy_check(config: &Config) -> Check {
         "the device plugin's volume-mounts strategy fails (accept-volume-mounts = false)"
     };
     let what = match config.accept_envvar_unprivileged {
-        UnprivilegedEnv::Accept => "any container may pick GPUs by NVIDIA_VISIBLE_DEVICES (a pod can widen its device-plugin allocation): for Docker hosts and nodes whose pods may all use every GPU",
-        UnprivilegedEnv::AllocationBacked => "an unprivileged NVIDIA_VISIBLE_DEVICES is honoured only when the kubelet's device checkpoint (kubelet-device-checkpoint, containerd nodes), the device plugin's mounts, CDI annotations or device nodes (PASS_DEVICE_SPECS=true) name the same GPUs; others fail to create",
+        UnprivilegedEnv::Accept => "any container may pick GPUs by NVIDIA_VISIBLE_DEVICES and every node of a feature by NVIDIA_GDS & co. (a pod can widen its device-plugin allocation): for Docker hosts and nodes whose pods may all use every GPU",
+        UnprivilegedEnv::AllocationBacked => "an unprivileged NVIDIA_VISIBLE_DEVICES is honoured only when the kubelet's device checkpoint (kubelet-device-checkpoint, containerd nodes), the device plugin's mounts, CDI annotations or device nodes (PASS_DEVICE_SPECS=true) name the same GPUs, and NVIDIA_GDS, _MOFED, _GDRCOPY, _NVSWITCH only when the device plugin's allocate response in that checkpoint sets them; others fail to create",
         UnprivilegedEnv::Refuse => "an unprivileged GPU list in NVIDIA_VISIBLE_DEVICES fails to create: the device plugin's envvar strategy does not work here",
     };
     check(

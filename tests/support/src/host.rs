@@ -30,8 +30,9 @@
 //! (libraries, binaries, firmware, `etc/ld.so.cache`) under one root, as the driver container's
 //! `/run/nvidia/driver`, and `dev/` and `proc/` under another, the host's. Optional extras:
 //! MIG capabilities ([`FakeHost::add_mig_caps`]: `proc/driver/nvidia-caps/mig-minors` and
-//! `dev/nvidia-caps/nvidia-cap<N>`), IMEX channels ([`FakeHost::add_imex_channels`]) and a real
-//! node's own libraries in `etc/ld.so.cache` ([`FakeHost::add_system_libraries`]).
+//! `dev/nvidia-caps/nvidia-cap<N>`), IMEX channels ([`FakeHost::add_imex_channels`]), a real
+//! node's own libraries in `etc/ld.so.cache` ([`FakeHost::add_system_libraries`]) and, set in
+//! the spec, an HGX node's GDS, InfiniBand, GDRCopy and NVSwitch nodes ([`crate::gated`]).
 //!
 //! One file (1520 lines of code, 65 of tests): the layout above is one contract, and [`FakeHost`]'s
 //! builder writes exactly what the tables beside it list ([`DRIVER_LIBS`], [`DRIVER_LIBS_32`],
@@ -134,6 +135,9 @@ pub struct FakeHostSpec {
     pub kernel_modules: KernelModules,
     /// Where the distribution puts the driver's libraries.
     pub layout: Layout,
+    /// GDS, MOFED, GDRCopy and NVSwitch nodes (and GDS's files), in `/proc/devices` and
+    /// `dev/` ([`crate::gated`]); `None`: none, as on a plain GPU server.
+    pub gated: Option<crate::gated::GatedDevices>,
 }
 
 /// Where a distribution puts the driver's libraries.
@@ -317,6 +321,7 @@ impl FakeHostSpec {
             frontend_name: "nvidia".to_string(),
             kernel_modules: KernelModules::default(),
             layout: Layout::default(),
+            gated: None,
         }
     }
 
@@ -1225,6 +1230,13 @@ impl FakeHost {
             spec.caps_imex_major,
             "nvidia-caps-imex-channels".to_string(),
         ));
+        if let Some(g) = &spec.gated {
+            chars.extend(
+                g.proc_devices()
+                    .into_iter()
+                    .map(|(m, n)| (m, n.to_string())),
+            );
+        }
         chars.sort_by_key(|(m, _)| *m);
         let mut devices = String::from("Character devices:\n");
         for (major, name) in &chars {
@@ -1288,6 +1300,9 @@ impl FakeHost {
         make_char_node(&dev.join("nvidia-modeset"), NVIDIA_MAJOR, MODESET_MINOR)?;
         make_char_node(&dev.join("nvidia-uvm"), self.spec.uvm_major, 0)?;
         make_char_node(&dev.join("nvidia-uvm-tools"), self.spec.uvm_major, 1)?;
+        if let Some(g) = &self.spec.gated {
+            g.make(&dev, &self.root)?;
+        }
         Ok(())
     }
 

@@ -16,8 +16,10 @@
 
 pub mod breakage;
 pub mod bundle;
+pub mod gated;
 pub mod hook_harness;
 pub mod host;
+pub mod kubelet;
 pub mod loader;
 pub mod platforms;
 pub mod podman;
@@ -28,6 +30,7 @@ pub mod runner;
 mod stubs;
 
 pub use bundle::Bundle;
+pub use gated::GatedDevices;
 pub use host::{FakeGpu, FakeHost, FakeHostSpec, KernelModules, Layout, LIB_DIR};
 pub use probe::{ProbeReport, ProbeSpec};
 pub use rootfs::Rootfs;

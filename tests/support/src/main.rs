@@ -1,12 +1,13 @@
 //! `nvshim-fake-host DIR [--gpus N] [--driver-version V] [--frontend-name NAME]
 //!                  [--kernel-modules open|proprietary] [--mig N] [--system-libs]
-//!                  [--config FILE]`
+//!                  [--gated] [--config FILE]`
 //!
 //! Builds a simulated GPU host in DIR (for the demo and the benchmarks) and prints its layout.
 //! With `--mig N`, every GPU has N MIG devices (GPU instances 1..=N, compute instance 0 each:
 //! their capability nodes and the driver's `mig-minors` table). With `--system-libs`, its
 //! ld.so.cache also holds a real node's own libraries, as large as that node's
-//! (`FakeHost::add_system_libraries`). With `--config FILE`, also writes an nvshim config.toml
+//! (`FakeHost::add_system_libraries`). With `--gated`, an HGX node's GDS, InfiniBand, GDRCopy
+//! and NVSwitch nodes (`GatedDevices::hgx`). With `--config FILE`, also writes an nvshim config.toml
 //! pointing at it. Needs root and gcc.
 //!
 //! `nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...`
@@ -23,7 +24,7 @@ use nvshim_testsupport::{Bundle, FakeHost, FakeHostSpec, KernelModules};
 const USAGE: &str = "usage: nvshim-fake-host DIR [--gpus N] [--driver-version V] \
                      [--frontend-name nvidia|nvidia-frontend] \
                      [--kernel-modules open|proprietary] [--mig N] [--system-libs] \
-                     [--config FILE]\n       \
+                     [--gated] [--config FILE]\n       \
                      nvshim-fake-host --bundle DIR [--env KEY=VALUE]... -- ARGS...";
 
 struct Args {
@@ -34,6 +35,7 @@ struct Args {
     kernel_modules: KernelModules,
     mig: u32,
     system_libs: bool,
+    gated: bool,
     config: Option<PathBuf>,
     bundle: bool,
     env: Vec<String>,
@@ -48,6 +50,7 @@ fn parse_args() -> Result<Option<Args>> {
     let mut kernel_modules = KernelModules::default();
     let mut mig = 0;
     let mut system_libs = false;
+    let mut gated = false;
     let mut config = None;
     let mut bundle = false;
     let mut env = Vec::new();
@@ -84,6 +87,7 @@ fn parse_args() -> Result<Option<Args>> {
                     .with_context(|| format!("--mig {v:?}: 1 to 7 MIG devices per GPU"))?;
             }
             "--system-libs" => system_libs = true,
+            "--gated" => gated = true,
             "--config" => config = Some(PathBuf::from(value("--config")?)),
             "--bundle" => {
                 bundle = true;
@@ -119,6 +123,7 @@ fn parse_args() -> Result<Option<Args>> {
         kernel_modules,
         mig,
         system_libs,
+        gated,
         config,
         bundle,
         env,
@@ -160,6 +165,9 @@ fn real_main() -> Result<()> {
         spec.frontend_name = n;
     }
     spec.kernel_modules = args.kernel_modules;
+    if args.gated {
+        spec.gated = Some(nvshim_testsupport::GatedDevices::hgx());
+    }
     let host = FakeHost::build(&args.dir, &spec)?;
     if args.mig > 0 {
         let instances: Vec<(u32, u32, u32)> = host

@@ -10,15 +10,17 @@
 //!
 //! ```text
 //! DEV <path> <c|d|f|...> <major hex> <minor hex> <open result>   each /dev/nvidia* entry, and
-//!                                                                those in /dev/nvidia-caps and
+//!                                                                those in /dev/nvidia-caps,
 //!                                                                /dev/nvidia-caps-imex-channels
+//!                                                                and /dev/infiniband, /dev/gdrdrv
 //! CGROUP <type> <major>:<minor> <access>                         /sys/fs/cgroup/devices/devices.list
 //! MKNOD <major>:<minor> <open result>                            a node made with mknod, then opened
 //! MOUNT <destination> <fstype> <options>                         /proc/mounts
 //! WRITE <destination> <open result>                              open(O_APPEND) of file mounts under /usr, /lib
 //! FILE <path> / LINK <path> <target>                             driver libraries (64- and 32-bit),
 //!                                                                binaries, firmware, graphics
-//!                                                                manifests, X.Org modules, profiles
+//!                                                                manifests, X.Org modules, profiles,
+//!                                                                GDS's /etc/cufile.json, /run/udev
 //! SOCK <path>                                                    the driver daemons' sockets
 //! DRI <path> <major hex> <minor hex> <gid>                       /dev/dri card and render nodes
 //! GROUPS <gid> ...                                               `id -G` of the process
@@ -55,7 +57,7 @@ classify() {
 }
 tryopen() { if out=$(dd if="$1" of=/dev/null bs=1 count=0 2>&1); then echo OK; else classify "$out"; fi; }
 trywrite() { if out=$( (: >> "$1") 2>&1); then echo OK; else classify "$out"; fi; }
-for f in /dev/nvidia* /dev/nvidia-caps/* /dev/nvidia-caps-imex-channels/*; do
+for f in /dev/nvidia* /dev/nvidia-caps/* /dev/nvidia-caps-imex-channels/* /dev/infiniband/* /dev/gdrdrv; do
     [ -e "$f" ] || continue
     if [ -c "$f" ]; then
         echo "DEV $f c $(stat -c '%t %T' "$f") $(tryopen "$f")"
@@ -97,7 +99,8 @@ for f in /usr/lib/x86_64-linux-gnu/* /usr/lib/x86_64-linux-gnu/vdpau/* /usr/lib6
          /usr/share/glvnd/egl_vendor.d/* /usr/share/egl/egl_external_platform.d/* \
          /etc/vulkan/icd.d/* /etc/vulkan/implicit_layer.d/* /usr/share/vulkansc/icd.d/* \
          /etc/OpenCL/vendors/* /usr/share/nvidia/* /usr/share/X11/xorg.conf.d/* \
-         /etc/nvidia/nvidia-application-profiles-rc.d/* /dev/dri/by-path/*; do
+         /etc/nvidia/nvidia-application-profiles-rc.d/* /dev/dri/by-path/* \
+         /etc/cufile.json /run/udev; do
     if [ -S "$f" ]; then
         echo "SOCK $f"
     elif [ -L "$f" ]; then
