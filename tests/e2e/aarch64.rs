@@ -44,7 +44,8 @@ fn setup(test: &str) -> Option<(PathBuf, PathBuf)> {
     Some((bin, root))
 }
 
-/// A GB200 world whose config names the aarch64 hook, with IMEX channels 0 and 1.
+/// A GB200 world whose config names the aarch64 hook, with IMEX channels 0 and 1 and the
+/// fabric's IMEX management capability.
 fn grace(bin: &Path) -> World {
     let w = World::builder().spec(FakeHostSpec::gb200()).build();
     w.configure(&format!(
@@ -52,6 +53,7 @@ fn grace(bin: &Path) -> World {
         bin.join("nvshim-hook").display().to_string()
     ));
     w.host.add_imex_channels(&[0, 1]).unwrap();
+    w.host.add_fabric_imex_mgmt().unwrap();
     w
 }
 
@@ -72,6 +74,9 @@ fn run(w: &World, rt: &Runtime, bundle: &Bundle) -> String {
     let out = rt
         .run(bundle, &nvshim_testsupport::unique_id("aarch64"))
         .unwrap();
+    if std::env::var_os("NVSHIM_E2E_VERBOSE").is_some() {
+        eprintln!("{out}");
+    }
     assert!(
         out.success(),
         "the container failed\n{out}\n--- nvshim.log ---\n{}",
@@ -82,11 +87,13 @@ fn run(w: &World, rt: &Runtime, bundle: &Bundle) -> String {
 
 const LOOK: &str = "uname -m; ls /dev | grep '^nvidia[0-9]' | tr '\\n' ' '; echo; \
     ls /dev/nvidia-caps-imex-channels 2> /dev/null | tr '\\n' ' '; echo; \
+    ls /dev/nvidia-caps 2> /dev/null | tr '\\n' ' '; echo; \
     ldconfig -p | grep -F libcuda.so.1; ls /usr/lib; nvidia-smi -L";
 
 /// Every GPU with IMEX channel 0 (privileged, as NVIDIA's runtime serves the variable): the
-/// four nodes, the channel, and libcuda in the image's cache as an aarch64 entry for glibc's
-/// own ldconfig (`libc6,AArch64`: flags 0x0a03).
+/// four nodes, the channel but not the fabric's IMEX management node (the IMEX daemon's, not
+/// the workload's: no NVIDIA request brings it), and libcuda in the image's cache as an aarch64
+/// entry for glibc's own ldconfig (`libc6,AArch64`: flags 0x0a03).
 #[test]
 fn grace_container_sees_its_gpus_imex_channel_and_libraries() {
     let Some((bin, root)) = setup("grace_container_sees_its_gpus_imex_channel_and_libraries")
@@ -119,6 +126,7 @@ fn grace_container_sees_its_gpus_imex_channel_and_libraries() {
     assert_eq!(lines[0], "aarch64", "{out}");
     assert_eq!(lines[1], "nvidia0 nvidia1 nvidia2 nvidia3 ", "{out}");
     assert_eq!(lines[2], "channel0 ", "{out}");
+    assert_eq!(lines[3], "", "{out}");
     let libcuda = "libcuda.so.1 (libc6,AArch64) => /usr/lib/aarch64-linux-gnu/libcuda.so.1";
     assert!(
         out.lines().any(|l| l.trim() == libcuda),

@@ -53,6 +53,11 @@ use crate::stubs;
 /// Where the driver's libraries live, relative to the host root (Debian's multiarch dir).
 pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
+/// The minor of the fabric IMEX management capability ([`FakeHost::add_fabric_imex_mgmt`]):
+/// modelled (no GB200 node's files are in this repository) as the first minor after the MIG
+/// table's 4,322 (`config`, `monitor` and the 32 GPUs' instances: [`mig_minors_table`]).
+pub const FABRIC_IMEX_MGMT_MINOR: u32 = 4323;
+
 /// Major number of the NVIDIA character devices (`/dev/nvidia<N>`, nvidiactl, nvidia-modeset).
 pub const NVIDIA_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl`.
@@ -1036,6 +1041,29 @@ impl FakeHost {
             }
         }
         Ok(())
+    }
+
+    /// Adds the NVLink fabric's IMEX management capability, as the driver exposes it on an
+    /// NVLink-fabric node such as GB200 (its `nv-caps` "sys" table): the capability file
+    /// `proc/driver/nvidia/capabilities/fabric-imex-mgmt`, in the format of the MIG ones
+    /// (tests/fixtures/host/README.md), and its node `dev/nvidia-caps/nvidia-cap<minor>` (major
+    /// `caps_major`, mode 0400: for the IMEX daemon, not for containers). The minor is
+    /// [`FABRIC_IMEX_MGMT_MINOR`], which it returns.
+    pub fn add_fabric_imex_mgmt(&self) -> Result<u32> {
+        let minor = FABRIC_IMEX_MGMT_MINOR;
+        write(
+            &self
+                .proc_root()
+                .join("driver/nvidia/capabilities/fabric-imex-mgmt"),
+            &format!("DeviceFileMinor: {minor}\nDeviceFileMode: 256\nDeviceFileModify: 1\n"),
+        )?;
+        let dir = self.dev_root.join("dev/nvidia-caps");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let node = dir.join(format!("nvidia-cap{minor}"));
+        if !node.exists() {
+            make_char_node_mode(&node, self.spec.caps_major, minor, 0o400)?;
+        }
+        Ok(minor)
     }
 
     /// Adds a real GPU node's own libraries to the host's `ld.so.cache`, so that it is about as
