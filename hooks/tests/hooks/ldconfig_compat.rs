@@ -14,7 +14,7 @@ use nvshim_hook::root::{Resolver, Root};
 use nvshim_hook::update_ldcache::{self, Libc, Options, Report};
 use nvshim_testsupport::hook_harness::{
     bind_file, compat_json, compat_lib, compile_shared, copy_tree, enter_private_mount_ns,
-    fingerprint, ldconfig_r, mount_tmpfs, require_root, symlinks, NoteBuild, Tree,
+    fingerprint, ldconfig_r, ldconfig_r_with, mount_tmpfs, require_root, symlinks, NoteBuild, Tree,
 };
 use nvshim_testsupport::rootfs::LDCONFIG;
 
@@ -944,21 +944,6 @@ fn stub_with_soname(soname: &[u8]) -> Vec<u8> {
     lib
 }
 
-/// `ldconfig -r ROOT` of Debian 12's arm64 glibc (static, run by qemu through binfmt_misc).
-fn arm64_ldconfig_r(arm64: &Path, root: &Path) {
-    let out = std::process::Command::new(arm64.join("sbin/ldconfig"))
-        .arg("-r")
-        .arg(root)
-        .env_clear()
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "arm64 ldconfig -r: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The native writer with aarch64's rules (`Options::arch`, on this x86-64 machine) against
 /// the reference for aarch64, Debian 12's arm64 ldconfig: for an arm64 Debian image with
 /// aarch64 driver libraries, the same cache byte for byte (every entry `FLAG_AARCH64_LIB64 |
@@ -1007,7 +992,7 @@ fn aarch64_image_matches_arm64_ldconfig() {
     // The reference's generator string, from a run on an empty root.
     let empty = work.path().join("empty");
     fs::create_dir_all(empty.join("etc")).unwrap();
-    arm64_ldconfig_r(&arm, &empty);
+    ldconfig_r_with(&arm.join("sbin/ldconfig"), &empty);
     let generator = LdCache::parse(&fs::read(empty.join("etc/ld.so.cache")).unwrap())
         .unwrap()
         .generator
@@ -1018,7 +1003,8 @@ fn aarch64_image_matches_arm64_ldconfig() {
     let report = hook(&ours, &opts, Resolver::Openat2);
     assert_eq!(report.libc, Some(Libc::Glibc));
     assert!(!report.fallback, "{report:?}");
-    arm64_ldconfig_r(&arm, &theirs);
+    // Debian 12's arm64 glibc ldconfig: static, run by qemu through binfmt_misc.
+    ldconfig_r_with(&arm.join("sbin/ldconfig"), &theirs);
     let a = fs::read(ours.join("etc/ld.so.cache")).unwrap();
     let b = fs::read(theirs.join("etc/ld.so.cache")).unwrap();
     let cache = LdCache::parse(&a).unwrap();

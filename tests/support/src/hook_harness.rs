@@ -154,8 +154,13 @@ pub fn copy_tree(src: &Path, dst: &Path) {
 
 /// Runs the reference `ldconfig -r ROOT` (the host's, [`LDCONFIG`]; as root it chroots there).
 pub fn ldconfig_r(root: &Path) {
+    ldconfig_r_with(Path::new(LDCONFIG), root)
+}
+
+/// [`ldconfig_r`] with another `ldconfig` (an arm64 one: [`crate::arm64::root`]'s).
+pub fn ldconfig_r_with(ldconfig: &Path, root: &Path) {
     require_root();
-    let out = Command::new(LDCONFIG)
+    let out = Command::new(ldconfig)
         .arg("-r")
         .arg(root)
         .env_clear()
