@@ -169,21 +169,26 @@ fn grace_one_gpu_and_compat32_brings_no_32bit_libraries() {
     assert!(out.lines().any(|l| l == "aarch64-linux-gnu"), "{out}");
 }
 
-/// The aarch64 `nvshim` (dynamic: its loader and libc from the arm64 root): `--version`, and
-/// `cdi generate` for the Grace host names aarch64 library paths and the four GPUs.
+/// The aarch64 `nvshim` (dynamic: its loader and libc from the arm64 root): `--version`;
+/// `doctor` reads the `for aarch64` banner and finds the driver's libraries through the
+/// cache's aarch64 entries; `cdi generate` for the Grace host names aarch64 library paths and
+/// the four GPUs.
 #[test]
-fn grace_nvshim_generates_an_aarch64_spec() {
-    let Some((bin, root)) = setup("grace_nvshim_generates_an_aarch64_spec") else {
+fn grace_nvshim_doctor_and_cdi_generate() {
+    let Some((bin, root)) = setup("grace_nvshim_doctor_and_cdi_generate") else {
         return;
     };
     let w = grace(&bin);
-    let nvshim = |args: &[&str]| {
-        let out = Command::new(bin.join("nvshim"))
+    let run_nvshim = |args: &[&str]| {
+        Command::new(bin.join("nvshim"))
             .args(args)
             .env("NVSHIM_CONFIG", &w.config)
             .env("QEMU_LD_PREFIX", &root)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let nvshim = |args: &[&str]| {
+        let out = run_nvshim(args);
         assert!(
             out.status.success(),
             "nvshim {args:?}: {}",
@@ -192,6 +197,25 @@ fn grace_nvshim_generates_an_aarch64_spec() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert!(nvshim(&["--version"]).starts_with("nvshim "));
+    // Doctor's errors here are the machine's engines, not configured for nvshim.
+    let doctor = String::from_utf8_lossy(&run_nvshim(&["doctor"]).stdout).into_owned();
+    let check = |name: &str| {
+        doctor
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name} check:\n{doctor}"))
+            .to_string()
+    };
+    assert!(
+        check("driver").starts_with("ok ") && check("driver").contains("580.95.05"),
+        "{doctor}"
+    );
+    let libraries = check("libraries");
+    assert!(
+        libraries.starts_with("ok ")
+            && libraries.contains("/usr/lib/aarch64-linux-gnu/libcuda.so.580.95.05"),
+        "{doctor}"
+    );
     let spec = w.tmp.path().join("nvidia.yaml");
     nvshim(&["cdi", "generate", "--output", spec.to_str().unwrap()]);
     let text = std::fs::read_to_string(&spec).unwrap();
