@@ -973,7 +973,11 @@ fn aarch64_image_matches_arm64_ldconfig() {
             "/usr/lib/aarch64-linux-gnu/libz.so.1.2.13",
             "libz.so.1",
         )
-        .link("/usr/lib/aarch64-linux-gnu/libz.so.1", "libz.so.1.2.13");
+        .link("/usr/lib/aarch64-linux-gnu/libz.so.1", "libz.so.1.2.13")
+        .file("/etc/debian_version", "12.0\n")
+        // Found through ldconfig's built-in directories only (Debian's: the multiarch ones,
+        // /lib and /usr/lib).
+        .lib_for(arm64::CC, "/usr/lib/libexpat.so.1.8.10", "libexpat.so.1");
     for (stem, so) in [
         ("libcuda", "libcuda.so.1"),
         ("libnvidia-ml", "libnvidia-ml.so.1"),
@@ -1010,7 +1014,7 @@ fn aarch64_image_matches_arm64_ldconfig() {
     let cache = LdCache::parse(&a).unwrap();
     assert_eq!(a, b, "caches differ: ours {cache:?}");
     assert_eq!(symlinks(&ours), symlinks(&theirs), "SONAME links differ");
-    assert_eq!(cache.entries.len(), 4, "{cache:?}");
+    assert_eq!(cache.entries.len(), 5, "{cache:?}");
     assert!(cache.entries.iter().all(|e| e.flags == 0x0a03), "{cache:?}");
     if cfg!(target_arch = "x86_64") {
         assert_eq!(
