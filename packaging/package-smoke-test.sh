@@ -7,6 +7,11 @@
 #
 # Needs root, cargo-deb and cargo-generate-rpm (`cargo install --locked cargo-deb
 # cargo-generate-rpm`), runc, busybox-static and gcc (for the simulated host).
+#
+# Then the arm64 packages (Grace, arm64 servers): the .deb and .rpm built from the aarch64
+# release binaries, their architecture and contents checked (dpkg-deb, rpm), and each packaged
+# binary run with --version under qemu (scripts/install-arm64.sh); an arm64 .deb is not
+# installed on this x86-64 machine. Set NVSHIM_ARM64=0 to skip them (not under CI=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,9 +24,60 @@ scripts/build-release.sh
 packaging/generate-assets.sh target/release
 cargo deb -p nvshim --no-build
 cargo generate-rpm
-deb=$(ls -t target/debian/nvshim_*.deb | head -n1)
-rpm=$(ls -t target/generate-rpm/nvshim-*.rpm | head -n1)
+# cargo deb also links the arm64 .deb into target/debian: name the architecture.
+deb=$(ls -t target/debian/nvshim_*_amd64.deb | head -n1)
+rpm=$(ls -t target/generate-rpm/nvshim-*.x86_64.rpm | head -n1)
 echo "package-smoke-test: built $deb and $rpm"
+fail() { echo "package-smoke-test: $*" >&2; exit 1; }
+
+if [ "${NVSHIM_ARM64:-1}" != 0 ] || [ "${CI:-}" = true ]; then
+    arm64_root=$(scripts/install-arm64.sh)
+    triple=aarch64-unknown-linux-gnu
+    scripts/build-release.sh --target "$triple"
+    # The man pages and completions from the aarch64 nvshim itself (its glibc from the arm64
+    # root).
+    QEMU_LD_PREFIX=$arm64_root packaging/generate-assets.sh "target/$triple/release" > /dev/null
+    cargo deb -p nvshim --no-build --target "$triple"
+    cargo generate-rpm --target "$triple"
+    arm_deb=$(ls -t "target/$triple"/debian/nvshim_*_arm64.deb | head -n1)
+    arm_rpm=$(ls -t "target/$triple"/generate-rpm/nvshim-*.aarch64.rpm | head -n1)
+    [ "$(dpkg-deb -f "$arm_deb" Architecture)" = arm64 ] || fail "$arm_deb is not Architecture: arm64"
+    [ "$(rpm -qp --qf '%{ARCH}' "$arm_rpm" 2> /dev/null)" = aarch64 ] || fail "$arm_rpm is not aarch64"
+    arm_dir=$(mktemp -d)
+    dpkg-deb -c "$arm_deb" > "$arm_dir/deb-files"
+    rpm -qlp "$arm_rpm" > "$arm_dir/rpm-files" 2> /dev/null
+    for b in nvshim nvshim-runtime nvshim-hook; do
+        grep -q " \./usr/bin/$b\$" "$arm_dir/deb-files" || fail "$arm_deb lacks /usr/bin/$b"
+        grep -qx "/usr/bin/$b" "$arm_dir/rpm-files" || fail "$arm_rpm lacks /usr/bin/$b"
+    done
+    dpkg-deb -x "$arm_deb" "$arm_dir"
+    for b in nvshim nvshim-runtime nvshim-hook; do
+        file -b "$arm_dir/usr/bin/$b" | grep -q 'ARM aarch64' || fail "$arm_deb: /usr/bin/$b is not aarch64"
+        QEMU_LD_PREFIX=$arm64_root "$arm_dir/usr/bin/$b" --version > "$arm_dir/version" 2>&1 \
+            || { cat "$arm_dir/version" >&2; fail "$arm_deb: /usr/bin/$b --version failed under qemu"; }
+        echo "package-smoke-test: arm64 $b --version: $(head -n1 "$arm_dir/version")"
+    done
+    # The arm64 installer image: its manifest's platform, and its binaries run in its own root
+    # (its busybox and the glibc copied in) under qemu. nvshim-runtime --version also asks runc,
+    # which the image does not have: it ran above.
+    image="$arm_dir/installer.oci.tar"
+    scripts/build-installer-image.sh -a arm64 -o "$image" > /dev/null
+    mkdir -p "$arm_dir/oci" "$arm_dir/image"
+    tar -xf "$image" -C "$arm_dir/oci"
+    manifest=$(sed -n 's/.*"digest":"sha256:\([0-9a-f]*\)".*/\1/p' "$arm_dir/oci/index.json")
+    read -r config layer < <(grep -o 'sha256:[0-9a-f]*' "$arm_dir/oci/blobs/sha256/$manifest" \
+        | cut -d: -f2 | paste -sd ' ')
+    grep -q '"architecture":"arm64","variant":"v8","os":"linux"' "$arm_dir/oci/blobs/sha256/$config" \
+        || fail "the arm64 installer image's config is not linux/arm64/v8"
+    tar -xf "$arm_dir/oci/blobs/sha256/$layer" -C "$arm_dir/image"
+    [ "$(chroot "$arm_dir/image" /bin/uname -m)" = aarch64 ] || fail "the arm64 installer image's busybox is not aarch64"
+    for b in nvshim nvshim-hook; do
+        chroot "$arm_dir/image" "/usr/bin/$b" --version > /dev/null 2>&1 \
+            || fail "/usr/bin/$b --version fails in the arm64 installer image"
+    done
+    rm -rf "$arm_dir"
+    echo "package-smoke-test: built and checked $arm_deb, $arm_rpm and the arm64 installer image"
+fi
 
 work=$(mktemp -d)
 stop_dockerd() {  # $1: its directory
@@ -49,7 +105,6 @@ cleanup() {
 trap cleanup EXIT
 
 dpkg -i "$deb"
-fail() { echo "package-smoke-test: $*" >&2; exit 1; }
 for b in nvshim nvshim-runtime nvshim-hook; do
     [ -x "/usr/bin/$b" ] || fail "/usr/bin/$b not installed"
 done

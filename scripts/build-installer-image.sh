@@ -3,10 +3,14 @@
 # release binaries, as an OCI image layout tarball: no registry, no docker, no buildah.
 #
 #   scripts/build-release.sh
-#   scripts/build-installer-image.sh [-o OUT.tar] [-b BIN_DIR] [-t NAME:TAG]
+#   scripts/build-installer-image.sh [-a amd64|arm64] [-o OUT.tar] [-b BIN_DIR] [-t NAME:TAG]
 #
 # Defaults: BIN_DIR target/release, OUT target/nvshim-installer-<version>.oci.tar, NAME:TAG
-# nvshim-installer:<version>. Load it on a node with
+# nvshim-installer:<version>. `-a arm64` (Grace and other arm64 nodes) makes the image of the
+# aarch64 binaries (`scripts/build-release.sh --target aarch64-unknown-linux-gnu`; BIN_DIR
+# target/aarch64-unknown-linux-gnu/release, OUT target/nvshim-installer-<version>-arm64.oci.tar)
+# with Debian's arm64 busybox and glibc (scripts/install-arm64.sh, which also lets this machine
+# run them under qemu). Load it on a node with
 #   ctr -n k8s.io images import target/nvshim-installer-<version>.oci.tar
 # (or `podman load -i`, or `skopeo copy oci-archive:... docker://your.registry/...`).
 #
@@ -19,18 +23,35 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 version=$(awk -F'"' '/^version = /{print $2; exit}' Cargo.toml)
-bin_dir=target/release
+arch=amd64
+bin_dir=
 name="nvshim-installer:${version}"
-out="target/nvshim-installer-${version}.oci.tar"
-while getopts "o:b:t:" opt; do
+out=
+while getopts "a:o:b:t:" opt; do
     case "$opt" in
+        a) arch=$OPTARG ;;
         o) out=$OPTARG ;;
         b) bin_dir=$OPTARG ;;
         t) name=$OPTARG ;;
-        *) echo "usage: $0 [-o OUT.tar] [-b BIN_DIR] [-t NAME:TAG]" >&2; exit 2 ;;
+        *) echo "usage: $0 [-a amd64|arm64] [-o OUT.tar] [-b BIN_DIR] [-t NAME:TAG]" >&2; exit 2 ;;
     esac
 done
-busybox=${BUSYBOX:-/bin/busybox}
+# Where the libraries the binaries link are copied from: this machine, or the arm64 root.
+lib_root=
+case "$arch" in
+    amd64)
+        bin_dir=${bin_dir:-target/release}
+        out=${out:-target/nvshim-installer-${version}.oci.tar}
+        busybox=${BUSYBOX:-/bin/busybox}
+        ;;
+    arm64)
+        bin_dir=${bin_dir:-target/aarch64-unknown-linux-gnu/release}
+        out=${out:-target/nvshim-installer-${version}-arm64.oci.tar}
+        lib_root=$(scripts/install-arm64.sh)
+        busybox=${BUSYBOX:-$lib_root/bin/busybox}
+        ;;
+    *) echo "$0: -a amd64 or -a arm64, not $arch" >&2; exit 2 ;;
+esac
 # grep -c, not -q: it reads the whole applet list, so pipefail never sees a SIGPIPE'd writer.
 if ! "$busybox" --list 2> /dev/null | grep -cx nsenter > /dev/null || ldd "$busybox" > /dev/null 2>&1; then
     echo "$busybox must be a static busybox with nsenter and chroot (Debian: busybox-static)" >&2
@@ -60,11 +81,20 @@ install -m 0644 packaging/config.toml "$rootfs/etc/nvshim/config.toml"
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$rootfs/etc/passwd"
 printf 'root:x:0:\n' > "$rootfs/etc/group"
 
-# The shared libraries the binaries need, at the paths the dynamic linker looks for them.
-for lib in $(for b in "${binaries[@]}"; do ldd "$bin_dir/$b"; done |
-    awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u); do
+# The shared libraries the binaries need, at the paths the dynamic linker looks for them: as
+# ldd lists them, or for arm64 as the arm64 root's dynamic linker lists them under qemu (its
+# paths are the image's; the static runtime and hook need none).
+list_libraries() {  # $1: a binary
+    if [ "$arch" = amd64 ]; then
+        ldd "$1"
+    elif file -b "$1" | grep -q 'dynamically linked'; then
+        QEMU_LD_PREFIX=$lib_root "$lib_root/lib/ld-linux-aarch64.so.1" --list "$1"
+    fi
+}
+for lib in $(for b in "${binaries[@]}"; do list_libraries "$bin_dir/$b"; done |
+    awk '$1 ~ /^\// { print $1; next } $2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u); do
     mkdir -p "$rootfs$(dirname "$lib")"
-    cp -L "$lib" "$rootfs$lib"
+    cp -L "$lib_root$lib" "$rootfs$lib"
 done
 
 # The layer: reproducible tar (sorted, fixed times and owners).
@@ -85,7 +115,9 @@ add_blob() {
 }
 read -r layer_digest layer_size < <(add_blob "$layer")
 
-printf '%s' "{\"architecture\":\"amd64\",\"os\":\"linux\",\
+variant=
+[ "$arch" != arm64 ] || variant='"variant":"v8",'
+printf '%s' "{\"architecture\":\"$arch\",$variant\"os\":\"linux\",\
 \"config\":{\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"],\
 \"Entrypoint\":[\"/usr/bin/nvshim-install\"],\"Cmd\":[\"run\"],\
 \"Labels\":{\"org.opencontainers.image.title\":\"nvshim-installer\",\"org.opencontainers.image.version\":\"$version\"}},\

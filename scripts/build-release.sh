@@ -12,15 +12,49 @@
 #   (dynamic) `nvshim` next to it.
 # Cargo has no per-package rustflags on stable, and a global crt-static would break proc-macros
 # and the fake NVML cdylib, hence `cargo rustc` for each binary.
+#
+#   scripts/build-release.sh [--target aarch64-unknown-linux-gnu] [CARGO FLAGS...]
+#
+# With --target (Grace and other arm64 nodes; the linker is in .cargo/config.toml), only the
+# three binaries are built, into target/<triple>/release: the rest of the workspace is test
+# tooling that runs on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --workspace "$@"
+out=target/release
+packages=(--workspace)
+machine=x86-64
+# rustc links crt-static programs static-pie for x86-64 only; for aarch64 they are static
+# (not position-independent): no dynamic loader either, which is what the hook needs.
+static="static-pie linked"
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --target) triple=${args[i + 1]:-} ;;
+    --target=*) triple=${args[i]#--target=} ;;
+  esac
+done
+if [ -n "${triple:-}" ]; then
+  out=target/$triple/release
+  packages=(-p nvshim -p nvshim-hook)
+  case "$triple" in
+    aarch64-*) machine="ARM aarch64" static="statically linked" ;;
+    x86_64-*) machine=x86-64 ;;
+    *) machine= ;;
+  esac
+fi
+cargo build --release "${packages[@]}" "$@"
 cargo rustc --release -p nvshim --bin nvshim-runtime "$@" -- -C target-feature=+crt-static
 cargo rustc --release -p nvshim-hook --bin nvshim-hook "$@" -- -C target-feature=+crt-static
 for b in nvshim-hook nvshim-runtime; do
-  if ! file "target/release/$b" | grep -q 'static-pie linked'; then
-    echo "build-release: target/release/$b is not static-pie" >&2
+  if ! file "$out/$b" | grep -q "$static"; then
+    echo "build-release: $out/$b is not $static: $(file -b "$out/$b")" >&2
     exit 1
   fi
 done
-echo "build-release: target/release/{nvshim,nvshim-runtime,nvshim-hook} (runtime and hook static-pie with glibc)"
+for b in nvshim nvshim-hook nvshim-runtime; do
+  if [ -n "$machine" ] && ! file "$out/$b" | grep -q ", $machine,"; then
+    echo "build-release: $out/$b is not an $machine program: $(file -b "$out/$b")" >&2
+    exit 1
+  fi
+done
+echo "build-release: $out/{nvshim,nvshim-runtime,nvshim-hook} (runtime and hook $static with glibc)"

@@ -31,6 +31,21 @@ if [ -z "${NVSHIM_KUBECTL:-}" ] && [ -x "$engines/sid/bin/kubectl" ]; then
   export NVSHIM_KUBECTL=$engines/sid/bin/kubectl
 fi
 
+# aarch64 (Grace): the aarch64 release binaries, run under qemu by tests/e2e/aarch64.rs, and the
+# arm64 root those tests and hooks/tests' aarch64 ldconfig comparison use
+# (scripts/install-arm64.sh: qemu's binfmt_misc handler, Debian's arm64 busybox and glibc).
+# Without binfmt_misc (a container that may not mount it) they skip, saying why; under CI=true
+# this fails instead.
+if arm64_root=$(scripts/install-arm64.sh); then
+  export NVSHIM_ARM64_ROOT=$arm64_root
+  scripts/build-release.sh --target aarch64-unknown-linux-gnu
+elif [ "${CI:-}" = true ]; then
+  echo "test: the aarch64 tests cannot run here (scripts/install-arm64.sh failed)" >&2
+  exit 1
+else
+  echo "test: skipping the aarch64 tests: scripts/install-arm64.sh failed (qemu/binfmt_misc)" >&2
+fi
+
 # The e2e tests run the built binaries of every workspace member (nvshim-runtime,
 # nvshim-hook, nvshim, the fake host builder), so build them all first.
 cargo build --workspace --all-targets

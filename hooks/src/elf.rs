@@ -36,6 +36,9 @@ pub const FLAG_ARM_LIBSF: i32 = 0x0b00;
 
 const EM_386: u16 = 3;
 const EM_X86_64: u16 = 62;
+/// Tests only: glibc's aarch64 wrapper accepts any 64-bit machine, x86-64's rejects this one.
+#[cfg(test)]
+const EM_AARCH64: u16 = 183;
 const ET_DYN: u16 = 3;
 const PT_LOAD: u32 = 1;
 const PT_DYNAMIC: u32 = 2;
@@ -600,6 +603,38 @@ mod tests {
             let f = File::open(&path).unwrap();
             assert_eq!(inspect(&f, data.len() as u64, Arch::X86_64), None, "{name}");
         }
+    }
+
+    /// This machine's own `libc.so.6` (from its ld.so.cache), with its `e_machine` set to
+    /// `machine`. `None` without a cache that names one.
+    fn libc_as(machine: u16, dir: &std::path::Path) -> Option<(File, u64)> {
+        let cache =
+            crate::ldcache::LdCache::parse(&std::fs::read("/etc/ld.so.cache").ok()?).ok()?;
+        let mut bytes = std::fs::read(cache.lookup("libc.so.6")?).ok()?;
+        bytes[18..20].copy_from_slice(&machine.to_le_bytes());
+        let path = dir.join(format!("libc-{machine}.so.6"));
+        std::fs::write(&path, &bytes).unwrap();
+        Some((File::open(&path).unwrap(), bytes.len() as u64))
+    }
+
+    /// glibc 2.36's `sysdeps/unix/sysv/linux/{x86_64,aarch64}/readelflib.c`: x86-64's ldconfig
+    /// takes only `EM_X86_64` 64-bit objects (`FLAG_X8664_LIB64 | FLAG_ELF_LIBC6` = 0x0303);
+    /// aarch64's takes any 64-bit object as `FLAG_AARCH64_LIB64 | FLAG_ELF_LIBC6` = 0x0a03.
+    #[test]
+    fn sixty_four_bit_objects_by_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some((aarch64, size)) = libc_as(EM_AARCH64, dir.path()) else {
+            eprintln!("no libc.so.6 in /etc/ld.so.cache: skipped");
+            return;
+        };
+        assert_eq!(inspect(&aarch64, size, Arch::X86_64), None);
+        let info = inspect(&aarch64, size, Arch::Aarch64).expect("an aarch64 library");
+        assert_eq!(info.flags, 0x0a03);
+        assert_eq!(info.soname.as_deref(), Some(&b"libc.so.6"[..]));
+        let (x86, size) = libc_as(EM_X86_64, dir.path()).unwrap();
+        assert_eq!(inspect(&x86, size, Arch::X86_64).unwrap().flags, 0x0303);
+        assert_eq!(Arch::X86_64.lib64_flags(), 0x0303);
+        assert_eq!(Arch::Aarch64.lib64_flags(), 0x0a03);
     }
 
     #[test]

@@ -29,6 +29,8 @@ use foldhash::{HashMap, HashMapExt as _};
 
 use thiserror::Error;
 
+use crate::elf::Arch;
+
 /// `ld.so-1.7.0`: the old format's magic, followed by a 4-byte count and 12-byte entries.
 const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
 /// `glibc-ld.so.cache1.1`: the new format's magic and version.
@@ -91,10 +93,26 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// True for 64-bit x86-64 or aarch64 glibc libraries, the only ones nvshim mounts.
+    /// True for a 64-bit library of this binary's machine ([`Arch::host`]): the only ones its
+    /// dynamic linker, and so nvshim, uses.
     pub fn is_64bit(&self) -> bool {
-        let arch = self.flags & FLAG_REQUIRED_MASK;
-        arch == FLAG_X8664_LIB64 || arch == FLAG_AARCH64_LIB64
+        Arch::host().is_some_and(|arch| self.is_lib64_of(arch))
+    }
+
+    /// True for a 64-bit library of `arch`: architecture bits `FLAG_X8664_LIB64` (x86-64) or
+    /// `FLAG_AARCH64_LIB64` (aarch64), the entries glibc's `_dl_cache_check_flags` accepts
+    /// there (both with `FLAG_ELF_LIBC6`, as ldconfig forces for 64-bit objects).
+    pub fn is_lib64_of(&self, arch: Arch) -> bool {
+        self.flags & FLAG_REQUIRED_MASK == arch.lib64_flags() & FLAG_REQUIRED_MASK
+    }
+
+    /// True for a 32-bit compat library of `arch`: an i386 one on x86-64, which ldconfig tags
+    /// with the plain glibc type and no architecture bits. None on aarch64: NVIDIA's aarch64
+    /// driver ships no 32-bit libraries, and an armhf library there is no CUDA library.
+    pub fn is_lib32_of(&self, arch: Arch) -> bool {
+        arch == Arch::X86_64
+            && self.flags & FLAG_REQUIRED_MASK == 0
+            && self.flags & 0xff == FLAG_ELF_LIBC6
     }
 }
 
@@ -603,6 +621,28 @@ mod tests {
             hwcaps: None,
             isa_level: 0,
         }
+    }
+
+    /// The flags of glibc's `sysdeps/generic/ldconfig.h`: `FLAG_ELF_LIBC6` 0x0003,
+    /// `FLAG_X8664_LIB64` 0x0300, `FLAG_ARM_LIBHF` 0x0900, `FLAG_AARCH64_LIB64` 0x0a00.
+    #[test]
+    fn entries_belong_to_one_machine() {
+        let e = |flags| Entry {
+            flags,
+            name: "libcuda.so.1".into(),
+            path: "/usr/lib/libcuda.so.1".into(),
+            os_version: 0,
+            hwcap: 0,
+        };
+        let (x86_64, i386, aarch64, armhf) = (e(0x0303), e(0x0003), e(0x0a03), e(0x0903));
+        assert!(x86_64.is_lib64_of(Arch::X86_64) && !x86_64.is_lib64_of(Arch::Aarch64));
+        assert!(aarch64.is_lib64_of(Arch::Aarch64) && !aarch64.is_lib64_of(Arch::X86_64));
+        assert!(i386.is_lib32_of(Arch::X86_64) && !i386.is_lib64_of(Arch::X86_64));
+        // No 32-bit compat libraries on aarch64, whatever their flags.
+        for lib in [&i386, &armhf, &aarch64] {
+            assert!(!lib.is_lib32_of(Arch::Aarch64));
+        }
+        assert!(!armhf.is_lib64_of(Arch::Aarch64));
     }
 
     #[test]

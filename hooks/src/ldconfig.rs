@@ -223,9 +223,18 @@ pub fn system_dirs(root: &Root, arch: Arch) -> Vec<String> {
             ]
             .map(String::from)
             .to_vec(),
-            Arch::Aarch64 => ["/lib", "/lib64", "/usr/lib", "/usr/lib64"]
-                .map(String::from)
-                .to_vec(),
+            // aarch64's `add_system_dir` (`sysdeps/unix/sysv/linux/aarch64/dl-cache.h`) adds
+            // `/lib`, `/lib64` and `/libilp32` for `/lib64`, and the same under `/usr`.
+            Arch::Aarch64 => [
+                "/lib",
+                "/lib64",
+                "/libilp32",
+                "/usr/lib",
+                "/usr/lib64",
+                "/usr/libilp32",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     };
     dirs
@@ -1417,6 +1426,48 @@ mod tests {
         assert!(!fnmatch(b"a\\*c", b"abc"));
         assert!(fnmatch(b"*a*b*", b"xxaxxbxx"));
         assert!(fnmatch(b"[", b"["));
+    }
+
+    /// ldconfig's built-in directories per machine: Debian's multiarch ones, else what each
+    /// machine's `add_system_dir` makes of `slibdir=/lib64` (x86-64: `libx32`; aarch64:
+    /// `libilp32`).
+    #[test]
+    fn system_dirs_per_machine() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::open(dir.path()).unwrap();
+        assert_eq!(
+            system_dirs(&root, Arch::Aarch64),
+            [
+                "/lib",
+                "/lib64",
+                "/libilp32",
+                "/usr/lib",
+                "/usr/lib64",
+                "/usr/libilp32"
+            ]
+        );
+        assert_eq!(
+            system_dirs(&root, Arch::X86_64),
+            [
+                "/lib",
+                "/lib64",
+                "/libx32",
+                "/usr/lib",
+                "/usr/lib64",
+                "/usr/libx32"
+            ]
+        );
+        std::fs::create_dir(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("etc/debian_version"), "12.0\n").unwrap();
+        assert_eq!(
+            system_dirs(&root, Arch::Aarch64),
+            [
+                "/lib/aarch64-linux-gnu",
+                "/usr/lib/aarch64-linux-gnu",
+                "/lib",
+                "/usr/lib"
+            ]
+        );
     }
 
     #[test]

@@ -103,6 +103,10 @@ pub struct Options {
     /// them and the image's own cache, a folder is rescanned for the mounted libraries and the
     /// links to them only (module documentation); `None` rescans every library in it.
     pub mounted: Option<Vec<String>>,
+    /// The machine whose ldconfig rules and cache flags apply: the hook's own ([`Arch::host`]),
+    /// as it runs on the node whose driver libraries it indexes, and a container runs that
+    /// machine's code. Tests set the other one.
+    pub arch: Option<Arch>,
 }
 
 impl Options {
@@ -115,6 +119,7 @@ impl Options {
             system_dirs: None,
             force_fallback: false,
             mounted: None,
+            arch: Arch::host(),
         }
     }
 }
@@ -146,17 +151,17 @@ fn write_error(root: &Root, path: &str, source: io::Error) -> UpdateError {
     }
 }
 
-/// musl's name for this machine (`/lib/ld-musl-<arch>.so.1`).
-fn musl_arch() -> &'static str {
-    match Arch::host() {
+/// musl's name for `arch` (`/lib/ld-musl-<arch>.so.1`).
+fn musl_arch(arch: Option<Arch>) -> &'static str {
+    match arch {
         Some(a) => a.musl_name(),
         None => std::env::consts::ARCH,
     }
 }
 
 /// Detects musl as NVIDIA's hook does (`/etc/alpine-release`), or by its dynamic linker.
-pub fn detect_libc(root: &Root) -> Libc {
-    let musl_ld = format!("/lib/ld-musl-{}.so.1", musl_arch());
+pub fn detect_libc(root: &Root, arch: Option<Arch>) -> Libc {
+    let musl_ld = format!("/lib/ld-musl-{}.so.1", musl_arch(arch));
     for path in ["/etc/alpine-release", musl_ld.as_str()] {
         if let Ok(Some(_)) = root.stat(path) {
             return Libc::Musl;
@@ -182,17 +187,22 @@ pub fn run(root: &Root, opts: &Options) -> Result<Report, UpdateError> {
     if folders.is_empty() {
         return Ok(report);
     }
-    let libc = detect_libc(root);
+    let libc = detect_libc(root, opts.arch);
     report.libc = Some(libc);
     match libc {
-        Libc::Musl => musl(root, &folders, &mut report)?,
+        Libc::Musl => musl(root, opts.arch, &folders, &mut report)?,
         Libc::Glibc => glibc(root, opts, &folders, &mut report)?,
     }
     Ok(report)
 }
 
-fn musl(root: &Root, folders: &[String], report: &mut Report) -> Result<(), UpdateError> {
-    let name = format!("ld-musl-{}.path", musl_arch());
+fn musl(
+    root: &Root,
+    arch: Option<Arch>,
+    folders: &[String],
+    report: &mut Report,
+) -> Result<(), UpdateError> {
+    let name = format!("ld-musl-{}.path", musl_arch(arch));
     let path = format!("/etc/{name}");
     let old = root.read_regular(&path, MAX_MUSL_PATH_LEN)?;
     // Bytes, as musl reads them: a directory whose name is not UTF-8 is kept as written.
@@ -227,7 +237,7 @@ fn musl(root: &Root, folders: &[String], report: &mut Report) -> Result<(), Upda
         report.written.push(path);
     }
     // musl finds libraries by file name: make the SONAME links that ldconfig would.
-    if let Some(arch) = Arch::host() {
+    if let Some(arch) = arch {
         let scanner = Scanner {
             root,
             arch,
@@ -257,7 +267,7 @@ fn glibc(
     folders: &[String],
     report: &mut Report,
 ) -> Result<(), UpdateError> {
-    let arch = Arch::host();
+    let arch = opts.arch;
     let etc = root.mkdir_all("/etc", 0o755, true)?;
     // ld.so.conf: created if missing; anything but a regular file is an error.
     let conf = root.read_regular(LD_SO_CONF, 1 << 20)?;

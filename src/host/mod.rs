@@ -14,11 +14,14 @@ use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
 
+use nvshim_hook::elf::Arch;
 use nvshim_hook::ldcache::{Entry as LdCacheEntry, LdCache};
 
 use crate::nvidia::{self, DataFile, Library, Naming};
 use thiserror::Error;
 
+#[cfg(test)]
+mod arch_tests;
 pub mod csv;
 pub mod gated;
 mod gpu_cache;
@@ -122,15 +125,13 @@ pub enum WordSize {
 }
 
 impl WordSize {
-    fn matches(self, e: &LdCacheEntry) -> bool {
-        match self {
-            WordSize::Bits64 => e.is_64bit(),
-            // ldconfig tags i386 libraries with the plain glibc type and no architecture bits.
-            WordSize::Bits32 => {
-                e.flags & nvshim_hook::ldcache::FLAG_REQUIRED_MASK == 0
-                    && e.flags & 0xff == nvshim_hook::ldcache::FLAG_ELF_LIBC6
-            }
-        }
+    /// Whether `e` is a library of this word size for `arch` (none for a machine without
+    /// ldconfig rules here; no 32-bit ones on aarch64).
+    fn matches(self, e: &LdCacheEntry, arch: Option<Arch>) -> bool {
+        arch.is_some_and(|arch| match self {
+            WordSize::Bits64 => e.is_lib64_of(arch),
+            WordSize::Bits32 => e.is_lib32_of(arch),
+        })
     }
 }
 
@@ -171,6 +172,10 @@ pub struct Host {
     /// [`Host::capability_minors`] (`None` inside: not there or not kept): a create asking for
     /// MIG devices and the `config` or `monitor` capability asks twice.
     mig_table: std::cell::OnceCell<Option<mig_table::MigTable>>,
+    /// The node's machine, whose libraries are taken from its ld.so.cache: this binary's own
+    /// ([`Arch::host`]), as nvshim runs on the node it serves. Not the cache's: a node's cache
+    /// holds several machines' libraries (x86-64 and i386). Tests set the other one.
+    arch: Option<Arch>,
 }
 
 /// Joins an absolute in-host path below a root (`/usr/lib/x` under `/run/nvidia/driver`).
@@ -225,7 +230,14 @@ impl Host {
             cache_dir: None,
             dev_dir: Default::default(),
             mig_table: Default::default(),
+            arch: Arch::host(),
         }
+    }
+
+    /// This host, taking the libraries of `arch` (tests: aarch64 rules on an x86-64 machine).
+    pub fn with_arch(mut self, arch: Option<Arch>) -> Host {
+        self.arch = arch;
+        self
     }
 
     /// Where this host keeps what it read between commands; `None`: nowhere.
@@ -439,7 +451,7 @@ impl Host {
         let root = nvshim_hook::root::Root::open(&self.roots.driver_root).ok()?;
         let scanner = Scanner {
             root: &root,
-            arch: nvshim_hook::elf::Arch::host()?,
+            arch: self.arch?,
             make_links: false,
         };
         let (_, scan) = scanner.scan_dirs(DRIVER_LIBRARY_DIRS.iter().copied());
@@ -599,7 +611,11 @@ impl Host {
         let versioned = format!(".so.{driver_version}");
         let mut found: Vec<DriverLibrary> = Vec::new();
         let mut subdir_rules = Vec::new();
-        let entries: Vec<_> = cache.entries.iter().filter(|e| word.matches(e)).collect();
+        let entries: Vec<_> = cache
+            .entries
+            .iter()
+            .filter(|e| word.matches(e, self.arch))
+            .collect();
         for rule in rules {
             if let Naming::Subdir(d) = rule.naming {
                 subdir_rules.push((d, rule.stem));

@@ -18,6 +18,7 @@
 //! probe). [`common`] holds the built binaries' paths. The areas, each a module adding as
 //! functions on the world only what it alone needs:
 //! - [`runtime`]: `NVIDIA_VISIBLE_DEVICES` requests through nvshim-runtime over runc;
+//! - [`aarch64`]: the aarch64 binaries under qemu on a simulated GB200 (Grace) host;
 //! - [`cdi`]: CDI specs, annotations and the podman comparison;
 //! - [`k8s`]: the request forms of NVIDIA's device plugin and DRA driver;
 //! - [`engines`]: containerd, Docker and CRI-O configuration and containers through them;
@@ -37,6 +38,7 @@
 //! for podman, image names) after its process id and class, and the engine tests hold one lock
 //! while their daemons run.
 
+mod aarch64;
 mod cdi;
 mod common;
 mod diagnostics;

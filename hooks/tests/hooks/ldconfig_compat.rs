@@ -14,7 +14,7 @@ use nvshim_hook::root::{Resolver, Root};
 use nvshim_hook::update_ldcache::{self, Libc, Options, Report};
 use nvshim_testsupport::hook_harness::{
     bind_file, compat_json, compat_lib, compile_shared, copy_tree, enter_private_mount_ns,
-    fingerprint, ldconfig_r, mount_tmpfs, require_root, symlinks, NoteBuild, Tree,
+    fingerprint, ldconfig_r, ldconfig_r_with, mount_tmpfs, require_root, symlinks, NoteBuild, Tree,
 };
 use nvshim_testsupport::rootfs::LDCONFIG;
 
@@ -942,4 +942,88 @@ fn stub_with_soname(soname: &[u8]) -> Vec<u8> {
     }
     assert!(replaced > 0, "{stand_in} not found in the stub");
     lib
+}
+
+/// The native writer with aarch64's rules (`Options::arch`, on this x86-64 machine) against
+/// the reference for aarch64, Debian 12's arm64 ldconfig: for an arm64 Debian image with
+/// aarch64 driver libraries, the same cache byte for byte (every entry `FLAG_AARCH64_LIB64 |
+/// FLAG_ELF_LIBC6`, 0x0a03) and the same SONAME links.
+#[test]
+fn aarch64_image_matches_arm64_ldconfig() {
+    use nvshim_hook::elf::Arch;
+    use nvshim_testsupport::arm64;
+    let Some(arm) = arm64::root_or_skip("aarch64_image_matches_arm64_ldconfig") else {
+        return;
+    };
+    require_root();
+    const AARCH64_LIBDIR: &str = "/usr/lib/aarch64-linux-gnu";
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("image");
+    let t = Tree::new(&image);
+    t.dir(AARCH64_LIBDIR)
+        .dir("/usr/local/lib")
+        .link("/lib", "usr/lib")
+        .file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n\n")
+        .file(
+            "/etc/ld.so.conf.d/aarch64-linux-gnu.conf",
+            &fs::read_to_string(arm.join("etc/ld.so.conf.d/aarch64-linux-gnu.conf")).unwrap(),
+        )
+        .lib_for(
+            arm64::CC,
+            "/usr/lib/aarch64-linux-gnu/libz.so.1.2.13",
+            "libz.so.1",
+        )
+        .link("/usr/lib/aarch64-linux-gnu/libz.so.1", "libz.so.1.2.13")
+        .file("/etc/debian_version", "12.0\n")
+        // Found through ldconfig's built-in directories only (Debian's: the multiarch ones,
+        // /lib and /usr/lib).
+        .lib_for(arm64::CC, "/usr/lib/libexpat.so.1.8.10", "libexpat.so.1");
+    for (stem, so) in [
+        ("libcuda", "libcuda.so.1"),
+        ("libnvidia-ml", "libnvidia-ml.so.1"),
+        ("libnvidia-glcore", "libnvidia-glcore.so.580.95.05"),
+    ] {
+        t.lib_for(
+            arm64::CC,
+            &format!("{AARCH64_LIBDIR}/{stem}.so.580.95.05"),
+            so,
+        );
+    }
+    let ours = work.path().join("ours");
+    let theirs = work.path().join("theirs");
+    copy_tree(&image, &ours);
+    copy_tree(&image, &theirs);
+    // The reference's generator string, from a run on an empty root.
+    let empty = work.path().join("empty");
+    fs::create_dir_all(empty.join("etc")).unwrap();
+    ldconfig_r_with(&arm.join("sbin/ldconfig"), &empty);
+    let generator = LdCache::parse(&fs::read(empty.join("etc/ld.so.cache")).unwrap())
+        .unwrap()
+        .generator
+        .unwrap();
+    let mut opts = Options::new(vec![AARCH64_LIBDIR.into()]);
+    opts.arch = Some(Arch::Aarch64);
+    opts.generator = generator;
+    let report = hook(&ours, &opts, Resolver::Openat2);
+    assert_eq!(report.libc, Some(Libc::Glibc));
+    assert!(!report.fallback, "{report:?}");
+    // Debian 12's arm64 glibc ldconfig: static, run by qemu through binfmt_misc.
+    ldconfig_r_with(&arm.join("sbin/ldconfig"), &theirs);
+    let a = fs::read(ours.join("etc/ld.so.cache")).unwrap();
+    let b = fs::read(theirs.join("etc/ld.so.cache")).unwrap();
+    let cache = LdCache::parse(&a).unwrap();
+    assert_eq!(a, b, "caches differ: ours {cache:?}");
+    assert_eq!(symlinks(&ours), symlinks(&theirs), "SONAME links differ");
+    assert_eq!(cache.entries.len(), 5, "{cache:?}");
+    assert!(cache.entries.iter().all(|e| e.flags == 0x0a03), "{cache:?}");
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(
+            cache.lookup("libcuda.so.1"),
+            None,
+            "an x86-64 hook's lookup takes no aarch64 entry"
+        );
+    }
+    assert!(cache.entries.iter().any(|e| e.name == "libcuda.so.1"
+        && e.path == "/lib/aarch64-linux-gnu/libcuda.so.1"
+        && e.is_lib64_of(Arch::Aarch64)));
 }

@@ -43,11 +43,21 @@ impl Bundle {
     /// `CAP_MKNOD` added to the bounding, effective and permitted sets (the rest kept, and
     /// `root.readonly` left at runc's default, true).
     pub fn new(dir: &Path, args: &[&str]) -> Result<Bundle> {
+        Bundle::new_with(dir, args, Rootfs::busybox)
+    }
+
+    /// [`Bundle::new`] with the rootfs `make_rootfs` makes in `dir/rootfs` (an arm64 one:
+    /// [`Rootfs::busybox_from`]).
+    pub fn new_with(
+        dir: &Path,
+        args: &[&str],
+        make_rootfs: impl FnOnce(&Path) -> Result<Rootfs>,
+    ) -> Result<Bundle> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = dir
             .canonicalize()
             .with_context(|| format!("resolving {}", dir.display()))?;
-        let rootfs = Rootfs::busybox(&dir.join("rootfs"))?;
+        let rootfs = make_rootfs(&dir.join("rootfs"))?;
         let out = Command::new("runc")
             .arg("spec")
             .arg("--bundle")

@@ -58,17 +58,29 @@ fn stub_dir() -> &'static Path {
 
 /// A shared object with this SONAME (compiled once, then reused).
 pub fn stub(soname: &str) -> PathBuf {
+    stub_for("gcc", soname)
+}
+
+/// [`stub`] compiled by `cc` (`gcc`, or [`crate::arm64::CC`] for an aarch64 one).
+pub fn stub_for(cc: &str, soname: &str) -> PathBuf {
     static LOCK: Mutex<()> = Mutex::new(());
     let _guard = LOCK.lock().unwrap();
-    let out = stub_dir().join(format!("{}.so", soname.replace('/', "%")));
+    let prefix = if cc == "gcc" {
+        String::new()
+    } else {
+        format!("{cc}/")
+    };
+    let out = stub_dir().join(format!("{prefix}{}.so", soname.replace('/', "%")));
+    fs::create_dir_all(out.parent().unwrap()).unwrap();
     if !out.exists() {
         // Built under a private name and renamed: other test binaries may race for it.
         let tmp = stub_dir().join(format!(
-            "{}.{}.tmp",
+            "{prefix}{}.{}.tmp",
             soname.replace('/', "%"),
             std::process::id()
         ));
-        compile_shared(
+        compile_shared_with(
+            cc,
             &stub_dir().join("stub.c"),
             &tmp,
             &[&format!("-Wl,-soname,{soname}")],
@@ -117,9 +129,14 @@ impl Tree {
 
     /// Places a stub library with `soname` at `p`.
     pub fn lib(&self, p: &str, soname: &str) -> &Self {
+        self.lib_for("gcc", p, soname)
+    }
+
+    /// [`Tree::lib`] compiled by `cc` ([`stub_for`]).
+    pub fn lib_for(&self, cc: &str, p: &str, soname: &str) -> &Self {
         let path = self.path(p);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::copy(stub(soname), path).unwrap();
+        fs::copy(stub_for(cc, soname), path).unwrap();
         self
     }
 }
@@ -137,8 +154,13 @@ pub fn copy_tree(src: &Path, dst: &Path) {
 
 /// Runs the reference `ldconfig -r ROOT` (the host's, [`LDCONFIG`]; as root it chroots there).
 pub fn ldconfig_r(root: &Path) {
+    ldconfig_r_with(Path::new(LDCONFIG), root)
+}
+
+/// [`ldconfig_r`] with another `ldconfig` (an arm64 one: [`crate::arm64::root`]'s).
+pub fn ldconfig_r_with(ldconfig: &Path, root: &Path) {
     require_root();
-    let out = Command::new(LDCONFIG)
+    let out = Command::new(ldconfig)
         .arg("-r")
         .arg(root)
         .env_clear()
@@ -425,15 +447,20 @@ pub fn preload_library(dir: &Path, marker: &Path) -> PathBuf {
 
 /// `gcc -shared -fPIC FLAGS -o out src`: a shared object for a test.
 pub fn compile_shared(src: &Path, out: &Path, flags: &[&str]) {
-    let status = Command::new("gcc")
+    compile_shared_with("gcc", src, out, flags)
+}
+
+/// [`compile_shared`] with another compiler (`cc`).
+pub fn compile_shared_with(cc: &str, src: &Path, out: &Path, flags: &[&str]) {
+    let status = Command::new(cc)
         .args(["-shared", "-fPIC"])
         .args(flags)
         .arg("-o")
         .arg(out)
         .arg(src)
         .status()
-        .expect("gcc runs");
-    assert!(status.success(), "gcc failed for {}", out.display());
+        .unwrap_or_else(|e| panic!("{cc} does not run: {e}"));
+    assert!(status.success(), "{cc} failed for {}", out.display());
 }
 
 /// How a test CUDA compat library carries its `.note.cuda.fwd_compatibility`.

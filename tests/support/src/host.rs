@@ -54,6 +54,11 @@ use crate::stubs;
 /// Where the driver's libraries live, relative to the host root (Debian's multiarch dir).
 pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 
+/// The minor of the fabric IMEX management capability ([`FakeHost::add_fabric_imex_mgmt`]):
+/// modelled (no GB200 node's files are in this repository) as the first minor after the MIG
+/// table's 4,322 (`config`, `monitor` and the 32 GPUs' instances: [`mig_minors_table`]).
+pub const FABRIC_IMEX_MGMT_MINOR: u32 = 4323;
+
 /// Major number of the NVIDIA character devices (`/dev/nvidia<N>`, nvidiactl, nvidia-modeset).
 pub const NVIDIA_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl`.
@@ -156,22 +161,42 @@ pub enum Layout {
     /// directory as a driver root of its own, with no `etc/ld.so.cache`, is GKE's
     /// `/home/kubernetes/bin/nvidia`.
     UsrLocalNvidia,
+    /// Debian and Ubuntu on arm64 (Grace: GH200, GB200): multiarch `usr/lib/aarch64-linux-gnu`,
+    /// X.Org modules in `<libdir>/nvidia/xorg`, and no 32-bit libraries (NVIDIA's aarch64
+    /// driver ships none). An aarch64 host: its stubs are aarch64 objects
+    /// ([`crate::arm64::CC`]) and its `ld.so.cache` is written by Debian's arm64 `ldconfig`
+    /// ([`crate::arm64::root`]), so that the flags in it are glibc's for aarch64.
+    DebianAarch64,
 }
 
 impl Layout {
+    /// The machine of a host with this layout, as the kernel and `uname -m` name it.
+    pub fn machine(self) -> &'static str {
+        match self {
+            Layout::DebianAarch64 => "aarch64",
+            _ => "x86_64",
+        }
+    }
+
+    /// True for an aarch64 host.
+    pub fn is_aarch64(self) -> bool {
+        self == Layout::DebianAarch64
+    }
+
     /// The 64-bit library directory, relative to the root.
     pub fn lib_dir(self) -> &'static str {
         match self {
             Layout::Debian => LIB_DIR,
             Layout::Rhel => "usr/lib64",
             Layout::UsrLocalNvidia => "usr/local/nvidia/lib64",
+            Layout::DebianAarch64 => "usr/lib/aarch64-linux-gnu",
         }
     }
 
-    /// The 32-bit library directory, relative to the root.
+    /// The 32-bit library directory, relative to the root (none is installed on aarch64).
     pub fn lib_dir_32(self) -> &'static str {
         match self {
-            Layout::Debian => LIB_DIR_32,
+            Layout::Debian | Layout::DebianAarch64 => LIB_DIR_32,
             Layout::Rhel => "usr/lib",
             Layout::UsrLocalNvidia => "usr/local/nvidia/lib",
         }
@@ -180,7 +205,7 @@ impl Layout {
     /// Where the driver's binaries are, relative to the root.
     pub fn bin_dir(self) -> &'static str {
         match self {
-            Layout::Debian | Layout::Rhel => "usr/bin",
+            Layout::Debian | Layout::Rhel | Layout::DebianAarch64 => "usr/bin",
             Layout::UsrLocalNvidia => "usr/local/nvidia/bin",
         }
     }
@@ -188,7 +213,7 @@ impl Layout {
     /// The X.Org modules, relative to the root: (driver, GLX server module).
     fn xorg_modules(self, v: &str) -> (String, String) {
         match self {
-            Layout::Debian | Layout::UsrLocalNvidia => (
+            Layout::Debian | Layout::UsrLocalNvidia | Layout::DebianAarch64 => (
                 format!("{}/nvidia/xorg/nvidia_drv.so", self.lib_dir()),
                 format!("{}/nvidia/xorg/libglxserver_nvidia.so.{v}", self.lib_dir()),
             ),
@@ -226,6 +251,20 @@ impl Layout {
                 ));
                 files
             }
+            // As Debian 12's libc6:arm64 ships it.
+            Layout::DebianAarch64 => vec![(
+                "etc/ld.so.conf.d/aarch64-linux-gnu.conf",
+                "# Multiarch support\n/usr/local/lib/aarch64-linux-gnu\n/lib/aarch64-linux-gnu\n/usr/lib/aarch64-linux-gnu\n",
+            )],
+        }
+    }
+
+    /// The driver's 32-bit libraries on a host with this layout: none on aarch64.
+    pub fn libraries_32(self) -> &'static [DriverLib] {
+        if self.is_aarch64() {
+            &[]
+        } else {
+            DRIVER_LIBS_32
         }
     }
 }
@@ -244,16 +283,18 @@ pub enum KernelModules {
 }
 
 impl KernelModules {
-    /// The whole `/proc/driver/nvidia/version` file for `version`.
-    pub fn banner(self, version: &str) -> String {
+    /// The whole `/proc/driver/nvidia/version` file for `version` on `machine` (`x86_64`, or
+    /// `aarch64` on Grace: `... Open Kernel Module for aarch64  580.95.05  Release Build ...`,
+    /// the banner src/host/mod.rs's parser tests hold).
+    pub fn banner(self, version: &str, machine: &str) -> String {
         match self {
             KernelModules::Open => format!(
-                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  \
+                "NVRM version: NVIDIA UNIX Open Kernel Module for {machine}  {version}  Release Build  \
                  (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 25 01:12:42 UTC 2025\n\
                  GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04) \n"
             ),
             KernelModules::Proprietary => format!(
-                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Tue Jul  8 14:11:38 UTC 2025\n\
+                "NVRM version: NVIDIA UNIX {machine} Kernel Module  {version}  Tue Jul  8 14:11:38 UTC 2025\n\
                  GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
             ),
         }
@@ -323,6 +364,28 @@ impl FakeHostSpec {
             layout: Layout::default(),
             gated: None,
         }
+    }
+
+    /// A GB200 compute tray (Grace, aarch64): four GPUs, [`Layout::DebianAarch64`], the open
+    /// modules' `for aarch64` banner, driver 580.95.05. Each GPU in a PCI domain of its own, as
+    /// on Grace (the ids are modelled, not copied from a node); minors in reverse bus order as
+    /// in [`FakeHostSpec::with_gpus`]. Its IMEX channels come after the build
+    /// ([`FakeHost::add_imex_channels`]).
+    pub fn gb200() -> Self {
+        const BUS_IDS: [&str; 4] = [
+            "0008:01:00.0",
+            "0009:01:00.0",
+            "0018:01:00.0",
+            "0019:01:00.0",
+        ];
+        let mut spec = Self::with_gpus(BUS_IDS.len());
+        for gpu in &mut spec.gpus {
+            gpu.bus_id = BUS_IDS[BUS_IDS.len() - 1 - gpu.minor as usize].to_string();
+            gpu.model = "NVIDIA GB200".to_string();
+        }
+        spec.layout = Layout::DebianAarch64;
+        spec.driver_version = "580.95.05".to_string();
+        spec
     }
 
     fn validate(&self) -> Result<()> {
@@ -462,7 +525,10 @@ const fn lib32(stem: &'static str, soname: Soname, subdir: &'static str) -> Driv
 /// selected them on an Ubuntu 580.159.03 host (its log, published in a public bug report) and
 /// as the RPM Fusion 580.142 packages list them, with the SONAMEs those packages' links carry.
 /// The non-driver-versioned ones (EGL platform libraries, NVVM 7.0, NVAPI) carry the versions
-/// the 580 driver ships.
+/// the 580 driver ships. A Grace host ([`Layout::DebianAarch64`]) gets the same list: NVIDIA's
+/// aarch64 driver ships these less the 32-bit ones and a few x86-only ones, and which those are
+/// is recorded nowhere in this repository, so they stay (nvshim takes the libraries its rules
+/// name that the cache lists; one a real Grace node lacks is skipped as missing there).
 pub const DRIVER_LIBS: &[DriverLib] = &[
     lib("libnvidia-ml", Soname::Major("1"), "", "utility"),
     lib("libnvidia-cfg", Soname::Major("1"), "", "utility"),
@@ -982,6 +1048,29 @@ impl FakeHost {
         Ok(())
     }
 
+    /// Adds the NVLink fabric's IMEX management capability, as the driver exposes it on an
+    /// NVLink-fabric node such as GB200 (its `nv-caps` "sys" table): the capability file
+    /// `proc/driver/nvidia/capabilities/fabric-imex-mgmt`, in the format of the MIG ones
+    /// (tests/fixtures/host/README.md), and its node `dev/nvidia-caps/nvidia-cap<minor>` (major
+    /// `caps_major`, mode 0400: for the IMEX daemon, not for containers). The minor is
+    /// [`FABRIC_IMEX_MGMT_MINOR`], which it returns.
+    pub fn add_fabric_imex_mgmt(&self) -> Result<u32> {
+        let minor = FABRIC_IMEX_MGMT_MINOR;
+        write(
+            &self
+                .proc_root()
+                .join("driver/nvidia/capabilities/fabric-imex-mgmt"),
+            &format!("DeviceFileMinor: {minor}\nDeviceFileMode: 256\nDeviceFileModify: 1\n"),
+        )?;
+        let dir = self.dev_root.join("dev/nvidia-caps");
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let node = dir.join(format!("nvidia-cap{minor}"));
+        if !node.exists() {
+            make_char_node_mode(&node, self.spec.caps_major, minor, 0o400)?;
+        }
+        Ok(minor)
+    }
+
     /// Adds a real GPU node's own libraries to the host's `ld.so.cache`, so that it is about as
     /// large as that node's (`tests/fixtures/host/`: 520 entries; the fake driver's alone are
     /// 56, with these about 480): per name of [`system_library_names`], a 64-bit stub whose
@@ -1260,7 +1349,9 @@ impl FakeHost {
         let nvidia = proc_dir.join("driver/nvidia");
         write(
             &nvidia.join("version"),
-            &spec.kernel_modules.banner(&spec.driver_version),
+            &spec
+                .kernel_modules
+                .banner(&spec.driver_version, spec.layout.machine()),
         )?;
         for (i, gpu) in spec.gpus.iter().enumerate() {
             let mut info = String::new();
@@ -1324,8 +1415,8 @@ impl FakeHost {
                     .with_context(|| format!("linking {} -> {target}", l.display()))?;
             }
         }
-        let stub_dir = stubs::compiled_stubs(v, self.spec.cuda_version)?;
-        for lib in DRIVER_LIBS.iter().chain(DRIVER_LIBS_32) {
+        let stub_dir = stubs::compiled_stubs(v, self.spec.cuda_version, self.spec.layout)?;
+        for lib in DRIVER_LIBS.iter().chain(self.libraries_32()) {
             let dir = self.root.join(self.lib_dir_of(lib));
             let file = lib.file_name(v);
             stubs::install(&stub_dir, lib, v, &dir.join(&file))?;
@@ -1447,9 +1538,9 @@ impl FakeHost {
             .map_or_else(|| PathBuf::from("/sys"), |p| p.join("sys"))
     }
 
-    /// The 32-bit libraries.
+    /// The 32-bit libraries (none on aarch64).
     pub fn libraries_32(&self) -> &'static [DriverLib] {
-        DRIVER_LIBS_32
+        self.spec.layout.libraries_32()
     }
 
     fn build_ld_cache(&self) -> Result<()> {
@@ -1464,16 +1555,26 @@ impl FakeHost {
             write(&self.root.join(path), text)?;
         }
         // ldconfig -r chroots into the root, reads etc/ld.so.conf there and writes
-        // etc/ld.so.cache there; -X keeps it from touching our SONAME links.
-        let out = Command::new("/sbin/ldconfig")
+        // etc/ld.so.cache there; -X keeps it from touching our SONAME links. An aarch64 host's
+        // is the arm64 glibc's ldconfig (static, run by qemu through binfmt_misc): this
+        // machine's would skip aarch64 objects.
+        let ldconfig = if self.spec.layout.is_aarch64() {
+            crate::arm64::root()
+                .map_err(|why| anyhow::anyhow!("building an aarch64 host: {why}"))?
+                .join("sbin/ldconfig")
+        } else {
+            PathBuf::from("/sbin/ldconfig")
+        };
+        let out = Command::new(&ldconfig)
             .arg("-X")
             .arg("-r")
             .arg(&self.root)
             .output()
-            .context("running /sbin/ldconfig")?;
+            .with_context(|| format!("running {}", ldconfig.display()))?;
         if !out.status.success() {
             bail!(
-                "/sbin/ldconfig -r {} failed: {}",
+                "{} -r {} failed: {}",
+                ldconfig.display(),
                 self.root.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             );
@@ -1481,7 +1582,8 @@ impl FakeHost {
         let cache = self.root.join("etc/ld.so.cache");
         ensure!(
             cache.exists(),
-            "/sbin/ldconfig -r {} wrote no {}",
+            "{} -r {} wrote no {}",
+            ldconfig.display(),
             self.root.display(),
             cache.display()
         );

@@ -14,6 +14,7 @@
 //!
 //! Everything here needs root (mknod, runc), as the end-to-end tests do.
 
+pub mod arm64;
 pub mod breakage;
 pub mod bundle;
 pub mod gated;

@@ -23,6 +23,12 @@ impl Rootfs {
     /// `/sbin/ldconfig` as `sbin/ldconfig` (a busybox `ldconfig` applet, if any, is not linked, so
     /// it cannot shadow it), and empty `tmp`, `etc`, `proc`, `dev`, `sys`.
     pub fn busybox(dir: &Path) -> Result<Rootfs> {
+        Rootfs::busybox_from(dir, Path::new(BUSYBOX), Path::new(LDCONFIG))
+    }
+
+    /// [`Rootfs::busybox`] with another machine's static `busybox` and `ldconfig` (an arm64
+    /// image: [`crate::arm64::root`]'s, run through binfmt_misc).
+    pub fn busybox_from(dir: &Path, busybox_bin: &Path, ldconfig_bin: &Path) -> Result<Rootfs> {
         let bin = dir.join("bin");
         let sbin = dir.join("sbin");
         for d in [&bin, &sbin] {
@@ -33,14 +39,19 @@ impl Rootfs {
             fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
         }
         let busybox = bin.join("busybox");
-        fs::copy(BUSYBOX, &busybox)
-            .with_context(|| format!("copying {BUSYBOX} to {}", busybox.display()))?;
-        let list = Command::new(BUSYBOX)
+        fs::copy(busybox_bin, &busybox).with_context(|| {
+            format!("copying {} to {}", busybox_bin.display(), busybox.display())
+        })?;
+        let list = Command::new(busybox_bin)
             .arg("--list")
             .output()
-            .with_context(|| format!("running {BUSYBOX} --list"))?;
+            .with_context(|| format!("running {} --list", busybox_bin.display()))?;
         if !list.status.success() {
-            bail!("{BUSYBOX} --list failed with {}", list.status);
+            bail!(
+                "{} --list failed with {}",
+                busybox_bin.display(),
+                list.status
+            );
         }
         for applet in String::from_utf8_lossy(&list.stdout).lines() {
             let applet = applet.trim();
@@ -56,8 +67,13 @@ impl Rootfs {
             symlink("busybox", &link).with_context(|| format!("linking {}", link.display()))?;
         }
         let ldconfig = sbin.join("ldconfig");
-        fs::copy(LDCONFIG, &ldconfig)
-            .with_context(|| format!("copying {LDCONFIG} to {}", ldconfig.display()))?;
+        fs::copy(ldconfig_bin, &ldconfig).with_context(|| {
+            format!(
+                "copying {} to {}",
+                ldconfig_bin.display(),
+                ldconfig.display()
+            )
+        })?;
         fs::write(dir.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")
             .with_context(|| format!("writing {}", dir.join("etc/passwd").display()))?;
         fs::write(dir.join("etc/group"), "root:x:0:\n")

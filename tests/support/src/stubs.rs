@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use crate::host::{DriverLib, DRIVER_LIBS, DRIVER_LIBS_32};
+use crate::host::{DriverLib, Layout, DRIVER_LIBS};
 
 const CUDA_SOURCE: &str = r#"/* nvshim fake libcuda: just enough of the driver API for a test program. */
 #include <ctype.h>
@@ -118,14 +118,20 @@ fn stub_name(lib: &DriverLib, version: &str) -> String {
     }
 }
 
-/// Returns a directory holding one compiled stub per entry of [`DRIVER_LIBS`] and
-/// [`DRIVER_LIBS_32`], each carrying its SONAME. Compiles them on first use.
-pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
+/// Returns a directory holding one compiled stub per entry of [`DRIVER_LIBS`] and the
+/// layout's 32-bit libraries, each carrying its SONAME, for the layout's machine (aarch64 ones
+/// built by [`crate::arm64::CC`]). Compiles them on first use.
+pub(crate) fn compiled_stubs(version: &str, cuda: u32, layout: Layout) -> Result<PathBuf> {
     let sources: Vec<(String, &DriverLib)> = DRIVER_LIBS
         .iter()
-        .chain(DRIVER_LIBS_32)
+        .chain(layout.libraries_32())
         .map(|lib| (source_for(lib, version, cuda), lib))
         .collect();
+    let cc = if layout.is_aarch64() {
+        crate::arm64::CC
+    } else {
+        "gcc"
+    };
     // Bump STUB_FORMAT when how stubs are built changes (flags, links): the key covers only
     // the sources and names otherwise.
     const STUB_FORMAT: &str = "3: 32-bit stubs need libc.so.6";
@@ -133,6 +139,7 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
         STUB_FORMAT.to_string(),
         version.to_string(),
         cuda.to_string(),
+        cc.to_string(),
     ];
     for (src, lib) in &sources {
         key_parts.push(src.clone());
@@ -145,7 +152,7 @@ pub(crate) fn compiled_stubs(version: &str, cuda: u32) -> Result<PathBuf> {
             .flat_map(|p| p.bytes().chain(std::iter::once(0))),
     );
     cached_dir(&format!("stubs-{version}-{key:016x}"), |build| {
-        build_driver_stubs(build, &sources, version)
+        build_driver_stubs(build, &sources, version, cc)
     })
 }
 
@@ -180,7 +187,12 @@ fn cached_dir(name: &str, build: impl FnOnce(&Path) -> Result<()>) -> Result<Pat
 }
 
 /// Compiles the driver's stubs from `sources` into `build`.
-fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &str) -> Result<()> {
+fn build_driver_stubs(
+    build: &Path,
+    sources: &[(String, &DriverLib)],
+    version: &str,
+    cc: &str,
+) -> Result<()> {
     // Start every gcc at once, then wait: a few hundred ms in all instead of a few seconds.
     let mut children: Vec<(String, Child)> = Vec::new();
     fs::create_dir_all(build.join("i386"))
@@ -192,24 +204,27 @@ fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &
     let libc_c = build.join("libc32.c");
     fs::write(&libc_c, "int nvshim_fake_libc(void) { return 0; }\n")
         .with_context(|| format!("writing {}", libc_c.display()))?;
-    let out = Command::new("gcc")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-m32",
-            "-nostdlib",
-            "-Wl,-soname,libc.so.6",
-            "-o",
-        ])
-        .arg(&libc32)
-        .arg(&libc_c)
-        .output()
-        .context("running gcc -m32 (needed for the fake driver's 32-bit libraries)")?;
-    if !out.status.success() {
-        bail!(
-            "gcc -m32 failed to build the 32-bit libc stand-in: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+    // (None on aarch64: no stand-in to build.)
+    if sources.iter().any(|(_, lib)| lib.is_32bit()) {
+        let out = Command::new("gcc")
+            .args([
+                "-shared",
+                "-fPIC",
+                "-m32",
+                "-nostdlib",
+                "-Wl,-soname,libc.so.6",
+                "-o",
+            ])
+            .arg(&libc32)
+            .arg(&libc_c)
+            .output()
+            .context("running gcc -m32 (needed for the fake driver's 32-bit libraries)")?;
+        if !out.status.success() {
+            bail!(
+                "gcc -m32 failed to build the 32-bit libc stand-in: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
     }
     for (src, lib) in sources {
         let c_file = build.join(format!("{}.c", stub_name(lib, version)));
@@ -225,7 +240,7 @@ fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &
         } else {
             Vec::new()
         };
-        let child = Command::new("gcc")
+        let child = Command::new(cc)
             .args(["-shared", "-fPIC", "-O2"])
             .args(&arch)
             .arg(format!("-Wl,-soname,{}", lib.soname(version)))
@@ -235,7 +250,9 @@ fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .context("running gcc (needed to build the fake driver's stub libraries)")?;
+            .with_context(|| {
+                format!("running {cc} (needed to build the fake driver's stub libraries)")
+            })?;
         children.push((lib.stem.to_string(), child));
     }
     let mut failures = Vec::new();
@@ -261,7 +278,9 @@ fn build_driver_stubs(build: &Path, sources: &[(String, &DriverLib)], version: &
         fs::remove_file(&c_file).with_context(|| format!("removing {}", c_file.display()))?;
     }
     for f in [&libc32, &libc_c] {
-        fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
+        if f.exists() {
+            fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
+        }
     }
     Ok(())
 }
