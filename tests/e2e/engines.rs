@@ -1304,6 +1304,16 @@ struct Containerd {
 
 impl Containerd {
     fn start(w: &World, d: &Path) -> Containerd {
+        Containerd::start_with(w, d, |_| {})
+    }
+
+    /// [`Containerd::start`] with `edit` applied to the config before configure writes it
+    /// (tests/e2e/nri.rs turns NRI on).
+    fn start_with(
+        w: &World,
+        d: &Path,
+        edit: impl FnOnce(&mut toml_edit::DocumentMut),
+    ) -> Containerd {
         let sock = d.join("c.sock");
         let config = d.join("config.toml");
         let default = run(
@@ -1359,6 +1369,7 @@ impl Containerd {
         }
         // Kept elsewhere by "config management", config.toml a relative link to it: configure
         // writes through the link.
+        edit(&mut doc);
         let managed = d.join("managed/config.toml");
         fs::create_dir_all(managed.parent().unwrap()).unwrap();
         fs::write(&managed, doc.to_string()).unwrap();
@@ -2193,3 +2204,7 @@ fn installer_image_installs_and_uninstalls_on_a_host_root() {
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// The NRI plugin (nvshim-nri) with containerd's CRI and its default runc handler.
+#[path = "nri.rs"]
+mod nri;

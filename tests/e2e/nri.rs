@@ -1,0 +1,202 @@
+//! nvshim-nri, the NRI plugin, with containerd's CRI driven as the kubelet drives it and the
+//! default `runc` handler: no `nvidia` runtime class, nvshim-runtime nowhere in the path. The
+//! plugin gets its requests over containerd's NRI socket (turned on in the test's config,
+//! as containerd 2.x has it by default) and each container's view of its GPUs is checked
+//! from inside with the probe script. containerd 1.6 has no NRI: skipped there.
+
+use super::*;
+
+/// `nvshim-nri`, which `cargo build --workspace` puts next to the root package's binaries.
+fn plugin_binary() -> PathBuf {
+    let p = Path::new(NVSHIM).with_file_name("nvshim-nri");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` first",
+        p.display()
+    );
+    p
+}
+
+/// containerd with NRI on, its socket in `d`.
+fn containerd_with_nri(w: &World, d: &Path, nri_sock: &Path) -> Containerd {
+    let nri_sock = nri_sock.to_path_buf();
+    let d2 = d.to_path_buf();
+    Containerd::start_with(w, d, move |doc| {
+        let nri = &mut doc["plugins"]["io.containerd.nri.v1.nri"];
+        nri["disable"] = toml_edit::value(false);
+        nri["socket_path"] = toml_edit::value(s(&nri_sock));
+        nri["plugin_path"] = toml_edit::value(s(&d2.join("nri-plugins")));
+        nri["plugin_config_path"] = toml_edit::value(s(&d2.join("nri-conf")));
+    })
+}
+
+/// The plugin, registered with the engine behind `nri_sock`.
+fn start_plugin(w: &World, d: &Path, nri_sock: &Path, extra: &[&str]) -> Daemon {
+    let mut cmd = Command::new(plugin_binary());
+    cmd.args(["--socket", s(nri_sock), "--config", s(&w.config)])
+        .args(extra)
+        .env("RUST_LOG", "info");
+    let mut plugin = Daemon::spawn("nvshim-nri", d, cmd);
+    wait_registered(&mut plugin, 1);
+    plugin
+}
+
+/// Waits until the plugin's log says it registered `times` times.
+fn wait_registered(plugin: &mut Daemon, times: usize) {
+    let log = plugin.log.clone();
+    plugin.wait_until("registered", Duration::from_secs(30), || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("registered as NRI plugin")
+            .count()
+            >= times
+    });
+}
+
+fn logs(plugin: &Daemon, ctd: &Containerd) -> String {
+    format!(
+        "--- nvshim-nri ---\n{}\n--- containerd ---\n{}",
+        plugin.log_tail(),
+        ctd.log_tail()
+    )
+}
+
+fn nri_available() -> bool {
+    if containerd_version() < (1, 7) {
+        eprintln!("skipped: containerd {:?} has no NRI", containerd_version());
+        return false;
+    }
+    true
+}
+
+/// By env, by `cdi.k8s.io` annotation and by the device plugin's volume-mounts: each
+/// container has exactly its GPUs; an unprivileged env request refused by the policy fails the
+/// container with nvshim's reason in the CRI's answer, as nvshim-runtime's refusal does; the
+/// engine restarted, the plugin registers again and serves the next container.
+#[test]
+fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder()
+        .spec_dirs(SpecDirs::Run)
+        .config("accept-volume-mounts = true\n")
+        .build();
+    write_cdi_spec(&w, &w.run_cdi);
+    let d = dir(&w, "nri");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let mut plugin = start_plugin(&w, &d, &nri_sock, &[]);
+    let script = script(&w);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let cases: [(&str, &[(&str, &str)], &[(&str, &str)], usize); 3] = [
+            ("env", &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], 1),
+            (
+                "annotation",
+                &[],
+                &[("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")],
+                0,
+            ),
+            (
+                "env-uuid",
+                &[("NVIDIA_VISIBLE_DEVICES", w.gpu(1).uuid.as_str())],
+                &[],
+                1,
+            ),
+        ];
+        for (name, env, annotations, gpu) in cases {
+            let what = format!("NRI, handler runc, {name}");
+            let out = pod
+                .run_container(name, &script, env, annotations, &[], &[])
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+            assert_gpus(&w, &what, &ProbeReport::parse(&out), &[w.gpu(gpu)]);
+        }
+        // No request: nothing of the GPUs.
+        let out = pod
+            .run_container("plain", &script, &[], &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("plain: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(&w, "NRI, no request", &ProbeReport::parse(&out), &[]);
+
+        // The policy, read for each container: an unprivileged env request refused.
+        w.configure("accept-envvar-unprivileged = false\n");
+        let err = pod
+            .run_container(
+                "refused",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "1")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .expect_err("an unprivileged env request should be refused");
+        for needle in [
+            "nvshim:",
+            "NVIDIA_VISIBLE_DEVICES",
+            "accept-envvar-unprivileged",
+        ] {
+            assert!(
+                err.contains(needle),
+                "{needle:?} not in {err}\n{}",
+                logs(&plugin, &ctd)
+            );
+        }
+        w.configure("");
+        pod.remove().await;
+    });
+    // How each was served, in the plugin's log: containerd 2.1 injects CDI devices named in
+    // an adjustment itself; before it, the plugin sends the spec's edits.
+    let log = fs::read_to_string(&plugin.log).unwrap();
+    eprintln!("{log}");
+    assert!(
+        log.contains("container env ") && log.contains("raw adjustment"),
+        "{log}"
+    );
+    let cdi_how = if containerd_version() >= (2, 1) {
+        "NRI CDI injection"
+    } else {
+        "raw adjustment"
+    };
+    assert!(
+        log.lines()
+            .any(|l| l.contains("container annotation ") && l.contains(cdi_how)),
+        "{log}"
+    );
+    // The engine restarted (a new containerd on the same NRI socket): the plugin connects
+    // again by itself and serves the next pod.
+    drop(ctd);
+    let ctd = containerd_with_nri(&w, &d.join("ctd2"), &nri_sock);
+    ctd.import_images("k8s.io");
+    wait_registered(&mut plugin, 2);
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods2")).await;
+        let what = "NRI after the engine restarted, NVIDIA_VISIBLE_DEVICES=0";
+        let out = pod
+            .run_container(
+                "again",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "0")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
+        pod.remove().await;
+    });
+    drop(ctd);
+    drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
