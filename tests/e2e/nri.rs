@@ -30,12 +30,19 @@ fn containerd_with_nri(w: &World, d: &Path, nri_sock: &Path) -> Containerd {
     })
 }
 
-/// The plugin, registered with the engine behind `nri_sock`.
-fn start_plugin(w: &World, d: &Path, nri_sock: &Path, extra: &[&str]) -> Daemon {
+/// The plugin, registered with the engine behind `nri_sock`; `env`: its environment's
+/// additions (the fake NVML's topology).
+fn start_plugin(
+    w: &World,
+    d: &Path,
+    nri_sock: &Path,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> Daemon {
     let mut cmd = Command::new(plugin_binary());
     cmd.args(["--socket", s(nri_sock), "--config", s(&w.config)])
         .args(extra)
-        .env("RUST_LOG", "info");
+        .envs(env.iter().copied());
     let mut plugin = Daemon::spawn("nvshim-nri", d, cmd);
     wait_registered(&mut plugin, 1);
     plugin
@@ -88,7 +95,7 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
     let nri_sock = d.join("nri.sock");
     let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
     ctd.import_images("k8s.io");
-    let mut plugin = start_plugin(&w, &d, &nri_sock, &[]);
+    let mut plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
     let script = script(&w);
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -194,6 +201,92 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
         assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
+        pod.remove().await;
+    });
+    drop(ctd);
+    drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// By MIG device UUID (the plugin asks the fake NVML in process, as `nvshim explain` does)
+/// and by IMEX channel (the operator's `cdi-env-kinds` opt-in): the MIG device's parent GPU and
+/// exactly its two capability nodes; GPU 0 and exactly channel 5.
+#[test]
+fn nri_plugin_serves_mig_and_imex_requests() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let (w, topology, topo_file) = crate::k8s::mig_world();
+    w.configure("cdi-env-kinds = [\"nvidia.com/gpu\", \"nvidia.com/imex-channel\"]\n");
+    w.host.add_imex_channels(&[0, 3, 5]).unwrap();
+    let d = dir(&w, "nri-mig");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let plugin = start_plugin(
+        &w,
+        &d,
+        &nri_sock,
+        &[],
+        &[(nvshim_fake_nvml::TOPOLOGY_ENV, &topo_file)],
+    );
+    let parent = &topology.gpus[0];
+    let mig = &parent.mig_devices[0];
+    let caps_major = w.host.spec().caps_major;
+    let mut want_caps: Vec<(u32, u32)> = [
+        nvshim_testsupport::host::mig_cap_minor(parent.minor, mig.gpu_instance_id, None),
+        nvshim_testsupport::host::mig_cap_minor(parent.minor, mig.gpu_instance_id, Some(0)),
+    ]
+    .iter()
+    .map(|m| (*m, caps_major))
+    .collect();
+    want_caps.sort_unstable();
+    let script = script(&w);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let what = format!("NRI, MIG device {}", mig.uuid);
+        let out = pod
+            .run_container(
+                "mig",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", mig.uuid.as_str())],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        let r = ProbeReport::parse(&out);
+        assert_gpus(&w, &what, &r, &[w.gpu(0)]);
+        assert_eq!(crate::k8s::caps_nodes(&r), want_caps, "{what}: {}", r.raw);
+
+        let what = "NRI, NVIDIA_IMEX_CHANNELS=5";
+        let out = pod
+            .run_container(
+                "imex",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "0"), ("NVIDIA_IMEX_CHANNELS", "5")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        let r = ProbeReport::parse(&out);
+        assert_gpus(&w, what, &r, &[w.gpu(0)]);
+        let major = w.host.spec().caps_imex_major;
+        assert_eq!(
+            crate::k8s::imex_nodes(&r),
+            vec![("/dev/nvidia-caps-imex-channels/channel5".to_string(), major, 5)],
+            "{what}: {}",
+            r.raw
+        );
         pod.remove().await;
     });
     drop(ctd);
