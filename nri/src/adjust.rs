@@ -476,21 +476,6 @@ pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
     adjust
 }
 
-/// What of `expected` the created container lacks (`PostCreateContainer`): engines have
-/// dropped adjustments (CDI devices they could not resolve) without failing the create.
-pub fn missing_devices<'a>(container: &nri::Container, expected: &'a [String]) -> Vec<&'a str> {
-    let have: Vec<&str> = container
-        .linux
-        .as_ref()
-        .map(|l| l.devices.iter().map(|d| d.path.as_str()).collect())
-        .unwrap_or_default();
-    expected
-        .iter()
-        .map(String::as_str)
-        .filter(|p| !have.contains(p))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

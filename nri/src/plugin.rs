@@ -1,10 +1,9 @@
 //! The NRI plugin: the `Plugin` service the engine calls, and the connection to the engine,
 //! made again with back-off whenever the engine goes away (a restart, an upgrade).
 //!
-//! State lives in this process only: the engine's name and version (from `Configure`) and the
-//! device nodes each created container must have, until it starts.
+//! State lives in this process only, and is only the engine's name and version (from
+//! `Configure`): every event plans its container from what the engine sends.
 
-use std::collections::HashMap;
 use std::os::fd::IntoRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -28,10 +27,6 @@ const START_CONTAINER: i32 = 6;
 fn event_mask(events: &[i32]) -> i32 {
     events.iter().fold(0, |m, e| m | (1 << (e - 1)))
 }
-
-/// Expectations kept for containers that were created but never started (a create the
-/// engine failed after asking): beyond this many, the oldest are forgotten.
-const MAX_PENDING: usize = 4096;
 
 #[derive(Debug, Error)]
 pub enum PluginError {
@@ -62,13 +57,6 @@ pub struct Handler {
     /// `StartContainer` does not start (an error to the engine); otherwise a warning.
     mandatory: bool,
     engine: Mutex<Engine>,
-    pending: Mutex<Pending>,
-}
-
-#[derive(Default)]
-struct Pending {
-    order: std::collections::VecDeque<String>,
-    devices: HashMap<String, Vec<String>>,
 }
 
 impl Handler {
@@ -78,7 +66,6 @@ impl Handler {
             options,
             mandatory,
             engine: Mutex::new(Engine::default()),
-            pending: Mutex::new(Pending::default()),
         }
     }
 
@@ -127,9 +114,6 @@ impl Handler {
                 micros = started.elapsed().as_micros() as u64,
                 "{who}: {}", answer.how.name()
             );
-            if !answer.expected_devices.is_empty() {
-                self.expect(container.id.clone(), answer.expected_devices);
-            }
         }
         Ok(nri::CreateContainerResponse {
             adjust: protobuf::MessageField::some(answer.adjust),
@@ -137,46 +121,37 @@ impl Handler {
         })
     }
 
-    fn expect(&self, id: String, devices: Vec<String>) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if p.order.len() >= MAX_PENDING {
-            if let Some(old) = p.order.pop_front() {
-                p.devices.remove(&old);
-            }
-        }
-        p.order.push_back(id.clone());
-        p.devices.insert(id, devices);
-    }
-
-    /// `PostCreateContainer` and `StartContainer`: the requested device nodes are in the
-    /// container's spec, or (mandatory) an error.
-    pub fn verify(&self, container: &nri::Container, forget: bool) -> Result<(), String> {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let expected = if forget {
-            p.order.retain(|i| *i != container.id);
-            p.devices.remove(&container.id)
-        } else {
-            p.devices.get(&container.id).cloned()
+    /// `PostCreateContainer`, `StartContainer` and `Synchronize`: plans the container again
+    /// as it now is; device nodes the plan would still add are missing. Nothing is kept
+    /// between the events, so this also finds a container created while the plugin was down
+    /// (the engine then creates it unadjusted). Mandatory: an error to the engine (the start
+    /// fails); otherwise a warning.
+    pub fn verify(&self, container: &nri::Container, event: &str) -> Result<(), String> {
+        let engine = self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let who = format!("container {} ({})", container.name, short(&container.id));
+        let missing = Config::load(&self.config)
+            .map_err(|e| nvshim::report::error_text(&e))
+            .and_then(|config| {
+                let tools = Tools::in_process(&config, install::self_exe().as_deref());
+                adjust::answer(&config, &tools, &engine, &self.options, container)
+                    .map_err(|e| nvshim::report::error_text(&e))
+            })
+            .map(|a| a.expected_devices);
+        let problem = match missing {
+            Ok(m) if m.is_empty() => return Ok(()),
+            Ok(m) => format!("it lacks device nodes its request names: {}; was it created while nvshim-nri was down, or did the engine drop them (its log: CDI registry, NRI validators)?", m.join(", ")),
+            Err(e) => format!("its request would be refused: {e}"),
         };
-        drop(p);
-        let Some(expected) = expected else {
-            return Ok(());
-        };
-        let missing = adjust::missing_devices(container, &expected);
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let text = format!(
-            "nvshim: container {} ({}): the engine dropped device nodes nvshim asked for: {}; check the engine's log (CDI registry, NRI validators)",
-            container.name,
-            short(&container.id),
-            missing.join(", ")
-        );
+        let text = format!("nvshim: {who} at {event}: {problem}");
         if self.mandatory {
             tracing::error!("{text}");
             Err(text)
         } else {
-            tracing::warn!("{text} (fail-open: the container runs without them)");
+            tracing::warn!("{text} (fail-open: it runs as it is; --mandatory stops it)");
             Ok(())
         }
     }
@@ -227,6 +202,11 @@ impl nri_ttrpc::Plugin for Handler {
             containers = req.containers.len(),
             "synchronized with the engine"
         );
+        // Containers created (and started) while the plugin was away: named in the log. An
+        // error here would only fail the registration.
+        for c in &req.containers {
+            let _ = self.verify(c, "Synchronize");
+        }
         Ok(nri::SynchronizeResponse::default())
     }
 
@@ -248,7 +228,7 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::PostCreateContainerRequest,
     ) -> ttrpc::Result<nri::PostCreateContainerResponse> {
-        self.verify(req.container.get_or_default(), false)
+        self.verify(req.container.get_or_default(), "PostCreateContainer")
             .map_err(rpc_error)?;
         Ok(nri::PostCreateContainerResponse::default())
     }
@@ -258,7 +238,7 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::StartContainerRequest,
     ) -> ttrpc::Result<nri::StartContainerResponse> {
-        self.verify(req.container.get_or_default(), true)
+        self.verify(req.container.get_or_default(), "StartContainer")
             .map_err(rpc_error)?;
         Ok(nri::StartContainerResponse::default())
     }
@@ -270,8 +250,12 @@ impl nri_ttrpc::Plugin for Handler {
     ) -> ttrpc::Result<nri::Empty> {
         let container = req.container.get_or_default();
         match req.event {
-            POST_CREATE_CONTAINER => self.verify(container, false).map_err(rpc_error)?,
-            START_CONTAINER => self.verify(container, true).map_err(rpc_error)?,
+            POST_CREATE_CONTAINER => self
+                .verify(container, "PostCreateContainer")
+                .map_err(rpc_error)?,
+            START_CONTAINER => self
+                .verify(container, "StartContainer")
+                .map_err(rpc_error)?,
             _ => {}
         }
         Ok(nri::Empty::default())

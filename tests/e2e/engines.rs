@@ -1703,6 +1703,22 @@ mod cri {
             cdi_devices: &[&str],
             devices: &[(&str, &str)],
         ) -> Result<String, String> {
+            let created = self
+                .create_container(name, script, envs, annotations, cdi_devices, devices)
+                .await?;
+            self.start_to_end(name, created).await
+        }
+
+        /// CRI CreateContainer alone: the container's id.
+        pub async fn create_container(
+            &mut self,
+            name: &str,
+            script: &str,
+            envs: &[(&str, &str)],
+            annotations: &[(&str, &str)],
+            cdi_devices: &[&str],
+            devices: &[(&str, &str)],
+        ) -> Result<String, String> {
             let log_name = format!("{name}.log");
             let config = ContainerConfig {
                 metadata: Some(ContainerMetadata {
@@ -1743,7 +1759,7 @@ mod cri {
                     .collect(),
                 ..Default::default()
             };
-            let created = self
+            Ok(self
                 .rt
                 .create_container(CreateContainerRequest {
                     pod_sandbox_id: self.id.clone(),
@@ -1753,7 +1769,17 @@ mod cri {
                 .await
                 .map_err(|e| format!("CreateContainer: {e}"))?
                 .into_inner()
-                .container_id;
+                .container_id)
+        }
+
+        /// Starts the created container `created` (named `name`), waits for it to exit and
+        /// removes it: what it printed to stdout.
+        pub async fn start_to_end(
+            &mut self,
+            name: &str,
+            created: String,
+        ) -> Result<String, String> {
+            let log_name = format!("{name}.log");
             let started = self
                 .rt
                 .start_container(StartContainerRequest {

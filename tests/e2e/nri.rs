@@ -271,7 +271,10 @@ fn nri_plugin_serves_mig_and_imex_requests() {
             .run_container(
                 "imex",
                 &script,
-                &[("NVIDIA_VISIBLE_DEVICES", "0"), ("NVIDIA_IMEX_CHANNELS", "5")],
+                &[
+                    ("NVIDIA_VISIBLE_DEVICES", "0"),
+                    ("NVIDIA_IMEX_CHANNELS", "5"),
+                ],
                 &[],
                 &[],
                 &[],
@@ -283,7 +286,11 @@ fn nri_plugin_serves_mig_and_imex_requests() {
         let major = w.host.spec().caps_imex_major;
         assert_eq!(
             crate::k8s::imex_nodes(&r),
-            vec![("/dev/nvidia-caps-imex-channels/channel5".to_string(), major, 5)],
+            vec![(
+                "/dev/nvidia-caps-imex-channels/channel5".to_string(),
+                major,
+                5
+            )],
             "{what}: {}",
             r.raw
         );
@@ -291,5 +298,75 @@ fn nri_plugin_serves_mig_and_imex_requests() {
     });
     drop(ctd);
     drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// The plugin killed: containerd creates the next container without asking anyone (NRI has
+/// no plugin then). The plugin restarted, it finds that container at `Synchronize` and at
+/// `StartContainer`, plans it again and, `--mandatory`, fails its start with the reason; at
+/// its default (fail-open) the container runs, named in a warning. Served containers before
+/// and after pass both checks.
+#[test]
+fn nri_plugin_restarted_finds_containers_created_without_it() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let d = dir(&w, "nri-restart");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let script = script(&w);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
+    for (mode, extra) in [("mandatory", &["--mandatory"][..]), ("fail-open", &[][..])] {
+        let plugin_dir = d.join(mode);
+        let plugin = start_plugin(&w, &plugin_dir, &nri_sock, extra, &[]);
+        tokio.block_on(async {
+            let channel = cri::connect(&ctd.sock).await;
+            let mut pod = cri::run_pod(channel, "runc", &d.join(format!("pods-{mode}"))).await;
+            let out = pod
+                .run_container("served", &script, &env, &[], &[], &[])
+                .await
+                .unwrap_or_else(|e| panic!("{mode}, served: {e}\n{}", logs(&plugin, &ctd)));
+            assert_gpus(&w, mode, &ProbeReport::parse(&out), &[w.gpu(1)]);
+            drop(plugin);
+            let created = pod
+                .create_container("unserved", &script, &env, &[], &[], &[])
+                .await
+                .expect("containerd creates containers with no NRI plugin");
+            let plugin = start_plugin(&w, &plugin_dir, &nri_sock, extra, &[]);
+            let started = pod.start_to_end("unserved", created).await;
+            let log = fs::read_to_string(&plugin.log).unwrap();
+            assert!(
+                log.contains("container unserved") && log.contains("at Synchronize"),
+                "{mode}: {log}"
+            );
+            match mode {
+                "mandatory" => {
+                    let err = started.expect_err("the unserved container should not start");
+                    for needle in ["nvshim:", "unserved", "lacks device nodes"] {
+                        assert!(err.contains(needle), "{needle:?} not in {err}\n{log}");
+                    }
+                }
+                _ => {
+                    let out = started.unwrap_or_else(|e| panic!("fail-open: {e}\n{log}"));
+                    assert_gpus(&w, "fail-open, unserved", &ProbeReport::parse(&out), &[]);
+                    assert!(log.contains("fail-open"), "{log}");
+                }
+            }
+            let out = pod
+                .run_container("served-again", &script, &env, &[], &[], &[])
+                .await
+                .unwrap_or_else(|e| panic!("{mode}, served again: {e}\n{}", logs(&plugin, &ctd)));
+            assert_gpus(&w, mode, &ProbeReport::parse(&out), &[w.gpu(1)]);
+            pod.remove().await;
+        });
+    }
+    drop(ctd);
     assert_nothing_mounted_below(w.tmp.path());
 }
