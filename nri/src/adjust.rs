@@ -85,6 +85,8 @@ pub struct Answer {
     /// GPUs or CDI devices served, for the log.
     pub served: Vec<String>,
     pub warnings: Vec<String>,
+    /// `--no-hooks`: what the dropped hooks would have done that no mount does instead.
+    pub dropped: Vec<String>,
 }
 
 /// CRI's privileged containers are the ones allowed every device (containerd and CRI-O add
@@ -236,15 +238,18 @@ pub fn answer(
         }
         _ => How::Raw,
     };
-    if options.no_hooks {
-        adjust.hooks = protobuf::MessageField::none();
-    }
+    let dropped = if options.no_hooks {
+        hook_free(&mut adjust)
+    } else {
+        Vec::new()
+    };
     Ok(Answer {
         adjust,
         how,
         expected_devices,
         served: served(&plan),
         warnings: trace.warnings,
+        dropped,
     })
 }
 
@@ -275,6 +280,71 @@ fn native_cdi(adjust: &mut nri::ContainerAdjustment, names: &[String]) {
             .collect(),
         ..Default::default()
     };
+}
+
+/// `--no-hooks`: the adjustment without OCI hooks. The links nvshim's fix-ups hook would make
+/// to a mounted file (`libcuda.so.1 -> libcuda.so.<version>`, the SONAME links a program's
+/// loader looks for) become read-only bind mounts of the same host file at the link's path,
+/// so `libcuda.so.1` is there with no hook; in the multiarch library directories the loader
+/// searches without an ld.so.cache entry. Returns what is lost: the other links (to
+/// directories, device nodes), the ld.so.cache update and the rest of the fix-ups.
+pub fn hook_free(adjust: &mut nri::ContainerAdjustment) -> Vec<String> {
+    let Some(hooks) = adjust.hooks.take() else {
+        return Vec::new();
+    };
+    let mut dropped = Vec::new();
+    let mut added = Vec::new();
+    for (name, list) in hook_lists(&hooks) {
+        for h in list {
+            let mut args = h.args.iter();
+            let fixups = args.nth(1).is_some_and(|a| a == "fixups");
+            if !fixups {
+                dropped.push(format!("{name} hook {}", h.args.join(" ")));
+                continue;
+            }
+            let mut args = h.args.iter().skip(2).peekable();
+            while let Some(a) = args.next() {
+                if a != "--link" {
+                    if !a.starts_with("--") || a == "--folder" {
+                        continue;
+                    }
+                    dropped.push(format!("fix-up {a}"));
+                    continue;
+                }
+                let Some((target, link)) = args.next().and_then(|l| l.split_once("::")) else {
+                    continue;
+                };
+                let dir = link.rsplit_once('/').map_or("", |(d, _)| d);
+                let target_path = if target.starts_with('/') {
+                    target.to_string()
+                } else {
+                    format!("{dir}/{target}")
+                };
+                let source = adjust
+                    .mounts
+                    .iter()
+                    .find(|m| m.destination == target_path && !m.source.is_empty());
+                match source {
+                    Some(m) => added.push(nri::Mount {
+                        destination: link.to_string(),
+                        type_: "bind".into(),
+                        source: m.source.clone(),
+                        options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+                        ..Default::default()
+                    }),
+                    None => dropped.push(format!("link {link} -> {target}")),
+                }
+            }
+            dropped.push("ld.so.cache update".into());
+        }
+    }
+    for m in added {
+        if !adjust.mounts.iter().any(|x| x.destination == m.destination) {
+            adjust.mounts.push(m);
+        }
+    }
+    dropped.dedup();
+    dropped
 }
 
 fn strings(v: Option<&Value>) -> Vec<&str> {
@@ -558,5 +628,49 @@ mod tests {
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].minor.as_ref().unwrap().value, 255);
         assert_eq!(a.hooks.as_ref().unwrap().create_container.len(), 1);
+    }
+
+    /// The SONAME link becomes a second bind mount of the library; a link to a directory
+    /// and the ld.so.cache update are reported as not done.
+    #[test]
+    fn hook_free_mounts_library_links() {
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        let mut a = nri::ContainerAdjustment::new();
+        a.mounts.push(nri::Mount {
+            destination: format!("{lib}/libcuda.so.580.1"),
+            source: "/host/libcuda.so.580.1".into(),
+            type_: "bind".into(),
+            ..Default::default()
+        });
+        let mut hooks = nri::Hooks::new();
+        hooks.create_container.push(nri::Hook {
+            path: "/usr/bin/nvshim-hook".into(),
+            args: [
+                "nvshim-hook",
+                "fixups",
+                "--link",
+                "libcuda.so.580.1::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "--link",
+                "../card1::/dev/dri/by-path/pci-card",
+                "--folder",
+                lib,
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        });
+        a.hooks = Some(hooks).into();
+        let dropped = hook_free(&mut a);
+        assert!(a.hooks.is_none());
+        let m = &a.mounts[1];
+        assert_eq!(m.destination, format!("{lib}/libcuda.so.1"));
+        assert_eq!(m.source, "/host/libcuda.so.580.1");
+        assert_eq!(
+            dropped,
+            [
+                "link /dev/dri/by-path/pci-card -> ../card1",
+                "ld.so.cache update"
+            ]
+        );
     }
 }

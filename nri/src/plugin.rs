@@ -106,6 +106,9 @@ impl Handler {
         for w in &answer.warnings {
             tracing::warn!("{who}: {w}");
         }
+        if !answer.dropped.is_empty() {
+            tracing::info!("{who}: --no-hooks: not done: {}", answer.dropped.join("; "));
+        }
         if answer.how != How::Nothing {
             tracing::info!(
                 served = ?answer.served,

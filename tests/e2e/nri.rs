@@ -76,8 +76,8 @@ fn nri_available() -> bool {
     true
 }
 
-/// By env, by `cdi.k8s.io` annotation and by the device plugin's volume-mounts: each
-/// container has exactly its GPUs; an unprivileged env request refused by the policy fails the
+/// By env (index and UUID), by `cdi.k8s.io` annotation and by the device plugin's env
+/// strategy beside its DeviceSpec: each container has exactly its GPUs; an unprivileged env request refused by the policy fails the
 /// container with nvshim's reason in the CRI's answer, as nvshim-runtime's refusal does; the
 /// engine restarted, the plugin registers again and serves the next container.
 #[test]
@@ -86,10 +86,7 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
         return;
     }
     let _one_engine = serial();
-    let w = World::builder()
-        .spec_dirs(SpecDirs::Run)
-        .config("accept-volume-mounts = true\n")
-        .build();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
     write_cdi_spec(&w, &w.run_cdi);
     let d = dir(&w, "nri");
     let nri_sock = d.join("nri.sock");
@@ -158,6 +155,25 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
                 logs(&plugin, &ctd)
             );
         }
+        // The device plugin's env strategy with its DeviceSpec (CRI `devices`) under
+        // "allocation-backed": the node backs the variable.
+        w.configure("accept-envvar-unprivileged = \"allocation-backed\"\n");
+        let gpu = w.gpu(1);
+        let node = w.host.dev_root().join(format!("dev/nvidia{}", gpu.minor));
+        let container_node = format!("/dev/nvidia{}", gpu.minor);
+        let what = "NRI, NVIDIA_VISIBLE_DEVICES=<uuid> beside its DeviceSpec";
+        let out = pod
+            .run_container(
+                "backed",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)],
+                &[],
+                &[],
+                &[(&container_node, s(&node))],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
         w.configure("");
         pod.remove().await;
     });
@@ -368,5 +384,65 @@ fn nri_plugin_restarted_finds_containers_created_without_it() {
         });
     }
     drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// `--no-hooks` (an engine whose NRI validator rejects OCI hooks): the adjustment has none,
+/// and `libcuda.so.1` is still in the container, the driver's `libcuda.so.<version>` mounted
+/// at the SONAME path: the same bytes as the host's library.
+#[test]
+fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let d = dir(&w, "nri-no-hooks");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let plugin = start_plugin(&w, &d, &nri_sock, &["--no-hooks"], &[]);
+    let lib = w.host.container_lib_path("libcuda");
+    let soname = format!("{}/libcuda.so.1", lib.rsplit_once('/').unwrap().0);
+    let host_sum = sha256(&w.host.host_path(&lib));
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let script = format!("{}\necho libcuda\nsha256sum {soname}\n", script(&w));
+        let out = pod
+            .run_container(
+                "no-hooks",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "0")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("--no-hooks: {e}\n{}", logs(&plugin, &ctd)));
+        let seen = out
+            .lines()
+            .skip_while(|l| *l != "libcuda")
+            .nth(1)
+            .unwrap_or("");
+        assert_eq!(
+            seen.split(' ').next(),
+            Some(host_sum.as_str()),
+            "{soname} in the container is not the host's {lib}:\n{out}"
+        );
+        assert_gpus(&w, "--no-hooks", &ProbeReport::parse(&out), &[w.gpu(0)]);
+        pod.remove().await;
+    });
+    let log = fs::read_to_string(&plugin.log).unwrap();
+    assert!(
+        log.contains("--no-hooks: not done: ") && log.contains("ld.so.cache update"),
+        "{log}"
+    );
+    drop(ctd);
+    drop(plugin);
     assert_nothing_mounted_below(w.tmp.path());
 }
