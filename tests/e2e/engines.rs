@@ -1304,14 +1304,15 @@ struct Containerd {
 
 impl Containerd {
     fn start(w: &World, d: &Path) -> Containerd {
-        Containerd::start_with(w, d, |_| {})
+        Containerd::start_with(w, d, &[], |_| {})
     }
 
-    /// [`Containerd::start`] with `edit` applied to the config before configure writes it
-    /// (tests/e2e/nri.rs turns NRI on).
+    /// [`Containerd::start`] with `edit` applied to the config before configure writes it, and
+    /// `configure_args` added to configure's (tests/e2e/nri.rs: its NRI socket, `--nri`).
     fn start_with(
         w: &World,
         d: &Path,
+        configure_args: &[&str],
         edit: impl FnOnce(&mut toml_edit::DocumentMut),
     ) -> Containerd {
         let sock = d.join("c.sock");
@@ -1391,6 +1392,7 @@ impl Containerd {
         if !v3 {
             configure.args(["--engine-version", "1.7"]);
         }
+        configure.args(configure_args);
         run(&mut configure, Duration::from_secs(30)).expect_ok();
         assert!(fs::symlink_metadata(&config)
             .unwrap()

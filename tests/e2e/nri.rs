@@ -17,13 +17,13 @@ fn plugin_binary() -> PathBuf {
     p
 }
 
-/// containerd with NRI on, its socket in `d`.
+/// containerd with NRI on (`nvshim runtime configure --nri`: containerd 1.7 has it off),
+/// its socket `nri_sock`.
 fn containerd_with_nri(w: &World, d: &Path, nri_sock: &Path) -> Containerd {
     let nri_sock = nri_sock.to_path_buf();
     let d2 = d.to_path_buf();
-    Containerd::start_with(w, d, move |doc| {
+    Containerd::start_with(w, d, &["--nri"], move |doc| {
         let nri = &mut doc["plugins"]["io.containerd.nri.v1.nri"];
-        nri["disable"] = toml_edit::value(false);
         nri["socket_path"] = toml_edit::value(s(&nri_sock));
         nri["plugin_path"] = toml_edit::value(s(&d2.join("nri-plugins")));
         nri["plugin_config_path"] = toml_edit::value(s(&d2.join("nri-conf")));
