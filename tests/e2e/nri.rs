@@ -17,6 +17,9 @@ fn plugin_binary() -> PathBuf {
     p
 }
 
+/// An env entry or an annotation.
+type Pair<'a> = (&'a str, &'a str);
+
 /// containerd with NRI on (`nvshim runtime configure --nri`: containerd 1.7 has it off),
 /// its socket `nri_sock`.
 fn containerd_with_nri(w: &World, d: &Path, nri_sock: &Path) -> Containerd {
@@ -101,7 +104,7 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
     tokio.block_on(async {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
-        let cases: [(&str, &[(&str, &str)], &[(&str, &str)], usize); 3] = [
+        let cases: [(&str, &[Pair], &[Pair], usize); 3] = [
             ("env", &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], 1),
             (
                 "annotation",

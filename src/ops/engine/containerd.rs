@@ -440,8 +440,8 @@ fn enable_cdi(
     Ok(())
 }
 
-/// NRI's plugin section (containerd `docs/NRI.md`): `disable = true` by default in
-/// containerd 1.7, NRI on by default from 2.0.
+/// NRI's plugin section: `disable = true` in containerd 1.7's default config, `false` from
+/// 2.0 (tests/fixtures/engine-configs/).
 const NRI_PLUGIN: &str = "io.containerd.nri.v1.nri";
 /// The mark on a `disable = false` that replaced a `disable = true`.
 const NRI_WAS_DISABLED: &str = "(was true)";
