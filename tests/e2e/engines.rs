@@ -1627,9 +1627,21 @@ mod cri {
         pub id: String,
         pub config: PodSandboxConfig,
         pub log_dir: PathBuf,
+        /// Its containers are privileged (`securityContext.privileged`).
+        pub privileged: bool,
     }
 
     pub async fn run_pod(channel: Channel, handler: &str, log_dir: &Path) -> Pod {
+        run_pod_with(channel, handler, log_dir, false).await
+    }
+
+    /// [`run_pod`], with the sandbox and every container privileged when `privileged`.
+    pub async fn run_pod_with(
+        channel: Channel,
+        handler: &str,
+        log_dir: &Path,
+        privileged: bool,
+    ) -> Pod {
         let mut rt = RuntimeServiceClient::new(channel.clone());
         let version = rt
             .version(VersionRequest::default())
@@ -1664,6 +1676,7 @@ mod cri {
             log_directory: s(&log_dir).into(),
             linux: Some(LinuxPodSandboxConfig {
                 security_context: Some(LinuxSandboxSecurityContext {
+                    privileged,
                     namespace_options: Some(NamespaceOption {
                         // Pod networking is not needed: the host's network namespace.
                         network: NamespaceMode::Node as i32,
@@ -1689,6 +1702,7 @@ mod cri {
             id: resp.into_inner().pod_sandbox_id,
             config,
             log_dir,
+            privileged,
         }
     }
 
@@ -1745,7 +1759,13 @@ mod cri {
                     .map(|(k, v)| ((*k).into(), (*v).into()))
                     .collect(),
                 log_path: log_name.clone(),
-                linux: Some(LinuxContainerConfig::default()),
+                linux: Some(LinuxContainerConfig {
+                    security_context: self.privileged.then(|| LinuxContainerSecurityContext {
+                        privileged: true,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 // What the kubelet sends for DRA claims (CRI `CDI_devices`, Kubernetes 1.28+).
                 cdi_devices: cdi_devices
                     .iter()

@@ -229,7 +229,8 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
 
 /// By MIG device UUID (the plugin asks the fake NVML in process, as `nvshim explain` does)
 /// and by IMEX channel (the operator's `cdi-env-kinds` opt-in): the MIG device's parent GPU and
-/// exactly its two capability nodes; GPU 0 and exactly channel 5.
+/// exactly its two capability nodes; GPU 0 and exactly channel 5. MIG config: refused to an
+/// unprivileged container, served to a privileged one.
 #[test]
 fn nri_plugin_serves_mig_and_imex_requests() {
     if !nri_available() {
@@ -311,6 +312,34 @@ fn nri_plugin_serves_mig_and_imex_requests() {
                 5
             )],
             "{what}: {}",
+            r.raw
+        );
+        // The MIG config capability is for privileged containers only: NRI shows no
+        // capabilities, so the plugin takes CRI's allow-all device rule for privilege.
+        let env = [
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_MIG_CONFIG_DEVICES", "all"),
+        ];
+        let err = pod
+            .run_container("mig-config", &script, &env, &[], &[], &[])
+            .await
+            .expect_err("MIG config from an unprivileged container should be refused");
+        assert!(
+            err.contains("NVIDIA_MIG_CONFIG_DEVICES") && err.contains("privileged"),
+            "{err}"
+        );
+        pod.remove().await;
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod_with(channel, "runc", &d.join("pods-priv"), true).await;
+        let out = pod
+            .run_container("mig-config-priv", &script, &env, &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("privileged MIG config: {e}\n{}", logs(&plugin, &ctd)));
+        let r = ProbeReport::parse(&out);
+        assert!(
+            crate::k8s::caps_nodes(&r)
+                .contains(&(nvshim_testsupport::host::MIG_CONFIG_MINOR, caps_major)),
+            "privileged MIG config: no config capability node: {}",
             r.raw
         );
         pod.remove().await;
