@@ -95,7 +95,10 @@ impl Handler {
         );
         let started = Instant::now();
         let refuse = |e: &(dyn std::error::Error + 'static)| {
-            let text = format!("nvshim: {who}: {}", nvshim::report::error_text(e));
+            let text = nvshim::report::error_text(e);
+            // The planner names the config.json it was shown; the container is named here.
+            let text = text.strip_prefix("config.json: ").unwrap_or(&text);
+            let text = format!("nvshim: {who}: {text}");
             tracing::error!("{text}");
             text
         };

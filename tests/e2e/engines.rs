@@ -1629,6 +1629,9 @@ mod cri {
         pub log_dir: PathBuf,
         /// Its containers are privileged (`securityContext.privileged`).
         pub privileged: bool,
+        /// Bind mounts (container path, host path) its next containers get, as the kubelet
+        /// sends a device plugin's `Mount`s.
+        pub mounts: Vec<(String, String)>,
     }
 
     pub async fn run_pod(channel: Channel, handler: &str, log_dir: &Path) -> Pod {
@@ -1703,6 +1706,7 @@ mod cri {
             config,
             log_dir,
             privileged,
+            mounts: Vec::new(),
         }
     }
 
@@ -1766,6 +1770,15 @@ mod cri {
                     }),
                     ..Default::default()
                 }),
+                mounts: self
+                    .mounts
+                    .iter()
+                    .map(|(container, host)| Mount {
+                        container_path: container.clone(),
+                        host_path: host.clone(),
+                        ..Default::default()
+                    })
+                    .collect(),
                 // What the kubelet sends for DRA claims (CRI `CDI_devices`, Kubernetes 1.28+).
                 cdi_devices: cdi_devices
                     .iter()

@@ -177,6 +177,30 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
         assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
+        // The device plugin's volume-mounts strategy: `/dev/null` at the device's path under
+        // /var/run/nvidia-container-devices is the request; the plugin removes the mount.
+        w.configure("accept-volume-mounts = true\naccept-envvar-unprivileged = false\n");
+        let root = nvshim::request::DEVICE_MOUNT_ROOT;
+        pod.mounts = vec![(format!("{root}/{}", w.gpu(0).uuid), "/dev/null".into())];
+        let what = "NRI, device plugin volume-mounts";
+        let out = pod
+            .run_container(
+                "volume-mounts",
+                &format!("{script}\nls {root} 2>&1 | sed 's/^/DPMOUNT /'\n"),
+                &[("NVIDIA_VISIBLE_DEVICES", root)],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        pod.mounts.clear();
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
+        assert!(
+            !out.lines()
+                .any(|l| l.starts_with("DPMOUNT ") && l.contains("GPU-")),
+            "{what}: the device plugin's mount is still there:\n{out}"
+        );
         w.configure("");
         pod.remove().await;
     });
