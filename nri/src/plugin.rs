@@ -53,8 +53,8 @@ pub struct Handler {
     /// create: an edit applies to the next container, with no reload to forget.
     config: PathBuf,
     options: Options,
-    /// A container whose requested device nodes are missing at `PostCreateContainer` or
-    /// `StartContainer` does not start (an error to the engine); otherwise a warning.
+    /// A container whose requested device nodes are missing at `StartContainer` does not
+    /// start (an error to the engine); otherwise a warning.
     mandatory: bool,
     engine: Mutex<Engine>,
 }
@@ -127,7 +127,8 @@ impl Handler {
         })
     }
 
-    /// `PostCreateContainer`, `StartContainer` and `Synchronize`: plans the container again
+    /// `StartContainer` (and `PostCreateContainer` where an engine sends it) and
+    /// `Synchronize`: plans the container again
     /// as it now is; device nodes the plan would still add are missing. Nothing is kept
     /// between the events, so this also finds a container created while the plugin was down
     /// (the engine then creates it unadjusted). Mandatory: an error to the engine (the start
