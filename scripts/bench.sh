@@ -26,6 +26,8 @@
 #   9. the hooks of figure 3's GPU container, timed in place as runc runs them
 #      (scripts/bench/hook-timer.c), in total and against /bin/true in their place;
 #   6. peak memory (GNU time %M) of each;
+#  10. nvshim-nri's CreateContainer answer, 50 requests at once, MIG host, 1,000 spec files:
+#      p99 and the plugin's peak RSS (scripts/bench/nri.sh, which runs alone too);
 # and, for figures 1, 7 and 8, the least a create costs under nvshim's rules without nvshim
 # (scripts/bench/least.c: config.json replaced atomically, every spec file stat'ed, each GPU
 # create's own system calls replayed) against the same floors: the part of a create's time
@@ -109,6 +111,8 @@ scripts/build-release.sh --quiet
 cp target/release/nvshim target/release/nvshim-runtime target/release/nvshim-hook "$bin/"
 cargo build --release --quiet -p nvshim-testsupport --bins -p nvshim-fake-nvml
 cp target/release/nvshim-fake-host target/release/nvshim-bench target/release/libnvshim_fake_nvml.so "$bin/"
+cargo build --release --quiet -p nvshim-nri --example nri-bench
+cp target/release/examples/nri-bench "$bin/"
 for b in nvshim-hook nvshim-runtime; do
     file "$bin/$b" | grep -q 'static' || { echo "bench: $bin/$b is not static" >&2; exit 1; }
 done
@@ -621,6 +625,17 @@ set +e
 rc=$?
 set -e
 [ $rc -le 3 ] && [ -s "$out/table.md" ] || { echo "bench: the harness failed ($rc)" >&2; exit 1; }
+# Figure 10: the NRI plugin, timed inside its own process (not an exec per request).
+nri=$(scripts/bench/nri.sh "$bin" "$work" "$((runs / 3 + 1))")
+echo "$nri" > "$out/nri.json"
+nri_p99=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["p99_ms"])' "$nri")
+nri_rss=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["peak_rss_kib"])' "$nri")
+nri_ok=$(python3 -c 'import sys; print("yes" if float(sys.argv[1]) <= 20 and int(sys.argv[2]) <= 20480 else "NO")' "$nri_p99" "$nri_rss")
+{
+    echo
+    echo "| 10. nvshim-nri CreateContainer, 50 at once, MIG host, 1,000 spec files | p99 $nri_p99 ms, peak RSS $nri_rss KiB | goal p99 <= 20 ms, RSS <= 20 MiB: $nri_ok |"
+} >> "$out/table.md"
+[ "$nri_ok" = yes ] || [ $rc -ne 0 ] || rc=3
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/env.txt"
 cat "$out/env.txt"
 echo

@@ -15,7 +15,8 @@
 # (or `podman load -i`, or `skopeo copy oci-archive:... docker://your.registry/...`).
 #
 # The image: the static busybox (Debian's busybox-static: sh, cp, chroot, nsenter, test, ...),
-# nvshim, nvshim-runtime, nvshim-hook (+ the nvidia-cdi-hook link), the glibc libraries they link
+# nvshim, nvshim-runtime, nvshim-hook (+ the nvidia-cdi-hook link), nvshim-nri when it was built
+# (overlays/nri runs it), the glibc libraries they link
 # (copied from this machine, found with ldd), the packaged default config, and
 # /usr/bin/nvshim-install as the entrypoint. One uncompressed layer; file times, owners and
 # order are fixed, so the same inputs give the same digest.
@@ -58,6 +59,8 @@ if ! "$busybox" --list 2> /dev/null | grep -cx nsenter > /dev/null || ldd "$busy
     exit 1
 fi
 binaries=(nvshim nvshim-runtime nvshim-hook)
+# The NRI plugin, run from the same image by overlays/nri's DaemonSet: when it was built.
+[ -x "$bin_dir/nvshim-nri" ] && binaries+=(nvshim-nri)
 for b in "${binaries[@]}"; do
     [ -x "$bin_dir/$b" ] || { echo "$bin_dir/$b is missing: scripts/build-release.sh" >&2; exit 1; }
 done

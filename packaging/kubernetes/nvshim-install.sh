@@ -4,7 +4,8 @@
 #
 #   nvshim-install [run|install|uninstall]      (default: run)
 #
-# install    copies nvshim, nvshim-runtime and nvshim-hook to <host>$NVSHIM_INSTALL_DIR/bin,
+# install    copies nvshim, nvshim-runtime and nvshim-hook (and nvshim-nri, the NRI plugin, when
+#            the image has it) to <host>$NVSHIM_INSTALL_DIR/bin,
 #            writes the host's /etc/nvshim/config.toml (from the ConfigMap), runs `nvshim runtime
 #            configure --runtime containerd`, creates the /dev/char links, writes the node's CDI
 #            spec (`nvshim cdi refresh --force`), restarts containerd.
@@ -27,6 +28,8 @@
 #   SET_AS_DEFAULT            true: also make `nvidia` containerd's default runtime      [false]
 #   ENABLE_ENGINE_CDI         false: leave containerd's own CDI as it is (configure turns
 #                             it on where it is off, as on containerd 1.7, for DRA claims) [true]
+#   ENABLE_NRI                true: also turn containerd's NRI on where it is off (1.7), for
+#                             the nvshim-nri DaemonSet (overlays/nri)                   [false]
 #   CREATE_DEV_CHAR_SYMLINKS  false: skip `nvshim system create-dev-char-symlinks`        [true]
 #   RESTART_CONTAINERD        systemd (systemctl in the host's PID 1 namespaces) or none [systemd]
 #   CDI_SPEC                  the node's CDI spec, kept by `nvshim cdi refresh`; none: no
@@ -63,7 +66,9 @@ restart_containerd() {
 install() {
     mkdir -p "$host$dir/bin"
     touch "$marker"
-    for b in nvshim nvshim-runtime nvshim-hook; do
+    nri=
+    [ -x /usr/bin/nvshim-nri ] && nri=nvshim-nri
+    for b in nvshim nvshim-runtime nvshim-hook $nri; do
         # A new file renamed into place: a binary that is running is never rewritten.
         cp "/usr/bin/$b" "$host$dir/bin/.$b.new"
         mv -f "$host$dir/bin/.$b.new" "$host$dir/bin/$b"
@@ -90,6 +95,9 @@ install() {
     fi
     if [ "${ENABLE_ENGINE_CDI:-true}" = false ]; then
         set -- "$@" --no-cdi
+    fi
+    if [ "${ENABLE_NRI:-false}" = true ]; then
+        set -- "$@" --nri
     fi
     # Every config version containerd writes is read (1 to 4; a later one with version 3's
     # layout and a warning), so a containerd 2.3 node does not stop the installer here.

@@ -168,6 +168,10 @@ struct EngineArgs {
     /// containerd 1.7's `enable_cdi`, Docker 25-27's `features.cdi`).
     #[arg(long)]
     no_cdi: bool,
+    /// containerd: also turn NRI on where it is off (1.7; on by default from 2.0), for the
+    /// nvshim-nri plugin. `unconfigure` turns it off again if configure turned it on.
+    #[arg(long)]
+    nri: bool,
     /// The engine's release, MAJOR.MINOR, when the daemon on PATH is not the one that reads the
     /// config [default: from `dockerd --version` / `containerd --version`].
     #[arg(long, value_name = "MAJOR.MINOR", value_parser = parse_engine_version)]
@@ -282,6 +286,11 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
         _ => args.set_as_default,
     };
     opts.enable_cdi = !args.no_cdi;
+    anyhow::ensure!(
+        !args.nri || args.runtime == engine::Engine::Containerd,
+        "--nri is for containerd (CRI-O has NRI on from 1.30: its `enable_nri`)"
+    );
+    opts.enable_nri = args.nri;
     // The engine's CDI reads the spec directories nvshim reads. Best effort: a config that does
     // not load leaves the defaults (the engine's own) and stops nothing. Here `--config` is the
     // engine's file, so nvshim's own comes from $NVSHIM_CONFIG or its default path only.

@@ -268,7 +268,11 @@ fn daemon_set_matches_the_installer_script_and_image() {
 /// The DaemonSet agrees with the installer script, the image and its ConfigMap; returns the
 /// config file it installs, checked with nvshim's parser.
 fn check_daemon_set(m: &Manifests) -> String {
-    let ds = &m.daemon_sets[0];
+    let ds = m
+        .daemon_sets
+        .iter()
+        .find(|d| d.metadata.name.as_deref() == Some("nvshim-installer"))
+        .expect("the installer DaemonSet");
     let spec = ds.spec.as_ref().unwrap();
     let labels = spec
         .template
@@ -367,6 +371,47 @@ fn check_daemon_set(m: &Manifests) -> String {
     toml.clone()
 }
 
+/// overlays/nri: the plugin runs the binary the installer puts on the host, from the
+/// installer's image, and the installer turns containerd's NRI on (`--nri`).
+fn check_nri_daemon_set(m: &Manifests) {
+    let by_name = |n: &str| {
+        m.daemon_sets
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("DaemonSet {n}"))
+    };
+    let container = |n: &str| {
+        by_name(n)
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
+            .clone()
+    };
+    let installer = container("nvshim-installer");
+    let plugin = container("nvshim-nri");
+    assert_eq!(plugin.image, installer.image, "the installer's image");
+    let env: BTreeMap<String, String> = installer
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(env.get("ENABLE_NRI").map(String::as_str), Some("true"));
+    let command = plugin.command.unwrap().join(" ");
+    let installed = format!("{}/bin/nvshim-nri", env["NVSHIM_INSTALL_DIR"]);
+    assert!(
+        command.contains(&format!("chroot {} {installed}", env["HOST_ROOT"])),
+        "{command}: runs the installed {installed} in the host's root"
+    );
+    let script = fs::read_to_string(root().join("packaging/kubernetes/nvshim-install.sh")).unwrap();
+    assert!(script.contains("nvshim-nri") && script.contains("--nri"));
+}
+
 /// What each overlay changes in the base's config, and nothing else (the rest of its config
 /// file is the base's). An overlay that is not here fails the check until it is added.
 const OVERLAY_SETTINGS: &[(&str, &[(&str, &str)])] = &[
@@ -375,6 +420,7 @@ const OVERLAY_SETTINGS: &[(&str, &[(&str, &str)])] = &[
         &[("driver-root", "\"/run/nvidia/driver\"")],
     ),
     ("gpu-operator", &[("driver-root", "\"/run/nvidia/driver\"")]),
+    ("nri", &[]),
     (
         "strict",
         &[
@@ -452,7 +498,12 @@ fn every_kustomization_renders_valid_manifests() {
     for dir in overlays {
         let name = dir.file_name().unwrap().to_str().unwrap().to_string();
         let m = typed_manifests(render(&kubectl, &dir));
-        assert_eq!(m.daemon_sets.len(), 1, "{name}: one installer");
+        // overlays/nri adds the NRI plugin's DaemonSet beside the installer.
+        let plugins = usize::from(name == "nri");
+        assert_eq!(m.daemon_sets.len(), 1 + plugins, "{name}: one installer");
+        if plugins == 1 {
+            check_nri_daemon_set(&m);
+        }
         assert_eq!(m.config_maps.len(), 1, "{name}: one ConfigMap");
         assert!(
             m.pods.is_empty() && m.claims.is_empty(),

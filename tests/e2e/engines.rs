@@ -1326,6 +1326,17 @@ struct Containerd {
 
 impl Containerd {
     fn start(w: &World, d: &Path) -> Containerd {
+        Containerd::start_with(w, d, &[], |_| {})
+    }
+
+    /// [`Containerd::start`] with `edit` applied to the config before configure writes it, and
+    /// `configure_args` added to configure's (tests/e2e/nri.rs: its NRI socket, `--nri`).
+    fn start_with(
+        w: &World,
+        d: &Path,
+        configure_args: &[&str],
+        edit: impl FnOnce(&mut toml_edit::DocumentMut),
+    ) -> Containerd {
         let sock = d.join("c.sock");
         let config = d.join("config.toml");
         let default = run(
@@ -1381,6 +1392,7 @@ impl Containerd {
         }
         // Kept elsewhere by "config management", config.toml a relative link to it: configure
         // writes through the link.
+        edit(&mut doc);
         let managed = d.join("managed/config.toml");
         fs::create_dir_all(managed.parent().unwrap()).unwrap();
         fs::write(&managed, doc.to_string()).unwrap();
@@ -1404,6 +1416,7 @@ impl Containerd {
         if !v3 {
             configure.args(["--engine-version", "1.7"]);
         }
+        configure.args(configure_args);
         run(&mut configure, Duration::from_secs(30)).expect_ok();
         assert!(fs::symlink_metadata(&config)
             .unwrap()
@@ -1638,10 +1651,25 @@ mod cri {
         pub id: String,
         pub config: PodSandboxConfig,
         pub log_dir: PathBuf,
+        /// Its containers are privileged (`securityContext.privileged`).
+        pub privileged: bool,
+        /// Bind mounts (container path, host path) its next containers get, as the kubelet
+        /// sends a device plugin's `Mount`s.
+        pub mounts: Vec<(String, String)>,
     }
 
     pub async fn run_pod(channel: Channel, handler: &str, log_dir: &Path) -> Pod {
-        run_pod_in(channel, handler, log_dir, None).await
+        run_pod_full(channel, handler, log_dir, None, false).await
+    }
+
+    /// [`run_pod`], with the sandbox and every container privileged when `privileged`.
+    pub async fn run_pod_with(
+        channel: Channel,
+        handler: &str,
+        log_dir: &Path,
+        privileged: bool,
+    ) -> Pod {
+        run_pod_full(channel, handler, log_dir, None, privileged).await
     }
 
     /// [`run_pod`], in its own user namespace when `userns` is given: what the kubelet sends
@@ -1654,6 +1682,16 @@ mod cri {
         handler: &str,
         log_dir: &Path,
         userns: Option<UserNamespace>,
+    ) -> Pod {
+        run_pod_full(channel, handler, log_dir, userns, false).await
+    }
+
+    async fn run_pod_full(
+        channel: Channel,
+        handler: &str,
+        log_dir: &Path,
+        userns: Option<UserNamespace>,
+        privileged: bool,
     ) -> Pod {
         let mut rt = RuntimeServiceClient::new(channel.clone());
         let version = rt
@@ -1689,6 +1727,7 @@ mod cri {
             log_directory: s(&log_dir).into(),
             linux: Some(LinuxPodSandboxConfig {
                 security_context: Some(LinuxSandboxSecurityContext {
+                    privileged,
                     namespace_options: Some(NamespaceOption {
                         // Pod networking is not needed: the host's network namespace.
                         network: if userns.is_some() {
@@ -1719,6 +1758,8 @@ mod cri {
             id: resp.into_inner().pod_sandbox_id,
             config,
             log_dir,
+            privileged,
+            mounts: Vec::new(),
         }
     }
 
@@ -1727,6 +1768,22 @@ mod cri {
         /// CRI devices (container path, host path), what the kubelet sends for a device
         /// plugin's `DeviceSpec`s.
         pub async fn run_container(
+            &mut self,
+            name: &str,
+            script: &str,
+            envs: &[(&str, &str)],
+            annotations: &[(&str, &str)],
+            cdi_devices: &[&str],
+            devices: &[(&str, &str)],
+        ) -> Result<String, String> {
+            let created = self
+                .create_container(name, script, envs, annotations, cdi_devices, devices)
+                .await?;
+            self.start_to_end(name, created).await
+        }
+
+        /// CRI CreateContainer alone: the container's id.
+        pub async fn create_container(
             &mut self,
             name: &str,
             script: &str,
@@ -1763,6 +1820,7 @@ mod cri {
                     // The pod's namespaces, its user namespace among them, as the kubelet
                     // repeats them for each container.
                     security_context: Some(LinuxContainerSecurityContext {
+                        privileged: self.privileged,
                         namespace_options: self
                             .config
                             .linux
@@ -1774,6 +1832,15 @@ mod cri {
                     }),
                     ..Default::default()
                 }),
+                mounts: self
+                    .mounts
+                    .iter()
+                    .map(|(container, host)| Mount {
+                        container_path: container.clone(),
+                        host_path: host.clone(),
+                        ..Default::default()
+                    })
+                    .collect(),
                 // What the kubelet sends for DRA claims (CRI `CDI_devices`, Kubernetes 1.28+).
                 cdi_devices: cdi_devices
                     .iter()
@@ -1789,7 +1856,7 @@ mod cri {
                     .collect(),
                 ..Default::default()
             };
-            let created = self
+            Ok(self
                 .rt
                 .create_container(CreateContainerRequest {
                     pod_sandbox_id: self.id.clone(),
@@ -1799,7 +1866,17 @@ mod cri {
                 .await
                 .map_err(|e| format!("CreateContainer: {e}"))?
                 .into_inner()
-                .container_id;
+                .container_id)
+        }
+
+        /// Starts the created container `created` (named `name`), waits for it to exit and
+        /// removes it: what it printed to stdout.
+        pub async fn start_to_end(
+            &mut self,
+            name: &str,
+            created: String,
+        ) -> Result<String, String> {
+            let log_name = format!("{name}.log");
             let started = self
                 .rt
                 .start_container(StartContainerRequest {
@@ -2291,7 +2368,8 @@ fn installer_image_installs_and_uninstalls_on_a_host_root() {
     }
 
     let bin = host.join("usr/local/nvshim/bin");
-    for b in ["nvshim", "nvshim-runtime", "nvshim-hook"] {
+    // nvshim-nri: `cargo build --workspace` built it, so the image has it.
+    for b in ["nvshim", "nvshim-runtime", "nvshim-hook", "nvshim-nri"] {
         assert!(bin.join(b).is_file(), "{b} not installed");
     }
     assert_eq!(
@@ -2355,3 +2433,7 @@ fn installer_image_installs_and_uninstalls_on_a_host_root() {
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// The NRI plugin (nvshim-nri) with containerd's CRI and its default runc handler.
+#[path = "nri.rs"]
+mod nri;

@@ -812,7 +812,7 @@ fn mig_topology(host: &FakeHost) -> Topology {
 
 /// A host with the MIG topology: the fake NVML in place of libnvidia-ml, its topology file,
 /// and the capabilities of both MIG devices. Returns the topology file.
-fn mig_world() -> (World, Topology, PathBuf) {
+pub(super) fn mig_world() -> (World, Topology, PathBuf) {
     let w = world();
     let topology = mig_topology(&w.host);
     let file = w.install_fake_nvml(&topology);
@@ -827,7 +827,7 @@ fn mig_world() -> (World, Topology, PathBuf) {
 }
 
 /// The `/dev/nvidia-caps/*` nodes seen, as (minor, major).
-fn caps_nodes(r: &ProbeReport) -> Vec<(u32, u32)> {
+pub(super) fn caps_nodes(r: &ProbeReport) -> Vec<(u32, u32)> {
     let mut v: Vec<(u32, u32)> = r
         .devices
         .values()
@@ -1345,7 +1345,7 @@ fn mig_config_and_monitor_are_for_privileged_containers() {
 
 // ---- IMEX --------------------------------------------------------------------------------------
 
-fn imex_nodes(r: &ProbeReport) -> Vec<(String, u32, u32)> {
+pub(super) fn imex_nodes(r: &ProbeReport) -> Vec<(String, u32, u32)> {
     r.devices
         .values()
         .filter(|d| d.path.starts_with("/dev/nvidia-caps-imex-channels/") && d.kind == "c")

@@ -130,6 +130,9 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         if opts.enable_cdi {
             enable_cdi(path, doc.as_item_mut(), version, opts)?;
         }
+        if opts.enable_nri {
+            enable_nri(path, doc.as_item_mut(), version, opts)?;
+        }
         let after = doc.to_string();
         tomldoc::reparse(path, &after)?;
         return Ok(Plan {
@@ -183,7 +186,14 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         if let Some(Item::Value(Value::Array(existing))) = doc.get_mut("imports") {
             existing.push(drop_in.to_string_lossy().as_ref());
         }
-        let after = doc.to_string();
+    }
+    // NRI in the main file: a containerd 1.x drop-in naming the NRI plugin would replace the
+    // whole section the main file has (module comment).
+    if opts.enable_nri {
+        enable_nri(path, doc.as_item_mut(), version, opts)?;
+    }
+    let after = doc.to_string();
+    if before.as_deref() != Some(after.as_str()) {
         tomldoc::reparse(path, &after)?;
         changes.extend(change(path, before, Some(after)));
     }
@@ -319,6 +329,7 @@ pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
             warnings.extend(version_warning(path, version));
             remove_runtime(path, doc.as_item_mut(), version, opts)?;
             revert_cdi(doc.as_item_mut(), version);
+            revert_nri(doc.as_item_mut());
         }
         let drop_in = drop_in_path(opts);
         if let Some(Item::Value(Value::Array(a))) = doc.get_mut("imports") {
@@ -427,6 +438,98 @@ fn enable_cdi(
         insert_indented(t, "cdi_spec_dirs", dirs);
     }
     Ok(())
+}
+
+/// NRI's plugin section: `disable = true` in containerd 1.7's default config, `false` from
+/// 2.0 (tests/fixtures/engine-configs/).
+const NRI_PLUGIN: &str = "io.containerd.nri.v1.nri";
+/// The mark on a `disable = false` that replaced a `disable = true`.
+const NRI_WAS_DISABLED: &str = "(was true)";
+
+/// `--nri`: turns NRI on where it is off, for NRI plugins (nvshim-nri) to connect; the mark
+/// lets `unconfigure` revert it. Nothing else of the section changes (socket path, timeouts).
+fn enable_nri(
+    path: &Path,
+    root: &mut Item,
+    version: i64,
+    opts: &Options,
+) -> Result<(), EngineError> {
+    let keys = ["plugins", NRI_PLUGIN];
+    let was = match get(path, root, &keys)?.and_then(|t| t.get("disable").cloned()) {
+        None => None,
+        Some(Item::Value(Value::Boolean(b))) => Some(*b.value()),
+        Some(other) => {
+            return Err(shape_error(
+                path,
+                &["plugins", NRI_PLUGIN, "disable"],
+                "a boolean",
+                &other,
+            ))
+        }
+    };
+    let off_by_default = match opts.engine_version {
+        Some(v) => v < (2, 0),
+        None => version < 3,
+    };
+    if !was.unwrap_or(off_by_default) {
+        return Ok(());
+    }
+    let section = ensure(path, root, &keys)?;
+    let Some(t) = section.as_table_like_mut() else {
+        return Ok(());
+    };
+    let mark = match was {
+        Some(true) => format!(" # {CDI_SET_MARK} {NRI_WAS_DISABLED}"),
+        _ => format!(" # {CDI_SET_MARK}"),
+    };
+    let mut on = Value::from(false);
+    on.decor_mut().set_suffix(mark.as_str());
+    match t.get_mut("disable") {
+        Some(Item::Value(old)) => {
+            on.decor_mut()
+                .set_prefix(old.decor().prefix().cloned().unwrap_or_default());
+            *old = on;
+        }
+        _ => {
+            on.decor_mut().set_prefix(" ");
+            insert_indented(t, "disable", on);
+        }
+    }
+    Ok(())
+}
+
+/// Undoes [`enable_nri`]: only a `disable` that still carries nvshim's comment.
+fn revert_nri(root: &mut Item) {
+    let Some(t) = root
+        .as_table_like_mut()
+        .and_then(|r| r.get_mut("plugins"))
+        .and_then(Item::as_table_like_mut)
+        .and_then(|p| p.get_mut(NRI_PLUGIN))
+        .and_then(Item::as_table_like_mut)
+    else {
+        return;
+    };
+    let ours = t
+        .get("disable")
+        .and_then(Item::as_value)
+        .and_then(|v| v.decor().suffix())
+        .and_then(|s| s.as_str())
+        .filter(|s| s.contains(CDI_SET_MARK))
+        .map(|s| s.contains(NRI_WAS_DISABLED));
+    match ours {
+        Some(true) => {
+            if let Some(Item::Value(v)) = t.get_mut("disable") {
+                let prefix = v.decor().prefix().cloned().unwrap_or_default();
+                let mut disabled = Value::from(true);
+                disabled.decor_mut().set_prefix(prefix);
+                *v = disabled;
+            }
+        }
+        Some(false) => {
+            remove_and_prune(root, &["plugins", NRI_PLUGIN], "disable");
+        }
+        None => {}
+    }
 }
 
 /// Inserts `key = value` indented like the table's other keys (`containerd config default`
@@ -1119,6 +1222,40 @@ root = "/var/lib/containerd"
             Some(true),
         ),
     ];
+
+    /// `--nri`: containerd 1.7's default config gets `disable = false` in its NRI section,
+    /// marked, and nothing else of the section changes; unconfigure gives the bytes back.
+    /// containerd 2.x (NRI on by default) is left as it is.
+    #[test]
+    fn nri_turned_on_for_1_7_and_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.enable_nri = true;
+        o.engine_version = Some((1, 7));
+        let original = fixture("containerd-1.7.34-default.toml");
+        fs::write(&o.config, &original).unwrap();
+        let after = only_after(&plan(&o).unwrap());
+        let t = parsed(&after);
+        let nri = at(&t, &["plugins", NRI_PLUGIN]);
+        assert_eq!(nri["disable"].as_bool(), Some(false), "{after}");
+        assert_eq!(nri["socket_path"].as_str(), Some("/var/run/nri/nri.sock"));
+        assert!(after.contains("disable = false # set by `nvshim runtime configure` (was true)"));
+        fs::write(&o.config, &after).unwrap();
+        let back = unplan(&o).unwrap();
+        let restored = back.changes[0].after.clone().unwrap();
+        assert_eq!(restored, original);
+
+        o.engine_version = Some((2, 1));
+        let two = fixture("containerd-2.1.9-default.toml");
+        fs::write(&o.config, &two).unwrap();
+        let after = only_after(&plan(&o).unwrap());
+        let t = parsed(&after);
+        assert_eq!(
+            at(&t, &["plugins", NRI_PLUGIN])["disable"].as_bool(),
+            Some(false)
+        );
+        assert!(!after.contains("(was true)"));
+    }
 
     fn fixture(name: &str) -> String {
         let dir = concat!(

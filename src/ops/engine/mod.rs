@@ -160,6 +160,8 @@ pub struct Options {
     /// Docker 25-27's `features.cdi`), so that CDI devices named over the CRI or with
     /// `--device` reach containers.
     pub enable_cdi: bool,
+    /// containerd: turn NRI on where it is off (1.7), for NRI plugins such as nvshim-nri.
+    pub enable_nri: bool,
     /// The installed engine's release, `(major, minor)`, when known: it decides whether CDI is
     /// on when the config does not say (containerd 2.x, Docker 28+) or not supported at all
     /// (containerd 1.6, Docker before 25).
@@ -184,6 +186,7 @@ impl Options {
             runtime_path,
             set_as_default: false,
             enable_cdi: false,
+            enable_nri: false,
             engine_version: None,
             cdi_spec_dirs: crate::config::Config::default().cdi_spec_dirs,
             backup_dir: PathBuf::from(DEFAULT_BACKUP_DIR),

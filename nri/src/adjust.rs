@@ -1,0 +1,676 @@
+//! From an NRI container to nvshim's create plan and back to an NRI adjustment.
+//!
+//! The container is shown to the planner as the config.json it will become (env, mounts,
+//! annotations, device nodes, device cgroup rules, privilege), so a request is judged exactly
+//! as `nvshim-runtime` judges a bundle ([`nvshim::create::plan_bundle`]): same parsing, same
+//! privilege policy, same resolvers. The adjustment is what the plan changed in that document.
+
+use std::path::Path;
+
+use nvshim::bundle::Bundle;
+use nvshim::config::Config;
+use nvshim::create::{self, CreateError, Plan, Trace};
+use nvshim::install::Tools;
+use nvshim::request::Route;
+use serde_json::{json, Map, Value};
+
+use crate::proto::nri;
+
+/// What the engine can do with an adjustment, from its name and version in `Configure`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Engine {
+    pub name: String,
+    pub version: String,
+}
+
+impl Engine {
+    /// Whether the engine resolves CDI device names in an adjustment itself: containerd
+    /// 2.1 and CRI-O 1.34 were the first to.
+    pub fn injects_cdi(&self) -> bool {
+        let Some((major, minor)) = major_minor(&self.version) else {
+            return false;
+        };
+        match self.name.as_str() {
+            "containerd" => (major, minor) >= (2, 1),
+            "cri-o" | "crio" | "CRI-O" => (major, minor) >= (1, 34),
+            _ => false,
+        }
+    }
+}
+
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// The plugin's settings (command line).
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// No OCI hooks in adjustments (NRI validators can reject hook injection).
+    pub no_hooks: bool,
+    /// Answer CDI requests with raw edits even where the engine injects CDI devices.
+    pub no_native_cdi: bool,
+}
+
+/// How a container was served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// No GPU request.
+    Nothing,
+    /// Device nodes, mounts, env and hooks from nvshim's resolvers.
+    Raw,
+    /// CDI device names for the engine to inject, from its own CDI registry.
+    NativeCdi,
+}
+
+impl How {
+    pub fn name(self) -> &'static str {
+        match self {
+            How::Nothing => "nothing",
+            How::Raw => "raw adjustment",
+            How::NativeCdi => "NRI CDI injection",
+        }
+    }
+}
+
+/// The answer to one `CreateContainer`.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub adjust: nri::ContainerAdjustment,
+    pub how: How,
+    /// The device nodes the container must have when it is created (checked at
+    /// `PostCreateContainer`).
+    pub expected_devices: Vec<String>,
+    /// GPUs or CDI devices served, for the log.
+    pub served: Vec<String>,
+    pub warnings: Vec<String>,
+    /// `--no-hooks`: what the dropped hooks would have done that no mount does instead.
+    pub dropped: Vec<String>,
+}
+
+/// CRI's privileged containers are the ones allowed every device (containerd and CRI-O add
+/// the rule `allow, rwm` with no type or numbers for them only): NRI shows the container's
+/// device cgroup rules but not its capabilities, so this rule is the container's
+/// `CAP_SYS_ADMIN` for the request policy. A container without the rule is judged
+/// unprivileged, the stricter reading.
+pub fn is_privileged(container: &nri::Container) -> bool {
+    container
+        .linux
+        .as_ref()
+        .and_then(|l| l.resources.as_ref())
+        .is_some_and(|r| {
+            r.devices.iter().any(|d| {
+                d.allow
+                    && (d.type_.is_empty() || d.type_ == "a")
+                    && d.major.is_none()
+                    && d.minor.is_none()
+                    && d.access.contains('r')
+                    && d.access.contains('w')
+                    && d.access.contains('m')
+            })
+        })
+}
+
+/// The container as the config.json nvshim-runtime would see (the fields a request reads or
+/// an edit touches).
+pub fn oci_view(container: &nri::Container) -> Value {
+    let mounts: Vec<Value> = container
+        .mounts
+        .iter()
+        .map(|m| {
+            json!({"destination": m.destination, "type": m.type_, "source": m.source, "options": m.options})
+        })
+        .collect();
+    let linux = container.linux.as_ref();
+    let devices: Vec<Value> = linux
+        .map(|l| l.devices.iter().map(device_json).collect())
+        .unwrap_or_default();
+    let rules: Vec<Value> = linux
+        .and_then(|l| l.resources.as_ref())
+        .map(|r| r.devices.iter().map(rule_json).collect())
+        .unwrap_or_default();
+    let annotations: Map<String, Value> = container
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    let mut process = json!({"env": container.env});
+    if is_privileged(container) {
+        process["capabilities"] = json!({"bounding": ["CAP_SYS_ADMIN"]});
+    }
+    let mut hooks = Map::new();
+    if let Some(h) = container.hooks.as_ref() {
+        for (name, list) in hook_lists(h) {
+            if !list.is_empty() {
+                hooks.insert(name.into(), list.iter().map(hook_json).collect());
+            }
+        }
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": process,
+        "mounts": mounts,
+        "annotations": annotations,
+        "hooks": hooks,
+        "linux": {"devices": devices, "resources": {"devices": rules}},
+    })
+}
+
+fn device_json(d: &nri::LinuxDevice) -> Value {
+    let mut v = json!({"path": d.path, "type": d.type_, "major": d.major, "minor": d.minor});
+    if let Some(m) = d.file_mode.as_ref() {
+        v["fileMode"] = json!(m.value);
+    }
+    if let Some(u) = d.uid.as_ref() {
+        v["uid"] = json!(u.value);
+    }
+    if let Some(g) = d.gid.as_ref() {
+        v["gid"] = json!(g.value);
+    }
+    v
+}
+
+fn rule_json(d: &nri::LinuxDeviceCgroup) -> Value {
+    let mut v = json!({"allow": d.allow, "access": d.access});
+    if !d.type_.is_empty() {
+        v["type"] = json!(d.type_);
+    }
+    if let Some(m) = d.major.as_ref() {
+        v["major"] = json!(m.value);
+    }
+    if let Some(m) = d.minor.as_ref() {
+        v["minor"] = json!(m.value);
+    }
+    v
+}
+
+fn hook_json(h: &nri::Hook) -> Value {
+    let mut v = json!({"path": h.path, "args": h.args, "env": h.env});
+    if let Some(t) = h.timeout.as_ref() {
+        v["timeout"] = json!(t.value);
+    }
+    v
+}
+
+/// The OCI hook lists, by their config.json names.
+fn hook_lists(h: &nri::Hooks) -> [(&'static str, &Vec<nri::Hook>); 6] {
+    [
+        ("prestart", &h.prestart),
+        ("createRuntime", &h.create_runtime),
+        ("createContainer", &h.create_container),
+        ("startContainer", &h.start_container),
+        ("poststart", &h.poststart),
+        ("poststop", &h.poststop),
+    ]
+}
+
+/// Plans the container as `nvshim-runtime` would plan its bundle and turns the plan into an
+/// adjustment. An error is the refusal `nvshim-runtime` would make.
+pub fn answer(
+    config: &Config,
+    tools: &Tools,
+    engine: &Engine,
+    options: &Options,
+    container: &nri::Container,
+) -> Result<Answer, CreateError> {
+    let view = oci_view(container);
+    let bytes = serde_json::to_vec(&view).expect("a JSON value serializes");
+    // No bundle directory: none exists yet when NRI asks, and hooks then read the bundle from
+    // the OCI state runc gives them.
+    let bundle = Bundle::from_bytes_lean(Path::new(""), bytes)?;
+    let mut trace = Trace::default();
+    let plan = create::plan_bundle(config, bundle, tools, &mut trace)?;
+    let doc = plan.document().map_err(|source| CreateError::Edit {
+        path: "config.json".into(),
+        source,
+    })?;
+    let expected_devices = added_devices(&view, &doc)
+        .iter()
+        .map(|d| d.path.clone())
+        .collect();
+    let mut adjust = diff(&view, &doc);
+    let how = match &plan.route {
+        Route::Nothing(_) if !plan.touched => How::Nothing,
+        Route::Cdi(names, _) if engine.injects_cdi() && !options.no_native_cdi => {
+            native_cdi(&mut adjust, names);
+            How::NativeCdi
+        }
+        _ => How::Raw,
+    };
+    let dropped = if options.no_hooks {
+        hook_free(&mut adjust)
+    } else {
+        Vec::new()
+    };
+    Ok(Answer {
+        adjust,
+        how,
+        expected_devices,
+        served: served(&plan),
+        warnings: trace.warnings,
+        dropped,
+    })
+}
+
+fn served(plan: &Plan) -> Vec<String> {
+    if plan.cdi_devices.is_empty() {
+        plan.gpus.iter().map(|g| g.uuid.clone()).collect()
+    } else {
+        plan.cdi_devices.clone()
+    }
+}
+
+/// The engine injects the devices from its CDI registry: the adjustment keeps only what the
+/// plan did besides them (the device plugin's placeholder mounts removed).
+fn native_cdi(adjust: &mut nri::ContainerAdjustment, names: &[String]) {
+    let removals: Vec<nri::Mount> = adjust
+        .mounts
+        .drain(..)
+        .filter(|m| m.destination.starts_with('-'))
+        .collect();
+    *adjust = nri::ContainerAdjustment {
+        mounts: removals,
+        cdi_devices: names
+            .iter()
+            .map(|n| nri::CDIDevice {
+                name: n.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+}
+
+/// `--no-hooks`: the adjustment without OCI hooks. The links nvshim's fix-ups hook would make
+/// to a mounted file (`libcuda.so.1 -> libcuda.so.<version>`, the SONAME links a program's
+/// loader looks for) become read-only bind mounts of the same host file at the link's path,
+/// so `libcuda.so.1` is there with no hook; in the multiarch library directories the loader
+/// searches without an ld.so.cache entry. Returns what is lost: the other links (to
+/// directories, device nodes), the ld.so.cache update and the rest of the fix-ups.
+pub fn hook_free(adjust: &mut nri::ContainerAdjustment) -> Vec<String> {
+    let Some(hooks) = adjust.hooks.take() else {
+        return Vec::new();
+    };
+    let mut dropped = Vec::new();
+    let mut added = Vec::new();
+    for (name, list) in hook_lists(&hooks) {
+        for h in list {
+            let mut args = h.args.iter();
+            let fixups = args.nth(1).is_some_and(|a| a == "fixups");
+            if !fixups {
+                dropped.push(format!("{name} hook {}", h.args.join(" ")));
+                continue;
+            }
+            let mut args = h.args.iter().skip(2).peekable();
+            while let Some(a) = args.next() {
+                if a != "--link" {
+                    if !a.starts_with("--") || a == "--folder" {
+                        continue;
+                    }
+                    dropped.push(format!("fix-up {a}"));
+                    continue;
+                }
+                let Some((target, link)) = args.next().and_then(|l| l.split_once("::")) else {
+                    continue;
+                };
+                let dir = link.rsplit_once('/').map_or("", |(d, _)| d);
+                let target_path = if target.starts_with('/') {
+                    target.to_string()
+                } else {
+                    format!("{dir}/{target}")
+                };
+                let source = adjust
+                    .mounts
+                    .iter()
+                    .find(|m| m.destination == target_path && !m.source.is_empty());
+                match source {
+                    Some(m) => added.push(nri::Mount {
+                        destination: link.to_string(),
+                        type_: "bind".into(),
+                        source: m.source.clone(),
+                        options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+                        ..Default::default()
+                    }),
+                    None => dropped.push(format!("link {link} -> {target}")),
+                }
+            }
+            dropped.push("ld.so.cache update".into());
+        }
+    }
+    for m in added {
+        if !adjust.mounts.iter().any(|x| x.destination == m.destination) {
+            adjust.mounts.push(m);
+        }
+    }
+    dropped.dedup();
+    dropped
+}
+
+fn strings(v: Option<&Value>) -> Vec<&str> {
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn list<'a>(doc: &'a Value, pointer: &str) -> &'a [Value] {
+    doc.pointer(pointer)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn int_of(v: &Value, key: &str) -> Option<i64> {
+    v.get(key).and_then(Value::as_i64)
+}
+
+fn added_devices(before: &Value, after: &Value) -> Vec<nri::LinuxDevice> {
+    let had: Vec<&str> = list(before, "/linux/devices")
+        .iter()
+        .map(|d| str_of(d, "path"))
+        .collect();
+    list(after, "/linux/devices")
+        .iter()
+        .filter(|d| !had.contains(&str_of(d, "path")))
+        .map(|d| nri::LinuxDevice {
+            path: str_of(d, "path").into(),
+            type_: str_of(d, "type").into(),
+            major: int_of(d, "major").unwrap_or_default(),
+            minor: int_of(d, "minor").unwrap_or_default(),
+            file_mode: d
+                .get("fileMode")
+                .and_then(Value::as_u64)
+                .map(|m| nri::OptionalFileMode {
+                    value: m as u32,
+                    ..Default::default()
+                })
+                .into(),
+            uid: d
+                .get("uid")
+                .and_then(Value::as_u64)
+                .map(|u| nri::OptionalUInt32 {
+                    value: u as u32,
+                    ..Default::default()
+                })
+                .into(),
+            gid: d
+                .get("gid")
+                .and_then(Value::as_u64)
+                .map(|g| nri::OptionalUInt32 {
+                    value: g as u32,
+                    ..Default::default()
+                })
+                .into(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// What the plan changed in the document, as an NRI adjustment: env set or removed, mounts
+/// added or removed (a `-` before the destination removes), device nodes and cgroup rules
+/// and hooks added.
+pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
+    let mut adjust = nri::ContainerAdjustment::new();
+    let env_before = strings(before.pointer("/process/env"));
+    let env_after = strings(after.pointer("/process/env"));
+    let key = |e: &str| e.split_once('=').map_or(e, |(k, _)| k).to_string();
+    for e in &env_after {
+        if !env_before.contains(e) {
+            let (k, v) = e.split_once('=').unwrap_or((e, ""));
+            adjust.env.push(nri::KeyValue {
+                key: k.into(),
+                value: v.into(),
+                ..Default::default()
+            });
+        }
+    }
+    for e in &env_before {
+        let k = key(e);
+        if !env_after.iter().any(|a| key(a) == k) {
+            adjust.env.push(nri::KeyValue {
+                key: format!("-{k}"),
+                ..Default::default()
+            });
+        }
+    }
+    let mounts_before = list(before, "/mounts");
+    let mounts_after = list(after, "/mounts");
+    for m in mounts_before {
+        if !mounts_after.contains(m) {
+            adjust.mounts.push(nri::Mount {
+                destination: format!("-{}", str_of(m, "destination")),
+                ..Default::default()
+            });
+        }
+    }
+    for m in mounts_after {
+        if !mounts_before.contains(m) {
+            adjust.mounts.push(nri::Mount {
+                destination: str_of(m, "destination").into(),
+                type_: str_of(m, "type").into(),
+                source: str_of(m, "source").into(),
+                options: strings(m.get("options"))
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                ..Default::default()
+            });
+        }
+    }
+    let devices = added_devices(before, after);
+    let rules_before = list(before, "/linux/resources/devices");
+    let rules: Vec<nri::LinuxDeviceCgroup> = list(after, "/linux/resources/devices")
+        .iter()
+        .filter(|r| !rules_before.contains(r))
+        // NRI allows each added device node itself.
+        .filter(|r| {
+            !devices.iter().any(|d| {
+                Some(d.major) == int_of(r, "major")
+                    && Some(d.minor) == int_of(r, "minor")
+                    && d.type_ == str_of(r, "type")
+            })
+        })
+        .map(|r| nri::LinuxDeviceCgroup {
+            allow: r.get("allow").and_then(Value::as_bool).unwrap_or(false),
+            type_: str_of(r, "type").into(),
+            major: int_of(r, "major")
+                .map(|value| nri::OptionalInt64 {
+                    value,
+                    ..Default::default()
+                })
+                .into(),
+            minor: int_of(r, "minor")
+                .map(|value| nri::OptionalInt64 {
+                    value,
+                    ..Default::default()
+                })
+                .into(),
+            access: str_of(r, "access").into(),
+            ..Default::default()
+        })
+        .collect();
+    if !devices.is_empty() || !rules.is_empty() {
+        let mut linux = nri::LinuxContainerAdjustment::new();
+        linux.devices = devices;
+        if !rules.is_empty() {
+            linux.resources = protobuf::MessageField::some(nri::LinuxResources {
+                devices: rules,
+                ..Default::default()
+            });
+        }
+        adjust.linux = protobuf::MessageField::some(linux);
+    }
+    let mut hooks = nri::Hooks::new();
+    let mut any_hook = false;
+    for (name, slot) in [
+        ("prestart", &mut hooks.prestart),
+        ("createRuntime", &mut hooks.create_runtime),
+        ("createContainer", &mut hooks.create_container),
+        ("startContainer", &mut hooks.start_container),
+        ("poststart", &mut hooks.poststart),
+        ("poststop", &mut hooks.poststop),
+    ] {
+        let had = list(before, &format!("/hooks/{name}"));
+        for h in list(after, &format!("/hooks/{name}")) {
+            if had.contains(h) {
+                continue;
+            }
+            any_hook = true;
+            slot.push(nri::Hook {
+                path: str_of(h, "path").into(),
+                args: strings(h.get("args"))
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                env: strings(h.get("env"))
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                timeout: int_of(h, "timeout")
+                    .map(|value| nri::OptionalInt {
+                        value,
+                        ..Default::default()
+                    })
+                    .into(),
+                ..Default::default()
+            });
+        }
+    }
+    if any_hook {
+        adjust.hooks = protobuf::MessageField::some(hooks);
+    }
+    adjust
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_versions_that_inject_cdi() {
+        let e = |name: &str, version: &str| Engine {
+            name: name.into(),
+            version: version.into(),
+        };
+        assert!(e("containerd", "v2.1.9").injects_cdi());
+        assert!(e("containerd", "2.3.0-rc.1").injects_cdi());
+        assert!(!e("containerd", "v2.0.5").injects_cdi());
+        assert!(!e("containerd", "1.7.24").injects_cdi());
+        assert!(e("cri-o", "1.34.0").injects_cdi());
+        assert!(!e("cri-o", "1.33.2").injects_cdi());
+        assert!(!e("containerd", "unknown").injects_cdi());
+    }
+
+    #[test]
+    fn privileged_is_the_allow_all_device_rule() {
+        let mut c = nri::Container::new();
+        assert!(!is_privileged(&c));
+        let mut linux = nri::LinuxContainer::new();
+        let mut res = nri::LinuxResources::new();
+        res.devices.push(nri::LinuxDeviceCgroup {
+            allow: false,
+            access: "rwm".into(),
+            ..Default::default()
+        });
+        linux.resources = Some(res.clone()).into();
+        c.linux = Some(linux.clone()).into();
+        assert!(
+            !is_privileged(&c),
+            "deny-all is every container's first rule"
+        );
+        res.devices.push(nri::LinuxDeviceCgroup {
+            allow: true,
+            access: "rwm".into(),
+            ..Default::default()
+        });
+        linux.resources = Some(res).into();
+        c.linux = Some(linux).into();
+        assert!(is_privileged(&c));
+    }
+
+    #[test]
+    fn diff_sets_and_removes() {
+        let before = json!({"process": {"env": ["A=1", "B=2"]},
+            "mounts": [{"destination": "/var/run/nvidia-container-devices/GPU-1", "source": "/dev/null"}],
+            "linux": {"devices": [], "resources": {"devices": []}}});
+        let after = json!({"process": {"env": ["A=1", "C=3"]},
+            "mounts": [{"destination": "/usr/lib/libcuda.so.1", "source": "/h/libcuda.so.1", "type": "bind", "options": ["ro"]}],
+            "hooks": {"createContainer": [{"path": "/usr/bin/nvshim-hook", "args": ["nvshim-hook", "x"]}]},
+            "linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                      "resources": {"devices": [{"allow": true, "type": "c", "major": 195, "minor": 0, "access": "rwm"},
+                                                {"allow": true, "type": "c", "major": 195, "minor": 255, "access": "rw"}]}}});
+        let a = diff(&before, &after);
+        let env: Vec<(String, String)> = a
+            .env
+            .iter()
+            .map(|kv| (kv.key.clone(), kv.value.clone()))
+            .collect();
+        assert_eq!(
+            env,
+            [("C".into(), "3".into()), ("-B".into(), String::new())]
+        );
+        let mounts: Vec<&str> = a.mounts.iter().map(|m| m.destination.as_str()).collect();
+        assert_eq!(
+            mounts,
+            [
+                "-/var/run/nvidia-container-devices/GPU-1",
+                "/usr/lib/libcuda.so.1"
+            ]
+        );
+        let linux = a.linux.as_ref().unwrap();
+        assert_eq!(linux.devices.len(), 1);
+        // The node's own rule is NRI's to add; the other one is ours.
+        let rules = &linux.resources.as_ref().unwrap().devices;
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].minor.as_ref().unwrap().value, 255);
+        assert_eq!(a.hooks.as_ref().unwrap().create_container.len(), 1);
+    }
+
+    /// The SONAME link becomes a second bind mount of the library; a link to a directory
+    /// and the ld.so.cache update are reported as not done.
+    #[test]
+    fn hook_free_mounts_library_links() {
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        let mut a = nri::ContainerAdjustment::new();
+        a.mounts.push(nri::Mount {
+            destination: format!("{lib}/libcuda.so.580.1"),
+            source: "/host/libcuda.so.580.1".into(),
+            type_: "bind".into(),
+            ..Default::default()
+        });
+        let mut hooks = nri::Hooks::new();
+        hooks.create_container.push(nri::Hook {
+            path: "/usr/bin/nvshim-hook".into(),
+            args: [
+                "nvshim-hook",
+                "fixups",
+                "--link",
+                "libcuda.so.580.1::/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "--link",
+                "../card1::/dev/dri/by-path/pci-card",
+                "--folder",
+                lib,
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        });
+        a.hooks = Some(hooks).into();
+        let dropped = hook_free(&mut a);
+        assert!(a.hooks.is_none());
+        let m = &a.mounts[1];
+        assert_eq!(m.destination, format!("{lib}/libcuda.so.1"));
+        assert_eq!(m.source, "/host/libcuda.so.580.1");
+        assert_eq!(
+            dropped,
+            [
+                "link /dev/dri/by-path/pci-card -> ../card1",
+                "ld.so.cache update"
+            ]
+        );
+    }
+}

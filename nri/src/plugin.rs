@@ -1,0 +1,347 @@
+//! The NRI plugin: the `Plugin` service the engine calls, and the connection to the engine,
+//! made again with back-off whenever the engine goes away (a restart, an upgrade).
+//!
+//! State lives in this process only, and is only the engine's name and version (from
+//! `Configure`): every event plans its container from what the engine sends.
+
+use std::os::fd::IntoRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nvshim::config::Config;
+use nvshim::install::{self, Tools};
+use thiserror::Error;
+
+use crate::adjust::{self, Engine, How, Options};
+use crate::mux;
+use crate::proto::{nri, nri_ttrpc};
+
+/// NRI's event numbers (its `Event` enum) this plugin subscribes to.
+const CREATE_CONTAINER: i32 = 4;
+const POST_CREATE_CONTAINER: i32 = 5;
+const START_CONTAINER: i32 = 6;
+
+/// A bit per event in `ConfigureResponse.events`.
+fn event_mask(events: &[i32]) -> i32 {
+    events.iter().fold(0, |m, e| m | (1 << (e - 1)))
+}
+
+#[derive(Debug, Error)]
+pub enum PluginError {
+    #[error("cannot connect to the NRI socket {path}: {source}; is NRI enabled in the engine (containerd: [plugins.\"io.containerd.nri.v1.nri\"] disable = false; `nvshim runtime configure --runtime containerd --nri`)?")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set up the NRI connection: {0}")]
+    Setup(#[from] std::io::Error),
+    #[error("the engine refused the registration of plugin {index}-{name}: {source}")]
+    Register {
+        name: String,
+        index: String,
+        source: ttrpc::Error,
+    },
+    #[error("cannot start the plugin's ttRPC server: {0}")]
+    Server(ttrpc::Error),
+}
+
+/// Serves the `Plugin` service.
+pub struct Handler {
+    /// nvshim's config, read for every container as `nvshim-runtime` reads it for every
+    /// create: an edit applies to the next container, with no reload to forget.
+    config: PathBuf,
+    options: Options,
+    /// A container whose requested device nodes are missing at `StartContainer` does not
+    /// start (an error to the engine); otherwise a warning.
+    mandatory: bool,
+    engine: Mutex<Engine>,
+}
+
+impl Handler {
+    pub fn new(config: PathBuf, options: Options, mandatory: bool) -> Handler {
+        Handler {
+            config,
+            options,
+            mandatory,
+            engine: Mutex::new(Engine::default()),
+        }
+    }
+
+    /// Sets the engine as `Configure` names it (tests and benchmarks call this directly).
+    pub fn set_engine(&self, engine: Engine) {
+        *self.engine.lock().unwrap_or_else(|e| e.into_inner()) = engine;
+    }
+
+    /// `CreateContainer`: the adjustment, or the refusal `nvshim-runtime` would make.
+    pub fn create(
+        &self,
+        req: &nri::CreateContainerRequest,
+    ) -> Result<nri::CreateContainerResponse, String> {
+        let container = req.container.get_or_default();
+        let pod = req.pod.get_or_default();
+        let engine = self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let who = format!(
+            "container {} ({}) of pod {}/{}",
+            container.name,
+            short(&container.id),
+            pod.namespace,
+            pod.name
+        );
+        let started = Instant::now();
+        let refuse = |e: &(dyn std::error::Error + 'static)| {
+            let text = nvshim::report::error_text(e);
+            // The planner names the config.json it was shown; the container is named here.
+            let text = text.strip_prefix("config.json: ").unwrap_or(&text);
+            let text = format!("nvshim: {who}: {text}");
+            tracing::error!("{text}");
+            text
+        };
+        let config = Config::load(&self.config).map_err(|e| refuse(&e))?;
+        let tools = Tools::in_process(&config, install::self_exe().as_deref());
+        let answer = adjust::answer(&config, &tools, &engine, &self.options, container)
+            .map_err(|e| refuse(&e))?;
+        for w in &answer.warnings {
+            tracing::warn!("{who}: {w}");
+        }
+        if !answer.dropped.is_empty() {
+            tracing::info!("{who}: --no-hooks: not done: {}", answer.dropped.join("; "));
+        }
+        if answer.how != How::Nothing {
+            tracing::info!(
+                served = ?answer.served,
+                devices = answer.expected_devices.len(),
+                engine = %format!("{} {}", engine.name, engine.version),
+                micros = started.elapsed().as_micros() as u64,
+                "{who}: {}", answer.how.name()
+            );
+        }
+        Ok(nri::CreateContainerResponse {
+            adjust: protobuf::MessageField::some(answer.adjust),
+            ..Default::default()
+        })
+    }
+
+    /// `StartContainer` (and `PostCreateContainer` where an engine sends it) and
+    /// `Synchronize`: plans the container again
+    /// as it now is; device nodes the plan would still add are missing. Nothing is kept
+    /// between the events, so this also finds a container created while the plugin was down
+    /// (the engine then creates it unadjusted). Mandatory: an error to the engine (the start
+    /// fails); otherwise a warning.
+    pub fn verify(&self, container: &nri::Container, event: &str) -> Result<(), String> {
+        let engine = self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let who = format!("container {} ({})", container.name, short(&container.id));
+        let missing = Config::load(&self.config)
+            .map_err(|e| nvshim::report::error_text(&e))
+            .and_then(|config| {
+                let tools = Tools::in_process(&config, install::self_exe().as_deref());
+                adjust::answer(&config, &tools, &engine, &self.options, container)
+                    .map_err(|e| nvshim::report::error_text(&e))
+            })
+            .map(|a| a.expected_devices);
+        let problem = match missing {
+            Ok(m) if m.is_empty() => return Ok(()),
+            Ok(m) => format!("it lacks device nodes its request names: {}; was it created while nvshim-nri was down, or did the engine drop them (its log: CDI registry, NRI validators)?", m.join(", ")),
+            Err(e) => format!("its request would be refused: {e}"),
+        };
+        let text = format!("nvshim: {who} at {event}: {problem}");
+        if self.mandatory {
+            tracing::error!("{text}");
+            Err(text)
+        } else {
+            tracing::warn!("{text} (fail-open: it runs as it is; --mandatory stops it)");
+            Ok(())
+        }
+    }
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+fn rpc_error(text: String) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(ttrpc::Code::FAILED_PRECONDITION, text))
+}
+
+impl nri_ttrpc::Plugin for Handler {
+    fn configure(
+        &self,
+        _ctx: &ttrpc::TtrpcContext,
+        req: nri::ConfigureRequest,
+    ) -> ttrpc::Result<nri::ConfigureResponse> {
+        let engine = Engine {
+            name: req.runtime_name.clone(),
+            version: req.runtime_version.clone(),
+        };
+        tracing::info!(
+            "configured by {} {}: CDI requests answered with {}",
+            engine.name,
+            engine.version,
+            if engine.injects_cdi() && !self.options.no_native_cdi {
+                How::NativeCdi.name()
+            } else {
+                How::Raw.name()
+            }
+        );
+        self.set_engine(engine);
+        Ok(nri::ConfigureResponse {
+            // Checked at StartContainer only: it follows PostCreateContainer at once, can stop
+            // the container, and each check plans the container again (scripts/bench/nri.sh:
+            // 0.6 ms for a MIG request, 2 ms beside 1,000 CDI spec files).
+            events: event_mask(&[CREATE_CONTAINER, START_CONTAINER]),
+            ..Default::default()
+        })
+    }
+
+    fn synchronize(
+        &self,
+        _ctx: &ttrpc::TtrpcContext,
+        req: nri::SynchronizeRequest,
+    ) -> ttrpc::Result<nri::SynchronizeResponse> {
+        tracing::info!(
+            pods = req.pods.len(),
+            containers = req.containers.len(),
+            "synchronized with the engine"
+        );
+        // Containers created (and started) while the plugin was away: named in the log. An
+        // error here would only fail the registration.
+        for c in &req.containers {
+            let _ = self.verify(c, "Synchronize");
+        }
+        Ok(nri::SynchronizeResponse::default())
+    }
+
+    fn shutdown(&self, _ctx: &ttrpc::TtrpcContext, _: nri::Empty) -> ttrpc::Result<nri::Empty> {
+        tracing::info!("the engine asked the plugin to shut down");
+        Ok(nri::Empty::default())
+    }
+
+    fn create_container(
+        &self,
+        _ctx: &ttrpc::TtrpcContext,
+        req: nri::CreateContainerRequest,
+    ) -> ttrpc::Result<nri::CreateContainerResponse> {
+        self.create(&req).map_err(rpc_error)
+    }
+
+    fn post_create_container(
+        &self,
+        _ctx: &ttrpc::TtrpcContext,
+        req: nri::PostCreateContainerRequest,
+    ) -> ttrpc::Result<nri::PostCreateContainerResponse> {
+        self.verify(req.container.get_or_default(), "PostCreateContainer")
+            .map_err(rpc_error)?;
+        Ok(nri::PostCreateContainerResponse::default())
+    }
+
+    fn start_container(
+        &self,
+        _ctx: &ttrpc::TtrpcContext,
+        req: nri::StartContainerRequest,
+    ) -> ttrpc::Result<nri::StartContainerResponse> {
+        self.verify(req.container.get_or_default(), "StartContainer")
+            .map_err(rpc_error)?;
+        Ok(nri::StartContainerResponse::default())
+    }
+
+    fn state_change(
+        &self,
+        _ctx: &ttrpc::TtrpcContext,
+        req: nri::StateChangeEvent,
+    ) -> ttrpc::Result<nri::Empty> {
+        let container = req.container.get_or_default();
+        match req.event {
+            POST_CREATE_CONTAINER => self
+                .verify(container, "PostCreateContainer")
+                .map_err(rpc_error)?,
+            START_CONTAINER => self
+                .verify(container, "StartContainer")
+                .map_err(rpc_error)?,
+            _ => {}
+        }
+        Ok(nri::Empty::default())
+    }
+}
+
+/// Where and as whom to register.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub socket: PathBuf,
+    pub name: String,
+    pub index: String,
+}
+
+/// Serves the engine forever: connects, registers, serves until the engine closes the
+/// connection, then connects again, waiting 0.1 s doubling to 5 s between failed tries.
+pub fn run(conn: &Connection, handler: Arc<Handler>) -> ! {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let started = Instant::now();
+        match session(conn, Arc::clone(&handler)) {
+            Ok(()) => tracing::warn!("the engine closed the NRI connection; reconnecting"),
+            Err(e) => tracing::warn!("{}", nvshim::report::error_text(&e)),
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            delay = Duration::from_millis(100);
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection to the engine, until it closes.
+pub fn session(conn: &Connection, handler: Arc<Handler>) -> Result<(), PluginError> {
+    let trunk = UnixStream::connect(&conn.socket).map_err(|source| PluginError::Connect {
+        path: conn.socket.clone(),
+        source,
+    })?;
+    // The ttRPC server takes connections from a listening socket: one in a directory only
+    // this process's user can enter, removed once the multiplexer has connected to it.
+    let dir = tempfile::Builder::new().prefix("nvshim-nri-").tempdir()?;
+    let path = dir.path().join("plugin.sock");
+    let listener = UnixListener::bind(&path)?;
+    let served = UnixStream::connect(&path)?;
+    std::fs::remove_file(&path)?;
+    let (client_end, runtime_end) = UnixStream::pair()?;
+    let trunk_mux = mux::start(
+        trunk,
+        vec![
+            (mux::PLUGIN_SERVICE_CONN, served),
+            (mux::RUNTIME_SERVICE_CONN, runtime_end),
+        ],
+    )?;
+    let service = nri_ttrpc::create_plugin(handler);
+    let mut server = ttrpc::Server::new()
+        .add_listener(listener.into_raw_fd())
+        .map_err(PluginError::Server)?
+        .register_service(service);
+    server.start().map_err(PluginError::Server)?;
+    let client = ttrpc::Client::new(client_end.into_raw_fd()).map_err(PluginError::Server)?;
+    let runtime = nri_ttrpc::RuntimeClient::new(client);
+    let req = nri::RegisterPluginRequest {
+        plugin_name: conn.name.clone(),
+        plugin_idx: conn.index.clone(),
+        ..Default::default()
+    };
+    runtime
+        .register_plugin(ttrpc::context::with_timeout(5_000_000_000), &req)
+        .map_err(|source| PluginError::Register {
+            name: conn.name.clone(),
+            index: conn.index.clone(),
+            source,
+        })?;
+    tracing::info!(socket = %conn.socket.display(), "registered as NRI plugin {}-{}", conn.index, conn.name);
+    let result = trunk_mux.wait();
+    server.shutdown();
+    result?;
+    Ok(())
+}

@@ -1,0 +1,504 @@
+//! nvshim-nri, the NRI plugin, with containerd's CRI driven as the kubelet drives it and the
+//! default `runc` handler: no `nvidia` runtime class, nvshim-runtime nowhere in the path. The
+//! plugin gets its requests over containerd's NRI socket (turned on in the test's config,
+//! as containerd 2.x has it by default) and each container's view of its GPUs is checked
+//! from inside with the probe script. containerd 1.6 has no NRI: skipped there.
+
+use super::*;
+
+/// `nvshim-nri`, which `cargo build --workspace` puts next to the root package's binaries.
+fn plugin_binary() -> PathBuf {
+    let p = Path::new(NVSHIM).with_file_name("nvshim-nri");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` first",
+        p.display()
+    );
+    p
+}
+
+/// An env entry or an annotation.
+type Pair<'a> = (&'a str, &'a str);
+
+/// containerd with NRI on (`nvshim runtime configure --nri`: containerd 1.7 has it off),
+/// its socket `nri_sock`.
+fn containerd_with_nri(w: &World, d: &Path, nri_sock: &Path) -> Containerd {
+    let nri_sock = nri_sock.to_path_buf();
+    let d2 = d.to_path_buf();
+    Containerd::start_with(w, d, &["--nri"], move |doc| {
+        let nri = &mut doc["plugins"]["io.containerd.nri.v1.nri"];
+        nri["socket_path"] = toml_edit::value(s(&nri_sock));
+        nri["plugin_path"] = toml_edit::value(s(&d2.join("nri-plugins")));
+        nri["plugin_config_path"] = toml_edit::value(s(&d2.join("nri-conf")));
+    })
+}
+
+/// The plugin, registered with the engine behind `nri_sock`; `env`: its environment's
+/// additions (the fake NVML's topology).
+fn start_plugin(
+    w: &World,
+    d: &Path,
+    nri_sock: &Path,
+    extra: &[&str],
+    env: &[(&str, &Path)],
+) -> Daemon {
+    let mut cmd = Command::new(plugin_binary());
+    cmd.args(["--socket", s(nri_sock), "--config", s(&w.config)])
+        .args(extra)
+        .envs(env.iter().copied());
+    let mut plugin = Daemon::spawn("nvshim-nri", d, cmd);
+    wait_registered(&mut plugin, 1);
+    plugin
+}
+
+/// Waits until the plugin's log says it registered `times` times.
+fn wait_registered(plugin: &mut Daemon, times: usize) {
+    let log = plugin.log.clone();
+    plugin.wait_until("registered", Duration::from_secs(30), || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("registered as NRI plugin")
+            .count()
+            >= times
+    });
+}
+
+fn logs(plugin: &Daemon, ctd: &Containerd) -> String {
+    format!(
+        "--- nvshim-nri ---\n{}\n--- containerd ---\n{}",
+        plugin.log_tail(),
+        ctd.log_tail()
+    )
+}
+
+fn nri_available() -> bool {
+    if containerd_version() < (1, 7) {
+        eprintln!("skipped: containerd {:?} has no NRI", containerd_version());
+        return false;
+    }
+    true
+}
+
+/// By env (index and UUID), by `cdi.k8s.io` annotation and by the device plugin's env
+/// strategy beside its DeviceSpec: each container has exactly its GPUs; an unprivileged env request refused by the policy fails the
+/// container with nvshim's reason in the CRI's answer, as nvshim-runtime's refusal does; the
+/// engine restarted, the plugin registers again and serves the next container.
+#[test]
+fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    write_cdi_spec(&w, &w.run_cdi);
+    let d = dir(&w, "nri");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let mut plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
+    let script = script(&w);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let cases: [(&str, &[Pair], &[Pair], usize); 3] = [
+            ("env", &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], 1),
+            (
+                "annotation",
+                &[],
+                &[("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")],
+                0,
+            ),
+            (
+                "env-uuid",
+                &[("NVIDIA_VISIBLE_DEVICES", w.gpu(1).uuid.as_str())],
+                &[],
+                1,
+            ),
+        ];
+        for (name, env, annotations, gpu) in cases {
+            let what = format!("NRI, handler runc, {name}");
+            let out = pod
+                .run_container(name, &script, env, annotations, &[], &[])
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+            assert_gpus(&w, &what, &ProbeReport::parse(&out), &[w.gpu(gpu)]);
+        }
+        // No request: nothing of the GPUs.
+        let out = pod
+            .run_container("plain", &script, &[], &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("plain: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(&w, "NRI, no request", &ProbeReport::parse(&out), &[]);
+
+        // The policy, read for each container: an unprivileged env request refused.
+        w.configure("accept-envvar-unprivileged = false\n");
+        let err = pod
+            .run_container(
+                "refused",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "1")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .expect_err("an unprivileged env request should be refused");
+        for needle in [
+            "nvshim:",
+            "NVIDIA_VISIBLE_DEVICES",
+            "accept-envvar-unprivileged",
+        ] {
+            assert!(
+                err.contains(needle),
+                "{needle:?} not in {err}\n{}",
+                logs(&plugin, &ctd)
+            );
+        }
+        // The device plugin's env strategy with its DeviceSpec (CRI `devices`) under
+        // "allocation-backed": the node backs the variable.
+        w.configure("accept-envvar-unprivileged = \"allocation-backed\"\n");
+        let gpu = w.gpu(1);
+        let node = w.host.dev_root().join(format!("dev/nvidia{}", gpu.minor));
+        let container_node = format!("/dev/nvidia{}", gpu.minor);
+        let what = "NRI, NVIDIA_VISIBLE_DEVICES=<uuid> beside its DeviceSpec";
+        let out = pod
+            .run_container(
+                "backed",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", &gpu.uuid)],
+                &[],
+                &[],
+                &[(&container_node, s(&node))],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[gpu]);
+        // The device plugin's volume-mounts strategy: `/dev/null` at the device's path under
+        // /var/run/nvidia-container-devices is the request; the plugin removes the mount.
+        w.configure("accept-volume-mounts = true\naccept-envvar-unprivileged = false\n");
+        let root = nvshim::request::DEVICE_MOUNT_ROOT;
+        pod.mounts = vec![(format!("{root}/{}", w.gpu(0).uuid), "/dev/null".into())];
+        let what = "NRI, device plugin volume-mounts";
+        let out = pod
+            .run_container(
+                "volume-mounts",
+                &format!("{script}\nls {root} 2>&1 | sed 's/^/DPMOUNT /'\n"),
+                &[("NVIDIA_VISIBLE_DEVICES", root)],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        pod.mounts.clear();
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
+        assert!(
+            !out.lines()
+                .any(|l| l.starts_with("DPMOUNT ") && l.contains("GPU-")),
+            "{what}: the device plugin's mount is still there:\n{out}"
+        );
+        w.configure("");
+        pod.remove().await;
+    });
+    // How each was served, in the plugin's log: containerd 2.1 injects CDI devices named in
+    // an adjustment itself; before it, the plugin sends the spec's edits.
+    let log = fs::read_to_string(&plugin.log).unwrap();
+    eprintln!("{log}");
+    assert!(
+        log.contains("container env ") && log.contains("raw adjustment"),
+        "{log}"
+    );
+    let cdi_how = if containerd_version() >= (2, 1) {
+        "NRI CDI injection"
+    } else {
+        "raw adjustment"
+    };
+    assert!(
+        log.lines()
+            .any(|l| l.contains("container annotation ") && l.contains(cdi_how)),
+        "{log}"
+    );
+    // The engine restarted (a new containerd on the same NRI socket): the plugin connects
+    // again by itself and serves the next pod.
+    drop(ctd);
+    let ctd = containerd_with_nri(&w, &d.join("ctd2"), &nri_sock);
+    ctd.import_images("k8s.io");
+    wait_registered(&mut plugin, 2);
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods2")).await;
+        let what = "NRI after the engine restarted, NVIDIA_VISIBLE_DEVICES=0";
+        let out = pod
+            .run_container(
+                "again",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "0")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
+        pod.remove().await;
+    });
+    drop(ctd);
+    drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// By MIG device UUID (the plugin asks the fake NVML in process, as `nvshim explain` does)
+/// and by IMEX channel (the operator's `cdi-env-kinds` opt-in): the MIG device's parent GPU and
+/// exactly its two capability nodes; GPU 0 and exactly channel 5. MIG config: refused to an
+/// unprivileged container, served to a privileged one.
+#[test]
+fn nri_plugin_serves_mig_and_imex_requests() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let (w, topology, topo_file) = crate::k8s::mig_world();
+    w.configure("cdi-env-kinds = [\"nvidia.com/gpu\", \"nvidia.com/imex-channel\"]\n");
+    w.host.add_imex_channels(&[0, 3, 5]).unwrap();
+    let d = dir(&w, "nri-mig");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let plugin = start_plugin(
+        &w,
+        &d,
+        &nri_sock,
+        &[],
+        &[(nvshim_fake_nvml::TOPOLOGY_ENV, &topo_file)],
+    );
+    let parent = &topology.gpus[0];
+    let mig = &parent.mig_devices[0];
+    let caps_major = w.host.spec().caps_major;
+    let mut want_caps: Vec<(u32, u32)> = [
+        nvshim_testsupport::host::mig_cap_minor(parent.minor, mig.gpu_instance_id, None),
+        nvshim_testsupport::host::mig_cap_minor(parent.minor, mig.gpu_instance_id, Some(0)),
+    ]
+    .iter()
+    .map(|m| (*m, caps_major))
+    .collect();
+    want_caps.sort_unstable();
+    let script = script(&w);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let what = format!("NRI, MIG device {}", mig.uuid);
+        let out = pod
+            .run_container(
+                "mig",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", mig.uuid.as_str())],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        let r = ProbeReport::parse(&out);
+        assert_gpus(&w, &what, &r, &[w.gpu(0)]);
+        assert_eq!(crate::k8s::caps_nodes(&r), want_caps, "{what}: {}", r.raw);
+
+        let what = "NRI, NVIDIA_IMEX_CHANNELS=5";
+        let out = pod
+            .run_container(
+                "imex",
+                &script,
+                &[
+                    ("NVIDIA_VISIBLE_DEVICES", "0"),
+                    ("NVIDIA_IMEX_CHANNELS", "5"),
+                ],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        let r = ProbeReport::parse(&out);
+        assert_gpus(&w, what, &r, &[w.gpu(0)]);
+        let major = w.host.spec().caps_imex_major;
+        assert_eq!(
+            crate::k8s::imex_nodes(&r),
+            vec![(
+                "/dev/nvidia-caps-imex-channels/channel5".to_string(),
+                major,
+                5
+            )],
+            "{what}: {}",
+            r.raw
+        );
+        // The MIG config capability is for privileged containers only: NRI shows no
+        // capabilities, so the plugin takes CRI's allow-all device rule for privilege.
+        let env = [
+            ("NVIDIA_VISIBLE_DEVICES", "0"),
+            ("NVIDIA_MIG_CONFIG_DEVICES", "all"),
+        ];
+        let err = pod
+            .run_container("mig-config", &script, &env, &[], &[], &[])
+            .await
+            .expect_err("MIG config from an unprivileged container should be refused");
+        assert!(
+            err.contains("NVIDIA_MIG_CONFIG_DEVICES") && err.contains("privileged"),
+            "{err}"
+        );
+        pod.remove().await;
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod_with(channel, "runc", &d.join("pods-priv"), true).await;
+        let out = pod
+            .run_container("mig-config-priv", &script, &env, &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("privileged MIG config: {e}\n{}", logs(&plugin, &ctd)));
+        let r = ProbeReport::parse(&out);
+        assert!(
+            crate::k8s::caps_nodes(&r)
+                .contains(&(nvshim_testsupport::host::MIG_CONFIG_MINOR, caps_major)),
+            "privileged MIG config: no config capability node: {}",
+            r.raw
+        );
+        pod.remove().await;
+    });
+    drop(ctd);
+    drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// The plugin killed: containerd creates the next container without asking anyone (NRI has
+/// no plugin then). The plugin restarted, it finds that container at `Synchronize` and at
+/// `StartContainer`, plans it again and, `--mandatory`, fails its start with the reason; at
+/// its default (fail-open) the container runs, named in a warning. Served containers before
+/// and after pass both checks.
+#[test]
+fn nri_plugin_restarted_finds_containers_created_without_it() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let d = dir(&w, "nri-restart");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let script = script(&w);
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
+    for (mode, extra) in [("mandatory", &["--mandatory"][..]), ("fail-open", &[][..])] {
+        let plugin_dir = d.join(mode);
+        let plugin = start_plugin(&w, &plugin_dir, &nri_sock, extra, &[]);
+        tokio.block_on(async {
+            let channel = cri::connect(&ctd.sock).await;
+            let mut pod = cri::run_pod(channel, "runc", &d.join(format!("pods-{mode}"))).await;
+            let out = pod
+                .run_container("served", &script, &env, &[], &[], &[])
+                .await
+                .unwrap_or_else(|e| panic!("{mode}, served: {e}\n{}", logs(&plugin, &ctd)));
+            assert_gpus(&w, mode, &ProbeReport::parse(&out), &[w.gpu(1)]);
+            drop(plugin);
+            let created = pod
+                .create_container("unserved", &script, &env, &[], &[], &[])
+                .await
+                .expect("containerd creates containers with no NRI plugin");
+            let plugin = start_plugin(&w, &plugin_dir, &nri_sock, extra, &[]);
+            let started = pod.start_to_end("unserved", created).await;
+            let log = fs::read_to_string(&plugin.log).unwrap();
+            assert!(
+                log.contains("container unserved") && log.contains("at Synchronize"),
+                "{mode}: {log}"
+            );
+            match mode {
+                "mandatory" => {
+                    let err = started.expect_err("the unserved container should not start");
+                    for needle in ["nvshim:", "unserved", "lacks device nodes"] {
+                        assert!(err.contains(needle), "{needle:?} not in {err}\n{log}");
+                    }
+                }
+                _ => {
+                    let out = started.unwrap_or_else(|e| panic!("fail-open: {e}\n{log}"));
+                    assert_gpus(&w, "fail-open, unserved", &ProbeReport::parse(&out), &[]);
+                    assert!(log.contains("fail-open"), "{log}");
+                }
+            }
+            let out = pod
+                .run_container("served-again", &script, &env, &[], &[], &[])
+                .await
+                .unwrap_or_else(|e| panic!("{mode}, served again: {e}\n{}", logs(&plugin, &ctd)));
+            assert_gpus(&w, mode, &ProbeReport::parse(&out), &[w.gpu(1)]);
+            pod.remove().await;
+        });
+    }
+    drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// `--no-hooks` (an engine whose NRI validator rejects OCI hooks): the adjustment has none,
+/// and `libcuda.so.1` is still in the container, the driver's `libcuda.so.<version>` mounted
+/// at the SONAME path: the same bytes as the host's library.
+#[test]
+fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let d = dir(&w, "nri-no-hooks");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let plugin = start_plugin(&w, &d, &nri_sock, &["--no-hooks"], &[]);
+    let lib = w.host.container_lib_path("libcuda");
+    let soname = format!("{}/libcuda.so.1", lib.rsplit_once('/').unwrap().0);
+    let host_sum = sha256(&w.host.host_path(&lib));
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let script = format!("{}\necho libcuda\nsha256sum {soname}\n", script(&w));
+        let out = pod
+            .run_container(
+                "no-hooks",
+                &script,
+                &[("NVIDIA_VISIBLE_DEVICES", "0")],
+                &[],
+                &[],
+                &[],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("--no-hooks: {e}\n{}", logs(&plugin, &ctd)));
+        let seen = out
+            .lines()
+            .skip_while(|l| *l != "libcuda")
+            .nth(1)
+            .unwrap_or("");
+        assert_eq!(
+            seen.split(' ').next(),
+            Some(host_sum.as_str()),
+            "{soname} in the container is not the host's {lib}:\n{out}"
+        );
+        assert_gpus(&w, "--no-hooks", &ProbeReport::parse(&out), &[w.gpu(0)]);
+        pod.remove().await;
+    });
+    let log = fs::read_to_string(&plugin.log).unwrap();
+    assert!(
+        log.contains("--no-hooks: not done: ") && log.contains("ld.so.cache update"),
+        "{log}"
+    );
+    drop(ctd);
+    drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
