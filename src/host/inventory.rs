@@ -66,12 +66,16 @@ impl Scope {
     }
 }
 
-/// A MIG device the driver has created: its GPU's minor, GPU instance and compute instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// A MIG device the driver has created: its GPU's minor, GPU instance and compute instance,
+/// and the minors of its two capabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigInstance {
     pub gpu_minor: u32,
     pub gpu_instance: u32,
     pub compute_instance: u32,
+    /// The minors of the capabilities [`MigInstance::capabilities`] names, in its order
+    /// (GPU instance, compute instance); `None`: no file or table row for it.
+    pub minors: [Option<u32>; 2],
 }
 
 /// The driver's files as found for the capabilities of a [`Scope`]; `crate::legacy::driver_files`
@@ -115,11 +119,11 @@ pub struct Inventory {
     pub drm: BTreeMap<String, Vec<HostDeviceNode>>,
     /// The `<dev-root>/dev/dri/by-path` links: (target, link), sorted.
     pub drm_by_path: Vec<(String, String)>,
-    /// The MIG devices the driver lists, sorted.
+    /// The MIG devices the driver lists, sorted by GPU minor, GPU and compute instance.
     pub mig: Vec<MigInstance>,
-    /// The minors of the MIG capabilities (`config`, `monitor`, `gpu<N>/gi<G>/access`,
-    /// `gpu<N>/gi<G>/ci<C>/access`) of `mig`; absent: no minor for it.
-    pub mig_minors: BTreeMap<String, u32>,
+    /// The minors of the `config` and `monitor` MIG capabilities; `None`: none.
+    pub mig_config_minor: Option<u32>,
+    pub mig_monitor_minor: Option<u32>,
     /// The IMEX channels whose nodes exist, sorted.
     pub imex_channels: Vec<u32>,
     pub files: DriverFileSet,
@@ -165,7 +169,8 @@ impl Inventory {
             drm: BTreeMap::new(),
             drm_by_path: Vec::new(),
             mig: Vec::new(),
-            mig_minors: BTreeMap::new(),
+            mig_config_minor: None,
+            mig_monitor_minor: None,
             imex_channels: Vec::new(),
             mps_pipe_directory: None,
         };
@@ -200,29 +205,36 @@ impl Inventory {
             inv.drm_by_path = host.drm_by_path_links();
         }
         if scope.mig {
-            inv.mig = host
-                .mig_instances()
+            let found = host.mig_instances();
+            let mut names: Vec<String> = vec!["config".into(), "monitor".into()];
+            let mut mig: Vec<MigInstance> = found
                 .into_iter()
                 .map(|(gpu_minor, gpu_instance, compute_instance)| MigInstance {
                     gpu_minor,
                     gpu_instance,
                     compute_instance,
+                    minors: [None; 2],
                 })
                 .collect();
-            let mut names: Vec<String> = vec!["config".into(), "monitor".into()];
-            for m in &inv.mig {
+            for m in &mig {
                 names.extend(m.capabilities());
             }
+            // All the capabilities in one look-up: one read of the cache for them all.
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
             let minors = host.capability_minors(&refs)?;
-            for (name, minor) in names.into_iter().zip(minors) {
-                if let Some(minor) = minor {
-                    inv.mig_minors.insert(name, minor);
-                }
+            for minor in minors.iter().flatten() {
+                let mut buf = itoa::Buffer::new();
+                stat(
+                    &mut inv.nodes,
+                    ["nvidia-caps/nvidia-cap", buf.format(*minor)].concat(),
+                );
             }
-            // Every capability node there, not only those of `mig`: `cdi generate` names
-            // NVML's MIG devices with the minors of the driver's whole table.
-            inv.nodes.extend(host.device_nodes_in("nvidia-caps"));
+            inv.mig_config_minor = minors[0];
+            inv.mig_monitor_minor = minors[1];
+            for (m, pair) in mig.iter_mut().zip(minors[2..].chunks(2)) {
+                m.minors = [pair[0], pair[1]];
+            }
+            inv.mig = mig;
         }
         if scope.imex {
             for (channel, node) in host.imex_channel_nodes() {
@@ -268,9 +280,19 @@ impl Inventory {
             .collect()
     }
 
-    /// The minor of MIG capability `cap` (as `mig-minors` names it); `None`: none read.
-    pub fn mig_minor(&self, cap: &str) -> Option<u32> {
-        self.mig_minors.get(cap).copied()
+    /// The MIG device `compute_instance` of GPU instance `gpu_instance` on the GPU with minor
+    /// `gpu_minor`, when the driver lists it.
+    pub fn mig_instance(
+        &self,
+        gpu_minor: u32,
+        gpu_instance: u32,
+        compute_instance: u32,
+    ) -> Option<&MigInstance> {
+        let key = (gpu_minor, gpu_instance, compute_instance);
+        self.mig
+            .binary_search_by_key(&key, |m| (m.gpu_minor, m.gpu_instance, m.compute_instance))
+            .ok()
+            .map(|i| &self.mig[i])
     }
 
     /// Minors of the GPUs with MIG devices.

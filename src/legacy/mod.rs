@@ -13,7 +13,7 @@
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
 //!   `N` from the capability's own file under `<proc-root>/driver/nvidia/capabilities`
-//!   ([`Inventory::mig_minors`]); never the GPU's DRM nodes ([`device_nodes`], the rule
+//!   ([`Inventory::mig`]); never the GPU's DRM nodes ([`device_nodes`], the rule
 //!   `nvshim cdi generate` follows too). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
 //!   loads it. It is a function [`resolve`] is given ([`NvmlInventory`]), not part of the
@@ -444,6 +444,7 @@ fn instance_capabilities(gpu: u32, gi: u32, ci: u32) -> [String; 2] {
         gpu_minor: gpu,
         gpu_instance: gi,
         compute_instance: ci,
+        minors: [None; 2],
     }
     .capabilities()
 }
@@ -522,18 +523,18 @@ fn drm_node(n: &HostDeviceNode) -> (DeviceNode, Option<u32>) {
     )
 }
 
-/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` with its minor
-/// ([`Inventory::mig_minors`]; `None`: no file or table row for it).
+/// The `/dev/nvidia-caps/nvidia-cap<N>` node of a capability with its minor ([`Inventory::mig`];
+/// `None`: no file or table row for it, an error naming the capability, `cap`).
 fn cap_node(
     inv: &Inventory,
     caps_major: u32,
-    cap: &str,
     minor: Option<u32>,
     id: &str,
+    cap: impl FnOnce() -> String,
 ) -> Result<DeviceNode, LegacyError> {
     let minor = minor.ok_or_else(|| LegacyError::MigCapability {
         id: id.to_string(),
-        capability: cap.to_string(),
+        capability: cap(),
         file: inv.roots.proc_root.join("driver/nvidia/capabilities"),
     })?;
     Ok(node(
@@ -786,22 +787,30 @@ fn mig_nodes(
             .iter_mut()
             .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
             .expect("every MIG device's parent is selected");
-        let device = GpuDevice::Mig {
-            parent_minor: m.parent.minor,
-            gpu_instance: m.gpu_instance,
-            compute_instance: m.compute_instance,
-        };
-        for cap in &device_nodes(inv, device, false).mig_capabilities {
-            let minor = inv.mig_minor(cap);
+        // Its two capabilities, as [`device_nodes`] names them: the minors the driver gave them.
+        let found = inv.mig_instance(m.parent.minor, m.gpu_instance, m.compute_instance);
+        for k in 0..2 {
+            let minor = found.and_then(|f| f.minors[k]);
+            let cap = || mig_capabilities(m)[k].clone();
             group
                 .edits
                 .device_nodes
-                .push(cap_node(inv, caps_major, cap, minor, &m.id)?);
+                .push(cap_node(inv, caps_major, minor, &m.id, cap)?);
         }
     }
-    for (var, value, capability) in [
-        (MIG_CONFIG_DEVICES, &request.mig_config, "config"),
-        (MIG_MONITOR_DEVICES, &request.mig_monitor, "monitor"),
+    for (var, value, capability, minor) in [
+        (
+            MIG_CONFIG_DEVICES,
+            &request.mig_config,
+            "config",
+            inv.mig_config_minor,
+        ),
+        (
+            MIG_MONITOR_DEVICES,
+            &request.mig_monitor,
+            "monitor",
+            inv.mig_monitor_minor,
+        ),
     ] {
         if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
             continue;
@@ -809,8 +818,7 @@ fn mig_nodes(
         // The capability is global; listed GPUs only have to exist (libnvidia-container
         // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
         select_gpus(value, &inv.gpus)?;
-        let minor = inv.mig_minor(capability);
-        let n = cap_node(inv, caps_major, capability, minor, var)?;
+        let n = cap_node(inv, caps_major, minor, var, || capability.to_string())?;
         if !edits.device_nodes.iter().any(|d| d.path == n.path) {
             edits.device_nodes.push(n);
         }
@@ -892,10 +900,13 @@ pub fn driver_files(inv: &Inventory, caps: &Capabilities) -> Result<DriverFiles,
     }
     let set = &inv.files;
     let driver_version = &inv.driver_version;
+    // Read for exactly these capabilities (a create's inventory): all of it, as read.
+    let exact = *caps == inv.scope.capabilities;
     let brought = |l: &&DriverLibrary, bits32: bool| {
-        rule_of(l).is_some_and(|r| {
-            brings(caps, r.brought_by) && (!bits32 || (caps.compat32 && r.has_32bit))
-        })
+        exact
+            || rule_of(l).is_some_and(|r| {
+                brings(caps, r.brought_by) && (!bits32 || (caps.compat32 && r.has_32bit))
+            })
     };
     let libs64: Vec<DriverLibrary> = set
         .libs64
@@ -903,18 +914,23 @@ pub fn driver_files(inv: &Inventory, caps: &Capabilities) -> Result<DriverFiles,
         .filter(|l| brought(l, false))
         .cloned()
         .collect();
-    let lib_dirs = library_dirs(&libs64);
+    // The 64-bit libraries' directories: where GBM's backend link goes.
+    let n64 = libs64.len();
     let mut out = DriverFiles {
         libs: libs64,
         ..Default::default()
     };
     out.libs
         .extend(set.libs32.iter().filter(|l| brought(l, true)).cloned());
-    let suffix = format!(".so.{driver_version}");
-    for l in &out.libs {
-        if let Some((stem, dev_link)) = dev_link_of(l, &suffix) {
-            if !dev_link_always(l, stem) && set.dev_links.contains(&dev_link) {
-                out.dev_links.push(dev_link);
+    if exact {
+        out.dev_links.clone_from(&set.dev_links);
+    } else {
+        let suffix = format!(".so.{driver_version}");
+        for l in &out.libs {
+            if let Some((stem, dev_link)) = dev_link_of(l, &suffix) {
+                if !dev_link_always(l, stem) && set.dev_links.contains(&dev_link) {
+                    out.dev_links.push(dev_link);
+                }
             }
         }
     }
@@ -925,7 +941,7 @@ pub fn driver_files(inv: &Inventory, caps: &Capabilities) -> Result<DriverFiles,
             .iter()
             .filter(|f| {
                 let name = f.container_path.rsplit('/').next().unwrap_or_default();
-                executables.contains(&name)
+                exact || executables.contains(&name)
             })
             .cloned(),
     );
@@ -952,7 +968,7 @@ pub fn driver_files(inv: &Inventory, caps: &Capabilities) -> Result<DriverFiles,
     }
     if brings(caps, DRM_BROUGHT_BY) {
         // GBM finds the driver's backend as `gbm/nvidia-drm_gbm.so`, a link to the allocator.
-        for dir in &lib_dirs {
+        for dir in &library_dirs(&out.libs[..n64]) {
             if out.libs.iter().any(|l| {
                 l.soname == "libnvidia-allocator.so.1"
                     && split(&l.file.container_path).0 == dir.as_str()
@@ -1759,11 +1775,10 @@ mod tests {
                 gpu_minor: 0,
                 gpu_instance: 2,
                 compute_instance: 0,
+                minors: [Some(21), Some(22)],
             }],
-            mig_minors: [("gpu0/gi2/access", 21), ("gpu0/gi2/ci0/access", 22)]
-                .into_iter()
-                .map(|(c, m)| (c.to_string(), m))
-                .collect(),
+            mig_config_minor: None,
+            mig_monitor_minor: None,
             imex_channels: vec![3],
             files: crate::host::inventory::DriverFileSet {
                 libs64: vec![
@@ -2045,7 +2060,8 @@ mod tests {
             drm: Default::default(),
             drm_by_path: Vec::new(),
             mig: Vec::new(),
-            mig_minors: Default::default(),
+            mig_config_minor: None,
+            mig_monitor_minor: None,
             imex_channels: Vec::new(),
             files: crate::host::inventory::read_driver_files(host, &scope.capabilities, v).unwrap(),
             mps_pipe_directory: None,

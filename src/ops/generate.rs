@@ -433,13 +433,20 @@ pub fn generate_with_progress(
     let needs_mig = discovery.gpus.iter().any(|g| g.mig_enabled);
     // NVML's MIG devices take their minors from the driver's whole table: a spec lists every
     // device NVML reports, whether or not its capability files are there yet.
+    let with_caps;
+    let mut inv = inv;
     let minors = if needs_mig {
-        Host::new(inv.roots.clone())
-            .mig_minors()
-            .map_err(|source| GenerateError::Host {
-                context: "reading MIG capability minors",
-                source,
-            })?
+        let host = Host::new(inv.roots.clone());
+        // Every capability node, not only those of the devices the driver lists under /proc
+        // (which the inventory holds): NVML's devices take their minors from the whole table.
+        let mut all = inv.clone();
+        all.nodes.extend(host.device_nodes_in("nvidia-caps"));
+        with_caps = all;
+        inv = &with_caps;
+        host.mig_minors().map_err(|source| GenerateError::Host {
+            context: "reading MIG capability minors",
+            source,
+        })?
     } else {
         Vec::new()
     };
