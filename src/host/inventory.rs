@@ -141,8 +141,30 @@ pub struct ReadSettings {
     pub mps_pipe_directory: PathBuf,
 }
 
+impl ReadSettings {
+    /// What `config` sets (`cache-dir`, `mps-pipe-directory`), for `scope`.
+    pub fn new(config: &crate::config::Config, scope: Scope) -> ReadSettings {
+        ReadSettings {
+            scope,
+            cache_dir: config.cache_dir.clone(),
+            mps_pipe_directory: config.mps_pipe_directory.clone(),
+        }
+    }
+}
+
+/// The roots `config` names.
+pub fn roots(config: &crate::config::Config) -> HostRoots {
+    HostRoots {
+        driver_root: config.driver_root.clone(),
+        dev_root: config.dev_root.clone(),
+        proc_root: config.proc_root.clone(),
+    }
+}
+
 impl Inventory {
-    /// Reads the inventory of the host under `roots`.
+    /// Reads the inventory of the host under `roots`: what a long-running process holds, and
+    /// reads again when the host changes (`Inventory::read(&roots(&config),
+    /// &ReadSettings::new(&config, Scope::ALL))`).
     pub fn read(roots: &HostRoots, settings: &ReadSettings) -> Result<Inventory, HostError> {
         let host = Host::new(roots.clone()).with_cache_dir(&settings.cache_dir);
         Inventory::of(&host, settings.scope, &settings.mps_pipe_directory)
