@@ -284,16 +284,37 @@ pub fn plan_bundle(
                 bundle: absolute_bundle(&plan),
                 ..legacy::Settings::new(tools)
             };
-            // The host read once, for what this request can use (`legacy::scope`).
-            let inv = Inventory::of(
+            // NVML, for MIG ids that need it: asked once, its answer kept for both uses below.
+            let mut answer = None;
+            let mut nvml = |lookups: &[nvml::Lookup<'_>]| {
+                if let Some(gpus) = &answer {
+                    return Ok(Clone::clone(gpus));
+                }
+                let gpus = nvml::inventory(&host, &settings.nvml, lookups)?.gpus;
+                answer = Some(gpus.clone());
+                Ok(gpus)
+            };
+            // The host read once, for what this request can use (`legacy::scope`): the MIG
+            // devices it names, when it names them.
+            let scope = legacy::scope(&plan.request);
+            let named = match &plan.request.devices {
+                // `all`: every device the driver lists.
+                _ if !scope.mig => None,
+                request::VisibleDevices::All => None,
+                _ => Some(legacy::named_mig_devices(
+                    &plan.request,
+                    &host.gpus()?,
+                    &mut nvml,
+                )?),
+            };
+            let inv = Inventory::of_mig_devices(
                 &host,
-                legacy::scope(&plan.request),
+                scope,
                 &config.mps_pipe_directory,
+                named.as_deref(),
             )?;
             check_backed(&plan.request, &inv, &config_path)?;
-            let resolved = legacy::resolve(&plan.request, &inv, &settings, &mut |lookups| {
-                nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
-            })?;
+            let resolved = legacy::resolve(&plan.request, &inv, &settings, &mut nvml)?;
             trace.gpus = resolved.gpus.clone();
             check_requirements(
                 config,

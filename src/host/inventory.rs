@@ -66,6 +66,9 @@ impl Scope {
     }
 }
 
+/// A MIG device by its numbers: (GPU minor, GPU instance, compute instance).
+pub type MigKey = (u32, u32, u32);
+
 /// A MIG device the driver has created: its GPU's minor, GPU instance and compute instance,
 /// and the minors of its two capabilities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +179,20 @@ impl Inventory {
         scope: Scope,
         mps_pipe_directory: &Path,
     ) -> Result<Inventory, HostError> {
+        Inventory::of_mig_devices(host, scope, mps_pipe_directory, None)
+    }
+
+    /// [`Inventory::of`], with the MIG part (in a MIG scope) for the devices `mig_devices`
+    /// names, as (GPU minor, GPU instance, compute instance), instead of every device the
+    /// driver lists: a create that names its MIG devices (mapped through NVML first, when
+    /// they need it) reads the minors and nodes of those alone, not of every device on the
+    /// node (`/proc`'s capabilities tree is 66 directories on 8 GPUs x 7 devices).
+    pub fn of_mig_devices(
+        host: &Host,
+        scope: Scope,
+        mps_pipe_directory: &Path,
+        mig_devices: Option<&[MigKey]>,
+    ) -> Result<Inventory, HostError> {
         let majors = host.device_majors()?;
         let driver_version = host.driver_version()?;
         let gpus = host.gpus()?;
@@ -227,7 +244,15 @@ impl Inventory {
             inv.drm_by_path = host.drm_by_path_links();
         }
         if scope.mig {
-            let found = host.mig_instances();
+            let found = match mig_devices {
+                Some(named) => {
+                    let mut named = named.to_vec();
+                    named.sort_unstable();
+                    named.dedup();
+                    named
+                }
+                None => host.mig_instances(),
+            };
             let mut names: Vec<String> = vec!["config".into(), "monitor".into()];
             let mut mig: Vec<MigInstance> = found
                 .into_iter()

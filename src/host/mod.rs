@@ -25,7 +25,7 @@ pub mod inventory;
 mod mig_table;
 pub mod nvml;
 
-pub use inventory::{Inventory, MigInstance, ReadSettings, Scope};
+pub use inventory::{Inventory, MigInstance, MigKey, ReadSettings, Scope};
 
 #[derive(Debug, Error)]
 pub enum HostError {

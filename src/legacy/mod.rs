@@ -41,7 +41,7 @@ use crate::host::inventory::{dev_link_always, dev_link_of, library_dirs};
 use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
 use crate::host::{
     normalize_bus_id, DriverLibrary, Gpu, HostDeviceNode, HostError, HostFile, Inventory,
-    MigInstance, Scope,
+    MigInstance, MigKey, Scope,
 };
 use crate::nvidia::{
     self, brings, Capabilities, DRM_BROUGHT_BY, HOOK_ENV, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS,
@@ -708,6 +708,22 @@ pub fn scope(request: &Request) -> Scope {
         mig: mig_ids || named(&request.mig_config) || named(&request.mig_monitor),
         imex: !request.imex_channels.is_empty(),
     }
+}
+
+/// The MIG devices a request's list names, as (GPU minor, GPU instance, compute instance),
+/// mapped through `nvml` when an id needs it (the same answer [`resolve`] then maps them
+/// with, so `nvml` should keep it).
+pub fn named_mig_devices(
+    request: &Request,
+    gpus: &[Gpu],
+    nvml: &mut NvmlInventory<'_>,
+) -> Result<Vec<MigKey>, LegacyError> {
+    let (_, mig_ids) = split_mig_ids(&request.devices);
+    let migs = select_migs(&mig_ids, gpus, nvml)?;
+    Ok(migs
+        .iter()
+        .map(|m| (m.parent.minor, m.gpu_instance, m.compute_instance))
+        .collect())
 }
 
 /// What a request selects.
