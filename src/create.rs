@@ -11,7 +11,7 @@ use crate::cdi;
 use crate::config::{Config, Platform};
 use crate::edits::{self, Cause, ContainerEdits, EditError, EditGroup};
 use crate::host::nvml::{self, NvmlAccess};
-use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, Snapshot};
+use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, Inventory};
 use crate::install::{host_from, Tools};
 use crate::legacy::{self, LegacyError};
 use crate::request::{self, GpuFacts, HostFacts, Request, RequestError, RequirementError, Route};
@@ -136,7 +136,7 @@ impl Plan {
 fn check_requirements(
     config: &Config,
     host: &Host,
-    snapshot: &Snapshot,
+    inv: &Inventory,
     request: &Request,
     gpus: &[Gpu],
     nvml: &NvmlAccess,
@@ -144,7 +144,7 @@ fn check_requirements(
     if config.disable_require || request.disable_require || request.requirements.is_empty() {
         return Ok(());
     }
-    let driver_version = snapshot.driver_version.clone();
+    let driver_version = inv.driver_version.clone();
     let mut facts = HostFacts {
         cuda_version: cuda_version_for_driver(&driver_version).map(String::from),
         driver_version,
@@ -295,16 +295,43 @@ pub fn plan_bundle(
             let mut resolved = if matches!(platform, Platform::Wsl | Platform::Csv) {
                 platform_resolve(config, &plan, &host, &settings, platform, trace)?
             } else {
-                let snapshot = host.snapshot()?;
-                check_backed(&plan.request, &snapshot, &config_path)?;
-                let resolved =
-                    legacy::resolve(&plan.request, &snapshot, &host, &settings, &mut |lookups| {
-                        nvml::inventory(&host, &settings.nvml, lookups).map(|n| n.gpus)
-                    })?;
+                // NVML, for MIG ids that need it: asked once, its answer kept for both uses
+                // below.
+                let mut answer = None;
+                let mut nvml = |lookups: &[nvml::Lookup<'_>]| {
+                    if let Some(gpus) = &answer {
+                        return Ok(Clone::clone(gpus));
+                    }
+                    let gpus = nvml::inventory(&host, &settings.nvml, lookups)?.gpus;
+                    answer = Some(gpus.clone());
+                    Ok(gpus)
+                };
+                // The host read once, for what this request can use (`legacy::scope`): the MIG
+                // devices it names, when it names them.
+                let scope = legacy::scope(&plan.request);
+                let named = match &plan.request.devices {
+                    // `all`: every device the driver lists.
+                    _ if !scope.mig => None,
+                    request::VisibleDevices::All => None,
+                    _ => Some(legacy::named_mig_devices(
+                        &plan.request,
+                        &host.gpus()?,
+                        &mut nvml,
+                    )?),
+                };
+                let inv = Inventory::of_mig_devices(
+                    &host,
+                    scope,
+                    &config.mps_pipe_directory,
+                    named.as_deref(),
+                )?;
+                check_backed(&plan.request, &inv, &config_path)?;
+                let resolved = legacy::resolve(&plan.request, &inv, &settings, &mut nvml)?;
+                trace.gpus = resolved.gpus.clone();
                 check_requirements(
                     config,
                     &host,
-                    &snapshot,
+                    &inv,
                     &plan.request,
                     &resolved.gpus,
                     &tools.nvml,
@@ -519,14 +546,14 @@ fn kubelet_allocated(spec: &Value, config: &Config) -> request::Allocation {
 /// ([`Request::unbacked`]) pass when every GPU they resolve to has its node among the
 /// allocation's device nodes. A MIG id never does: a GPU's node does not say which of its MIG
 /// devices was allocated.
-fn check_backed(request: &Request, snapshot: &Snapshot, path: &Path) -> Result<(), CreateError> {
+fn check_backed(request: &Request, inv: &Inventory, path: &Path) -> Result<(), CreateError> {
     if request.unbacked.is_empty() {
         return Ok(());
     }
     let (gpu_ids, migs) =
         legacy::split_mig_ids(&request::VisibleDevices::List(request.unbacked.clone()));
-    let nvidia = snapshot.majors.nvidia;
-    let outside: Vec<String> = legacy::select_gpus(&gpu_ids, &snapshot.gpus)?
+    let nvidia = inv.majors.nvidia;
+    let outside: Vec<String> = legacy::select_gpus(&gpu_ids, &inv.gpus)?
         .into_iter()
         .filter(|g| !request.allocation.nodes.contains(&(nvidia, g.minor)))
         .map(|g| format!("GPU {} ({})", g.index, g.uuid))

@@ -6,16 +6,11 @@ use std::path::{Path, PathBuf};
 
 use crate::config::Config;
 use crate::host::nvml::NvmlAccess;
-use crate::host::{Host, HostRoots};
+use crate::host::Host;
 
 /// The host as the config locates it, keeping what it reads of the GPUs in `cache-dir`.
 pub fn host_from(config: &Config) -> Host {
-    Host::new(HostRoots {
-        driver_root: config.driver_root.clone(),
-        dev_root: config.dev_root.clone(),
-        proc_root: config.proc_root.clone(),
-    })
-    .with_cache_dir(&config.cache_dir)
+    Host::new(crate::host::inventory::roots(config)).with_cache_dir(&config.cache_dir)
 }
 
 /// The host binaries `create` writes into the spec or runs.

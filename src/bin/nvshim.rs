@@ -630,7 +630,8 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                     .with_context(|| format!("generating the {} spec", f.mode()))?;
                 (spec, format!("{} nodes", f.title()))
             } else if args.mode == "imex" {
-                let spec = generate::generate_imex(&host, &opts)
+                let inv = generate::read_inventory(&host).context("reading the host")?;
+                let spec = generate::generate_imex(&inv, &opts)
                     .context("generating the IMEX channel spec")?;
                 (spec, "IMEX channel nodes".to_string())
             } else if on_platform {
@@ -656,7 +657,8 @@ fn cdi_command(cmd: CdiCommand, config: &Config) -> anyhow::Result<ExitCode> {
                         "/proc".to_string()
                     }
                 };
-                let spec = generate::generate_with_progress(&host, &discovery, &opts, &mut |m| {
+                let inv = generate::read_inventory(&host).context("reading the host")?;
+                let spec = generate::generate_with_progress(&inv, &discovery, &opts, &mut |m| {
                     progress.step(m)
                 })
                 .context("generating the CDI spec")?;

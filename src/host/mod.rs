@@ -1,14 +1,15 @@
 //! A read-only view of the GPU host under the three roots (`driver-root`, `dev-root`,
-//! `proc-root`): driver version, GPUs, device majors, device nodes, libraries and binaries.
+//! `proc-root`): driver version, GPUs, device majors, device nodes, libraries and binaries,
+//! read by [`Inventory::read`] into one value ([`inventory`]).
 //!
 //! Everything here reads files only. NVML is never loaded on this path: `/proc` already says
 //! which GPUs exist (`driver/nvidia/gpus/<bus>/information`, written by the kernel module),
 //! which is what keeps `create` fast on many-GPU nodes.
 //!
-//! One file (1070 lines of code, 140 of tests): one type, [`Host`], whose methods all read under
-//! the same three roots and share its per-command cache of resolved in-root directories, plus the
-//! parsers of the files it reads (`/proc/devices`, the driver banner, a GPU's `information`). NVML,
-//! the one part that is not a file read, is already in [`nvml`].
+//! [`Host`]'s methods each read one kind of fact under the same three roots and share its
+//! per-command cache of resolved in-root directories; beside them, the parsers of the files
+//! they read (`/proc/devices`, the driver banner, a GPU's `information`). NVML, the one part
+//! that is not a file read, is in [`nvml`].
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -25,10 +26,13 @@ mod arch_tests;
 pub mod csv;
 pub mod gated;
 mod gpu_cache;
+pub mod inventory;
 mod mig_table;
 pub mod nvml;
 pub mod platform;
 pub mod wsl;
+
+pub use inventory::{Inventory, MigInstance, MigKey, ReadSettings, Scope};
 
 #[derive(Debug, Error)]
 pub enum HostError {
@@ -80,18 +84,6 @@ pub struct DeviceMajors {
     pub nvidia_uvm: Option<u32>,
     pub nvidia_caps: Option<u32>,
     pub nvidia_caps_imex_channels: Option<u32>,
-}
-
-/// What every GPU request needs of the host's `/proc`, read once per command: the driver
-/// version, the GPUs and the device majors. A plain value, so the resolvers' selection rules
-/// take it as input (and tests build it without files); the driver's files and device nodes
-/// are still looked up through [`Host`], and only when a request needs them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    pub driver_version: String,
-    /// In PCI bus order ([`Host::gpus`]).
-    pub gpus: Vec<Gpu>,
-    pub majors: DeviceMajors,
 }
 
 /// A device node found on the host.
@@ -277,15 +269,6 @@ impl Host {
             self.cache_dir.as_deref(),
             crate::cache::now_ns(),
         )
-    }
-
-    /// The `/proc` facts every GPU request needs ([`Snapshot`]).
-    pub fn snapshot(&self) -> Result<Snapshot, HostError> {
-        Ok(Snapshot {
-            majors: self.device_majors()?,
-            driver_version: self.driver_version()?,
-            gpus: self.gpus()?,
-        })
     }
 
     /// Majors from `proc/devices` (character section).
@@ -761,10 +744,10 @@ impl Host {
             .collect()
     }
 
-    /// The `by-path` links of `<dev-root>/dev/dri/by-path` that point at one of `nodes`:
-    /// (`../card1`, `/dev/dri/by-path/pci-0000:1b:00.0-card`), as the `create-symlinks` hook
-    /// takes them.
-    pub fn drm_by_path_links(&self, nodes: &[HostDeviceNode]) -> Vec<(String, String)> {
+    /// The links of `<dev-root>/dev/dri/by-path`: (`../card1`,
+    /// `/dev/dri/by-path/pci-0000:1b:00.0-card`), sorted ([`Inventory::drm_by_path_links`]
+    /// picks those of a GPU's nodes).
+    pub fn drm_by_path_links(&self) -> Vec<(String, String)> {
         let dir = self.roots.dev_root.join("dev/dri/by-path");
         let Ok(entries) = fs::read_dir(&dir) else {
             return Vec::new();
@@ -774,19 +757,48 @@ impl Host {
             let Ok(target) = fs::read_link(e.path()) else {
                 continue;
             };
-            let target = target.to_string_lossy().into_owned();
-            let Some(node_name) = target.rsplit('/').next() else {
-                continue;
-            };
-            if nodes
-                .iter()
-                .any(|n| n.container_path == format!("/dev/dri/{node_name}"))
-            {
-                let link = format!("/dev/dri/by-path/{}", e.file_name().to_string_lossy());
-                out.push((target, link));
-            }
+            let link = format!("/dev/dri/by-path/{}", e.file_name().to_string_lossy());
+            out.push((target.to_string_lossy().into_owned(), link));
         }
         out.sort();
+        out
+    }
+
+    /// The device nodes in `<dev-root>/dev/<dir>`, by their name under `dev` (`<dir>/<name>`).
+    pub fn device_nodes_in(&self, dir: &str) -> Vec<(String, HostDeviceNode)> {
+        let Ok(entries) = fs::read_dir(self.roots.dev_root.join("dev").join(dir)) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let name = [dir, "/", e.file_name().to_str()?].concat();
+                let node = self.device_node(&name)?;
+                Some((name, node))
+            })
+            .collect()
+    }
+
+    /// The IMEX channels that exist: `<dev-root>/dev/nvidia-caps-imex-channels/channel<N>`
+    /// device nodes, by number.
+    pub fn imex_channel_nodes(&self) -> Vec<(u32, HostDeviceNode)> {
+        let dir = self.roots.dev_root.join("dev/nvidia-caps-imex-channels");
+        let mut out: Vec<(u32, HostDeviceNode)> = fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let n = name.strip_prefix("channel")?;
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let n: u32 = n.parse().ok()?;
+                let node = self.device_node(&format!("nvidia-caps-imex-channels/{name}"))?;
+                Some((n, node))
+            })
+            .collect();
+        out.sort_unstable_by_key(|(n, _)| *n);
         out
     }
 

@@ -1,5 +1,6 @@
-//! Resolves an `NVIDIA_VISIBLE_DEVICES` request against the host into [`ContainerEdits`]: the
-//! same model CDI specs use, applied by the same [`crate::edits::apply`].
+//! Resolves an `NVIDIA_VISIBLE_DEVICES` request against the host's inventory
+//! ([`Inventory`], read once by the caller) into [`ContainerEdits`]: the same model CDI specs
+//! use, applied by the same [`crate::edits::apply`]. Nothing here reads a file.
 //!
 //! What is added follows libnvidia-container: the chosen
 //! `/dev/nvidiaN` nodes plus nvidiactl, nvidia-uvm, nvidia-uvm-tools and nvidia-modeset; the
@@ -12,10 +13,11 @@
 //! - MIG devices (`G:M`, `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>`): the parent GPU's node plus
 //!   the `/dev/nvidia-caps/nvidia-cap<N>` nodes of the GPU instance and compute instance, with
 //!   `N` from the capability's own file under `<proc-root>/driver/nvidia/capabilities`
-//!   ([`Host::capability_minors`]); never the GPU's DRM nodes ([`device_nodes`], the rule
+//!   ([`Inventory::mig`]); never the GPU's DRM nodes ([`device_nodes`], the rule
 //!   `nvshim cdi generate` follows too). NVML is loaded only to map a MIG index or UUID to its
 //!   GPU and instances, and only when the request names one: a request without MIG ids never
-//!   loads it.
+//!   loads it. It is a function [`resolve`] is given ([`NvmlInventory`]), not part of the
+//!   inventory.
 //! - `NVIDIA_MIG_CONFIG_DEVICES` / `NVIDIA_MIG_MONITOR_DEVICES`: the `config` / `monitor`
 //!   capability node, for privileged containers only (libnvidia-container refuses others too).
 //! - IMEX channels: `/dev/nvidia-caps-imex-channels/channel<N>`, major
@@ -23,7 +25,8 @@
 //! - MPS: the host daemon's pipe directory, when it exists, for compute containers.
 //!
 //! One module: each part is a step
-//! of [`resolve`], which builds the edits, grouped by cause, from the selected GPUs, their
+//! of [`resolve`] (a new device class adds its step here, from its field of the inventory),
+//! which builds the edits, grouped by cause, from the selected GPUs, their
 //! device nodes, MIG and IMEX capability nodes, the driver files of the capabilities and the
 //! hooks. The steps stay public in one place because `ops::generate` writes a CDI spec with
 //! the same driver-file and hook steps (so a generated spec brings what a legacy request
@@ -38,10 +41,11 @@ pub mod sandbox;
 
 use crate::config::{Config, Profile};
 use crate::edits::{Cause, ContainerEdits, DeviceNode, EditGroup, Hook, Mount};
+use crate::host::inventory::{dev_link_always, dev_link_of, library_dirs};
 use crate::host::nvml::{self, GpuInfo, Lookup, NvmlDiscoveryError};
 use crate::host::{
-    normalize_bus_id, DeviceMajors, DriverLibrary, Gpu, Host, HostDeviceNode, HostError, HostFile,
-    Snapshot, WordSize,
+    normalize_bus_id, DriverLibrary, Gpu, HostDeviceNode, HostError, HostFile, Inventory,
+    MigInstance, MigKey, Scope,
 };
 use crate::nvidia::{
     self, brings, Capabilities, DRM_BROUGHT_BY, HOOK_ENV, IPC_MOUNT_OPTIONS, MOUNT_OPTIONS,
@@ -77,6 +81,8 @@ pub enum LegacyError {
         name: &'static str,
         path: PathBuf,
     },
+    #[error("the host inventory was read for the capabilities {read:?}, not {capabilities:?} (a bug in nvshim: please report it)")]
+    NotRead { capabilities: String, read: String },
     #[error("IMEX channel {channel} does not exist: no device node {path} (create the channel, e.g. through a ComputeDomain, or ask for one that exists)")]
     UnknownImexChannel { channel: u32, path: PathBuf },
 }
@@ -89,8 +95,6 @@ pub const MPS_PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
 pub struct Settings {
     /// The `nvshim-hook` binary written into hooks.
     pub hook_path: PathBuf,
-    /// The host MPS daemon's pipe directory (`mps-pipe-directory`).
-    pub mps_pipe_directory: PathBuf,
     /// How the NVML inventory is obtained (MIG ids only).
     pub nvml: nvml::NvmlAccess,
     /// The bundle being created, absolute: the fix-ups hook finds the container from it
@@ -104,7 +108,6 @@ impl Settings {
     pub fn new(config: &Config, tools: &crate::install::Tools) -> Settings {
         Settings {
             hook_path: tools.hook.clone(),
-            mps_pipe_directory: config.mps_pipe_directory.clone(),
             nvml: tools.nvml.clone(),
             bundle: None,
             sandbox: config.profile == Profile::Sandbox,
@@ -155,13 +158,13 @@ pub fn select_gpus(devices: &VisibleDevices, gpus: &[Gpu]) -> Result<Vec<Gpu>, L
 
 /// A device node with the major and minor the driver registered, and mode and owner from the
 /// host node when it exists (runc creates the node in the container from these numbers).
-fn node(host: &Host, name: &str, major: u32, minor: u32) -> DeviceNode {
-    node_as_found(host.device_node(name), name, major, minor)
+fn node(inv: &Inventory, name: &str, major: u32, minor: u32) -> DeviceNode {
+    node_as_found(inv.node(name), name, major, minor)
 }
 
-/// [`node`] with the host's node already `stat`ed (`None`: not there).
-fn node_as_found(found: Option<HostDeviceNode>, name: &str, major: u32, minor: u32) -> DeviceNode {
-    if let Some(n) = &found {
+/// [`node`] with the host's node as found (`None`: not there).
+fn node_as_found(found: Option<&HostDeviceNode>, name: &str, major: u32, minor: u32) -> DeviceNode {
+    if let Some(n) = found {
         if (n.major, n.minor) != (major, minor) {
             tracing::warn!(
                 path = %n.host_path.display(),
@@ -177,34 +180,35 @@ fn node_as_found(found: Option<HostDeviceNode>, name: &str, major: u32, minor: u
         kind: Some("c".into()),
         major: Some(major.into()),
         minor: Some(minor.into()),
-        file_mode: Some(found.as_ref().map_or(0o666, |n| n.file_mode)),
+        file_mode: Some(found.map_or(0o666, |n| n.file_mode)),
         permissions: Some("rwm".into()),
-        uid: Some(found.as_ref().map_or(0, |n| n.uid)),
-        gid: Some(found.as_ref().map_or(0, |n| n.gid)),
+        uid: Some(found.map_or(0, |n| n.uid)),
+        gid: Some(found.map_or(0, |n| n.gid)),
     }
 }
 
 /// A GPU's device node, `/dev/nvidia<minor>`.
-fn gpu_node(host: &Host, majors: &DeviceMajors, gpu: &Gpu) -> DeviceNode {
+fn gpu_node(inv: &Inventory, gpu: &Gpu) -> DeviceNode {
     node(
-        host,
-        &format!("nvidia{}", gpu.minor),
-        majors.nvidia,
+        inv,
+        &["nvidia", itoa::Buffer::new().format(gpu.minor)].concat(),
+        inv.majors.nvidia,
         gpu.minor,
     )
 }
 
 /// The control nodes every GPU container gets, whichever GPUs it has.
-fn control_nodes(host: &Host, majors: &DeviceMajors) -> Vec<DeviceNode> {
-    let mut nodes = vec![node(host, "nvidiactl", majors.nvidia, NVIDIACTL_MINOR)];
+fn control_nodes(inv: &Inventory) -> Vec<DeviceNode> {
+    let majors = &inv.majors;
+    let mut nodes = vec![node(inv, "nvidiactl", majors.nvidia, NVIDIACTL_MINOR)];
     if let Some(uvm) = majors.nvidia_uvm {
-        nodes.push(node(host, "nvidia-uvm", uvm, 0));
-        if let Some(found) = host.device_node("nvidia-uvm-tools") {
+        nodes.push(node(inv, "nvidia-uvm", uvm, 0));
+        if let Some(found) = inv.node("nvidia-uvm-tools") {
             let tools = node_as_found(Some(found), "nvidia-uvm-tools", uvm, UVM_TOOLS_MINOR);
             nodes.push(tools);
         }
     }
-    if let Some(found) = host.device_node("nvidia-modeset") {
+    if let Some(found) = inv.node("nvidia-modeset") {
         let modeset = node_as_found(Some(found), "nvidia-modeset", majors.nvidia, MODESET_MINOR);
         nodes.push(modeset);
     }
@@ -411,11 +415,12 @@ pub fn select_migs(
 
 /// `all` means every GPU and every MIG device, as NVIDIA's `all` does (nvcdi: non-MIG GPUs plus
 /// all MIG devices): a MIG-enabled GPU's node alone gives no access to its instances. The MIG
-/// devices come from the driver's `/proc` ([`Host::mig_instances`]), not NVML: `all` on a MIG
+/// devices come from the driver's `/proc` ([`Inventory::mig`]), not NVML: `all` on a MIG
 /// host costs a directory walk, not the NVML helper.
-fn all_migs(host: &Host, gpus: &[Gpu]) -> Vec<MigDevice> {
-    host.mig_instances()
-        .into_iter()
+fn all_migs(inv: &Inventory, gpus: &[Gpu]) -> Vec<MigDevice> {
+    inv.mig
+        .iter()
+        .map(|m| (m.gpu_minor, m.gpu_instance, m.compute_instance))
         .filter_map(|(minor, gi, ci)| {
             let parent = gpus.iter().find(|p| p.minor == minor)?;
             Some(MigDevice {
@@ -444,21 +449,13 @@ pub fn mig_capabilities(mig: &MigDevice) -> [String; 2] {
 /// The `mig-minors` names of the capabilities of GPU instance `gi` and its compute instance
 /// `ci` on the GPU with minor `gpu`.
 fn instance_capabilities(gpu: u32, gi: u32, ci: u32) -> [String; 2] {
-    // Concatenated rather than `format!`ed, as the other names a MIG `all` create makes for
-    // each of its devices: `format!` cost about 1,000 instructions a name (callgrind).
-    let mut bufs = [
-        itoa::Buffer::new(),
-        itoa::Buffer::new(),
-        itoa::Buffer::new(),
-    ];
-    let [a, b, c] = &mut bufs;
-    let gpu = a.format(gpu);
-    let gi = b.format(gi);
-    let ci = c.format(ci);
-    [
-        ["gpu", gpu, "/gi", gi, "/access"].concat(),
-        ["gpu", gpu, "/gi", gi, "/ci", ci, "/access"].concat(),
-    ]
+    MigInstance {
+        gpu_minor: gpu,
+        gpu_instance: gi,
+        compute_instance: ci,
+        minors: [None; 2],
+    }
+    .capabilities()
 }
 
 /// One device a container is given, as legacy requests and `nvshim cdi generate` both count
@@ -491,13 +488,13 @@ pub struct DeviceNodes {
 /// `nvshim cdi generate` writes, so the two cannot disagree. A MIG device gets its parent's
 /// node and its two capability nodes, never the parent's DRM nodes: those open the whole GPU,
 /// whatever slice of it the container holds (libnvidia-container gives a MIG device none).
-pub fn device_nodes(host: &Host, device: GpuDevice<'_>, graphics: bool) -> DeviceNodes {
+pub fn device_nodes(inv: &Inventory, device: GpuDevice<'_>, graphics: bool) -> DeviceNodes {
     match device {
         GpuDevice::Gpu { minor, bus_id } => DeviceNodes {
             gpu: ["nvidia", itoa::Buffer::new().format(minor)].concat(),
             mig_capabilities: Vec::new(),
             drm: if graphics {
-                host.drm_nodes(bus_id)
+                inv.drm_nodes(bus_id).to_vec()
             } else {
                 Vec::new()
             },
@@ -536,22 +533,22 @@ fn drm_node(n: &HostDeviceNode) -> (DeviceNode, Option<u32>) {
     )
 }
 
-/// The `/dev/nvidia-caps/nvidia-cap<N>` node of capability `cap` with its minor
-/// ([`Host::capability_minors`]; `None`: no file or table row for it).
+/// The `/dev/nvidia-caps/nvidia-cap<N>` node of a capability with its minor ([`Inventory::mig`];
+/// `None`: no file or table row for it, an error naming the capability, `cap`).
 fn cap_node(
-    host: &Host,
+    inv: &Inventory,
     caps_major: u32,
-    cap: &str,
     minor: Option<u32>,
     id: &str,
+    cap: impl FnOnce() -> String,
 ) -> Result<DeviceNode, LegacyError> {
     let minor = minor.ok_or_else(|| LegacyError::MigCapability {
         id: id.to_string(),
-        capability: cap.to_string(),
-        file: host.roots().proc_root.join("driver/nvidia/capabilities"),
+        capability: cap(),
+        file: inv.roots.proc_root.join("driver/nvidia/capabilities"),
     })?;
     Ok(node(
-        host,
+        inv,
         &["nvidia-caps/nvidia-cap", itoa::Buffer::new().format(minor)].concat(),
         caps_major,
         minor,
@@ -567,26 +564,12 @@ fn split(path: &str) -> (&str, &str) {
 /// development links the host has, `libcuda.so` (applications dlopen it) and
 /// `libnvidia-opticalflow.so` always, and `libGLX_indirect.so.0` (NVIDIA's `pkg/nvcdi`,
 /// `internal/discover/symlinks.go`).
-/// The development link (`<dir>/<stem>.so`) a library of this driver version may have beside
-/// it, with its stem; `None` for a library not named by the driver version.
-fn dev_link_of<'a>(l: &'a DriverLibrary, suffix: &str) -> Option<(&'a str, String)> {
-    let (dir, file) = split(&l.file.container_path);
-    let stem = file.strip_suffix(suffix)?;
-    Some((stem, format!("{dir}/{stem}.so")))
-}
-
-/// Whether a library's development link is made whatever the host has (NVIDIA's rules).
-fn dev_link_always(l: &DriverLibrary, stem: &str) -> bool {
-    l.soname == "libcuda.so.1" || stem == "libnvidia-opticalflow"
-}
-
-/// The `--link` arguments for `libs`: SONAME links, development links (those the host has: in
-/// `dev_links` when the caller looked already, else looked at here), GLX's indirect link.
+/// The `--link` arguments for `libs`: SONAME links, development links (those the host has,
+/// `dev_links`), GLX's indirect link.
 fn library_links(
-    host: &Host,
     libs: &[DriverLibrary],
     driver_version: &str,
-    dev_links: Option<&[String]>,
+    dev_links: &[String],
 ) -> Vec<String> {
     let mut links: Vec<(String, String)> = Vec::new();
     let mut add = |target: String, link: String| {
@@ -604,12 +587,7 @@ fn library_links(
         let Some((stem, dev_link)) = dev_link_of(l, &suffix) else {
             continue;
         };
-        if dev_link_always(l, stem)
-            || dev_links.map_or_else(
-                || host.is_symlink(&dev_link),
-                |found| found.contains(&dev_link),
-            )
-        {
+        if dev_link_always(l, stem) || dev_links.contains(&dev_link) {
             add(l.soname.clone(), dev_link);
         }
         if stem == "libGLX_nvidia" {
@@ -637,25 +615,23 @@ pub struct Resolved {
     pub not_dirs: Vec<String>,
 }
 
-/// Resolves a legacy request from the `/proc` facts in `snapshot`; `host` gives the driver's
-/// files and device nodes, and `nvml` the NVML inventory, called only for MIG ids that need it.
-/// The steps: select GPUs and MIG devices, their nodes (one group per GPU), then what any
-/// selection brings (control nodes, MIG config/monitor, IMEX channels, driver files, MPS, hooks).
+/// Resolves a legacy request against the host's inventory, reading nothing: `nvml` gives
+/// the NVML inventory, called only for MIG ids that need it. The steps: select GPUs and MIG
+/// devices, their nodes (one group per GPU), then what any selection brings (control nodes,
+/// MIG config/monitor, IMEX channels, driver files, MPS, hooks).
 pub fn resolve(
     request: &Request,
-    snapshot: &Snapshot,
-    host: &Host,
+    inv: &Inventory,
     settings: &Settings,
     nvml: &mut NvmlInventory<'_>,
 ) -> Result<Resolved, LegacyError> {
-    let Selected { gpus, migs, whole } = select(request, snapshot, host, nvml)?;
-    let majors = &snapshot.majors;
+    let Selected { gpus, migs, whole } = select(request, inv, nvml)?;
     let graphics = brings(&request.capabilities, DRM_BROUGHT_BY);
     let mut drm_links = Vec::new();
     let mut groups: Vec<EditGroup> = Vec::with_capacity(gpus.len() + 1);
     for g in &gpus {
         let mut edits = ContainerEdits {
-            device_nodes: vec![gpu_node(host, majors, g)],
+            device_nodes: vec![gpu_node(inv, g)],
             ..Default::default()
         };
         // A GPU selected whole: its DRM nodes with graphics; the parent of MIG devices only:
@@ -665,14 +641,14 @@ pub fn resolve(
                 minor: g.minor,
                 bus_id: &g.bus_id,
             };
-            let drm = device_nodes(host, device, graphics).drm;
+            let drm = device_nodes(inv, device, graphics).drm;
             for (node, gid) in drm.iter().map(drm_node) {
                 edits.device_nodes.push(node);
                 if let Some(g) = gid.filter(|g| !edits.additional_gids.contains(g)) {
                     edits.additional_gids.push(g);
                 }
             }
-            drm_links.extend(host.drm_by_path_links(&drm));
+            drm_links.extend(inv.drm_by_path_links(&drm));
         }
         groups.push(EditGroup {
             cause: Cause::Gpu(g.clone()),
@@ -680,21 +656,24 @@ pub fn resolve(
         });
     }
     let mut edits = ContainerEdits {
-        device_nodes: control_nodes(host, majors),
+        device_nodes: control_nodes(inv),
         ..Default::default()
     };
-    mig_nodes(request, snapshot, host, &migs, &mut groups, &mut edits)?;
-    imex_nodes(request, majors, host, &mut edits)?;
+    mig_nodes(request, inv, &migs, &mut groups, &mut edits)?;
+    imex_nodes(request, inv, &mut edits)?;
 
-    let mut files = driver_files(host, &request.capabilities, &snapshot.driver_version)?;
+    let mut files = driver_files(inv, &request.capabilities)?;
     files.links.extend(drm_links);
     let not_dirs = files.mounts.iter().map(|m| m.host_path.clone()).collect();
     edits.mounts.extend(files.mounts);
 
     // MPS: a host daemon's clients find it through its pipe directory, at the same path
     // (libnvidia-container mounts `/tmp/nvidia-mps` for compute containers the same way).
-    let mps = &settings.mps_pipe_directory;
-    if request.capabilities.compute && mps.is_absolute() && mps.is_dir() {
+    if let Some(mps) = inv
+        .mps_pipe_directory
+        .as_deref()
+        .filter(|_| request.capabilities.compute)
+    {
         let dir = mps.to_string_lossy().into_owned();
         edits.mounts.push(bind(mps, &dir, IPC_MOUNT_OPTIONS));
         edits.env.push(format!("{MPS_PIPE_ENV}={dir}"));
@@ -702,17 +681,16 @@ pub fn resolve(
 
     let plan = HookPlan {
         libs: &files.libs,
-        dev_links: Some(&files.dev_links),
+        dev_links: &files.dev_links,
         links: files.links,
         cuda_compat: request.capabilities.compute,
         application_profile: graphics,
-        host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
+        host_params: Some(inv.roots.proc_root.join("driver/nvidia/params")),
         bundle: settings.bundle.as_deref(),
     };
     edits.hooks.extend(container_hooks(
-        host,
         &plan,
-        &snapshot.driver_version,
+        &inv.driver_version,
         &settings.hook_path,
     ));
     if settings.sandbox {
@@ -729,6 +707,38 @@ pub fn resolve(
     })
 }
 
+/// What [`resolve`] needs read of the host for `request`: the driver files of its
+/// capabilities, and the MIG and IMEX parts only when it can use them.
+pub fn scope(request: &Request) -> Scope {
+    let named = |v: &VisibleDevices| matches!(v, VisibleDevices::All | VisibleDevices::List(_));
+    let mig_ids = match &request.devices {
+        VisibleDevices::All => true,
+        VisibleDevices::List(ids) => ids.iter().any(|id| parse_mig_id(id).is_some()),
+        _ => false,
+    };
+    Scope {
+        capabilities: request.capabilities,
+        mig: mig_ids || named(&request.mig_config) || named(&request.mig_monitor),
+        imex: !request.imex_channels.is_empty(),
+    }
+}
+
+/// The MIG devices a request's list names, as (GPU minor, GPU instance, compute instance),
+/// mapped through `nvml` when an id needs it (the same answer [`resolve`] then maps them
+/// with, so `nvml` should keep it).
+pub fn named_mig_devices(
+    request: &Request,
+    gpus: &[Gpu],
+    nvml: &mut NvmlInventory<'_>,
+) -> Result<Vec<MigKey>, LegacyError> {
+    let (_, mig_ids) = split_mig_ids(&request.devices);
+    let migs = select_migs(&mig_ids, gpus, nvml)?;
+    Ok(migs
+        .iter()
+        .map(|m| (m.parent.minor, m.gpu_instance, m.compute_instance))
+        .collect())
+}
+
 /// What a request selects.
 struct Selected {
     /// The GPUs it names, then the parents of its MIG devices.
@@ -743,19 +753,18 @@ struct Selected {
 /// The GPUs and MIG devices a request selects.
 fn select(
     request: &Request,
-    snapshot: &Snapshot,
-    host: &Host,
+    inv: &Inventory,
     nvml: &mut NvmlInventory<'_>,
 ) -> Result<Selected, LegacyError> {
-    let all_gpus = &snapshot.gpus;
+    let all_gpus = &inv.gpus;
     if matches!(
         request.devices,
         VisibleDevices::All | VisibleDevices::List(_)
     ) && all_gpus.is_empty()
     {
         return Err(LegacyError::NoGpus {
-            dir: host
-                .roots()
+            dir: inv
+                .roots
                 .proc_root
                 .join("driver/nvidia/gpus")
                 .display()
@@ -767,7 +776,7 @@ fn select(
     let mut migs = select_migs(&mig_ids, all_gpus, nvml)?;
     let mut whole: Vec<u32> = gpus.iter().map(|g| g.minor).collect();
     if request.devices == VisibleDevices::All {
-        migs.extend(all_migs(host, all_gpus));
+        migs.extend(all_migs(inv, all_gpus));
         whole.retain(|minor| !migs.iter().any(|m| m.parent.minor == *minor));
     }
     for m in &migs {
@@ -778,16 +787,15 @@ fn select(
     Ok(Selected { gpus, migs, whole })
 }
 
-fn devices_path(host: &Host) -> PathBuf {
-    host.roots().proc_root.join("devices")
+fn devices_path(inv: &Inventory) -> PathBuf {
+    inv.roots.proc_root.join("devices")
 }
 
 /// MIG: each device's two capability nodes, in its GPU's group; `config` and `monitor` (which
 /// `request::env_policy` gives privileged containers only), in the driver's.
 fn mig_nodes(
     request: &Request,
-    snapshot: &Snapshot,
-    host: &Host,
+    inv: &Inventory,
     migs: &[MigDevice],
     groups: &mut [EditGroup],
     edits: &mut ContainerEdits,
@@ -798,53 +806,48 @@ fn mig_nodes(
     if migs.is_empty() && !wants_mig_caps {
         return Ok(());
     }
-    let caps_major = snapshot
-        .majors
-        .nvidia_caps
-        .ok_or_else(|| LegacyError::NoMajor {
-            what: "MIG".into(),
-            name: "nvidia-caps",
-            path: devices_path(host),
-        })?;
-    // All the MIG devices' capabilities in one look-up: one read of the cache for them all.
-    let caps: Vec<Vec<String>> = migs
-        .iter()
-        .map(|m| {
-            let device = GpuDevice::Mig {
-                parent_minor: m.parent.minor,
-                gpu_instance: m.gpu_instance,
-                compute_instance: m.compute_instance,
-            };
-            device_nodes(host, device, false).mig_capabilities
-        })
-        .collect();
-    let names: Vec<&str> = caps.iter().flatten().map(String::as_str).collect();
-    let mut minors = host.capability_minors(&names)?.into_iter();
-    for (m, caps) in migs.iter().zip(&caps) {
+    let caps_major = inv.majors.nvidia_caps.ok_or_else(|| LegacyError::NoMajor {
+        what: "MIG".into(),
+        name: "nvidia-caps",
+        path: devices_path(inv),
+    })?;
+    for m in migs {
         let group = groups
             .iter_mut()
             .find(|g| matches!(&g.cause, Cause::Gpu(p) if p.minor == m.parent.minor))
             .expect("every MIG device's parent is selected");
-        for cap in caps {
-            let minor = minors.next().flatten();
+        // Its two capabilities, as [`device_nodes`] names them: the minors the driver gave them.
+        let found = inv.mig_instance(m.parent.minor, m.gpu_instance, m.compute_instance);
+        for k in 0..2 {
+            let minor = found.and_then(|f| f.minors[k]);
+            let cap = || mig_capabilities(m)[k].clone();
             group
                 .edits
                 .device_nodes
-                .push(cap_node(host, caps_major, cap, minor, &m.id)?);
+                .push(cap_node(inv, caps_major, minor, &m.id, cap)?);
         }
     }
-    for (var, value, capability) in [
-        (MIG_CONFIG_DEVICES, &request.mig_config, "config"),
-        (MIG_MONITOR_DEVICES, &request.mig_monitor, "monitor"),
+    for (var, value, capability, minor) in [
+        (
+            MIG_CONFIG_DEVICES,
+            &request.mig_config,
+            "config",
+            inv.mig_config_minor,
+        ),
+        (
+            MIG_MONITOR_DEVICES,
+            &request.mig_monitor,
+            "monitor",
+            inv.mig_monitor_minor,
+        ),
     ] {
         if !matches!(value, VisibleDevices::All | VisibleDevices::List(_)) {
             continue;
         }
         // The capability is global; listed GPUs only have to exist (libnvidia-container
         // accepts `all` or a device list for `--mig-config` / `--mig-monitor`).
-        select_gpus(value, &snapshot.gpus)?;
-        let minor = host.capability_minors(&[capability])?[0];
-        let n = cap_node(host, caps_major, capability, minor, var)?;
+        select_gpus(value, &inv.gpus)?;
+        let n = cap_node(inv, caps_major, minor, var, || capability.to_string())?;
         if !edits.device_nodes.iter().any(|d| d.path == n.path) {
             edits.device_nodes.push(n);
         }
@@ -855,29 +858,29 @@ fn mig_nodes(
 /// IMEX channels: the node must exist (NVIDIA's JIT-CDI checks the same path).
 fn imex_nodes(
     request: &Request,
-    majors: &DeviceMajors,
-    host: &Host,
+    inv: &Inventory,
     edits: &mut ContainerEdits,
 ) -> Result<(), LegacyError> {
     if request.imex_channels.is_empty() {
         return Ok(());
     }
-    let major = majors
+    let major = inv
+        .majors
         .nvidia_caps_imex_channels
         .ok_or_else(|| LegacyError::NoMajor {
             what: format!("IMEX channels {:?}", request.imex_channels),
             name: "nvidia-caps-imex-channels",
-            path: devices_path(host),
+            path: devices_path(inv),
         })?;
     for &channel in &request.imex_channels {
         let name = format!("nvidia-caps-imex-channels/channel{channel}");
-        if host.device_node(&name).is_none() {
+        if inv.node(&name).is_none() {
             return Err(LegacyError::UnknownImexChannel {
                 channel,
-                path: host.roots().dev_root.join("dev").join(&name),
+                path: inv.roots.dev_root.join("dev").join(&name),
             });
         }
-        edits.device_nodes.push(node(host, &name, major, channel));
+        edits.device_nodes.push(node(inv, &name, major, channel));
     }
     Ok(())
 }
@@ -906,89 +909,79 @@ pub struct DriverFiles {
     pub links: Vec<(String, String)>,
 }
 
-/// The driver's files `caps` brings (a device's DRM nodes are [`device_nodes`]').
-pub fn driver_files(
-    host: &Host,
-    caps: &Capabilities,
-    driver_version: &str,
-) -> Result<DriverFiles, LegacyError> {
-    let mut out = host_files(host, caps, driver_version)?;
-    // The daemons' sockets: three `stat`s in `/run` and `/tmp`.
-    if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
-        for f in host
-            .ipc_paths()
-            .into_iter()
-            .filter(|f| f.container_path.ends_with("/socket"))
-        {
-            out.mounts
-                .push(bind(&f.host_path, &f.container_path, IPC_MOUNT_OPTIONS));
-        }
-    }
-    Ok(out)
+/// The library rule a found library is one of: the one whose `<stem>.so.` starts its SONAME.
+fn rule_of(l: &DriverLibrary) -> Option<&'static nvidia::Library> {
+    nvidia::LIBRARIES.iter().find(|r| {
+        l.soname
+            .strip_prefix(r.stem)
+            .is_some_and(|rest| rest.starts_with(".so."))
+    })
 }
 
-/// [`driver_files`] without the sockets and DRM nodes, looked up in the driver root.
-fn host_files(
-    host: &Host,
-    caps: &Capabilities,
-    driver_version: &str,
-) -> Result<DriverFiles, LegacyError> {
-    // Only the cache entries of the libraries `caps` brings are read out of the node's cache.
-    let stems: Vec<&str> = nvidia::libraries_for(caps)
-        .chain(nvidia::libraries_32bit_for(caps))
-        .filter(|l| !matches!(l.naming, nvidia::Naming::Subdir(_)))
-        .map(|l| l.stem)
-        .collect();
-    let cache = host.ld_cache_of(&stems)?;
-    let libs64 = host.libraries(
-        &cache,
-        nvidia::libraries_for(caps),
-        driver_version,
-        WordSize::Bits64,
-    );
-    // The 64-bit library directories (not their `vdpau/`): where the X.Org modules and GBM's
-    // backend link live.
-    let mut lib_dirs: Vec<String> = Vec::new();
-    for l in &libs64 {
-        let (dir, _) = split(&l.file.container_path);
-        let in_subdir = nvidia::LIBRARIES.iter().any(
-            |r| matches!(r.naming, nvidia::Naming::Subdir(d) if dir.ends_with(&format!("/{d}"))),
-        );
-        if !in_subdir && !lib_dirs.iter().any(|d| d == dir) {
-            lib_dirs.push(dir.to_string());
-        }
+/// The driver's files `caps` brings, out of those the inventory holds (a device's DRM nodes
+/// are [`device_nodes`]'). `caps` must be within what the inventory was read for.
+pub fn driver_files(inv: &Inventory, caps: &Capabilities) -> Result<DriverFiles, LegacyError> {
+    if !inv.scope.covers(caps) {
+        return Err(LegacyError::NotRead {
+            capabilities: caps.names().join(","),
+            read: inv.scope.capabilities.names().join(","),
+        });
     }
+    let set = &inv.files;
+    let driver_version = &inv.driver_version;
+    // Read for exactly these capabilities (a create's inventory): all of it, as read.
+    let exact = *caps == inv.scope.capabilities;
+    let brought = |l: &&DriverLibrary, bits32: bool| {
+        exact
+            || rule_of(l).is_some_and(|r| {
+                brings(caps, r.brought_by) && (!bits32 || (caps.compat32 && r.has_32bit))
+            })
+    };
+    let libs64: Vec<DriverLibrary> = set
+        .libs64
+        .iter()
+        .filter(|l| brought(l, false))
+        .cloned()
+        .collect();
+    // The 64-bit libraries' directories: where GBM's backend link goes.
+    let n64 = libs64.len();
     let mut out = DriverFiles {
         libs: libs64,
         ..Default::default()
     };
-    out.libs.extend(host.libraries(
-        &cache,
-        nvidia::libraries_32bit_for(caps),
-        driver_version,
-        WordSize::Bits32,
-    ));
-    let suffix = format!(".so.{driver_version}");
-    for l in &out.libs {
-        if let Some((stem, dev_link)) = dev_link_of(l, &suffix) {
-            if !dev_link_always(l, stem) && host.is_symlink(&dev_link) {
-                out.dev_links.push(dev_link);
+    out.libs
+        .extend(set.libs32.iter().filter(|l| brought(l, true)).cloned());
+    if exact {
+        out.dev_links.clone_from(&set.dev_links);
+    } else {
+        let suffix = format!(".so.{driver_version}");
+        for l in &out.libs {
+            if let Some((stem, dev_link)) = dev_link_of(l, &suffix) {
+                if !dev_link_always(l, stem) && set.dev_links.contains(&dev_link) {
+                    out.dev_links.push(dev_link);
+                }
             }
         }
     }
     let mut files: Vec<HostFile> = out.libs.iter().map(|l| l.file.clone()).collect();
-    files.extend(host.binaries(&nvidia::executables_for(caps), &lib_dirs));
+    let executables = nvidia::executables_for(caps);
     files.extend(
-        host.data_files(
-            nvidia::DATA_FILES
-                .iter()
-                .filter(|f| brings(caps, f.brought_by)),
-            driver_version,
-        ),
+        set.binaries
+            .iter()
+            .filter(|f| {
+                let name = f.container_path.rsplit('/').next().unwrap_or_default();
+                exact || executables.contains(&name)
+            })
+            .cloned(),
+    );
+    files.extend(
+        set.data_files
+            .iter()
+            .filter(|(i, _)| brings(caps, nvidia::DATA_FILES[*i].brought_by))
+            .map(|(_, f)| f.clone()),
     );
     if brings(caps, nvidia::XORG_BROUGHT_BY) {
-        let modules = host.xorg_modules(&lib_dirs, driver_version);
-        for m in &modules {
+        for m in &set.xorg_modules {
             // X.Org loads `libglxserver_nvidia.so`; the driver installs that link beside it.
             if let Some(dir) = m
                 .container_path
@@ -1000,11 +993,11 @@ fn host_files(
                 ));
             }
         }
-        files.extend(modules);
+        files.extend(set.xorg_modules.iter().cloned());
     }
     if brings(caps, DRM_BROUGHT_BY) {
         // GBM finds the driver's backend as `gbm/nvidia-drm_gbm.so`, a link to the allocator.
-        for dir in &lib_dirs {
+        for dir in &library_dirs(&out.libs[..n64]) {
             if out.libs.iter().any(|l| {
                 l.soname == "libnvidia-allocator.so.1"
                     && split(&l.file.container_path).0 == dir.as_str()
@@ -1017,11 +1010,22 @@ fn host_files(
         }
     }
     if brings(caps, nvidia::FIRMWARE_BROUGHT_BY) {
-        files.extend(host.firmware_files(driver_version));
+        files.extend(set.firmware.iter().cloned());
     }
     for f in &files {
         out.mounts
             .push(bind(&f.host_path, &f.container_path, MOUNT_OPTIONS));
+    }
+    // The daemons' sockets.
+    if brings(caps, nvidia::SOCKETS_BROUGHT_BY) {
+        for f in set
+            .ipc
+            .iter()
+            .filter(|f| f.container_path.ends_with("/socket"))
+        {
+            out.mounts
+                .push(bind(&f.host_path, &f.container_path, IPC_MOUNT_OPTIONS));
+        }
     }
     Ok(out)
 }
@@ -1032,9 +1036,8 @@ pub struct HookPlan<'a> {
     /// The mounted libraries: their SONAME and development links, and their folders for the
     /// ld.so.cache.
     pub libs: &'a [DriverLibrary],
-    /// The development links of `libs` the host has, when already looked at
-    /// ([`DriverFiles::dev_links`]); `None`: looked at here.
-    pub dev_links: Option<&'a [String]>,
+    /// The development links of `libs` the host has ([`DriverFiles::dev_links`]).
+    pub dev_links: &'a [String],
     /// Further links: (target, link).
     pub links: Vec<(String, String)>,
     /// `enable-cuda-compat`: the image's CUDA forward-compatibility libraries, when newer than
@@ -1057,14 +1060,9 @@ pub struct HookPlan<'a> {
 /// about a millisecond under runc). It runs `hook_path` with an explicit minimal environment,
 /// never the container's (CVE-2025-23266). Legacy requests and `nvshim cdi generate` both use
 /// it; nothing when there is nothing to do.
-pub fn container_hooks(
-    host: &Host,
-    plan: &HookPlan<'_>,
-    driver_version: &str,
-    hook_path: &Path,
-) -> Vec<Hook> {
+pub fn container_hooks(plan: &HookPlan<'_>, driver_version: &str, hook_path: &Path) -> Vec<Hook> {
     let mut args = vec!["nvshim-hook".to_string(), "fixups".to_string()];
-    let mut links = library_links(host, plan.libs, driver_version, plan.dev_links);
+    let mut links = library_links(plan.libs, driver_version, plan.dev_links);
     for (target, link) in &plan.links {
         let l = format!("{target}::{link}");
         if !links.contains(&l) {
@@ -1208,6 +1206,7 @@ pub fn merge_fixups(groups: &mut [EditGroup], hook_path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::{DeviceMajors, Host};
 
     fn gpus() -> Vec<Gpu> {
         vec![
@@ -1549,9 +1548,11 @@ mod tests {
             bus_id: bus.into(),
             model: "NVIDIA H100 80GB HBM3".into(),
         };
-        let snapshot = Snapshot {
-            driver_version: v.into(),
-            gpus: vec![
+        let inv = Inventory::of(&host, Scope::ALL, Path::new("")).unwrap();
+        let read = (&inv.driver_version, &inv.gpus, &inv.majors);
+        let expected = (
+            &v.to_string(),
+            &vec![
                 gpu_value(
                     0,
                     1,
@@ -1565,14 +1566,14 @@ mod tests {
                     "0000:3b:00.0",
                 ),
             ],
-            majors: DeviceMajors {
+            &DeviceMajors {
                 nvidia: 195,
                 nvidia_uvm: Some(238),
                 nvidia_caps: Some(241),
                 nvidia_caps_imex_channels: None,
             },
-        };
-        assert_eq!(host.snapshot().unwrap(), snapshot);
+        );
+        assert_eq!(read, expected);
         let lib = "/usr/lib/x86_64-linux-gnu";
         let caps = |c: &str| Capabilities::parse(Some(c)).unwrap();
         // (devices, capabilities) -> GPU minors, then paths that must and must not be there.
@@ -1642,7 +1643,7 @@ mod tests {
                 capabilities: caps(c),
                 ..Default::default()
             };
-            let resolved = resolve(&request, &snapshot, &host, &settings, &mut |_| {
+            let resolved = resolve(&request, &inv, &settings, &mut |_| {
                 panic!("no NVML for {devices:?}")
             })
             .unwrap_or_else(|e| panic!("{devices:?} {c}: {e}"));
@@ -1708,7 +1709,10 @@ mod tests {
             capabilities: caps("utility"),
             ..Default::default()
         };
-        let resolved = resolve(&request, &snapshot, &host, &settings, &mut |_| {
+        // The capability files are new: read again, as a long-running holder of the inventory
+        // would when the driver's MIG devices change.
+        let inv = Inventory::of(&host, Scope::ALL, Path::new("")).unwrap();
+        let resolved = resolve(&request, &inv, &settings, &mut |_| {
             panic!("no NVML for a MIG-GPU-<uuid>/<gi>/<ci> id")
         })
         .unwrap();
@@ -1739,6 +1743,256 @@ mod tests {
                 (None, vec!["/dev/nvidiactl"]),
             ]
         );
+    }
+
+    /// A host as a value, no file behind it: two GPUs (minors against their bus order), the
+    /// second with one MIG device, `/dev/nvidia0` group-owned, a compute library with its
+    /// SONAME and development link, nvidia-smi, the persistenced socket, one IMEX channel.
+    fn hand_inventory() -> Inventory {
+        use crate::host::{DeviceMajors, HostRoots};
+        let roots = HostRoots {
+            driver_root: "/drv".into(),
+            dev_root: "/devroot".into(),
+            proc_root: "/procroot".into(),
+        };
+        let file = |path: &str| HostFile {
+            host_path: format!("/drv{path}").into(),
+            container_path: path.into(),
+        };
+        let dev = |name: &str, major: u32, minor: u32, mode: u32, gid: u32| {
+            let node = HostDeviceNode {
+                container_path: format!("/dev/{name}"),
+                host_path: format!("/devroot/dev/{name}").into(),
+                kind: 'c',
+                major,
+                minor,
+                file_mode: mode,
+                uid: 0,
+                gid,
+            };
+            (name.to_string(), node)
+        };
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        Inventory {
+            roots,
+            scope: Scope {
+                capabilities: Capabilities {
+                    compute: true,
+                    utility: true,
+                    ..Default::default()
+                },
+                mig: true,
+                imex: true,
+            },
+            driver_version: "580.95.05".into(),
+            gpus: gpus(),
+            majors: DeviceMajors {
+                nvidia: 195,
+                nvidia_uvm: Some(510),
+                nvidia_caps: Some(511),
+                nvidia_caps_imex_channels: Some(512),
+            },
+            nodes: [
+                dev("nvidia0", 195, 0, 0o660, 44),
+                dev("nvidiactl", 195, 255, 0o666, 0),
+                dev("nvidia-caps/nvidia-cap21", 511, 21, 0o444, 0),
+                dev("nvidia-caps/nvidia-cap22", 511, 22, 0o444, 0),
+                dev("nvidia-caps-imex-channels/channel3", 512, 3, 0o666, 0),
+            ]
+            .into_iter()
+            .collect(),
+            drm: Default::default(),
+            drm_by_path: Vec::new(),
+            mig: vec![MigInstance {
+                gpu_minor: 0,
+                gpu_instance: 2,
+                compute_instance: 0,
+                minors: [Some(21), Some(22)],
+            }],
+            mig_config_minor: None,
+            mig_monitor_minor: None,
+            imex_channels: vec![3],
+            files: crate::host::inventory::DriverFileSet {
+                libs64: vec![
+                    DriverLibrary {
+                        file: file(&format!("{lib}/libcuda.so.580.95.05")),
+                        soname: "libcuda.so.1".into(),
+                    },
+                    DriverLibrary {
+                        file: file(&format!("{lib}/libnvidia-ml.so.580.95.05")),
+                        soname: "libnvidia-ml.so.1".into(),
+                    },
+                ],
+                dev_links: vec![format!("{lib}/libnvidia-ml.so")],
+                binaries: vec![HostFile {
+                    host_path: "/drv/usr/bin/nvidia-smi".into(),
+                    container_path: "/usr/bin/nvidia-smi".into(),
+                }],
+                ipc: vec![file("/run/nvidia-persistenced/socket")],
+                ..Default::default()
+            },
+            mps_pipe_directory: Some("/run/mps".into()),
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings::new(
+            &Config::default(),
+            &crate::install::Tools {
+                hook: "/usr/bin/nvshim-hook".into(),
+                nvml: nvml::NvmlAccess::InProcess,
+            },
+        )
+    }
+
+    fn request(devices: &[&str], caps: &str) -> Request {
+        Request {
+            devices: VisibleDevices::List(devices.iter().map(|d| d.to_string()).collect()),
+            capabilities: Capabilities::parse(Some(caps)).unwrap(),
+            ..Default::default()
+        }
+    }
+
+    /// The resolver from a value: every edit it makes comes from the inventory (no file exists
+    /// under `/drv`, `/devroot` or `/procroot`).
+    #[test]
+    fn resolves_from_a_hand_built_inventory() {
+        let inv = hand_inventory();
+        let mut no_nvml =
+            |_: &[Lookup<'_>]| -> Result<Vec<GpuInfo>, NvmlDiscoveryError> { panic!("no NVML") };
+        let r = resolve(
+            &request(&["1"], "compute,utility"),
+            &inv,
+            &settings(),
+            &mut no_nvml,
+        )
+        .unwrap();
+        assert_eq!(r.gpus.len(), 1);
+        let gpu = &r.groups[0].edits.device_nodes[0];
+        // The node's mode and group as found on the host, the numbers the driver's.
+        assert_eq!(
+            (
+                gpu.path.as_str(),
+                gpu.major,
+                gpu.minor,
+                gpu.file_mode,
+                gpu.gid
+            ),
+            ("/dev/nvidia0", Some(195), Some(0), Some(0o660), Some(44))
+        );
+        let driver = &r.groups[1].edits;
+        let nodes: Vec<&str> = driver
+            .device_nodes
+            .iter()
+            .map(|d| d.path.as_str())
+            .collect();
+        // nvidia-uvm has a major but no node: the defaults; uvm-tools and modeset: absent.
+        assert_eq!(nodes, ["/dev/nvidiactl", "/dev/nvidia-uvm"]);
+        let mounts: Vec<(&str, &str)> = driver
+            .mounts
+            .iter()
+            .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+            .collect();
+        let lib = "/usr/lib/x86_64-linux-gnu";
+        assert_eq!(
+            mounts,
+            [
+                (
+                    "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+                    "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"
+                ),
+                (
+                    "/drv/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05",
+                    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05"
+                ),
+                ("/drv/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+                (
+                    "/drv/run/nvidia-persistenced/socket",
+                    "/run/nvidia-persistenced/socket"
+                ),
+                ("/run/mps", "/run/mps"),
+            ]
+        );
+        assert_eq!(driver.env, ["CUDA_MPS_PIPE_DIRECTORY=/run/mps"]);
+        let args = &driver.hooks[0].args;
+        for link in [
+            format!("libcuda.so.580.95.05::{lib}/libcuda.so.1"),
+            format!("libcuda.so.1::{lib}/libcuda.so"),
+            format!("libnvidia-ml.so.1::{lib}/libnvidia-ml.so"),
+        ] {
+            assert!(args.contains(&link), "{link} not in {args:?}");
+        }
+        assert!(args.contains(&"--host-params=/procroot/driver/nvidia/params".to_string()));
+
+        // Utility only: no compute library, no MPS.
+        let r = resolve(&request(&["0"], "utility"), &inv, &settings(), &mut no_nvml).unwrap();
+        let driver = &r.groups[1].edits;
+        assert!(!driver
+            .mounts
+            .iter()
+            .any(|m| m.container_path.contains("libcuda") || m.container_path == "/run/mps"));
+
+        // A MIG device by its path: its parent's node and its two capability nodes.
+        let r = resolve(
+            &request(&["MIG-GPU-bbbb/2/0"], "utility"),
+            &inv,
+            &settings(),
+            &mut no_nvml,
+        )
+        .unwrap();
+        let nodes: Vec<&str> = r.groups[0]
+            .edits
+            .device_nodes
+            .iter()
+            .map(|d| d.path.as_str())
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap21",
+                "/dev/nvidia-caps/nvidia-cap22"
+            ]
+        );
+        // One the driver does not list: no minor, refused, naming where minors come from.
+        let e = resolve(
+            &request(&["MIG-GPU-bbbb/3/0"], "utility"),
+            &inv,
+            &settings(),
+            &mut no_nvml,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("/procroot/driver/nvidia/capabilities"), "{e}");
+
+        // IMEX: the channel whose node exists, and a refusal naming the missing one.
+        let mut req = request(&["0"], "utility");
+        req.imex_channels = vec![3];
+        let r = resolve(&req, &inv, &settings(), &mut no_nvml).unwrap();
+        assert!(r.groups[1]
+            .edits
+            .device_nodes
+            .iter()
+            .any(|d| d.path == "/dev/nvidia-caps-imex-channels/channel3" && d.major == Some(512)));
+        req.imex_channels = vec![4];
+        let e = resolve(&req, &inv, &settings(), &mut no_nvml)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/devroot/dev/nvidia-caps-imex-channels/channel4"),
+            "{e}"
+        );
+
+        // A capability the inventory was not read for: an error, not a container without it.
+        let e = resolve(
+            &request(&["0"], "graphics"),
+            &inv,
+            &settings(),
+            &mut no_nvml,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("graphics"), "{e}");
     }
 
     #[test]
@@ -1826,6 +2080,41 @@ mod tests {
         merge_fixups(&mut groups, ours);
         let hooks: Vec<&Hook> = groups.iter().flat_map(|g| &g.edits.hooks).collect();
         assert_eq!(hooks, [&hook(&[card1, card2].concat())]);
+    }
+
+    /// An inventory of no GPU, built by hand around the driver files of `caps`.
+    fn inventory_of_files(host: &Host, scope: Scope) -> Inventory {
+        let v = "580.95.05";
+        Inventory {
+            roots: host.roots().clone(),
+            scope,
+            driver_version: v.into(),
+            gpus: Vec::new(),
+            majors: DeviceMajors::default(),
+            nodes: Default::default(),
+            drm: Default::default(),
+            drm_by_path: Vec::new(),
+            mig: Vec::new(),
+            mig_config_minor: None,
+            mig_monitor_minor: None,
+            imex_channels: Vec::new(),
+            files: crate::host::inventory::read_driver_files(host, &scope.capabilities, v).unwrap(),
+            mps_pipe_directory: None,
+        }
+    }
+
+    /// The driver files of `caps`, from an inventory read for `caps` (as `create` reads it):
+    /// the same as those picked out of an inventory read for every capability (as a process
+    /// holding one picks them).
+    fn files_of(host: &Host, caps: Capabilities) -> DriverFiles {
+        let scope = Scope {
+            capabilities: caps,
+            ..Scope::ALL
+        };
+        let read_for_caps = driver_files(&inventory_of_files(host, scope), &caps).unwrap();
+        let picked = driver_files(&inventory_of_files(host, Scope::ALL), &caps).unwrap();
+        assert_eq!(read_for_caps, picked, "{caps:?}");
+        read_for_caps
     }
 
     #[test]
@@ -1919,7 +2208,7 @@ mod tests {
         ];
         for (caps, want, not) in cases {
             let caps_value = Capabilities::parse(Some(caps)).unwrap();
-            let files = driver_files(&host, &caps_value, v).unwrap();
+            let files = files_of(&host, caps_value);
             let mounted: Vec<&str> = files
                 .mounts
                 .iter()
@@ -1942,11 +2231,7 @@ mod tests {
             }
         }
         // The links the hooks make: GBM's backend for graphics, the GLX server module for display.
-        let links = |caps: &str| {
-            driver_files(&host, &Capabilities::parse(Some(caps)).unwrap(), v)
-                .unwrap()
-                .links
-        };
+        let links = |caps: &str| files_of(&host, Capabilities::parse(Some(caps)).unwrap()).links;
         let gbm = (
             "../libnvidia-allocator.so.1".to_string(),
             format!("{lib}/gbm/nvidia-drm_gbm.so"),
@@ -1958,7 +2243,7 @@ mod tests {
             format!("{lib}/nvidia/xorg/libglxserver_nvidia.so")
         )));
         // SONAMEs: from the cache, and from the link beside a vdpau library.
-        let video = driver_files(&host, &Capabilities::parse(Some("video")).unwrap(), v).unwrap();
+        let video = files_of(&host, Capabilities::parse(Some("video")).unwrap());
         assert!(video
             .libs
             .iter()

@@ -57,7 +57,6 @@ fn mount(f: &HostFile) -> Mount {
 /// The common edits: `files` mounted, and the fix-ups hook making `links` and the SONAME links
 /// of `libs`, and adding the libraries' folders to the container's ld.so.cache.
 fn common(
-    host: &Host,
     files: &[HostFile],
     libs: &[DriverLibrary],
     links: Vec<(String, String)>,
@@ -66,7 +65,7 @@ fn common(
 ) -> ContainerEdits {
     let plan = HookPlan {
         libs,
-        dev_links: Some(&[]),
+        dev_links: &[],
         links,
         cuda_compat: false,
         application_profile: false,
@@ -75,19 +74,14 @@ fn common(
     };
     ContainerEdits {
         mounts: files.iter().map(mount).collect(),
-        hooks: container_hooks(host, &plan, "", hook_path),
+        hooks: container_hooks(&plan, "", hook_path),
         ..Default::default()
     }
 }
 
 /// WSL (`lib-wsl.go`): `/dev/dxg` for the device; `libdxcore.so` and the driver store's files,
 /// `/usr/bin/nvidia-smi` linked to the store's, and the ld.so.cache for both folders.
-pub fn wsl_edits(
-    host: &Host,
-    driver: &WslDriver,
-    hook_path: &Path,
-    bundle: Option<&Path>,
-) -> PlatformEdits {
+pub fn wsl_edits(driver: &WslDriver, hook_path: &Path, bundle: Option<&Path>) -> PlatformEdits {
     let mut device = ContainerEdits::default();
     node(&driver.dxg, &mut device);
     let libs: Vec<DriverLibrary> = driver
@@ -115,7 +109,7 @@ pub fn wsl_edits(
         .collect();
     PlatformEdits {
         device,
-        common: common(host, &driver.files, &libs, links, hook_path, bundle),
+        common: common(&driver.files, &libs, links, hook_path, bundle),
         files: driver
             .files
             .iter()
@@ -126,12 +120,7 @@ pub fn wsl_edits(
 
 /// CSV (`lib-csv.go`, `tegra/csv.go`): the `dev` nodes for the device; directories, files,
 /// `/etc/nv_tegra_release`, the `sym` chains and `.so` links, and the ld.so.cache.
-pub fn csv_edits(
-    host: &Host,
-    driver: &CsvDriver,
-    hook_path: &Path,
-    bundle: Option<&Path>,
-) -> PlatformEdits {
+pub fn csv_edits(driver: &CsvDriver, hook_path: &Path, bundle: Option<&Path>) -> PlatformEdits {
     let mut device = ContainerEdits::default();
     for n in &driver.devices {
         node(n, &mut device);
@@ -147,7 +136,6 @@ pub fn csv_edits(
     PlatformEdits {
         device,
         common: common(
-            host,
             &driver.mounts,
             &libs,
             driver.links.clone(),
@@ -224,7 +212,7 @@ pub fn resolve(
     let hook = &settings.hook_path;
     let bundle = settings.bundle.as_deref();
     let edits = if platform == Platform::Wsl {
-        wsl_edits(host, &crate::host::wsl::discover(host)?, hook, bundle)
+        wsl_edits(&crate::host::wsl::discover(host)?, hook, bundle)
     } else {
         let driver = crate::host::csv::discover(host, csv_dir, all_csv)?;
         if device && driver.devices.is_empty() {
@@ -238,7 +226,7 @@ pub fn resolve(
                 dev: host.roots().dev_root.join("dev"),
             });
         }
-        csv_edits(host, &driver, hook, bundle)
+        csv_edits(&driver, hook, bundle)
     };
     let mut all = ContainerEdits::default();
     if device {

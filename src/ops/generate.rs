@@ -27,7 +27,7 @@ use thiserror::Error;
 use crate::cdi::spec::{self, Device, Spec, SpecError};
 use crate::edits::{ContainerEdits, DeviceNode, Mount};
 use crate::host::nvml::{self, GpuInfo, MigInfo};
-use crate::host::{Host, HostError, HostFile};
+use crate::host::{Host, HostDeviceNode, HostError, HostFile, Inventory};
 use crate::legacy;
 use crate::nvidia::Capabilities;
 use crate::nvidia::IPC_MOUNT_OPTIONS;
@@ -210,43 +210,48 @@ pub fn discover_with_progress(
 /// A device node edit from the host node `<dev-root>/dev/<name>`: numbers, mode and a non-root
 /// group from `lstat`; path (and host path) only when it cannot be stat'ed. Also returns the
 /// group to add to the container's groups when the node is not usable by "other".
-fn node_edit(host: &Host, name: &str) -> (DeviceNode, Option<u32>) {
-    let container_path = format!("/dev/{name}");
-    let default_host = host.roots().dev_root.join("dev").join(name);
-    let host_path_of = |p: &Path| {
-        let p = p.to_string_lossy().into_owned();
-        (p != container_path).then_some(p)
-    };
-    match host.device_node(name) {
-        Some(n) => {
-            // NVIDIA ≥ 1.19: the gid when non-zero, and additionalGids when the node is not
-            // world read-write (`internal/edits/device.go`).
-            let gid = (n.gid != 0).then_some(n.gid);
-            let extra = gid.filter(|_| n.file_mode & 0o006 != 0o006);
+fn node_edit(inv: &Inventory, name: &str) -> (DeviceNode, Option<u32>) {
+    match inv.node(name) {
+        Some(n) => found_node_edit(n),
+        None => {
+            let container_path = format!("/dev/{name}");
+            let default_host = inv.roots.dev_root.join("dev").join(name);
+            let host_path = default_host.to_string_lossy().into_owned();
             (
                 DeviceNode {
-                    path: container_path.clone(),
-                    host_path: host_path_of(&n.host_path),
-                    kind: None,
-                    major: Some(n.major.into()),
-                    minor: Some(n.minor.into()),
-                    file_mode: Some(n.file_mode),
-                    permissions: Some("rwm".into()),
-                    uid: None,
-                    gid,
+                    host_path: (host_path != container_path).then_some(host_path),
+                    path: container_path,
+                    ..Default::default()
                 },
-                extra,
+                None,
             )
         }
-        None => (
-            DeviceNode {
-                path: container_path.clone(),
-                host_path: host_path_of(&default_host),
-                ..Default::default()
-            },
-            None,
-        ),
     }
+}
+
+/// The device node edit of a node found on the host: numbers, mode and a non-root group; the
+/// host path only when it differs from the container path. Also returns the group to add to
+/// the container's groups when the node is not usable by "other".
+fn found_node_edit(n: &HostDeviceNode) -> (DeviceNode, Option<u32>) {
+    let host_path = n.host_path.to_string_lossy().into_owned();
+    // NVIDIA ≥ 1.19: the gid when non-zero, and additionalGids when the node is not world
+    // read-write (`internal/edits/device.go`).
+    let gid = (n.gid != 0).then_some(n.gid);
+    let extra = gid.filter(|_| n.file_mode & 0o006 != 0o006);
+    (
+        DeviceNode {
+            host_path: (host_path != n.container_path).then_some(host_path),
+            path: n.container_path.clone(),
+            kind: None,
+            major: Some(n.major.into()),
+            minor: Some(n.minor.into()),
+            file_mode: Some(n.file_mode),
+            permissions: Some("rwm".into()),
+            uid: None,
+            gid,
+        },
+        extra,
+    )
 }
 
 fn add_node(edits: &mut ContainerEdits, (node, gid): (DeviceNode, Option<u32>)) {
@@ -275,18 +280,18 @@ fn mount(f: &HostFile, options: &[&str]) -> Mount {
 /// container with every capability but `compat32` (NVIDIA's generator mounts no 32-bit
 /// libraries), with NVIDIA's hooks.
 fn global_edits(
-    host: &Host,
-    driver_version: &str,
+    inv: &Inventory,
     hook_path: &Path,
     sandbox: bool,
 ) -> Result<ContainerEdits, GenerateError> {
+    let driver_version = &inv.driver_version;
     let mut edits = ContainerEdits {
         env: vec![format!("{}=void", crate::request::VISIBLE_DEVICES)],
         ..Default::default()
     };
     for name in CONTROL_NODES {
-        if host.device_node(name).is_some() {
-            add_node(&mut edits, node_edit(host, name));
+        if inv.node(name).is_some() {
+            add_node(&mut edits, node_edit(inv, name));
         }
     }
     let caps = Capabilities {
@@ -294,7 +299,7 @@ fn global_edits(
         ..Capabilities::ALL
     };
     // The one table legacy requests take their files from too (`crate::nvidia`).
-    let files = legacy::driver_files(host, &caps, driver_version)?;
+    let files = legacy::driver_files(inv, &caps)?;
     // As `driver_files` orders them; one mount per path.
     for m in files.mounts {
         if !edits
@@ -305,29 +310,27 @@ fn global_edits(
             edits.mounts.push(Mount { kind: None, ..m });
         }
     }
-    for f in host
-        .ipc_paths()
-        .into_iter()
+    for f in inv
+        .files
+        .ipc
+        .iter()
         .filter(|f| !f.container_path.ends_with("/socket"))
     {
-        edits.mounts.push(mount(&f, IPC_MOUNT_OPTIONS));
+        edits.mounts.push(mount(f, IPC_MOUNT_OPTIONS));
     }
     let plan = legacy::HookPlan {
         libs: &files.libs,
-        dev_links: Some(&files.dev_links),
+        dev_links: &files.dev_links,
         links: files.links,
         cuda_compat: true,
         application_profile: true,
-        host_params: Some(host.roots().proc_root.join("driver/nvidia/params")),
+        host_params: Some(inv.roots.proc_root.join("driver/nvidia/params")),
         // A spec serves every container: its hooks read the OCI state.
         bundle: None,
     };
-    edits.hooks.extend(legacy::container_hooks(
-        host,
-        &plan,
-        driver_version,
-        hook_path,
-    ));
+    edits
+        .hooks
+        .extend(legacy::container_hooks(&plan, driver_version, hook_path));
     if sandbox {
         legacy::sandbox::confine(&mut edits, &files.libs);
     }
@@ -339,30 +342,30 @@ fn global_edits(
 /// and render nodes with their groups in `additionalGids` (as NVIDIA's generator writes them,
 /// unless `opts.additional_gids` is off) and the hook that makes their `by-path` links.
 fn device_edits(
-    host: &Host,
+    inv: &Inventory,
     device: legacy::GpuDevice<'_>,
     minors: &[(String, u32)],
     opts: &Options,
     edits: &mut ContainerEdits,
 ) -> Result<(), String> {
-    let nodes = legacy::device_nodes(host, device, true);
-    add_node(edits, node_edit(host, &nodes.gpu));
+    let nodes = legacy::device_nodes(inv, device, true);
+    add_node(edits, node_edit(inv, &nodes.gpu));
     for cap in &nodes.mig_capabilities {
         let minor = cap_minor(minors, cap).ok_or_else(|| cap.clone())?;
         add_node(
             edits,
-            node_edit(host, &format!("nvidia-caps/nvidia-cap{minor}")),
+            node_edit(inv, &format!("nvidia-caps/nvidia-cap{minor}")),
         );
     }
     for n in &nodes.drm {
         let name = n.container_path.trim_start_matches("/dev/");
-        let (node, gid) = node_edit(host, name);
+        let (node, gid) = node_edit(inv, name);
         add_node(edits, (node, gid.filter(|_| opts.additional_gids)));
     }
     let plan = legacy::HookPlan {
         libs: &[],
-        dev_links: None,
-        links: host.drm_by_path_links(&nodes.drm),
+        dev_links: &[],
+        links: inv.drm_by_path_links(&nodes.drm),
         cuda_compat: false,
         application_profile: false,
         host_params: None,
@@ -371,7 +374,7 @@ fn device_edits(
     if !opts.sandbox {
         edits
             .hooks
-            .extend(legacy::container_hooks(host, &plan, "", &opts.hook_path));
+            .extend(legacy::container_hooks(&plan, "", &opts.hook_path));
     }
     Ok(())
 }
@@ -391,7 +394,7 @@ struct Unit {
 }
 
 fn mig_unit(
-    host: &Host,
+    inv: &Inventory,
     minors: &[(String, u32)],
     gpu: &GpuInfo,
     mig: &MigInfo,
@@ -403,12 +406,12 @@ fn mig_unit(
         gpu_instance: mig.gpu_instance,
         compute_instance: mig.compute_instance,
     };
-    device_edits(host, device, minors, opts, &mut edits).map_err(|capability| {
+    device_edits(inv, device, minors, opts, &mut edits).map_err(|capability| {
         GenerateError::MigCapability {
             gpu: gpu.index,
             device: mig.index,
             capability,
-            file: host.roots().proc_root.join("driver/nvidia-caps/mig-minors"),
+            file: inv.roots.proc_root.join("driver/nvidia-caps/mig-minors"),
         }
     })?;
     Ok(Unit {
@@ -419,14 +422,28 @@ fn mig_unit(
     })
 }
 
-/// Builds the spec for `discovery` on `host`.
-pub fn generate(host: &Host, discovery: &Discovery, opts: &Options) -> Result<Spec, GenerateError> {
-    generate_with_progress(host, discovery, opts, &mut |_| {})
+/// The host's whole inventory, as `generate` takes it.
+pub fn read_inventory(host: &Host) -> Result<Inventory, GenerateError> {
+    Inventory::of(host, crate::host::Scope::ALL, Path::new("")).map_err(|source| {
+        GenerateError::Host {
+            context: "reading the host's inventory",
+            source,
+        }
+    })
+}
+
+/// Builds the spec for `discovery` on the host of `inv` (read with [`Scope::ALL`](crate::host::Scope::ALL)).
+pub fn generate(
+    inv: &Inventory,
+    discovery: &Discovery,
+    opts: &Options,
+) -> Result<Spec, GenerateError> {
+    generate_with_progress(inv, discovery, opts, &mut |_| {})
 }
 
 /// [`generate`], telling `progress` what it is doing.
 pub fn generate_with_progress(
-    host: &Host,
+    inv: &Inventory,
     discovery: &Discovery,
     opts: &Options,
     progress: &mut dyn FnMut(&str),
@@ -437,14 +454,25 @@ pub fn generate_with_progress(
                 Source::Nvml(lib) => format!("NVML {}", lib.display()),
                 Source::Proc { reason } => format!(
                     "{}; NVML not used: {reason}",
-                    host.roots().proc_root.join("driver/nvidia/gpus").display()
+                    inv.roots.proc_root.join("driver/nvidia/gpus").display()
                 ),
             },
         });
     }
     let mut units = Vec::new();
     let needs_mig = discovery.gpus.iter().any(|g| g.mig_enabled);
+    // NVML's MIG devices take their minors from the driver's whole table: a spec lists every
+    // device NVML reports, whether or not its capability files are there yet.
+    let with_caps;
+    let mut inv = inv;
     let minors = if needs_mig {
+        let host = Host::new(inv.roots.clone());
+        // Every capability node, not only those of the devices the driver lists under /proc
+        // (which the inventory holds): NVML's devices take their minors from the whole table.
+        let mut all = inv.clone();
+        all.nodes.extend(host.device_nodes_in("nvidia-caps"));
+        with_caps = all;
+        inv = &with_caps;
         host.mig_minors().map_err(|source| GenerateError::Host {
             context: "reading MIG capability minors",
             source,
@@ -461,7 +489,7 @@ pub fn generate_with_progress(
             bus_id: &g.bus_id,
         };
         // A whole GPU has no capability to look up.
-        let _ = device_edits(host, device, &[], opts, &mut edits);
+        let _ = device_edits(inv, device, &[], opts, &mut edits);
         units.push(Unit {
             index_name: g.index.to_string(),
             uuid: g.uuid.clone(),
@@ -472,7 +500,7 @@ pub fn generate_with_progress(
     for g in discovery.gpus.iter().filter(|g| g.mig_enabled) {
         progress(&format!("GPU {} of {total}: MIG devices", g.index + 1));
         for m in &g.migs {
-            units.push(mig_unit(host, &minors, g, m, opts)?);
+            units.push(mig_unit(inv, &minors, g, m, opts)?);
         }
     }
     let mut devices: Vec<Device> = Vec::new();
@@ -517,12 +545,7 @@ pub fn generate_with_progress(
         kind: format!("{}/{}", opts.vendor, opts.class),
         annotations: Default::default(),
         devices,
-        container_edits: global_edits(
-            host,
-            &discovery.driver_version,
-            &opts.hook_path,
-            opts.sandbox,
-        )?,
+        container_edits: global_edits(inv, &opts.hook_path, opts.sandbox)?,
     };
     spec.cdi_version = spec.minimum_version().to_string();
     spec.validate()?;
@@ -532,44 +555,21 @@ pub fn generate_with_progress(
 /// The class NVIDIA names IMEX channel specs with (`nvidia-ctk cdi generate --mode imex`).
 pub const IMEX_CLASS: &str = "imex-channel";
 
-/// The IMEX channels that exist: `<dev-root>/dev/nvidia-caps-imex-channels/channel<N>` char
-/// devices, by number.
-pub fn imex_channels(host: &Host) -> Vec<u32> {
-    let dir = host.roots().dev_root.join("dev/nvidia-caps-imex-channels");
-    let mut out: Vec<u32> = std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let n = name.strip_prefix("channel")?;
-            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            let n: u32 = n.parse().ok()?;
-            host.device_node(&format!("nvidia-caps-imex-channels/{name}"))
-                .map(|_| n)
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
 /// A spec for the host's IMEX channels (NVIDIA's `nvidia-ctk cdi generate --mode imex`): kind `<vendor>/<class>` (`nvidia.com/imex-channel` by default), one device per
 /// channel named by its number, and `all`; no global edits. Device nodes as [`generate`]
 /// writes them (stat'ed numbers, no type).
-pub fn generate_imex(host: &Host, opts: &Options) -> Result<Spec, GenerateError> {
-    let channels = imex_channels(host);
+pub fn generate_imex(inv: &Inventory, opts: &Options) -> Result<Spec, GenerateError> {
+    let channels = &inv.imex_channels;
     if channels.is_empty() {
         return Err(GenerateError::NoImexChannels {
-            dir: host.roots().dev_root.join("dev/nvidia-caps-imex-channels"),
+            dir: inv.roots.dev_root.join("dev/nvidia-caps-imex-channels"),
         });
     }
     let mut devices: Vec<Device> = Vec::new();
     let mut all = ContainerEdits::default();
-    for c in &channels {
+    for c in channels {
         let mut edits = ContainerEdits::default();
-        let node = node_edit(host, &format!("nvidia-caps-imex-channels/channel{c}"));
+        let node = node_edit(inv, &format!("nvidia-caps-imex-channels/channel{c}"));
         add_node(&mut all, node.clone());
         add_node(&mut edits, node);
         devices.push(Device {

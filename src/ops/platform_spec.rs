@@ -22,7 +22,7 @@ pub fn generate(
 ) -> Result<(Spec, String), GenerateError> {
     let (edits, names, origin) = if platform == Platform::Wsl {
         let driver = crate::host::wsl::discover(host)?;
-        let edits = wsl_edits(host, &driver, &opts.hook_path, None);
+        let edits = wsl_edits(&driver, &opts.hook_path, None);
         (
             edits,
             vec!["all"],
@@ -30,7 +30,7 @@ pub fn generate(
         )
     } else {
         let driver = crate::host::csv::discover(host, csv_dir, false)?;
-        let edits = csv_edits(host, &driver, &opts.hook_path, None);
+        let edits = csv_edits(&driver, &opts.hook_path, None);
         let files: Vec<String> = driver
             .files
             .iter()

@@ -133,7 +133,8 @@ pub fn refresh(
         }
     };
     let discovery = generate::discover_with_progress(host, progress).map_err(err)?;
-    let spec = generate::generate_with_progress(host, &discovery, &opts.generate, progress)
+    let inv = generate::read_inventory(host).map_err(err)?;
+    let spec = generate::generate_with_progress(&inv, &discovery, &opts.generate, progress)
         .map_err(err)?;
     let text = generate::render(&spec, format);
     let text = match stamp {

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::cdi::Registry;
 use crate::config::Config;
-use crate::host::{cuda_version_for_driver, Gpu, Host};
+use crate::host::{cuda_version_for_driver, Gpu, Host, HostError, Inventory, Scope};
 use crate::install;
 use crate::ops::engine::Engine;
 use crate::ops::freshness::{self, HostView};
@@ -153,7 +153,9 @@ pub fn run(opts: &Options) -> Vec<Check> {
     match &loaded {
         Some(version) => {
             let gpus = gpus_check(&host, &mut out);
-            out.push(device_nodes_check(&host, &gpus));
+            // The value `create`, `cdi generate` and `explain` read.
+            let inv = Inventory::of(&host, Scope::ALL, &opts.config.mps_pipe_directory);
+            out.push(device_nodes_check(&host, inv.as_ref(), &gpus));
             out.push(dev_char_check(&host, opts));
             out.push(persistence_check(&host));
             out.push(libraries_check(&host, version));
@@ -321,10 +323,10 @@ fn gpus_check(host: &Host, out: &mut Vec<Check>) -> Vec<Gpu> {
 
 use crate::nvidia::NVIDIACTL_MINOR;
 
-fn device_nodes_check(host: &Host, gpus: &[Gpu]) -> Check {
+fn device_nodes_check(host: &Host, inv: Result<&Inventory, &HostError>, gpus: &[Gpu]) -> Check {
     let devices = host.roots().proc_root.join("devices");
-    let majors = match host.device_majors() {
-        Ok(m) => m,
+    let (inv, majors) = match inv {
+        Ok(inv) => (inv, &inv.majors),
         Err(e) => {
             return check(
                 "device-nodes",
@@ -375,7 +377,7 @@ fn device_nodes_check(host: &Host, gpus: &[Gpu]) -> Check {
     let mut present = Vec::new();
     for (name, major, minor, fix) in &wanted {
         let path = dev.join(name);
-        match host.device_node(name) {
+        match inv.node(name) {
             Some(n) if (n.major, n.minor) == (*major, *minor) => present.push(name.clone()),
             Some(n) => {
                 status = Status::Error;

@@ -1,6 +1,6 @@
 //! `nvshim cdi generate --mode gds|mofed|gdrcopy|nvswitch`: the feature-gated modes.
 
-use super::{add_node, mount, node_edit, GenerateError, Options};
+use super::{add_node, found_node_edit, mount, GenerateError, Options};
 use crate::cdi::spec::{Device, Spec};
 use crate::edits::ContainerEdits;
 use crate::host::gated::{self, Feature};
@@ -29,10 +29,7 @@ pub fn generate_gated(
     }
     let mut all = ContainerEdits::default();
     for n in &found.nodes {
-        add_node(
-            &mut all,
-            node_edit(host, n.container_path.trim_start_matches("/dev/")),
-        );
+        add_node(&mut all, found_node_edit(n));
     }
     all.mounts = found
         .files
