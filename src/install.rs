@@ -19,12 +19,15 @@ pub fn host_from(config: &Config) -> Host {
 }
 
 /// The host binaries `create` writes into the spec or runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Tools {
     /// The `nvshim-hook` written into hooks.
     pub hook: PathBuf,
     /// How the NVML inventory is obtained, the rare times a request needs it.
     pub nvml: NvmlAccess,
+    /// The CDI registry of `cdi-spec-dirs`, where a long-running process keeps it current
+    /// (nvshim-nri); `None`: a create reads the spec directories.
+    pub cdi: Option<std::sync::Arc<crate::cdi::Registry>>,
 }
 
 impl Tools {
@@ -34,6 +37,7 @@ impl Tools {
         Tools {
             hook: hook_path(config, self_exe),
             nvml: NvmlAccess::Helper(sibling(self_exe, "nvshim")),
+            cdi: None,
         }
     }
 
@@ -42,6 +46,7 @@ impl Tools {
         Tools {
             hook: hook_path(config, self_exe),
             nvml: NvmlAccess::InProcess,
+            cdi: None,
         }
     }
 }
