@@ -147,13 +147,26 @@ pub fn oci_view(container: &nri::Container) -> Value {
             }
         }
     }
+    // The namespaces tell a user-namespaced pod (`hostUsers: false`), whose device nodes the
+    // plan makes bind mounts (src/userns.rs).
+    let namespaces: Vec<Value> = linux
+        .map(|l| {
+            l.namespaces
+                .iter()
+                .map(|n| match n.path.as_str() {
+                    "" => json!({"type": n.type_}),
+                    path => json!({"type": n.type_, "path": path}),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     json!({
         "ociVersion": "1.0.2",
         "process": process,
         "mounts": mounts,
         "annotations": annotations,
         "hooks": hooks,
-        "linux": {"devices": devices, "resources": {"devices": rules}},
+        "linux": {"namespaces": namespaces, "devices": devices, "resources": {"devices": rules}},
     })
 }
 
@@ -232,12 +245,21 @@ pub fn answer(
     let mut adjust = diff(&view, &doc);
     let how = match &plan.route {
         Route::Nothing(_) if !plan.touched => How::Nothing,
-        Route::Cdi(names, _) if engine.injects_cdi() && !options.no_native_cdi => {
+        // In a user namespace the engine's own CDI injection would give runc device nodes to
+        // bind-mount from their container path, not from dev-root: the plan's mounts instead.
+        Route::Cdi(names, _)
+            if engine.injects_cdi()
+                && !options.no_native_cdi
+                && !nvshim::userns::has_user_namespace(&view) =>
+        {
             native_cdi(&mut adjust, names);
             How::NativeCdi
         }
         _ => How::Raw,
     };
+    if nvshim::userns::has_user_namespace(&view) {
+        device_rules_for_binds(&mut adjust);
+    }
     let dropped = if options.no_hooks {
         hook_free(&mut adjust)
     } else {
@@ -258,6 +280,34 @@ fn served(plan: &Plan) -> Vec<String> {
         plan.gpus.iter().map(|g| g.uuid.clone()).collect()
     } else {
         plan.cdi_devices.clone()
+    }
+}
+
+/// In a user namespace the plan bind-mounts the device nodes (src/userns.rs), and the cgroup
+/// must still allow them; containerd 2.1 applies no `resources.devices` rule of an adjustment
+/// (seen: the probe's open got EPERM), only the rule of each device it adds. So each
+/// bind-mounted node is also a device at its host path, which runc binds there from the same
+/// host path: the rule comes with it, and `/dev/nvidiaN` is the plan's mount.
+fn device_rules_for_binds(adjust: &mut nri::ContainerAdjustment) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut nodes = Vec::new();
+    for m in &adjust.mounts {
+        let Ok(meta) = std::fs::metadata(&m.source) else {
+            continue;
+        };
+        if !meta.file_type().is_char_device() {
+            continue;
+        }
+        nodes.push(nri::LinuxDevice {
+            path: m.source.clone(),
+            type_: "c".into(),
+            major: nix::sys::stat::major(meta.rdev()) as i64,
+            minor: nix::sys::stat::minor(meta.rdev()) as i64,
+            ..Default::default()
+        });
+    }
+    if !nodes.is_empty() {
+        adjust.linux.mut_or_insert_default().devices.extend(nodes);
     }
 }
 
