@@ -198,6 +198,87 @@ fn rule_json(d: &nri::LinuxDeviceCgroup) -> Value {
     v
 }
 
+fn rule_of(r: &Value) -> nri::LinuxDeviceCgroup {
+    let int = |key| {
+        int_of(r, key)
+            .map(|value| nri::OptionalInt64 {
+                value,
+                ..Default::default()
+            })
+            .into()
+    };
+    nri::LinuxDeviceCgroup {
+        allow: r.get("allow").and_then(Value::as_bool).unwrap_or(false),
+        type_: str_of(r, "type").into(),
+        major: int("major"),
+        minor: int("minor"),
+        access: str_of(r, "access").into(),
+        ..Default::default()
+    }
+}
+
+/// The container NRI would show for a config.json, for `nvshim-nri --explain`: env, mounts,
+/// annotations, device nodes and rules, namespaces; a process with `CAP_SYS_ADMIN` gets the
+/// allow-all rule by which the plugin knows a privileged container ([`is_privileged`]).
+/// Hooks are left out: the engine's own (the docker `--gpus` hook) never reach a CRI engine.
+pub fn container_of(doc: &Value) -> nri::Container {
+    let mut rules: Vec<nri::LinuxDeviceCgroup> = list(doc, "/linux/resources/devices")
+        .iter()
+        .map(rule_of)
+        .collect();
+    let caps = strings(doc.pointer("/process/capabilities/bounding"));
+    if caps.contains(&"CAP_SYS_ADMIN") {
+        rules.push(rule_of(&json!({"allow": true, "access": "rwm"})));
+    }
+    let linux = nri::LinuxContainer {
+        namespaces: list(doc, "/linux/namespaces")
+            .iter()
+            .map(|n| nri::LinuxNamespace {
+                type_: str_of(n, "type").into(),
+                path: str_of(n, "path").into(),
+                ..Default::default()
+            })
+            .collect(),
+        devices: added_devices(&json!({}), doc),
+        resources: protobuf::MessageField::some(nri::LinuxResources {
+            devices: rules,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    nri::Container {
+        name: "config.json".into(),
+        env: strings(doc.pointer("/process/env"))
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        mounts: list(doc, "/mounts")
+            .iter()
+            .map(|m| nri::Mount {
+                destination: str_of(m, "destination").into(),
+                type_: str_of(m, "type").into(),
+                source: str_of(m, "source").into(),
+                options: strings(m.get("options"))
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        annotations: doc
+            .get("annotations")
+            .and_then(Value::as_object)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        linux: protobuf::MessageField::some(linux),
+        ..Default::default()
+    }
+}
+
 fn hook_json(h: &nri::Hook) -> Value {
     let mut v = json!({"path": h.path, "args": h.args, "env": h.env});
     if let Some(t) = h.timeout.as_ref() {
@@ -524,24 +605,7 @@ pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
                     && d.type_ == str_of(r, "type")
             })
         })
-        .map(|r| nri::LinuxDeviceCgroup {
-            allow: r.get("allow").and_then(Value::as_bool).unwrap_or(false),
-            type_: str_of(r, "type").into(),
-            major: int_of(r, "major")
-                .map(|value| nri::OptionalInt64 {
-                    value,
-                    ..Default::default()
-                })
-                .into(),
-            minor: int_of(r, "minor")
-                .map(|value| nri::OptionalInt64 {
-                    value,
-                    ..Default::default()
-                })
-                .into(),
-            access: str_of(r, "access").into(),
-            ..Default::default()
-        })
+        .map(rule_of)
         .collect();
     if !devices.is_empty() || !rules.is_empty() {
         let mut linux = nri::LinuxContainerAdjustment::new();
@@ -640,6 +704,39 @@ mod tests {
         linux.resources = Some(res).into();
         c.linux = Some(linux).into();
         assert!(is_privileged(&c));
+    }
+
+    /// `--explain` shows the plugin a config.json as NRI's container: the view the plugin
+    /// plans from is the config.json's parts it reads back.
+    #[test]
+    fn container_of_config_json_gives_the_same_view() {
+        let doc = json!({
+            "ociVersion": "1.0.2",
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid"]}],
+            "annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"},
+            "hooks": {},
+            "linux": {
+                "namespaces": [{"type": "mount"}, {"type": "user", "path": "/proc/1/ns/user"}],
+                "devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
+                "resources": {"devices": [{"allow": false, "access": "rwm"}]}
+            }
+        });
+        let c = container_of(&doc);
+        assert!(is_privileged(&c));
+        let view = oci_view(&c);
+        for pointer in [
+            "/process/env",
+            "/mounts",
+            "/annotations",
+            "/linux/namespaces",
+            "/linux/devices",
+        ] {
+            assert_eq!(view.pointer(pointer), doc.pointer(pointer), "{pointer}");
+        }
+        assert!(nvshim::userns::has_user_namespace(&view));
+        let unprivileged = json!({"process": {"env": []}});
+        assert!(!is_privileged(&container_of(&unprivileged)));
     }
 
     #[test]
