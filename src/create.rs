@@ -636,6 +636,12 @@ fn absolute_bundle(plan: &Plan) -> Option<PathBuf> {
 /// Serves a CDI request from the spec directories: reads the spec files that define the
 /// requested devices (through the index in `cache-dir`) and nothing else of the host (no NVML,
 /// no /proc).
+fn warn_spec_errors(registry: &cdi::Registry, trace: &mut Trace) {
+    for e in registry.errors() {
+        trace.warn(format!("skipping CDI spec: {e}"));
+    }
+}
+
 fn apply_cdi(
     config: &Config,
     plan: &mut Plan,
@@ -644,11 +650,20 @@ fn apply_cdi(
     trace: &mut Trace,
 ) -> Result<(), CreateError> {
     let path = plan.bundle.config_path().to_path_buf();
-    let registry = cdi::Registry::load_for(&config.cdi_spec_dirs, &names, &config.cache_dir);
-    for e in registry.errors() {
-        trace.warn(format!("skipping CDI spec: {e}"));
-    }
-    let grouped = match registry.into_grouped(&names) {
+    // A long-running process (nvshim-nri) keeps the registry in memory; a create loads it.
+    let resolved = match &tools.cdi {
+        Some(registry) => {
+            warn_spec_errors(registry, trace);
+            registry.resolve_grouped(&names)
+        }
+        None => {
+            let registry =
+                cdi::Registry::load_for(&config.cdi_spec_dirs, &names, &config.cache_dir);
+            warn_spec_errors(&registry, trace);
+            registry.into_grouped(&names)
+        }
+    };
+    let grouped = match resolved {
         Ok(g) => g,
         Err(source) if plan.request.cdi_already_applied => {
             trace.warn(format!(

@@ -14,12 +14,15 @@ pub fn host_from(config: &Config) -> Host {
 }
 
 /// The host binaries `create` writes into the spec or runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Tools {
     /// The `nvshim-hook` written into hooks.
     pub hook: PathBuf,
     /// How the NVML inventory is obtained, the rare times a request needs it.
     pub nvml: NvmlAccess,
+    /// The CDI registry of `cdi-spec-dirs`, where a long-running process keeps it current
+    /// (nvshim-nri); `None`: a create reads the spec directories.
+    pub cdi: Option<std::sync::Arc<crate::cdi::Registry>>,
 }
 
 impl Tools {
@@ -29,6 +32,7 @@ impl Tools {
         Tools {
             hook: hook_path(config, self_exe),
             nvml: NvmlAccess::Helper(sibling(self_exe, "nvshim")),
+            cdi: None,
         }
     }
 
@@ -37,6 +41,7 @@ impl Tools {
         Tools {
             hook: hook_path(config, self_exe),
             nvml: NvmlAccess::InProcess,
+            cdi: None,
         }
     }
 }

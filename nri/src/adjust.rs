@@ -147,13 +147,26 @@ pub fn oci_view(container: &nri::Container) -> Value {
             }
         }
     }
+    // The namespaces tell a user-namespaced pod (`hostUsers: false`), whose device nodes the
+    // plan makes bind mounts (src/userns.rs).
+    let namespaces: Vec<Value> = linux
+        .map(|l| {
+            l.namespaces
+                .iter()
+                .map(|n| match n.path.as_str() {
+                    "" => json!({"type": n.type_}),
+                    path => json!({"type": n.type_, "path": path}),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     json!({
         "ociVersion": "1.0.2",
         "process": process,
         "mounts": mounts,
         "annotations": annotations,
         "hooks": hooks,
-        "linux": {"devices": devices, "resources": {"devices": rules}},
+        "linux": {"namespaces": namespaces, "devices": devices, "resources": {"devices": rules}},
     })
 }
 
@@ -183,6 +196,87 @@ fn rule_json(d: &nri::LinuxDeviceCgroup) -> Value {
         v["minor"] = json!(m.value);
     }
     v
+}
+
+fn rule_of(r: &Value) -> nri::LinuxDeviceCgroup {
+    let int = |key| {
+        int_of(r, key)
+            .map(|value| nri::OptionalInt64 {
+                value,
+                ..Default::default()
+            })
+            .into()
+    };
+    nri::LinuxDeviceCgroup {
+        allow: r.get("allow").and_then(Value::as_bool).unwrap_or(false),
+        type_: str_of(r, "type").into(),
+        major: int("major"),
+        minor: int("minor"),
+        access: str_of(r, "access").into(),
+        ..Default::default()
+    }
+}
+
+/// The container NRI would show for a config.json, for `nvshim-nri --explain`: env, mounts,
+/// annotations, device nodes and rules, namespaces; a process with `CAP_SYS_ADMIN` gets the
+/// allow-all rule by which the plugin knows a privileged container ([`is_privileged`]).
+/// Hooks are left out: the engine's own (the docker `--gpus` hook) never reach a CRI engine.
+pub fn container_of(doc: &Value) -> nri::Container {
+    let mut rules: Vec<nri::LinuxDeviceCgroup> = list(doc, "/linux/resources/devices")
+        .iter()
+        .map(rule_of)
+        .collect();
+    let caps = strings(doc.pointer("/process/capabilities/bounding"));
+    if caps.contains(&"CAP_SYS_ADMIN") {
+        rules.push(rule_of(&json!({"allow": true, "access": "rwm"})));
+    }
+    let linux = nri::LinuxContainer {
+        namespaces: list(doc, "/linux/namespaces")
+            .iter()
+            .map(|n| nri::LinuxNamespace {
+                type_: str_of(n, "type").into(),
+                path: str_of(n, "path").into(),
+                ..Default::default()
+            })
+            .collect(),
+        devices: added_devices(&json!({}), doc),
+        resources: protobuf::MessageField::some(nri::LinuxResources {
+            devices: rules,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    nri::Container {
+        name: "config.json".into(),
+        env: strings(doc.pointer("/process/env"))
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        mounts: list(doc, "/mounts")
+            .iter()
+            .map(|m| nri::Mount {
+                destination: str_of(m, "destination").into(),
+                type_: str_of(m, "type").into(),
+                source: str_of(m, "source").into(),
+                options: strings(m.get("options"))
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        annotations: doc
+            .get("annotations")
+            .and_then(Value::as_object)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        linux: protobuf::MessageField::some(linux),
+        ..Default::default()
+    }
 }
 
 fn hook_json(h: &nri::Hook) -> Value {
@@ -232,12 +326,21 @@ pub fn answer(
     let mut adjust = diff(&view, &doc);
     let how = match &plan.route {
         Route::Nothing(_) if !plan.touched => How::Nothing,
-        Route::Cdi(names, _) if engine.injects_cdi() && !options.no_native_cdi => {
+        // In a user namespace the engine's own CDI injection would give runc device nodes to
+        // bind-mount from their container path, not from dev-root: the plan's mounts instead.
+        Route::Cdi(names, _)
+            if engine.injects_cdi()
+                && !options.no_native_cdi
+                && !nvshim::userns::has_user_namespace(&view) =>
+        {
             native_cdi(&mut adjust, names);
             How::NativeCdi
         }
         _ => How::Raw,
     };
+    if nvshim::userns::has_user_namespace(&view) {
+        device_rules_for_binds(&mut adjust);
+    }
     let dropped = if options.no_hooks {
         hook_free(&mut adjust)
     } else {
@@ -258,6 +361,34 @@ fn served(plan: &Plan) -> Vec<String> {
         plan.gpus.iter().map(|g| g.uuid.clone()).collect()
     } else {
         plan.cdi_devices.clone()
+    }
+}
+
+/// In a user namespace the plan bind-mounts the device nodes (src/userns.rs), and the cgroup
+/// must still allow them; containerd 2.1 applies no `resources.devices` rule of an adjustment
+/// (seen: the probe's open got EPERM), only the rule of each device it adds. So each
+/// bind-mounted node is also a device at its host path, which runc binds there from the same
+/// host path: the rule comes with it, and `/dev/nvidiaN` is the plan's mount.
+fn device_rules_for_binds(adjust: &mut nri::ContainerAdjustment) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut nodes = Vec::new();
+    for m in &adjust.mounts {
+        let Ok(meta) = std::fs::metadata(&m.source) else {
+            continue;
+        };
+        if !meta.file_type().is_char_device() {
+            continue;
+        }
+        nodes.push(nri::LinuxDevice {
+            path: m.source.clone(),
+            type_: "c".into(),
+            major: nix::sys::stat::major(meta.rdev()) as i64,
+            minor: nix::sys::stat::minor(meta.rdev()) as i64,
+            ..Default::default()
+        });
+    }
+    if !nodes.is_empty() {
+        adjust.linux.mut_or_insert_default().devices.extend(nodes);
     }
 }
 
@@ -474,24 +605,7 @@ pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
                     && d.type_ == str_of(r, "type")
             })
         })
-        .map(|r| nri::LinuxDeviceCgroup {
-            allow: r.get("allow").and_then(Value::as_bool).unwrap_or(false),
-            type_: str_of(r, "type").into(),
-            major: int_of(r, "major")
-                .map(|value| nri::OptionalInt64 {
-                    value,
-                    ..Default::default()
-                })
-                .into(),
-            minor: int_of(r, "minor")
-                .map(|value| nri::OptionalInt64 {
-                    value,
-                    ..Default::default()
-                })
-                .into(),
-            access: str_of(r, "access").into(),
-            ..Default::default()
-        })
+        .map(rule_of)
         .collect();
     if !devices.is_empty() || !rules.is_empty() {
         let mut linux = nri::LinuxContainerAdjustment::new();
@@ -590,6 +704,39 @@ mod tests {
         linux.resources = Some(res).into();
         c.linux = Some(linux).into();
         assert!(is_privileged(&c));
+    }
+
+    /// `--explain` shows the plugin a config.json as NRI's container: the view the plugin
+    /// plans from is the config.json's parts it reads back.
+    #[test]
+    fn container_of_config_json_gives_the_same_view() {
+        let doc = json!({
+            "ociVersion": "1.0.2",
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid"]}],
+            "annotations": {"cdi.k8s.io/x": "nvidia.com/gpu=0"},
+            "hooks": {},
+            "linux": {
+                "namespaces": [{"type": "mount"}, {"type": "user", "path": "/proc/1/ns/user"}],
+                "devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
+                "resources": {"devices": [{"allow": false, "access": "rwm"}]}
+            }
+        });
+        let c = container_of(&doc);
+        assert!(is_privileged(&c));
+        let view = oci_view(&c);
+        for pointer in [
+            "/process/env",
+            "/mounts",
+            "/annotations",
+            "/linux/namespaces",
+            "/linux/devices",
+        ] {
+            assert_eq!(view.pointer(pointer), doc.pointer(pointer), "{pointer}");
+        }
+        assert!(nvshim::userns::has_user_namespace(&view));
+        let unprivileged = json!({"process": {"env": []}});
+        assert!(!is_privileged(&container_of(&unprivileged)));
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub mod adjust;
 pub mod mux;
 pub mod plugin;
 pub mod proto;
+pub mod specs;

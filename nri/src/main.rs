@@ -1,11 +1,13 @@
 //! `nvshim-nri`: the NRI plugin daemon (README.md, "Kubernetes without a runtime class").
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Parser;
 use nvshim::config::Config;
-use nvshim_nri::adjust::Options;
+use nvshim::install::{self, Tools};
+use nvshim_nri::adjust::{self, Engine, Options};
 use nvshim_nri::plugin::{self, Connection, Handler};
 
 /// Serves nvshim's GPU requests (NVIDIA_VISIBLE_DEVICES, device-plugin mounts and
@@ -36,6 +38,50 @@ struct Cli {
     /// CDI devices itself.
     #[arg(long)]
     no_native_cdi: bool,
+    /// Say what the plugin would answer for a container of this config.json (native CDI or
+    /// raw adjustments, hooks or not) and exit, without connecting.
+    #[arg(long, value_name = "CONFIG_JSON")]
+    explain: Option<PathBuf>,
+    /// With --explain: the engine, as its NRI `Configure` names it.
+    #[arg(long, default_value = "containerd", requires = "explain")]
+    engine: String,
+    /// With --explain: the engine's version (containerd 2.1 and CRI-O 1.34 inject CDI).
+    #[arg(long, default_value = "2.1.0", requires = "explain")]
+    engine_version: String,
+}
+
+/// `--explain`: the answer to a container of `path`, as the log would give it.
+fn explain(config: &Config, options: &Options, engine: Engine, path: &Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let doc: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+    let container = adjust::container_of(&doc);
+    let tools = Tools::in_process(config, install::self_exe().as_deref());
+    let answer = adjust::answer(config, &tools, &engine, options, &container)
+        .map_err(|e| anyhow::anyhow!("refused: {}", nvshim::report::error_text(&e)))?;
+    println!("engine: {} {}", engine.name, engine.version);
+    println!("answer: {}", answer.how.name());
+    println!("served: {}", answer.served.join(", "));
+    let hooks = answer.adjust.hooks.as_ref().map_or(0, |h| {
+        h.prestart.len()
+            + h.create_runtime.len()
+            + h.create_container.len()
+            + h.start_container.len()
+            + h.poststart.len()
+            + h.poststop.len()
+    });
+    println!("OCI hooks: {hooks}");
+    let linux = answer.adjust.linux.as_ref();
+    println!("device nodes: {}", linux.map_or(0, |l| l.devices.len()));
+    println!("mounts: {}", answer.adjust.mounts.len());
+    println!("CDI devices: {}", answer.adjust.cdi_devices.len());
+    for d in &answer.dropped {
+        println!("not done (--no-hooks): {d}");
+    }
+    for w in &answer.warnings {
+        println!("warning: {w}");
+    }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +102,13 @@ fn main() -> anyhow::Result<()> {
         no_hooks: cli.no_hooks,
         no_native_cdi: cli.no_native_cdi,
     };
+    if let Some(path) = &cli.explain {
+        let engine = Engine {
+            name: cli.engine,
+            version: cli.engine_version,
+        };
+        return explain(&config, &options, engine, path);
+    }
     let handler = Arc::new(Handler::new(config_path, options, cli.mandatory));
     let conn = Connection {
         socket: cli.socket,

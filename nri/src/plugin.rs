@@ -2,7 +2,8 @@
 //! made again with back-off whenever the engine goes away (a restart, an upgrade).
 //!
 //! State lives in this process only, and is only the engine's name and version (from
-//! `Configure`): every event plans its container from what the engine sends.
+//! `Configure`) and the CDI registry ([`crate::specs`], renewed on inotify events): every event
+//! plans its container from what the engine sends.
 
 use std::os::fd::IntoRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -17,6 +18,7 @@ use thiserror::Error;
 use crate::adjust::{self, Engine, How, Options};
 use crate::mux;
 use crate::proto::{nri, nri_ttrpc};
+use crate::specs::Specs;
 
 /// NRI's event numbers (its `Event` enum) this plugin subscribes to.
 const CREATE_CONTAINER: i32 = 4;
@@ -57,15 +59,23 @@ pub struct Handler {
     /// start (an error to the engine); otherwise a warning.
     mandatory: bool,
     engine: Mutex<Engine>,
+    /// The CDI registry of the configured spec directories, kept current ([`crate::specs`]).
+    specs: Specs,
 }
 
 impl Handler {
     pub fn new(config: PathBuf, options: Options, mandatory: bool) -> Handler {
+        let specs = Specs::default();
+        // Read the spec directories now, not in the first container's 2 s.
+        if let Ok(c) = Config::load(&config) {
+            specs.registry(&c.cdi_spec_dirs);
+        }
         Handler {
             config,
             options,
             mandatory,
             engine: Mutex::new(Engine::default()),
+            specs,
         }
     }
 
@@ -103,7 +113,7 @@ impl Handler {
             text
         };
         let config = Config::load(&self.config).map_err(|e| refuse(&e))?;
-        let tools = Tools::in_process(&config, install::self_exe().as_deref());
+        let tools = self.tools(&config);
         let answer = adjust::answer(&config, &tools, &engine, &self.options, container)
             .map_err(|e| refuse(&e))?;
         for w in &answer.warnings {
@@ -127,6 +137,13 @@ impl Handler {
         })
     }
 
+    fn tools(&self, config: &Config) -> Tools {
+        Tools {
+            cdi: self.specs.registry(&config.cdi_spec_dirs),
+            ..Tools::in_process(config, install::self_exe().as_deref())
+        }
+    }
+
     /// `StartContainer` (and `PostCreateContainer` where an engine sends it) and
     /// `Synchronize`: plans the container again
     /// as it now is; device nodes the plan would still add are missing. Nothing is kept
@@ -143,7 +160,7 @@ impl Handler {
         let missing = Config::load(&self.config)
             .map_err(|e| nvshim::report::error_text(&e))
             .and_then(|config| {
-                let tools = Tools::in_process(&config, install::self_exe().as_deref());
+                let tools = self.tools(&config);
                 adjust::answer(&config, &tools, &engine, &self.options, container)
                     .map_err(|e| nvshim::report::error_text(&e))
             })

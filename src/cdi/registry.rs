@@ -97,7 +97,7 @@ pub struct Registry {
 }
 
 /// `filepath.Clean` for the directory names (lexical; `..` at the root stays at the root).
-pub(super) fn clean(p: &Path) -> PathBuf {
+pub fn clean(p: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {
@@ -116,7 +116,7 @@ pub(super) fn clean(p: &Path) -> PathBuf {
     out
 }
 
-pub(super) fn is_spec_file(name: &str) -> bool {
+pub fn is_spec_file(name: &str) -> bool {
     // `filepath.Ext` is exactly `.json` or `.yaml`: not `.yml`, not `.JSON`.
     name.ends_with(".json") || name.ends_with(".yaml")
 }
@@ -185,6 +185,28 @@ impl Registry {
     /// only, the others by name: for [`Registry::resolve`] of those names, not for listing.
     pub fn load_for(dirs: &[PathBuf], names: &[String], cache_dir: &Path) -> Registry {
         super::index::load_for(dirs, names, cache_dir)
+    }
+
+    /// The registry of files already read, as [`Registry::load`] would build it from them:
+    /// `files` in scan order (directory, then name), each its spec or its failure's text. For
+    /// a process that keeps the files and reads again only those that changed (nvshim-nri).
+    pub fn from_read(
+        dirs: &[PathBuf],
+        files: impl IntoIterator<Item = (PathBuf, usize, Result<Spec, String>)>,
+    ) -> Registry {
+        let mut reg = Registry::empty(&dirs.iter().map(|d| clean(d)).collect::<Vec<_>>());
+        for (path, priority, read) in files {
+            match read {
+                Ok(spec) => reg.add(LoadedSpec {
+                    path,
+                    priority,
+                    spec,
+                }),
+                Err(message) => reg.push_error(ScanError::Cached { path, message }),
+            }
+        }
+        reg.drop_conflicts();
+        reg
     }
 
     /// No specs yet, for `dirs` (already cleaned).

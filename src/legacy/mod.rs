@@ -1635,6 +1635,7 @@ mod tests {
             &crate::install::Tools {
                 hook: "/usr/bin/nvshim-hook".into(),
                 nvml: nvml::NvmlAccess::InProcess,
+                cdi: None,
             },
         );
         for (devices, c, minors, present, absent) in cases {

@@ -269,6 +269,7 @@ pub fn explain(
     let tools = install::Tools {
         hook: hook_path.to_path_buf(),
         nvml: crate::host::nvml::NvmlAccess::InProcess,
+        cdi: None,
     };
     let result = create::plan_bundle(config, bundle, &tools, &mut trace);
     if let Some(request) = &trace.request {

@@ -2023,6 +2023,36 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
     assert_nothing_mounted_below(w.tmp.path());
 }
 
+/// CNI for a user-namespaced pod, which has its own network namespace (containerd needs an
+/// address for it): loopback and a point-to-point link from Debian's CNI plugins, the config in
+/// `d`/cni and the plugins in `d`/cni-bin, where [`Containerd::start`] points containerd.
+pub(crate) fn ptp_cni(d: &Path) {
+    let (cni, bins) = (d.join("cni"), d.join("cni-bin"));
+    fs::create_dir_all(&cni).unwrap();
+    fs::create_dir_all(&bins).unwrap();
+    fs::write(
+        cni.join("10-nvshim-e2e.conflist"),
+        serde_json::to_vec_pretty(&json!({
+            "cniVersion": "1.0.0",
+            "name": "nvshim-e2e",
+            "plugins": [{
+                "type": "ptp",
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": "10.254.254.0/24",
+                    "dataDir": s(&d.join("cni-ipam"))
+                }
+            }, {"type": "loopback"}]
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    for plugin in ["ptp", "host-local", "loopback"] {
+        symlink(Path::new("/usr/lib/cni").join(plugin), bins.join(plugin)).unwrap();
+    }
+}
+
 /// A user-namespaced pod (`hostUsers: false`: CRI `userns_options`, mode POD, container 0 →
 /// host 100000) with runtime handler `nvidia` gets its GPU by env, by CDI annotation and by
 /// `CDI_devices` (containerd's own CDI), checked from inside as in [`super::userns`]. containerd
@@ -2048,29 +2078,7 @@ fn containerd_cri_runs_gpu_pods_in_a_user_namespace() {
     // the annotation and `CDI_devices`.
     w.generate();
     let d = dir(&w, "cri");
-    let cni = dir(&w, "cri/cni");
-    fs::write(
-        cni.join("10-nvshim-e2e.conflist"),
-        serde_json::to_vec_pretty(&json!({
-            "cniVersion": "1.0.0",
-            "name": "nvshim-e2e",
-            "plugins": [{
-                "type": "ptp",
-                "ipMasq": false,
-                "ipam": {
-                    "type": "host-local",
-                    "subnet": "10.254.254.0/24",
-                    "dataDir": s(&d.join("cni-ipam"))
-                }
-            }, {"type": "loopback"}]
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-    let bins = dir(&w, "cri/cni-bin");
-    for plugin in ["ptp", "host-local", "loopback"] {
-        symlink(Path::new("/usr/lib/cni").join(plugin), bins.join(plugin)).unwrap();
-    }
+    ptp_cni(&d);
     let ctd = Containerd::start(&w, &d);
     ctd.import_images("k8s.io");
     let script = script();

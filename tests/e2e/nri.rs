@@ -506,3 +506,59 @@ fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
     drop(plugin);
     assert_nothing_mounted_below(w.tmp.path());
 }
+
+/// A user-namespaced pod (`hostUsers: false`, as in
+/// `engines::containerd_cri_runs_gpu_pods_in_a_user_namespace`) with the default `runc`
+/// handler asking by env: the plugin sees the user namespace in NRI's
+/// `Container.linux.namespaces`, its adjustment bind-mounts the GPU's node from dev-root
+/// (src/userns.rs) and adds the node at its host path for the cgroup rule. Checked from inside
+/// as in [`super::super::userns`]. containerd 2.0 is the first with user-namespaced pods.
+#[test]
+fn nri_plugin_serves_a_user_namespaced_pod() {
+    if !nri_available() || containerd_version() < (2, 0) {
+        eprintln!("skipped: no NRI or no user-namespaced pods in this containerd");
+        return;
+    }
+    use super::super::userns::{problems, script, HOST_ID, SIZE};
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    // runc init and the hook run as host uid 100000: the fake host must be reachable.
+    fs::set_permissions(w.tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    w.generate();
+    let d = dir(&w, "nri-userns");
+    let nri_sock = d.join("nri.sock");
+    ptp_cni(&d.join("ctd"));
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
+    let script = script();
+    let map = vec![k8s_cri::v1::IdMapping {
+        host_id: HOST_ID,
+        container_id: 0,
+        length: SIZE,
+    }];
+    let userns = k8s_cri::v1::UserNamespace {
+        mode: k8s_cri::v1::NamespaceMode::Pod as i32,
+        uids: map.clone(),
+        gids: map,
+    };
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod_in(channel, "runc", &d.join("pods"), Some(userns)).await;
+        let what = "NRI, user-namespaced pod, NVIDIA_VISIBLE_DEVICES=1";
+        let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
+        let out = pod
+            .run_container("env", &script, &env, &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
+        let report = ProbeReport::parse(&out);
+        assert_no_problems(what, &problems(&w, &report, w.gpu(1)), &report);
+        pod.remove().await;
+    });
+    drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
