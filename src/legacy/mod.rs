@@ -1842,6 +1842,7 @@ mod tests {
             &crate::install::Tools {
                 hook: "/usr/bin/nvshim-hook".into(),
                 nvml: nvml::NvmlAccess::InProcess,
+                cdi: None,
             },
         )
     }
