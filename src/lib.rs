@@ -16,10 +16,11 @@
 //!   (the one error printer), [`runtime`] (argv scan, exec), [`features`] (the answer to `features`), [`logging`], [`nvidia`] (the
 //!   driver facts: files per capability, control nodes, mount options, hook env), [`json`]
 //!   (JSON text as serde_json writes it, faster), [`bundle`] (config.json), [`host`] (the host under its roots, read into one value,
-//!   [`host::Inventory`]; NVML under it), [`install`] (where
-//!   nvshim's binaries are), [`edits`] (container edits, their causes, and applying them).
+//!   [`host::Inventory`]; NVML under it), [`edits`] (container edits, their causes, and
+//!   applying them).
 //! - The `create` pipeline: [`cdi`] (the CDI consumer: names, annotations, specs, registry,
-//!   index), [`rootfs`], [`request`] (what the container asked for, and the route with its
+//!   index), [`install`] (where nvshim's binaries are, and a CDI registry a long-running
+//!   process keeps), [`rootfs`], [`request`] (what the container asked for, and the route with its
 //!   reason), [`legacy`] (`NVIDIA_VISIBLE_DEVICES` resolved against the inventory, into edits
 //!   grouped by cause), [`memory_limits`], [`userns`] (containers with their own user
 //!   namespace), [`create`] (the pipeline itself).

@@ -26,10 +26,11 @@ const ORDER: &[&str] = &[
     "json",
     "bundle",
     "host",
-    "install",
     "edits",
     // the create pipeline
     "cdi",
+    // after cdi: a long-running process hands its kept CDI registry to create in `Tools`
+    "install",
     "rootfs",
     "request",
     "legacy",
