@@ -615,7 +615,7 @@ pub fn env_policy(ask: EnvAsk<'_>, who: &Asker<'_>, config: &Config) -> Verdict 
                 VisibleDevices::List(ids) => ids,
                 VisibleDevices::NoGpus => return Verdict::Ignore,
                 _ if who.allocation.is_empty() => return Verdict::Ignore,
-                _ => return Verdict::Refuse(format!("the container is unprivileged and {setting}: it asks for more than its allocation ({}); unset the variable in the pod", who.allocation.describe())),
+                _ => return Verdict::Refuse(format!("the container is unprivileged and {setting}: it asks for more than its allocation, which holds {}; unset the variable in the pod", who.allocation.describe())),
             };
             if policy == UnprivilegedEnv::Refuse {
                 return Verdict::Refuse(format!("the container is unprivileged (no CAP_SYS_ADMIN) and {setting}, so it would run without the GPUs it asks for; {ENV_FIX}"));
@@ -1461,7 +1461,7 @@ mod tests {
         let err = refused(&with("GPU-aaaa,GPU-bbbb", marker.clone())).unwrap();
         assert!(err.contains("does not name GPU-bbbb"), "{err}");
         let err = refused(&with("all", marker)).unwrap();
-        assert!(err.contains("more than its allocation (GPU-aaaa)"), "{err}");
+        assert!(err.contains("more than its allocation, which holds GPU-aaaa;"), "{err}");
         // CDI annotations back the same names (read in legacy mode too, where they are not
         // the request).
         let legacy = Config {
