@@ -1461,7 +1461,10 @@ mod tests {
         let err = refused(&with("GPU-aaaa,GPU-bbbb", marker.clone())).unwrap();
         assert!(err.contains("does not name GPU-bbbb"), "{err}");
         let err = refused(&with("all", marker)).unwrap();
-        assert!(err.contains("more than its allocation, which holds GPU-aaaa;"), "{err}");
+        assert!(
+            err.contains("more than its allocation, which holds GPU-aaaa;"),
+            "{err}"
+        );
         // CDI annotations back the same names (read in legacy mode too, where they are not
         // the request).
         let legacy = Config {
