@@ -46,12 +46,12 @@ if [ "${NVSHIM_ARM64:-1}" != 0 ] || [ "${CI:-}" = true ]; then
     arm_dir=$(mktemp -d)
     dpkg-deb -c "$arm_deb" > "$arm_dir/deb-files"
     rpm -qlp "$arm_rpm" > "$arm_dir/rpm-files" 2> /dev/null
-    for b in nvshim nvshim-runtime nvshim-hook; do
+    for b in nvshim nvshim-runtime nvshim-hook nvshim-nri; do
         grep -q " \./usr/bin/$b\$" "$arm_dir/deb-files" || fail "$arm_deb lacks /usr/bin/$b"
         grep -qx "/usr/bin/$b" "$arm_dir/rpm-files" || fail "$arm_rpm lacks /usr/bin/$b"
     done
     dpkg-deb -x "$arm_deb" "$arm_dir"
-    for b in nvshim nvshim-runtime nvshim-hook; do
+    for b in nvshim nvshim-runtime nvshim-hook nvshim-nri; do
         file -b "$arm_dir/usr/bin/$b" | grep -q 'ARM aarch64' || fail "$arm_deb: /usr/bin/$b is not aarch64"
         QEMU_LD_PREFIX=$arm64_root "$arm_dir/usr/bin/$b" --version > "$arm_dir/version" 2>&1 \
             || { cat "$arm_dir/version" >&2; fail "$arm_deb: /usr/bin/$b --version failed under qemu"; }
@@ -105,7 +105,7 @@ cleanup() {
 trap cleanup EXIT
 
 dpkg -i "$deb"
-for b in nvshim nvshim-runtime nvshim-hook; do
+for b in nvshim nvshim-runtime nvshim-hook nvshim-nri; do
     [ -x "/usr/bin/$b" ] || fail "/usr/bin/$b not installed"
 done
 for link in nvidia-cdi-hook nvidia-container-runtime-hook; do

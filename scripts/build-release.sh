@@ -15,9 +15,9 @@
 #
 #   scripts/build-release.sh [--target aarch64-unknown-linux-gnu] [CARGO FLAGS...]
 #
-# With --target (Grace and other arm64 nodes; the linker is in .cargo/config.toml), only the
-# three binaries are built, into target/<triple>/release: the rest of the workspace is test
-# tooling that runs on this machine.
+# With --target (Grace and other arm64 nodes; the linker is in .cargo/config.toml), only what
+# ships is built (the three binaries and the NRI plugin), into target/<triple>/release: the
+# rest of the workspace is test tooling that runs on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/release
@@ -35,7 +35,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 if [ -n "${triple:-}" ]; then
   out=target/$triple/release
-  packages=(-p nvshim -p nvshim-hook)
+  packages=(-p nvshim -p nvshim-hook -p nvshim-nri)
   case "$triple" in
     aarch64-*) machine="ARM aarch64" static="statically linked" ;;
     x86_64-*) machine=x86-64 ;;
@@ -51,10 +51,10 @@ for b in nvshim-hook nvshim-runtime; do
     exit 1
   fi
 done
-for b in nvshim nvshim-hook nvshim-runtime; do
+for b in nvshim nvshim-hook nvshim-runtime nvshim-nri; do
   if [ -n "$machine" ] && ! file "$out/$b" | grep -q ", $machine,"; then
     echo "build-release: $out/$b is not an $machine program: $(file -b "$out/$b")" >&2
     exit 1
   fi
 done
-echo "build-release: $out/{nvshim,nvshim-runtime,nvshim-hook} (runtime and hook $static with glibc)"
+echo "build-release: $out/{nvshim,nvshim-runtime,nvshim-hook,nvshim-nri} (runtime and hook $static with glibc)"
