@@ -1348,7 +1348,14 @@ impl Containerd {
         let p = |name: &str| toml_edit::value(s(&d.join(name)));
         doc["root"] = p("root");
         doc["state"] = p("state");
-        doc["grpc"]["address"] = toml_edit::value(s(&sock));
+        // containerd 2.3 prints version 4: its sockets are the server plugins' addresses,
+        // which override `[grpc]` (seen: it served /run/containerd/containerd.sock instead).
+        if doc.get("version").and_then(toml_edit::Item::as_integer) >= Some(4) {
+            doc["plugins"]["io.containerd.server.v1.grpc"]["address"] = toml_edit::value(s(&sock));
+            doc["plugins"]["io.containerd.server.v1.ttrpc"]["address"] = p("c.sock.ttrpc");
+        } else {
+            doc["grpc"]["address"] = toml_edit::value(s(&sock));
+        }
         doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = p("opt");
         // containerd 2.x prints version 3: the CRI settings split into `cri.v1.runtime` and
         // `cri.v1.images`, with the streaming server left in the CRI plugin.
