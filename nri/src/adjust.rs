@@ -520,25 +520,21 @@ fn added_devices(before: &Value, after: &Value) -> Vec<nri::LinuxDevice> {
                     ..Default::default()
                 })
                 .into(),
-            uid: d
-                .get("uid")
-                .and_then(Value::as_u64)
-                .map(|u| nri::OptionalUInt32 {
-                    value: u as u32,
-                    ..Default::default()
-                })
-                .into(),
-            gid: d
-                .get("gid")
-                .and_then(Value::as_u64)
-                .map(|g| nri::OptionalUInt32 {
-                    value: g as u32,
-                    ..Default::default()
-                })
-                .into(),
+            uid: optional_u32(d, "uid").into(),
+            gid: optional_u32(d, "gid").into(),
             ..Default::default()
         })
         .collect()
+}
+
+/// A device's `uid` or `gid` as NRI's optional value.
+fn optional_u32(d: &Value, key: &str) -> Option<nri::OptionalUInt32> {
+    d.get(key)
+        .and_then(Value::as_u64)
+        .map(|v| nri::OptionalUInt32 {
+            value: v as u32,
+            ..Default::default()
+        })
 }
 
 /// What the plan changed in the document, as an NRI adjustment: env set or removed, mounts
