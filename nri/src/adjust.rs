@@ -13,6 +13,7 @@ use nvshim::create::{self, CreateError, Plan, Trace};
 use nvshim::install::Tools;
 use nvshim::request::Route;
 use serde_json::{json, Map, Value};
+use thiserror::Error;
 
 use crate::proto::nri;
 
@@ -297,6 +298,40 @@ fn hook_lists(h: &nri::Hooks) -> [(&'static str, &Vec<nri::Hook>); 6] {
         ("poststart", &h.poststart),
         ("poststop", &h.poststop),
     ]
+}
+
+/// A user-namespaced container whose `linux.devices` the engine filled with GPU nodes that
+/// runc cannot bind-mount ([`engine_devices_in_user_namespace`]).
+#[derive(Debug, Error)]
+#[error("device nodes {} are in the container's linux.devices, put there by the engine (its own CDI injection of a cdi.k8s.io annotation, or the CRI devices), and in a user namespace runc bind-mounts each from the same path on the host, where it is missing or another device (the node is under dev-root {}); NRI cannot remove a device the engine added (an adjustment's removal never reaches the runtime), so the container would fail to start: ask by NVIDIA_VISIBLE_DEVICES or the device plugin's env (served in a user namespace), or run the pod with the `nvidia` runtime class (nvshim-runtime rewrites the nodes), or make the nodes at the host's /dev", .nodes.join(", "), .dev_root.display())]
+pub struct EngineDevicesError {
+    pub nodes: Vec<String>,
+    pub dev_root: std::path::PathBuf,
+}
+
+/// In a user namespace runc bind-mounts each `linux.devices` entry from the host path equal
+/// to its container path (src/userns.rs). Where that is not the node but dev-root has it,
+/// nvshim-runtime rewrites the entry as a bind mount; NRI cannot (containerd 2.1.9 to 2.3.4
+/// vendor NRI v0.8 to v0.12, whose `adjustDevices` applies a removal to the plugins' view
+/// only), so the entries the engine added itself fail the start with runc's error. Refused
+/// here with the reason instead.
+pub fn engine_devices_in_user_namespace(
+    config: &Config,
+    container: &nri::Container,
+) -> Result<(), EngineDevicesError> {
+    let mut view = oci_view(container);
+    if !nvshim::userns::has_user_namespace(&view) {
+        return Ok(());
+    }
+    // The entries nvshim-runtime would move are the ones runc would miss.
+    let nodes = nvshim::userns::bind_device_nodes(&mut view, &[], &config.dev_root);
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    Err(EngineDevicesError {
+        nodes,
+        dev_root: config.dev_root.clone(),
+    })
 }
 
 /// Plans the container as `nvshim-runtime` would plan its bundle and turns the plan into an
@@ -771,6 +806,44 @@ mod tests {
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].minor.as_ref().unwrap().value, 255);
         assert_eq!(a.hooks.as_ref().unwrap().create_container.len(), 1);
+    }
+
+    /// A user-namespaced container holding a node runc would bind from a host path that is
+    /// not the device, while dev-root has it: refused, naming the node and dev-root. The same
+    /// entry without a user namespace, or with dev-root `/` (nothing nvshim could bind either),
+    /// is left to the engine. `/dev/null` (1:3) stands for the GPU node, linked under dev-root.
+    #[test]
+    fn engine_devices_runc_would_miss_in_a_user_namespace_are_refused() {
+        let dev_root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dev_root.path().join("dev")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", dev_root.path().join("dev/nvidia0")).unwrap();
+        let doc = |userns: bool| {
+            let ns = if userns { "user" } else { "pid" };
+            json!({
+                "process": {"env": []},
+                "linux": {
+                    "namespaces": [{"type": ns}],
+                    "devices": [{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3}]
+                }
+            })
+        };
+        let config = Config {
+            dev_root: dev_root.path().into(),
+            ..Config::default()
+        };
+        let err = engine_devices_in_user_namespace(&config, &container_of(&doc(true)))
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "/dev/nvidia0",
+            dev_root.path().to_str().unwrap(),
+            "NRI cannot remove",
+        ] {
+            assert!(err.contains(needle), "{needle:?} not in {err}");
+        }
+        assert!(engine_devices_in_user_namespace(&config, &container_of(&doc(false))).is_ok());
+        let root = Config::default();
+        assert!(engine_devices_in_user_namespace(&root, &container_of(&doc(true))).is_ok());
     }
 
     /// The SONAME link becomes a second bind mount of the library; a link to a directory

@@ -113,6 +113,10 @@ impl Handler {
             text
         };
         let config = Config::load(&self.config).map_err(|e| refuse(&e))?;
+        // The `nvidia` runtime class's nvshim-runtime rewrites such nodes itself.
+        if pod.runtime_handler != "nvidia" {
+            adjust::engine_devices_in_user_namespace(&config, container).map_err(|e| refuse(&e))?;
+        }
         let tools = self.tools(&config);
         let answer = adjust::answer(&config, &tools, &engine, &self.options, container)
             .map_err(|e| refuse(&e))?;

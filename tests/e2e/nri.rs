@@ -512,7 +512,8 @@ fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
 /// handler asking by env: the plugin sees the user namespace in NRI's
 /// `Container.linux.namespaces`, its adjustment bind-mounts the GPU's node from dev-root
 /// (src/userns.rs) and adds the node at its host path for the cgroup rule. Checked from inside
-/// as in [`super::super::userns`]. containerd 2.0 is the first with user-namespaced pods.
+/// as in [`super::super::userns`]. By `cdi.k8s.io` annotation: refused at create with the
+/// reason. containerd 2.0 is the first with user-namespaced pods.
 #[test]
 fn nri_plugin_serves_a_user_namespaced_pod() {
     if !nri_available() || containerd_version() < (2, 0) {
@@ -557,6 +558,32 @@ fn nri_plugin_serves_a_user_namespaced_pod() {
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
         let report = ProbeReport::parse(&out);
         assert_no_problems(what, &problems(&w, &report, w.gpu(1)), &report);
+        // By `cdi.k8s.io` annotation: containerd injects the spec's nodes itself before NRI
+        // and keeps them whatever the adjustment removes; runc would bind the GPU's node from
+        // the host's /dev, where this host has none (dev-root is the fake host's). Refused at
+        // create with that reason, instead of runc's error at start.
+        let annotation = [("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")];
+        let err = pod
+            .run_container("annotation", &script, &[], &annotation, &[], &[])
+            .await
+            .expect_err("a user-namespaced annotation request cannot start here");
+        let dev_root = s(w.host.dev_root());
+        let node = format!("/dev/nvidia{}", w.gpu(0).minor);
+        for needle in [
+            "CreateContainer",
+            "nvshim:",
+            &node,
+            dev_root,
+            "NRI cannot remove a device the engine added",
+            "NVIDIA_VISIBLE_DEVICES",
+            "`nvidia` runtime class",
+        ] {
+            assert!(
+                err.contains(needle),
+                "{needle:?} not in {err}\n{}",
+                logs(&plugin, &ctd)
+            );
+        }
         pod.remove().await;
     });
     drop(ctd);
