@@ -28,7 +28,10 @@ struct Cli {
     /// /etc/nvshim/config.toml.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Fail a container whose requested device nodes the engine dropped (default: warn).
+    /// Fail the start of a container whose requested device nodes are missing (the engine
+    /// dropped them, or it was created while the plugin was down), and stop (SIGKILL) one
+    /// found running so when the plugin connects (default: warn). Needs the host's pid
+    /// namespace.
     #[arg(long)]
     mandatory: bool,
     /// Never put OCI hooks in an adjustment (for engines whose NRI validator rejects them).

@@ -19,6 +19,7 @@ use crate::adjust::{self, Engine, How, Options};
 use crate::mux;
 use crate::proto::{nri, nri_ttrpc};
 use crate::specs::Specs;
+use crate::stop;
 
 /// NRI's event numbers (its `Event` enum) this plugin subscribes to.
 const CREATE_CONTAINER: i32 = 4;
@@ -56,7 +57,8 @@ pub struct Handler {
     config: PathBuf,
     options: Options,
     /// A container whose requested device nodes are missing at `StartContainer` does not
-    /// start (an error to the engine); otherwise a warning.
+    /// start (an error to the engine), and a running one found so at `Synchronize` is
+    /// stopped; otherwise a warning.
     mandatory: bool,
     engine: Mutex<Engine>,
     /// The CDI registry of the configured spec directories, kept current ([`crate::specs`]).
@@ -155,12 +157,19 @@ impl Handler {
     /// (the engine then creates it unadjusted). Mandatory: an error to the engine (the start
     /// fails); otherwise a warning.
     pub fn verify(&self, container: &nri::Container, event: &str) -> Result<(), String> {
+        match self.unserved(container) {
+            None => Ok(()),
+            Some(u) => self.report(container, event, &u),
+        }
+    }
+
+    /// What the container lacks of its request, planned again as it now is.
+    fn unserved(&self, container: &nri::Container) -> Option<Unserved> {
         let engine = self
             .engine
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let who = format!("container {} ({})", container.name, short(&container.id));
         let missing = Config::load(&self.config)
             .map_err(|e| nvshim::report::error_text(&e))
             .and_then(|config| {
@@ -169,10 +178,20 @@ impl Handler {
                     .map_err(|e| nvshim::report::error_text(&e))
             })
             .map(|a| a.expected_devices);
-        let problem = match missing {
-            Ok(m) if m.is_empty() => return Ok(()),
-            Ok(m) => format!("it lacks device nodes its request names: {}; was it created while nvshim-nri was down, or did the engine drop them (its log: CDI registry, NRI validators)?", m.join(", ")),
-            Err(e) => format!("its request would be refused: {e}"),
+        match missing {
+            Ok(m) if m.is_empty() => None,
+            Ok(m) => Some(Unserved::Devices(m)),
+            Err(e) => Some(Unserved::Refused(e)),
+        }
+    }
+
+    /// Logs what `unserved` found: mandatory, an error (returned, for the engine); otherwise
+    /// a warning.
+    fn report(&self, container: &nri::Container, event: &str, u: &Unserved) -> Result<(), String> {
+        let who = format!("container {} ({})", container.name, short(&container.id));
+        let problem = match u {
+            Unserved::Devices(m) => format!("it lacks device nodes its request names: {}; was it created while nvshim-nri was down, or did the engine drop them (its log: CDI registry, NRI validators)?", m.join(", ")),
+            Unserved::Refused(e) => format!("its request would be refused: {e}"),
         };
         let text = format!("nvshim: {who} at {event}: {problem}");
         if self.mandatory {
@@ -182,6 +201,80 @@ impl Handler {
             tracing::warn!("{text} (fail-open: it runs as it is; --mandatory stops it)");
             Ok(())
         }
+    }
+
+    /// `Synchronize`: every container the engine has, checked. Mandatory, a running one
+    /// that lacks its device nodes (created and started while the plugin was down: the
+    /// engine asked no plugin) is stopped, after this answer (a thread: the engine waits
+    /// for the answer). A created one fails at its start; a refusal is only logged (a
+    /// policy edited after a served container started must not kill it).
+    fn synchronize_containers(&self, req: &nri::SynchronizeRequest) {
+        use nri::ContainerState::{CONTAINER_RUNNING, CONTAINER_STOPPED};
+        let mut to_stop = Vec::new();
+        for c in &req.containers {
+            let state = c.state.enum_value_or_default();
+            if state == CONTAINER_STOPPED {
+                continue;
+            }
+            let Some(u) = self.unserved(c) else {
+                continue;
+            };
+            // An error here would only fail the registration.
+            let _ = self.report(c, "Synchronize", &u);
+            if let (true, CONTAINER_RUNNING, Unserved::Devices(m)) = (self.mandatory, state, u) {
+                let pod = req.pods.iter().find(|p| p.id == c.pod_sandbox_id);
+                to_stop.push(Running {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    pod: pod.map_or_else(
+                        || c.pod_sandbox_id.clone(),
+                        |p| format!("{}/{}", p.namespace, p.name),
+                    ),
+                    pid: c.pid,
+                    missing: m,
+                });
+            }
+        }
+        if !to_stop.is_empty() {
+            std::thread::spawn(move || to_stop.iter().for_each(stop_unserved));
+        }
+    }
+}
+
+/// What a container lacks of its request.
+enum Unserved {
+    /// The device nodes its request names that it does not have.
+    Devices(Vec<String>),
+    /// Its request would be refused now (or nvshim's config cannot be read).
+    Refused(String),
+}
+
+/// A running container to stop: `--mandatory` found it without its device nodes.
+struct Running {
+    id: String,
+    name: String,
+    /// `namespace/name`.
+    pod: String,
+    pid: u32,
+    missing: Vec<String>,
+}
+
+/// Kills the container's process ([`stop::kill_container_process`]) and says so.
+fn stop_unserved(c: &Running) {
+    let who = format!(
+        "container {} ({}) of pod {}, process {}",
+        c.name,
+        short(&c.id),
+        c.pod,
+        c.pid
+    );
+    let why = format!(
+        "it runs without device nodes its request names ({}): it was started while nvshim-nri was down or ran without --mandatory",
+        c.missing.join(", ")
+    );
+    match stop::kill_container_process(c.pid, &c.id) {
+        Ok(()) => tracing::error!("nvshim: stopped {who} with SIGKILL (--mandatory): {why}; the pod's restartPolicy decides what follows: a new container is served (restartPolicy Never: delete the pod and create it again)"),
+        Err(e) => tracing::error!("nvshim: {who}: {why}, and --mandatory could not stop it: {}", nvshim::report::error_text(&e)),
     }
 }
 
@@ -233,11 +326,7 @@ impl nri_ttrpc::Plugin for Handler {
             containers = req.containers.len(),
             "synchronized with the engine"
         );
-        // Containers created (and started) while the plugin was away: named in the log. An
-        // error here would only fail the registration.
-        for c in &req.containers {
-            let _ = self.verify(c, "Synchronize");
-        }
+        self.synchronize_containers(&req);
         Ok(nri::SynchronizeResponse::default())
     }
 

@@ -372,7 +372,8 @@ fn check_daemon_set(m: &Manifests) -> String {
 }
 
 /// overlays/nri: the plugin runs the binary the installer puts on the host, from the
-/// installer's image, and the installer turns containerd's NRI on (`--nri`).
+/// installer's image, in the host's pid namespace, and the installer turns containerd's NRI
+/// on (`--nri`).
 fn check_nri_daemon_set(m: &Manifests) {
     let by_name = |n: &str| {
         m.daemon_sets
@@ -394,6 +395,19 @@ fn check_nri_daemon_set(m: &Manifests) {
     };
     let installer = container("nvshim-installer");
     let plugin = container("nvshim-nri");
+    // `--mandatory` kills a container's process by the pid the engine gives (nri/src/stop.rs).
+    let pod_spec = by_name("nvshim-nri")
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone();
+    assert_eq!(
+        pod_spec.unwrap().host_pid,
+        Some(true),
+        "nvshim-nri needs hostPID"
+    );
     assert_eq!(plugin.image, installer.image, "the installer's image");
     let env: BTreeMap<String, String> = installer
         .env

@@ -1922,20 +1922,36 @@ mod cri {
             Ok(stdout)
         }
 
-        async fn wait_exited(&mut self, id: &str) -> Result<i32, String> {
+        /// CRI StartContainer alone.
+        pub async fn start(&mut self, id: &str) -> Result<(), String> {
+            self.rt
+                .start_container(StartContainerRequest {
+                    container_id: id.into(),
+                })
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("StartContainer: {e}"))
+        }
+
+        /// The container's CRI ContainerStatus.
+        pub async fn status(&mut self, id: &str) -> Result<ContainerStatus, String> {
+            self.rt
+                .container_status(ContainerStatusRequest {
+                    container_id: id.into(),
+                    verbose: false,
+                })
+                .await
+                .map_err(|e| format!("ContainerStatus: {e}"))?
+                .into_inner()
+                .status
+                .ok_or_else(|| "ContainerStatus without a status".into())
+        }
+
+        /// Waits (60 s at most) for the container to exit: its exit code.
+        pub async fn wait_exited(&mut self, id: &str) -> Result<i32, String> {
             let start = Instant::now();
             loop {
-                let status = self
-                    .rt
-                    .container_status(ContainerStatusRequest {
-                        container_id: id.into(),
-                        verbose: false,
-                    })
-                    .await
-                    .map_err(|e| format!("ContainerStatus: {e}"))?
-                    .into_inner()
-                    .status
-                    .ok_or("ContainerStatus without a status")?;
+                let status = self.status(id).await?;
                 if status.state == ContainerState::ContainerExited as i32 {
                     return Ok(status.exit_code);
                 }

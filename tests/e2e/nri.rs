@@ -377,11 +377,12 @@ fn nri_plugin_serves_mig_and_imex_requests() {
     assert_nothing_mounted_below(w.tmp.path());
 }
 
-/// The plugin killed: containerd creates the next container without asking anyone (NRI has
-/// no plugin then). The plugin restarted, it finds that container at `Synchronize` and at
-/// `StartContainer`, plans it again and, `--mandatory`, fails its start with the reason; at
-/// its default (fail-open) the container runs, named in a warning. Served containers before
-/// and after pass both checks.
+/// The plugin killed: containerd creates the next containers without asking anyone (NRI has
+/// no plugin then), and starts one of them. The plugin restarted, it finds them at
+/// `Synchronize` (and the created one at `StartContainer`), plans them again and,
+/// `--mandatory`, fails the created one's start with the reason and kills the running one
+/// (CRI: exited, 137, SIGKILL); at its default (fail-open) both run, named in warnings.
+/// Served containers before and after pass every check.
 #[test]
 fn nri_plugin_restarted_finds_containers_created_without_it() {
     if !nri_available() {
@@ -415,6 +416,13 @@ fn nri_plugin_restarted_finds_containers_created_without_it() {
                 .create_container("unserved", &script, &env, &[], &[], &[])
                 .await
                 .expect("containerd creates containers with no NRI plugin");
+            let running = pod
+                .create_container("unserved-running", "exec sleep 600", &env, &[], &[], &[])
+                .await
+                .expect("containerd creates containers with no NRI plugin");
+            pod.start(&running)
+                .await
+                .expect("containerd starts containers with no NRI plugin");
             let plugin = start_plugin(&w, &plugin_dir, &nri_sock, extra, &[]);
             let started = pod.start_to_end("unserved", created).await;
             let log = fs::read_to_string(&plugin.log).unwrap();
@@ -428,11 +436,39 @@ fn nri_plugin_restarted_finds_containers_created_without_it() {
                     for needle in ["nvshim:", "unserved", "lacks device nodes"] {
                         assert!(err.contains(needle), "{needle:?} not in {err}\n{log}");
                     }
+                    // Started while the plugin was down: killed once it is back.
+                    let code = pod.wait_exited(&running).await.unwrap_or_else(|e| {
+                        panic!("mandatory, unserved-running: {e}\n{}", logs(&plugin, &ctd))
+                    });
+                    let log = fs::read_to_string(&plugin.log).unwrap();
+                    assert_eq!(code, 137, "unserved-running: not SIGKILLed\n{log}");
+                    assert!(
+                        log.lines()
+                            .any(|l| l.contains("stopped container unserved-running")
+                                && l.contains("SIGKILL")
+                                && l.contains("of pod nvshim-e2e/gpu-pod")),
+                        "{log}"
+                    );
                 }
                 _ => {
                     let out = started.unwrap_or_else(|e| panic!("fail-open: {e}\n{log}"));
                     assert_gpus(&w, "fail-open, unserved", &ProbeReport::parse(&out), &[]);
                     assert!(log.contains("fail-open"), "{log}");
+                    // Started while the plugin was down: it keeps running, named in a warning.
+                    assert!(
+                        log.lines().any(|l| l.contains("container unserved-running")
+                            && l.contains("at Synchronize")
+                            && l.contains("fail-open")),
+                        "{log}"
+                    );
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let status = pod.status(&running).await.unwrap();
+                    assert_eq!(
+                        status.state,
+                        k8s_cri::v1::ContainerState::ContainerRunning as i32,
+                        "fail-open, unserved-running\n{}",
+                        logs(&plugin, &ctd)
+                    );
                 }
             }
             let out = pod
