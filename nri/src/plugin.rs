@@ -116,7 +116,7 @@ impl Handler {
         };
         let config = Config::load(&self.config).map_err(|e| refuse(&e))?;
         // The `nvidia` runtime class's nvshim-runtime rewrites such nodes itself.
-        if pod.runtime_handler != "nvidia" {
+        if !runtime_class_pod(pod) {
             adjust::engine_devices_in_user_namespace(&config, container).map_err(|e| refuse(&e))?;
         }
         let tools = self.tools(&config);
@@ -207,13 +207,17 @@ impl Handler {
     /// that lacks its device nodes (created and started while the plugin was down: the
     /// engine asked no plugin) is stopped, after this answer (a thread: the engine waits
     /// for the answer). A created one fails at its start; a refusal is only logged (a
-    /// policy edited after a served container started must not kill it).
+    /// policy edited after a served container started must not kill it); a stopped one and
+    /// those of `nvidia` runtime-class pods are not checked.
     fn synchronize_containers(&self, req: &nri::SynchronizeRequest) {
         use nri::ContainerState::{CONTAINER_RUNNING, CONTAINER_STOPPED};
         let mut to_stop = Vec::new();
         for c in &req.containers {
             let state = c.state.enum_value_or_default();
-            if state == CONTAINER_STOPPED {
+            let pod = req.pods.iter().find(|p| p.id == c.pod_sandbox_id);
+            // A runtime-class pod's nvshim-runtime served it in config.json, which NRI does
+            // not show.
+            if state == CONTAINER_STOPPED || pod.is_some_and(runtime_class_pod) {
                 continue;
             }
             let Some(u) = self.unserved(c) else {
@@ -222,7 +226,6 @@ impl Handler {
             // An error here would only fail the registration.
             let _ = self.report(c, "Synchronize", &u);
             if let (true, CONTAINER_RUNNING, Unserved::Devices(m)) = (self.mandatory, state, u) {
-                let pod = req.pods.iter().find(|p| p.id == c.pod_sandbox_id);
                 to_stop.push(Running {
                     id: c.id.clone(),
                     name: c.name.clone(),
@@ -239,6 +242,12 @@ impl Handler {
             std::thread::spawn(move || to_stop.iter().for_each(stop_unserved));
         }
     }
+}
+
+/// A pod of the `nvidia` runtime class (the handler `nvshim runtime configure` installs:
+/// src/ops/engine's `DEFAULT_RUNTIME_NAME`), whose containers nvshim-runtime serves.
+fn runtime_class_pod(pod: &nri::PodSandbox) -> bool {
+    pod.runtime_handler == "nvidia"
 }
 
 /// What a container lacks of its request.
