@@ -612,7 +612,8 @@ fn nri_required_refused_before_containerd_2_2() {
 
 /// containerd 2.2 and later, configured with `--nri --nri-required`: while nvshim-nri is
 /// absent NRI's default validator refuses every container at CreateContainer (a GPU request
-/// never starts without its GPUs); with the plugin registered the same request is served.
+/// never starts without its GPUs) but those of a pod annotated
+/// `nvshim.io/tolerate-missing-nri: "true"`; with the plugin registered the request is served.
 /// Skipped (printed) on older containerd: put containerd 2.2+ first on PATH to run it.
 #[test]
 fn nri_required_refuses_containers_while_the_plugin_is_absent() {
@@ -655,6 +656,43 @@ fn nri_required_refuses_containers_while_the_plugin_is_absent() {
                 ctd.log_tail()
             );
         }
+        // A pod annotated as the plugin's own and the installer's pods are
+        // (packaging/kubernetes/overlays/nri) starts without the plugin; a GPU request there
+        // gets nothing, as with no plugin at all.
+        let mut config = pod.config.clone();
+        let meta = config.metadata.as_mut().unwrap();
+        meta.uid = format!("{}-tolerated", meta.uid);
+        meta.name = "tolerated-pod".into();
+        config.annotations.insert(
+            nvshim::ops::engine::containerd::NRI_TOLERATE_ANNOTATION.into(),
+            "true".into(),
+        );
+        let log_dir = pod.log_dir.join("tolerated");
+        fs::create_dir_all(&log_dir).unwrap();
+        config.log_directory = s(&log_dir).into();
+        let sandbox = k8s_cri::v1::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: "runc".into(),
+        };
+        let id = (pod.rt.run_pod_sandbox(sandbox).await)
+            .unwrap_or_else(|e| panic!("tolerated pod: {e}\n{}", ctd.log_tail()))
+            .into_inner()
+            .pod_sandbox_id;
+        let mut tolerated = cri::Pod {
+            rt: pod.rt.clone(),
+            id,
+            config,
+            log_dir,
+            privileged: false,
+            mounts: Vec::new(),
+        };
+        let out = tolerated
+            .run_container("tolerated", &script, &env, &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("tolerated pod: {e}\n{}", ctd.log_tail()));
+        assert_gpus(&w, "tolerated, no plugin", &ProbeReport::parse(&out), &[]);
+        tolerated.remove().await;
+
         let plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
         let out = pod
             .run_container("served", &script, &env, &[], &[], &[])
