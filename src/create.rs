@@ -288,7 +288,8 @@ pub fn plan_bundle(
         Route::Legacy(_) => {
             let host = host_from(config);
             let settings = legacy::Settings {
-                bundle: absolute_bundle(&plan),
+                bundle: absolute_bundle(&plan)
+                    .filter(|_| !legacy::unnamed_fixups_in(&plan.edited, &tools.hook)),
                 ..legacy::Settings::new(config, tools)
             };
             let (platform, _) = crate::host::platform::detect(&host, config.platform);
@@ -689,7 +690,9 @@ fn apply_cdi(
     // A spec nvshim generated runs nvshim's fix-ups hook: one process for all its devices,
     // and named the bundle, it need not wait for the OCI state (as for a legacy request).
     legacy::merge_fixups(&mut groups, &tools.hook);
-    if let Some(bundle) = absolute_bundle(plan) {
+    let named =
+        absolute_bundle(plan).filter(|_| !legacy::unnamed_fixups_in(&plan.edited, &tools.hook));
+    if let Some(bundle) = named {
         for hook in groups.iter_mut().flat_map(|g| &mut g.edits.hooks) {
             legacy::name_bundle(hook, &tools.hook, &bundle);
         }

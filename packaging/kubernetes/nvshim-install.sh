@@ -30,6 +30,10 @@
 #                             it on where it is off, as on containerd 1.7, for DRA claims) [true]
 #   ENABLE_NRI                true: also turn containerd's NRI on where it is off (1.7), for
 #                             the nvshim-nri DaemonSet (overlays/nri)                   [false]
+#   REQUIRE_NRI               true (with ENABLE_NRI): containerd 2.2+ refuses every container
+#                             while nvshim-nri is absent (`--nri-required`); pods annotated
+#                             nvshim.io/tolerate-missing-nri: "true" still start. The
+#                             install fails on an older containerd                     [false]
 #   CREATE_DEV_CHAR_SYMLINKS  false: skip `nvshim system create-dev-char-symlinks`        [true]
 #   RESTART_CONTAINERD        systemd (systemctl in the host's PID 1 namespaces) or none [systemd]
 #   CDI_SPEC                  the node's CDI spec, kept by `nvshim cdi refresh`; none: no
@@ -98,6 +102,9 @@ install() {
     fi
     if [ "${ENABLE_NRI:-false}" = true ]; then
         set -- "$@" --nri
+        if [ "${REQUIRE_NRI:-false}" = true ]; then
+            set -- "$@" --nri-required
+        fi
     fi
     # Every config version containerd writes is read (1 to 4; a later one with version 3's
     # layout and a warning), so a containerd 2.3 node does not stop the installer here.

@@ -172,6 +172,13 @@ struct EngineArgs {
     /// nvshim-nri plugin. `unconfigure` turns it off again if configure turned it on.
     #[arg(long)]
     nri: bool,
+    /// containerd 2.2 and later, with --nri: make nvshim-nri a required NRI plugin (NRI's
+    /// default validator), so containerd refuses to create any container while the plugin is
+    /// absent; pods annotated `nvshim.io/tolerate-missing-nri: "true"` (the plugin's own)
+    /// still start. Refused for older containerd, which would ignore it: use `nvshim-nri
+    /// --mandatory` there. `unconfigure` removes what it added.
+    #[arg(long, requires = "nri")]
+    nri_required: bool,
     /// The engine's release, MAJOR.MINOR, when the daemon on PATH is not the one that reads the
     /// config [default: from `dockerd --version` / `containerd --version`].
     #[arg(long, value_name = "MAJOR.MINOR", value_parser = parse_engine_version)]
@@ -291,6 +298,7 @@ fn runtime_command(cmd: &RuntimeCommand) -> anyhow::Result<ExitCode> {
         "--nri is for containerd (CRI-O has NRI on from 1.30: its `enable_nri`)"
     );
     opts.enable_nri = args.nri;
+    opts.require_nri = args.nri_required;
     // The engine's CDI reads the spec directories nvshim reads. Best effort: a config that does
     // not load leaves the defaults (the engine's own) and stops nothing. Here `--config` is the
     // engine's file, so nvshim's own comes from $NVSHIM_CONFIG or its default path only.

@@ -1135,6 +1135,27 @@ pub fn name_bundle(hook: &mut Hook, hook_path: &Path, bundle: &Path) {
     hook.args.push(bundle.to_string_lossy().into_owned());
 }
 
+/// Whether `spec` already runs nvshim's fix-ups hook (`hook_path ... fixups`) without a
+/// bundle: what nvshim-nri puts into a container it adjusted (an NRI plugin never sees the
+/// bundle). nvshim-runtime on such a container (a node running both the plugin and the
+/// `nvidia` runtime class) then leaves its own hook unnamed too: the same hook, which
+/// `edits::apply` does not add a second time.
+pub fn unnamed_fixups_in(spec: &serde_json::Value, hook_path: &Path) -> bool {
+    let hooks = spec
+        .pointer("/hooks/createContainer")
+        .and_then(serde_json::Value::as_array);
+    hooks.into_iter().flatten().any(|h| {
+        let args: Vec<&str> = (h.get("args").and_then(serde_json::Value::as_array))
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .collect();
+        h.get("path").and_then(serde_json::Value::as_str) == hook_path.to_str()
+            && args.get(1) == Some(&"fixups")
+            && !args.contains(&"--bundle")
+    })
+}
+
 /// Merges nvshim's fix-ups hooks (`hook_path ... fixups`, as [`container_hooks`] writes them)
 /// among `groups` into one: those that only make links (a generated spec's per-device hooks
 /// for the DRM `by-path` links) give their links to the first other one, so a container runs
@@ -2030,6 +2051,24 @@ mod tests {
             name_bundle(&mut other, ours, bundle);
             assert_eq!(other, before);
         }
+    }
+
+    /// nvshim-nri's fix-ups hook (no bundle) in the spec: nvshim-runtime then names none and
+    /// adds no second one. Its own named hook (a retried create), another binary's or another
+    /// subcommand's does not count.
+    #[test]
+    fn unnamed_fixups_hook_of_an_nri_plugin_is_found() {
+        let ours = Path::new("/usr/bin/nvshim-hook");
+        let spec = |args: &[&str], path: &str| serde_json::json!({"hooks": {"createContainer": [{"path": path, "args": args}]}});
+        let hook = "/usr/bin/nvshim-hook";
+        let fixups = ["nvshim-hook", "fixups", "--folder", "/l"];
+        assert!(unnamed_fixups_in(&spec(&fixups, hook), ours));
+        let named = [&fixups[..], &["--bundle", "/run/b/1"]].concat();
+        assert!(!unnamed_fixups_in(&spec(&named, hook), ours));
+        assert!(!unnamed_fixups_in(&spec(&fixups, "/opt/nvshim-hook"), ours));
+        let other = ["nvshim-hook", "update-ldcache"];
+        assert!(!unnamed_fixups_in(&spec(&other, hook), ours));
+        assert!(!unnamed_fixups_in(&serde_json::json!({}), ours));
     }
 
     /// A generated spec's per-device link hooks join the spec's own fix-ups hook, in whichever

@@ -424,6 +424,26 @@ fn check_nri_daemon_set(m: &Manifests) {
     );
     let script = fs::read_to_string(root().join("packaging/kubernetes/nvshim-install.sh")).unwrap();
     assert!(script.contains("nvshim-nri") && script.contains("--nri"));
+    // Both pods start while the plugin is absent where REQUIRE_NRI (`--nri-required`) made
+    // containerd require it: the annotation configure names.
+    assert!(script.contains("REQUIRE_NRI") && script.contains("--nri-required"));
+    let annotation = nvshim::ops::engine::containerd::NRI_TOLERATE_ANNOTATION;
+    for name in ["nvshim-installer", "nvshim-nri"] {
+        let annotations = by_name(name)
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            annotations.get(annotation).map(String::as_str),
+            Some("true"),
+            "{name}: {annotations:?}"
+        );
+    }
 }
 
 /// What each overlay changes in the base's config, and nothing else (the rest of its config

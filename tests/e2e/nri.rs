@@ -23,9 +23,14 @@ type Pair<'a> = (&'a str, &'a str);
 /// containerd with NRI on (`nvshim runtime configure --nri`: containerd 1.7 has it off),
 /// its socket `nri_sock`.
 fn containerd_with_nri(w: &World, d: &Path, nri_sock: &Path) -> Containerd {
+    containerd_configured_with(w, d, nri_sock, &["--nri"])
+}
+
+/// [`containerd_with_nri`] with `args` for `nvshim runtime configure` (`--nri-required`).
+fn containerd_configured_with(w: &World, d: &Path, nri_sock: &Path, args: &[&str]) -> Containerd {
     let nri_sock = nri_sock.to_path_buf();
     let d2 = d.to_path_buf();
-    Containerd::start_with(w, d, &["--nri"], move |doc| {
+    Containerd::start_with(w, d, args, move |doc| {
         let nri = &mut doc["plugins"]["io.containerd.nri.v1.nri"];
         nri["socket_path"] = toml_edit::value(s(&nri_sock));
         nri["plugin_path"] = toml_edit::value(s(&d2.join("nri-plugins")));
@@ -623,5 +628,267 @@ fn nri_plugin_serves_a_user_namespaced_pod() {
         pod.remove().await;
     });
     drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// `--nri-required` against the containerd on PATH when it is older than 2.2 (sid's 2.1.9,
+/// trixie's 1.7.24), its release from `containerd --version`: one error naming the release and
+/// the fallback (`nvshim-nri --mandatory`), exit status 1, the config untouched. Such a
+/// containerd would ignore the validator's keys with only a warning ("Ignoring unknown key").
+#[test]
+fn nri_required_refused_before_containerd_2_2() {
+    let version = containerd_version();
+    if version >= (2, 2) {
+        eprintln!("skipped: containerd {version:?} has NRI's default validator");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let config = d.path().join("config.toml");
+    let default = run(
+        Command::new("containerd").args(["config", "default"]),
+        Duration::from_secs(30),
+    )
+    .expect_ok();
+    fs::write(&config, &default.stdout).unwrap();
+    let out = runtime_cmd(
+        "configure",
+        "containerd",
+        &config,
+        &["--nri", "--nri-required"],
+    );
+    assert_eq!(out.code, Some(1), "{out}");
+    let release = format!("containerd {}.{}", version.0, version.1);
+    for needle in [
+        release.as_str(),
+        "--nri-required needs containerd 2.2 or later",
+        "Ignoring unknown key",
+        "nvshim-nri with --mandatory",
+        "nothing was changed",
+    ] {
+        assert!(out.stderr.contains(needle), "{needle:?} not in:\n{out}");
+    }
+    assert_eq!(out.stderr.lines().count(), 1, "one error:\n{out}");
+    assert_eq!(fs::read_to_string(&config).unwrap(), default.stdout);
+    assert!(!config.with_file_name("conf.d").exists());
+    assert!(!backup_dir(&config).exists(), "nothing backed up");
+}
+
+/// containerd 2.2 and later, configured with `--nri --nri-required`: while nvshim-nri is
+/// absent NRI's default validator refuses every container at CreateContainer (a GPU request
+/// never starts without its GPUs) but those of a pod annotated
+/// `nvshim.io/tolerate-missing-nri: "true"`; with the plugin registered the request is served.
+/// Skipped (printed) on older containerd: put containerd 2.2+ first on PATH to run it.
+#[test]
+fn nri_required_refuses_containers_while_the_plugin_is_absent() {
+    let version = containerd_version();
+    if version < (2, 2) {
+        eprintln!("skipped: containerd {version:?} has no NRI default validator (2.2 and later)");
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let d = dir(&w, "nri-required");
+    let nri_sock = d.join("nri.sock");
+    let ctd =
+        containerd_configured_with(&w, &d.join("ctd"), &nri_sock, &["--nri", "--nri-required"]);
+    ctd.import_images("k8s.io");
+    let script = script(&w);
+    let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
+        let err = pod
+            .create_container("no-plugin", &script, &env, &[], &[], &[])
+            .await
+            .expect_err("containerd should refuse a container while nvshim-nri is absent");
+        // The CRI error quotes the validator's message (`required plugin "nvshim" not
+        // present`) with its quotes escaped.
+        for needle in [
+            "00-default-validator",
+            "required plugin",
+            "nvshim",
+            "not present",
+        ] {
+            assert!(
+                err.contains(needle),
+                "{needle:?} not in {err}\n{}",
+                ctd.log_tail()
+            );
+        }
+        // A pod annotated as the plugin's own and the installer's pods are
+        // (packaging/kubernetes/overlays/nri) starts without the plugin; a GPU request there
+        // gets nothing, as with no plugin at all.
+        let mut config = pod.config.clone();
+        let meta = config.metadata.as_mut().unwrap();
+        meta.uid = format!("{}-tolerated", meta.uid);
+        meta.name = "tolerated-pod".into();
+        config.annotations.insert(
+            nvshim::ops::engine::containerd::NRI_TOLERATE_ANNOTATION.into(),
+            "true".into(),
+        );
+        let log_dir = pod.log_dir.join("tolerated");
+        fs::create_dir_all(&log_dir).unwrap();
+        config.log_directory = s(&log_dir).into();
+        let sandbox = k8s_cri::v1::RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: "runc".into(),
+        };
+        let id = (pod.rt.run_pod_sandbox(sandbox).await)
+            .unwrap_or_else(|e| panic!("tolerated pod: {e}\n{}", ctd.log_tail()))
+            .into_inner()
+            .pod_sandbox_id;
+        let mut tolerated = cri::Pod {
+            rt: pod.rt.clone(),
+            id,
+            config,
+            log_dir,
+            privileged: false,
+            mounts: Vec::new(),
+        };
+        let out = tolerated
+            .run_container("tolerated", &script, &env, &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("tolerated pod: {e}\n{}", ctd.log_tail()));
+        assert_gpus(&w, "tolerated, no plugin", &ProbeReport::parse(&out), &[]);
+        tolerated.remove().await;
+
+        let plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
+        let out = pod
+            .run_container("served", &script, &env, &[], &[], &[])
+            .await
+            .unwrap_or_else(|e| panic!("with the plugin: {e}\n{}", logs(&plugin, &ctd)));
+        assert_gpus(
+            &w,
+            "--nri-required, plugin up",
+            &ProbeReport::parse(&out),
+            &[w.gpu(1)],
+        );
+        pod.remove().await;
+        drop(plugin);
+    });
+    drop(ctd);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// A node running both: nvshim-nri registered and nvshim-runtime as the `nvidia` handler
+/// (what [`Containerd::start`] registers). A pod with runtime class `nvidia` asking by
+/// `NVIDIA_VISIBLE_DEVICES` and one asking by `cdi.k8s.io` annotation: the plugin adjusts
+/// each container at create, nvshim-runtime then finds that spec. Each gets exactly its GPUs
+/// (device nodes, libcuda in `ldconfig -p`, nvidia-smi), no mount point twice and no hook
+/// twice in the spec runc ran, and nothing in either log is an error.
+#[test]
+fn nri_plugin_beside_the_nvidia_runtime_class() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    write_cdi_spec(&w, &w.run_cdi);
+    let d = dir(&w, "nri-both");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
+    // The probe, then every mount point of the container, one per line.
+    let script = format!(
+        "{}\nawk '{{print \"MOUNTPOINT \" $5}}' /proc/self/mountinfo\nsleep 1\n",
+        script(&w)
+    );
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tokio.block_on(async {
+        let channel = cri::connect(&ctd.sock).await;
+        let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;
+        let cases: [(&str, &[Pair], &[Pair], usize); 2] = [
+            ("env", &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], 1),
+            (
+                "annotation",
+                &[],
+                &[("cdi.k8s.io/nvshim-e2e", "nvidia.com/gpu=0")],
+                0,
+            ),
+        ];
+        for (name, env, annotations, gpu) in cases {
+            let what = format!("NRI plugin and handler nvidia, {name}");
+            let fail = |e: String| {
+                panic!(
+                    "{what}: {e}\n{}\n--- nvshim.log ---\n{}",
+                    logs(&plugin, &ctd),
+                    w.shim_log()
+                )
+            };
+            let created = pod
+                .create_container(name, &script, env, annotations, &[], &[])
+                .await
+                .unwrap_or_else(fail);
+            // The spec runc ran: the bundle's config.json once runc created the container
+            // (`init.pid`), read while the container sleeps; containerd removes the bundle
+            // when it exits.
+            let bundle = ctd
+                .dir
+                .join("state/io.containerd.runtime.v2.task/k8s.io")
+                .join(&created);
+            let spec = async {
+                loop {
+                    if bundle.join("init.pid").exists() {
+                        let text = fs::read_to_string(bundle.join("config.json")).unwrap();
+                        return serde_json::from_str::<Value>(&text).unwrap();
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            let (out, spec) = tokio::join!(pod.start_to_end(name, created), spec);
+            let out = out.unwrap_or_else(fail);
+            assert_gpus(&w, &what, &ProbeReport::parse(&out), &[w.gpu(gpu)]);
+            let mut seen = std::collections::BTreeSet::new();
+            let twice: Vec<&str> = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("MOUNTPOINT "))
+                .filter(|m| !seen.insert(*m))
+                .collect();
+            assert!(twice.is_empty(), "{what}: mounted twice: {twice:?}\n{out}");
+            // A hook is the same job when it runs the same binary's same subcommand (the
+            // runtime's fix-ups hook differs from the plugin's only by `--bundle`).
+            let hooks = spec["hooks"].as_object().cloned().unwrap_or_default();
+            for (kind, list) in hooks {
+                let mut seen = std::collections::BTreeSet::new();
+                for h in list.as_array().cloned().unwrap_or_default() {
+                    let job = (h["path"].to_string(), h["args"][1].to_string());
+                    assert!(seen.insert(job), "{what}: {kind} hook twice: {h}\n{spec:#}");
+                }
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for dev in spec["linux"]["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                assert!(
+                    seen.insert(dev["path"].to_string()),
+                    "{what}: device {} twice\n{spec:#}",
+                    dev["path"]
+                );
+            }
+        }
+        pod.remove().await;
+    });
+    let shim_log = w.shim_log();
+    let plugin_log = fs::read_to_string(&plugin.log).unwrap();
+    eprintln!("--- nvshim.log ---\n{shim_log}\n--- nvshim-nri ---\n{plugin_log}");
+    for (who, log) in [("nvshim-runtime", &shim_log), ("nvshim-nri", &plugin_log)] {
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("ERROR") || l.contains("WARN")),
+            "{who} logged a problem:\n{log}"
+        );
+    }
+    drop(ctd);
+    drop(plugin);
     assert_nothing_mounted_below(w.tmp.path());
 }

@@ -119,7 +119,7 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
     let mut doc = tomldoc::parse(path, before.as_deref())?;
     let found = version(path, &doc)?;
     let version = found.unwrap_or(2);
-    let warnings: Vec<String> = version_warning(path, version).into_iter().collect();
+    let mut warnings: Vec<String> = version_warning(path, version).into_iter().collect();
     let imports = imports(path, &doc)?;
 
     if imports.is_empty() {
@@ -132,6 +132,9 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
         }
         if opts.enable_nri {
             enable_nri(path, doc.as_item_mut(), version, opts)?;
+        }
+        if opts.require_nri {
+            warnings.extend(require_nri(path, doc.as_item_mut(), version, opts)?);
         }
         let after = doc.to_string();
         tomldoc::reparse(path, &after)?;
@@ -191,6 +194,9 @@ pub fn configure(opts: &Options) -> Result<Plan, EngineError> {
     // whole section the main file has (module comment).
     if opts.enable_nri {
         enable_nri(path, doc.as_item_mut(), version, opts)?;
+    }
+    if opts.require_nri {
+        warnings.extend(require_nri(path, doc.as_item_mut(), version, opts)?);
     }
     let after = doc.to_string();
     if before.as_deref() != Some(after.as_str()) {
@@ -330,6 +336,7 @@ pub fn unconfigure(opts: &Options) -> Result<Plan, EngineError> {
             remove_runtime(path, doc.as_item_mut(), version, opts)?;
             revert_cdi(doc.as_item_mut(), version);
             revert_nri(doc.as_item_mut());
+            revert_require_nri(doc.as_item_mut());
         }
         let drop_in = drop_in_path(opts);
         if let Some(Item::Value(Value::Array(a))) = doc.get_mut("imports") {
@@ -408,34 +415,19 @@ fn enable_cdi(
     let Some(t) = cri.as_table_like_mut() else {
         return Ok(());
     };
-    let mark = match was {
-        Some(false) => format!(" # {CDI_SET_MARK} {CDI_WAS_FALSE}"),
-        _ => format!(" # {CDI_SET_MARK}"),
+    let was_false = match was {
+        Some(false) => CDI_WAS_FALSE,
+        _ => "",
     };
-    let mut on = Value::from(true);
-    on.decor_mut().set_suffix(mark.as_str());
-    // Replaced in place: inserting would drop the key's indentation.
-    match t.get_mut("enable_cdi") {
-        Some(Item::Value(old)) => {
-            on.decor_mut()
-                .set_prefix(old.decor().prefix().cloned().unwrap_or_default());
-            *old = on;
-        }
-        _ => {
-            on.decor_mut().set_prefix(" ");
-            insert_indented(t, "enable_cdi", on);
-        }
-    }
+    put_marked(t, "enable_cdi", Value::from(true), was_false);
     if !t.contains_key("cdi_spec_dirs") {
-        let mut dirs: Value = opts
+        let dirs: Value = opts
             .cdi_spec_dirs
             .iter()
             .map(|d| d.display().to_string())
             .collect::<toml_edit::Array>()
             .into();
-        dirs.decor_mut().set_prefix(" ");
-        dirs.decor_mut().set_suffix(format!(" # {CDI_SET_MARK}"));
-        insert_indented(t, "cdi_spec_dirs", dirs);
+        put_marked(t, "cdi_spec_dirs", dirs, "");
     }
     Ok(())
 }
@@ -478,57 +470,254 @@ fn enable_nri(
     let Some(t) = section.as_table_like_mut() else {
         return Ok(());
     };
-    let mark = match was {
-        Some(true) => format!(" # {CDI_SET_MARK} {NRI_WAS_DISABLED}"),
-        _ => format!(" # {CDI_SET_MARK}"),
+    let was_disabled = match was {
+        Some(true) => NRI_WAS_DISABLED,
+        _ => "",
     };
-    let mut on = Value::from(false);
-    on.decor_mut().set_suffix(mark.as_str());
-    match t.get_mut("disable") {
-        Some(Item::Value(old)) => {
-            on.decor_mut()
-                .set_prefix(old.decor().prefix().cloned().unwrap_or_default());
-            *old = on;
-        }
-        _ => {
-            on.decor_mut().set_prefix(" ");
-            insert_indented(t, "disable", on);
-        }
-    }
+    put_marked(t, "disable", Value::from(false), was_disabled);
     Ok(())
 }
 
 /// Undoes [`enable_nri`]: only a `disable` that still carries nvshim's comment.
 fn revert_nri(root: &mut Item) {
-    let Some(t) = root
-        .as_table_like_mut()
-        .and_then(|r| r.get_mut("plugins"))
-        .and_then(Item::as_table_like_mut)
-        .and_then(|p| p.get_mut(NRI_PLUGIN))
-        .and_then(Item::as_table_like_mut)
-    else {
+    let Some(t) = table_at_mut(root, &["plugins", NRI_PLUGIN]) else {
         return;
     };
-    let ours = t
-        .get("disable")
-        .and_then(Item::as_value)
-        .and_then(|v| v.decor().suffix())
-        .and_then(|s| s.as_str())
-        .filter(|s| s.contains(CDI_SET_MARK))
-        .map(|s| s.contains(NRI_WAS_DISABLED));
-    match ours {
-        Some(true) => {
-            if let Some(Item::Value(v)) = t.get_mut("disable") {
-                let prefix = v.decor().prefix().cloned().unwrap_or_default();
-                let mut disabled = Value::from(true);
-                disabled.decor_mut().set_prefix(prefix);
-                *v = disabled;
-            }
-        }
+    match mark_of(t.get("disable")).map(|m| m.contains(NRI_WAS_DISABLED)) {
+        Some(true) => unmark(t, "disable", Value::from(true)),
         Some(false) => {
             remove_and_prune(root, &["plugins", NRI_PLUGIN], "disable");
         }
         None => {}
+    }
+}
+
+/// The name nvshim-nri registers with NRI (its `--name` default): what `required_plugins` lists.
+pub const NRI_PLUGIN_NAME: &str = "nvshim";
+/// The pod annotation that lets a pod's containers start while nvshim-nri is absent
+/// (`"true"`), written as the validator's `tolerate_missing_plugins_annotation`. The plugin's
+/// own pod carries it (packaging/kubernetes/overlays/nri), or it could never start.
+pub const NRI_TOLERATE_ANNOTATION: &str = "nvshim.io/tolerate-missing-nri";
+/// NRI's built-in validator, in the NRI plugin's section (containerd 2.2 and later:
+/// `internal/nri/config.go`, the same place in config versions 3 and 4).
+const NRI_VALIDATOR: &str = "default_validator";
+/// The marks on validator settings nvshim changed rather than added.
+const VALIDATOR_WAS_EMPTY: &str = "(was '')";
+const VALIDATOR_ADDED: &str = "(added \"nvshim\")";
+
+/// `--nri-required`: containerd's NRI default validator on, with nvshim-nri among its
+/// `required_plugins`, so containerd refuses to create a container while the plugin is absent
+/// instead of running it without its GPUs. Each setting nvshim writes carries the mark, so
+/// `unconfigure` takes back exactly those (and only `"nvshim"` from a list the admin had).
+/// Returns what to tell the admin.
+fn require_nri(
+    path: &Path,
+    root: &mut Item,
+    version: i64,
+    opts: &Options,
+) -> Result<Vec<String>, EngineError> {
+    validator_supported(path, version, opts.engine_version)?;
+    let keys = ["plugins", NRI_PLUGIN, NRI_VALIDATOR];
+    let shape = |key: &'static str, expected: &'static str, item: &Item| {
+        shape_error(
+            path,
+            &["plugins", NRI_PLUGIN, NRI_VALIDATOR, key],
+            expected,
+            item,
+        )
+    };
+    let current = get(path, root, &keys)?;
+    let enable = match current.and_then(|t| t.get("enable")) {
+        None => None,
+        Some(Item::Value(Value::Boolean(b))) => Some(*b.value()),
+        Some(other) => return Err(shape("enable", "a boolean", other)),
+    };
+    let listed = match current.and_then(|t| t.get("required_plugins")) {
+        None => None,
+        Some(item @ Item::Value(Value::Array(a))) => {
+            let names: Option<Vec<&str>> = a.iter().map(Value::as_str).collect();
+            let names = names.ok_or_else(|| shape("required_plugins", "strings", item))?;
+            Some(names.contains(&NRI_PLUGIN_NAME))
+        }
+        Some(other) => return Err(shape("required_plugins", "an array", other)),
+    };
+    let tolerate = match current.and_then(|t| t.get("tolerate_missing_plugins_annotation")) {
+        None => None,
+        Some(Item::Value(Value::String(v))) => Some(v.value().clone()),
+        Some(other) => {
+            return Err(shape(
+                "tolerate_missing_plugins_annotation",
+                "a string",
+                other,
+            ))
+        }
+    };
+
+    let section = ensure(path, root, &keys)?;
+    let Some(t) = section.as_table_like_mut() else {
+        return Ok(Vec::new());
+    };
+    match enable {
+        Some(true) => {}
+        Some(false) => put_marked(t, "enable", Value::from(true), CDI_WAS_FALSE),
+        None => put_marked(t, "enable", Value::from(true), ""),
+    }
+    match listed {
+        Some(true) => {}
+        Some(false) => {
+            if let Some(Item::Value(Value::Array(a))) = t.get_mut("required_plugins") {
+                a.push(NRI_PLUGIN_NAME);
+                let kept = a.decor().suffix().and_then(|s| s.as_str()).unwrap_or("");
+                let suffix = format!("{kept} # {CDI_SET_MARK} {VALIDATOR_ADDED}");
+                a.decor_mut().set_suffix(suffix);
+            }
+        }
+        None => {
+            let names: toml_edit::Array = [NRI_PLUGIN_NAME].into_iter().collect();
+            put_marked(t, "required_plugins", names.into(), "");
+        }
+    }
+    let mut warnings = Vec::new();
+    match tolerate.as_deref() {
+        Some(NRI_TOLERATE_ANNOTATION) => {}
+        Some("") => put_marked(
+            t,
+            "tolerate_missing_plugins_annotation",
+            Value::from(NRI_TOLERATE_ANNOTATION),
+            VALIDATOR_WAS_EMPTY,
+        ),
+        None => put_marked(
+            t,
+            "tolerate_missing_plugins_annotation",
+            Value::from(NRI_TOLERATE_ANNOTATION),
+            "",
+        ),
+        Some(theirs) => warnings.push(format!(
+            "{}: tolerate_missing_plugins_annotation is {theirs:?}, kept: pods that must start \
+             while nvshim-nri is down (its own DaemonSet pod, which carries \
+             {NRI_TOLERATE_ANNOTATION:?}) need the annotation {theirs:?}: \"true\"",
+            path.display()
+        )),
+    }
+    Ok(warnings)
+}
+
+/// NRI's default validator, and so `required_plugins`, came with containerd 2.2; 2.0 and 2.1
+/// skip the section with a warning ("Ignoring unknown key") and would start containers without
+/// the plugin. Without a known release only config version 4 tells: containerd 2.0 to 2.2 all
+/// write version 3.
+fn validator_supported(
+    path: &Path,
+    version: i64,
+    release: Option<(u64, u64)>,
+) -> Result<(), EngineError> {
+    let fallback = "run nvshim-nri with --mandatory instead (a container it did not adjust \
+                    fails at its start)";
+    match release {
+        Some(v) if v >= (2, 2) => Ok(()),
+        None if version >= 4 => Ok(()),
+        Some((major, minor)) => Err(EngineError::Unsupported {
+            path: path.to_path_buf(),
+            message: format!(
+                "--nri-required needs containerd 2.2 or later (NRI's default validator); \
+                 containerd {major}.{minor} ignores the validator's settings (\"Ignoring \
+                 unknown key\") and would create containers while nvshim-nri is absent: \
+                 {fallback}, or pass --engine-version if another containerd reads this file"
+            ),
+        }),
+        None => Err(EngineError::Unsupported {
+            path: path.to_path_buf(),
+            message: format!(
+                "--nri-required needs containerd 2.2 or later and no `containerd --version` \
+                 says which release reads this file (config version {version} is written by \
+                 2.0 to 2.2): pass --engine-version, or {fallback}"
+            ),
+        }),
+    }
+}
+
+/// Undoes [`require_nri`]: only the validator settings that still carry nvshim's mark.
+fn revert_require_nri(root: &mut Item) {
+    let keys = ["plugins", NRI_PLUGIN, NRI_VALIDATOR];
+    let Some(t) = table_at_mut(root, &keys) else {
+        return;
+    };
+    let mut remove = Vec::new();
+    match mark_of(t.get("enable")) {
+        Some(m) if m.contains(CDI_WAS_FALSE) => unmark(t, "enable", Value::from(false)),
+        Some(_) => remove.push("enable"),
+        None => {}
+    }
+    match mark_of(t.get("required_plugins")) {
+        Some(m) if m.contains(VALIDATOR_ADDED) => {
+            if let Some(Item::Value(Value::Array(a))) = t.get_mut("required_plugins") {
+                a.retain(|v| v.as_str() != Some(NRI_PLUGIN_NAME));
+                let theirs = m.replace(&format!(" # {CDI_SET_MARK} {VALIDATOR_ADDED}"), "");
+                a.decor_mut().set_suffix(theirs);
+            }
+        }
+        Some(_) => remove.push("required_plugins"),
+        None => {}
+    }
+    let key = "tolerate_missing_plugins_annotation";
+    match mark_of(t.get(key)) {
+        Some(m) if m.contains(VALIDATOR_WAS_EMPTY) => unmark(t, key, Value::from("")),
+        Some(_) => remove.push(key),
+        None => {}
+    }
+    for key in remove {
+        remove_and_prune(root, &keys, key);
+    }
+}
+
+/// The table at `keys`, without creating it (`Item::get_mut` would).
+fn table_at_mut<'a>(root: &'a mut Item, keys: &[&str]) -> Option<&'a mut dyn TableLike> {
+    let mut cur = root.as_table_like_mut()?;
+    for k in keys {
+        cur = cur.get_mut(k)?.as_table_like_mut()?;
+    }
+    Some(cur)
+}
+
+/// Puts `value` at `key` with nvshim's mark (and `note`, what it replaced) after it: in the
+/// place of the value it replaces (inserting would drop the key's indentation), else indented
+/// like the table's other keys.
+fn put_marked(t: &mut dyn TableLike, key: &str, mut value: Value, note: &str) {
+    let mark = match note {
+        "" => format!(" # {CDI_SET_MARK}"),
+        note => format!(" # {CDI_SET_MARK} {note}"),
+    };
+    value.decor_mut().set_suffix(mark);
+    match t.get_mut(key) {
+        Some(Item::Value(old)) => {
+            value
+                .decor_mut()
+                .set_prefix(old.decor().prefix().cloned().unwrap_or_default());
+            *old = value;
+        }
+        _ => {
+            value.decor_mut().set_prefix(" ");
+            insert_indented(t, key, value);
+        }
+    }
+}
+
+/// The comment after a value when it carries nvshim's mark.
+fn mark_of(item: Option<&Item>) -> Option<String> {
+    item.and_then(Item::as_value)
+        .and_then(|v| v.decor().suffix())
+        .and_then(|s| s.as_str())
+        .filter(|s| s.contains(CDI_SET_MARK))
+        .map(str::to_string)
+}
+
+/// Gives `key` back the value nvshim replaced, in the same place, without the mark.
+fn unmark(t: &mut dyn TableLike, key: &str, mut value: Value) {
+    if let Some(Item::Value(v)) = t.get_mut(key) {
+        value
+            .decor_mut()
+            .set_prefix(v.decor().prefix().cloned().unwrap_or_default());
+        *v = value;
     }
 }
 
@@ -550,13 +739,7 @@ fn insert_indented(t: &mut dyn TableLike, key: &str, value: Value) {
 /// Undoes [`enable_cdi`]: only settings that still carry nvshim's comment.
 fn revert_cdi(root: &mut Item, version: i64) {
     let cri = cri_plugin(version);
-    let ours = |item: Option<&Item>| {
-        item.and_then(Item::as_value)
-            .and_then(|v| v.decor().suffix())
-            .and_then(|s| s.as_str())
-            .filter(|s| s.contains(CDI_SET_MARK))
-            .map(|s| s.contains(CDI_WAS_FALSE))
-    };
+    let ours = |item: Option<&Item>| mark_of(item).map(|m| m.contains(CDI_WAS_FALSE));
     // Through `as_table_like_mut`: `Item::get_mut` would create the missing tables.
     let Some(t) = root
         .as_table_like_mut()
@@ -570,14 +753,7 @@ fn revert_cdi(root: &mut Item, version: i64) {
     let enable = ours(t.get("enable_cdi"));
     let dirs = ours(t.get("cdi_spec_dirs"));
     match enable {
-        Some(true) => {
-            if let Some(Item::Value(v)) = t.get_mut("enable_cdi") {
-                let prefix = v.decor().prefix().cloned().unwrap_or_default();
-                let mut off = Value::from(false);
-                off.decor_mut().set_prefix(prefix);
-                *v = off;
-            }
-        }
+        Some(true) => unmark(t, "enable_cdi", Value::from(false)),
         Some(false) => {
             remove_and_prune(root, &["plugins", cri], "enable_cdi");
         }
@@ -1255,6 +1431,230 @@ root = "/var/lib/containerd"
             Some(false)
         );
         assert!(!after.contains("(was true)"));
+    }
+
+    /// What containerd 2.2's `containerd config default` prints, derived: 2.1.9's (the
+    /// fixture) plus the NRI section's `default_validator`, with the fields and zero values of
+    /// containerd v2.2.0's `internal/nri/config.go` (`DefaultConfig`) and its vendored NRI's
+    /// `DefaultValidatorConfig` (no `reject_sysctl_adjustment`, which 2.3 added). 2.2 still
+    /// writes config version 3 (its `migrations` end at version 3).
+    fn containerd_2_2_default() -> String {
+        let text = fixture("containerd-2.1.9-default.toml");
+        let nri_end = "    disable_connections = false\n";
+        assert_eq!(text.matches(nri_end).count(), 1);
+        text.replace(
+            nri_end,
+            &format!(
+                "{nri_end}\n    [plugins.'io.containerd.nri.v1.nri'.default_validator]\n\
+                 \x20     enable = false\n\
+                 \x20     reject_oci_hook_adjustment = false\n\
+                 \x20     reject_runtime_default_seccomp_adjustment = false\n\
+                 \x20     reject_unconfined_seccomp_adjustment = false\n\
+                 \x20     reject_custom_seccomp_adjustment = false\n\
+                 \x20     reject_namespace_adjustment = false\n\
+                 \x20     required_plugins = []\n\
+                 \x20     tolerate_missing_plugins_annotation = ''\n"
+            ),
+        )
+    }
+
+    const VALIDATOR_KEYS: [&str; 3] = ["plugins", NRI_PLUGIN, NRI_VALIDATOR];
+
+    /// `--nri --nri-required` on containerd 2.2 (its default, and a 2.1-shaped file it reads
+    /// after an upgrade: no validator table yet) and 2.3 (its default, release known or told
+    /// by config version 4 alone): the validator on, `nvshim` required, nvshim's tolerate
+    /// annotation, every other setting kept; a second run changes nothing; unconfigure gives
+    /// the text back, and with the file edited since, takes back only its own settings.
+    #[test]
+    fn nri_required_written_kept_and_taken_back() {
+        let cases = [
+            ("2.2 default", containerd_2_2_default(), Some((2, 2))),
+            (
+                "2.1.9 file read by 2.2",
+                fixture("containerd-2.1.9-default.toml"),
+                Some((2, 2)),
+            ),
+            (
+                "2.3.4 default",
+                fixture("containerd-2.3.4-default.toml"),
+                Some((2, 3)),
+            ),
+            (
+                "2.3.4 default, no containerd on PATH",
+                fixture("containerd-2.3.4-default.toml"),
+                None,
+            ),
+        ];
+        for (name, text, release) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let mut o = opts(dir.path());
+            o.enable_nri = true;
+            o.require_nri = true;
+            o.engine_version = release;
+            let conf_d = o.config.with_file_name("conf.d");
+            let original = text.replace("/etc/containerd/conf.d", &conf_d.to_string_lossy());
+            fs::write(&o.config, &original).unwrap();
+            let p = plan(&o).unwrap();
+            assert!(p.warnings.is_empty(), "{name}: {:?}", p.warnings);
+            p.apply().unwrap();
+            // In the main file also where a drop-in carries the runtime (as `--nri`).
+            let after = fs::read_to_string(&o.config).unwrap();
+            let mut got = parsed(&after);
+            let v = at(&got, &VALIDATOR_KEYS);
+            assert_eq!(v["enable"].as_bool(), Some(true), "{name}: {after}");
+            assert_eq!(
+                v["required_plugins"],
+                toml::Value::Array(vec!["nvshim".into()]),
+                "{name}"
+            );
+            assert_eq!(
+                v["tolerate_missing_plugins_annotation"].as_str(),
+                Some(NRI_TOLERATE_ANNOTATION),
+                "{name}"
+            );
+            assert!(after.contains("enable = true # set by `nvshim runtime configure`"));
+            // Everything else as it was (the runtime aside, where it is in the main file).
+            let rts = ["plugins", cri_plugin(3), "containerd", "runtimes"];
+            table_mut(&mut got, &rts).remove("nvidia");
+            let v = at(&got, &VALIDATOR_KEYS).as_table().unwrap().clone();
+            let mut want = parsed(&original);
+            if want["plugins"][NRI_PLUGIN].get(NRI_VALIDATOR).is_some() {
+                let w = table_mut(&mut want, &VALIDATOR_KEYS);
+                for key in [
+                    "enable",
+                    "required_plugins",
+                    "tolerate_missing_plugins_annotation",
+                ] {
+                    w.insert(key.into(), v[key].clone());
+                }
+            } else {
+                let added = v.clone();
+                assert_eq!(added.len(), 3, "{name}: {added:?}");
+                table_mut(&mut want, &["plugins", NRI_PLUGIN])
+                    .insert(NRI_VALIDATOR.into(), added.into());
+            }
+            assert_eq!(got, want, "{name}: every other setting kept");
+            assert!(plan(&o).unwrap().is_empty(), "{name}: idempotent");
+
+            // Unconfigure: the file's own bytes back (from the backup).
+            unplan(&o).unwrap().apply().unwrap();
+            assert_eq!(fs::read_to_string(&o.config).unwrap(), original, "{name}");
+
+            // Edited since configure (the backup no longer matches): only nvshim's settings go,
+            // the values they replaced come back, the admin's edit stays.
+            plan(&o).unwrap().apply().unwrap();
+            let edited = fs::read_to_string(&o.config).unwrap().replace(
+                "plugin_request_timeout = '2s'",
+                "plugin_request_timeout = '3s'",
+            );
+            fs::write(&o.config, &edited).unwrap();
+            unplan(&o).unwrap().apply().unwrap();
+            let back = fs::read_to_string(&o.config).unwrap();
+            let mut want = parsed(&original);
+            table_mut(&mut want, &["plugins", NRI_PLUGIN])
+                .insert("plugin_request_timeout".into(), "3s".into());
+            assert_eq!(parsed(&back), want, "{name}: {back}");
+            assert!(!back.contains(CDI_SET_MARK), "{name}: {back}");
+        }
+    }
+
+    /// The admin's own validator settings: other required plugins stay (nvshim is added to
+    /// the list, and only nvshim is taken out again), an `enable = true` is not nvshim's to
+    /// revert, and another tolerate annotation is kept with a warning naming it.
+    #[test]
+    fn nri_required_merges_with_the_admins_validator() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = opts(dir.path());
+        o.enable_nri = true;
+        o.require_nri = true;
+        o.engine_version = Some((2, 3));
+        let original = "version = 3\n\n\
+            [plugins.'io.containerd.nri.v1.nri'.default_validator]\n\
+            \x20 enable = true\n\
+            \x20 reject_oci_hook_adjustment = true\n\
+            \x20 required_plugins = ['topology'] # the site's\n\
+            \x20 tolerate_missing_plugins_annotation = 'example.com/tolerate'\n";
+        fs::write(&o.config, original).unwrap();
+        let p = plan(&o).unwrap();
+        assert!(
+            p.warnings.len() == 1
+                && p.warnings[0].contains("\"example.com/tolerate\"")
+                && p.warnings[0].contains(NRI_TOLERATE_ANNOTATION),
+            "{:?}",
+            p.warnings
+        );
+        let after = only_after(&p);
+        let t = parsed(&after);
+        let v = at(&t, &VALIDATOR_KEYS);
+        assert_eq!(
+            v["required_plugins"],
+            toml::Value::Array(vec!["topology".into(), "nvshim".into()]),
+            "{after}"
+        );
+        assert_eq!(v["enable"].as_bool(), Some(true));
+        assert_eq!(v["reject_oci_hook_adjustment"].as_bool(), Some(true));
+        assert_eq!(
+            v["tolerate_missing_plugins_annotation"].as_str(),
+            Some("example.com/tolerate")
+        );
+        assert!(after.contains("# the site's # set by"), "{after}");
+        fs::write(&o.config, &after).unwrap();
+        assert!(plan(&o).unwrap().changes.is_empty(), "idempotent");
+        // No backup here: the revert itself gives the section's text back (configure's
+        // explicit `runc` runtime stays, as without --nri-required).
+        let back = unplan(&o).unwrap().changes[0].after.clone().unwrap();
+        assert!(back.starts_with(original), "{back}");
+        assert_eq!(
+            parsed(&back)["plugins"][NRI_PLUGIN],
+            parsed(original)["plugins"][NRI_PLUGIN]
+        );
+
+        // Already listed: nothing of the list is nvshim's.
+        let listed = original.replace("['topology']", "['nvshim']");
+        fs::write(&o.config, &listed).unwrap();
+        let after = only_after(&plan(&o).unwrap());
+        assert!(after.starts_with(&listed), "{after}");
+    }
+
+    /// containerd before 2.2 has no default validator and would ignore the settings with a
+    /// warning: one error naming the release and the fallback, nothing planned. Without a
+    /// known release, config version 3 (2.0-2.2) asks for --engine-version.
+    #[test]
+    fn nri_required_refused_before_2_2() {
+        let cases = [
+            (
+                "containerd-1.7.34-default.toml",
+                Some((1, 7)),
+                "containerd 1.7",
+            ),
+            (
+                "containerd-2.1.9-default.toml",
+                Some((2, 1)),
+                "containerd 2.1",
+            ),
+            ("containerd-2.1.9-default.toml", None, "--engine-version"),
+        ];
+        for (name, release, says) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let mut o = opts(dir.path());
+            o.enable_nri = true;
+            o.require_nri = true;
+            o.engine_version = release;
+            let original = install_fixture(name, &o);
+            let err = plan(&o).unwrap_err().to_string();
+            for needle in [
+                says,
+                "containerd 2.2 or later",
+                "--mandatory",
+                "nothing was changed",
+            ] {
+                assert!(
+                    err.contains(needle),
+                    "{name} {release:?}: {needle:?} not in {err}"
+                );
+            }
+            assert_eq!(fs::read_to_string(&o.config).unwrap(), original);
+        }
     }
 
     fn fixture(name: &str) -> String {

@@ -162,6 +162,9 @@ pub struct Options {
     pub enable_cdi: bool,
     /// containerd: turn NRI on where it is off (1.7), for NRI plugins such as nvshim-nri.
     pub enable_nri: bool,
+    /// containerd 2.2 and later: NRI's default validator requires nvshim-nri, so no container
+    /// is created while it is absent (`containerd::NRI_PLUGIN_NAME`).
+    pub require_nri: bool,
     /// The installed engine's release, `(major, minor)`, when known: it decides whether CDI is
     /// on when the config does not say (containerd 2.x, Docker 28+) or not supported at all
     /// (containerd 1.6, Docker before 25).
@@ -187,6 +190,7 @@ impl Options {
             set_as_default: false,
             enable_cdi: false,
             enable_nri: false,
+            require_nri: false,
             engine_version: None,
             cdi_spec_dirs: crate::config::Config::default().cdi_spec_dirs,
             backup_dir: PathBuf::from(DEFAULT_BACKUP_DIR),
