@@ -76,15 +76,6 @@ impl Engine {
         }
     }
 
-    /// Whether it removes the mounts an adjustment asks to remove (containerd 1.7.24 keeps
-    /// them, seen in [`nri_plugin_serves_gpu_requests_through_containerd_cri`]).
-    fn removes_mounts(&self) -> bool {
-        match self {
-            Engine::Containerd(_) => containerd_version() >= (2, 0),
-            Engine::Crio(_) => true,
-        }
-    }
-
     /// Whether it injects the CDI devices an adjustment names (containerd 2.1, CRI-O 1.34).
     fn injects_cdi(&self) -> bool {
         match self {
@@ -409,15 +400,13 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
         pod.mounts.clear();
         assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
-        // containerd 1.7.24 keeps the placeholder the plugin asks to remove (seen here); it is
-        // the device plugin's `/dev/null`, harmless, and the GPU is served either way.
-        if ctd.removes_mounts() {
-            assert!(
-                !out.lines()
-                    .any(|l| l.starts_with("DPMOUNT ") && l.contains("GPU-")),
-                "{what}: the device plugin's mount is still there:\n{out}"
-            );
-        }
+        // The device plugin's `/dev/null` placeholder stays (harmless): it is the request the
+        // plugin plans again at StartContainer.
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("DPMOUNT ") && l.contains(&w.gpu(0).uuid)),
+            "{what}: the device plugin's mount is gone:\n{out}"
+        );
         w.configure("");
         pod.remove().await;
     });
@@ -429,6 +418,8 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
         log.contains("container env ") && log.contains("raw adjustment"),
         "{log}"
     );
+    // Each served container, planned again at StartContainer, has what it asked for.
+    assert!(!log.contains("at StartContainer"), "{log}");
     let cdi_how = if ctd.injects_cdi() {
         "NRI CDI injection"
     } else {
