@@ -359,6 +359,7 @@ pub fn answer(
         .map(|d| d.path.clone())
         .collect();
     let mut adjust = diff(&view, &doc);
+    keep_device_plugin_mounts(&mut adjust);
     let how = match &plan.route {
         Route::Nothing(_) if !plan.touched => How::Nothing,
         // In a user namespace the engine's own CDI injection would give runc device nodes to
@@ -427,8 +428,20 @@ fn device_rules_for_binds(adjust: &mut nri::ContainerAdjustment) {
     }
 }
 
+/// The device plugin's placeholder mounts (`/dev/null` under
+/// [`nvshim::request::DEVICE_MOUNT_ROOT`]), which the plan removes, stay in the container:
+/// they are its request, planned again at `StartContainer` and `Synchronize`. Without them
+/// the request reads as volume-mounts with no mounts and is refused (seen on containerd
+/// 2.1.9 and CRI-O 1.36.3: a served container warned, under `--mandatory` not started).
+fn keep_device_plugin_mounts(adjust: &mut nri::ContainerAdjustment) {
+    let placeholder = format!("-{}/", nvshim::request::DEVICE_MOUNT_ROOT);
+    adjust
+        .mounts
+        .retain(|m| !m.destination.starts_with(&placeholder));
+}
+
 /// The engine injects the devices from its CDI registry: the adjustment keeps only what the
-/// plan did besides them (the device plugin's placeholder mounts removed).
+/// plan did besides them (mounts it removes).
 fn native_cdi(adjust: &mut nri::ContainerAdjustment, names: &[String]) {
     let removals: Vec<nri::Mount> = adjust
         .mounts
@@ -844,6 +857,19 @@ mod tests {
         assert!(engine_devices_in_user_namespace(&config, &container_of(&doc(false))).is_ok());
         let root = Config::default();
         assert!(engine_devices_in_user_namespace(&root, &container_of(&doc(true))).is_ok());
+    }
+
+    #[test]
+    fn device_plugin_placeholders_stay() {
+        let placeholder = "/var/run/nvidia-container-devices/GPU-1";
+        let before = json!({"mounts": [
+            {"destination": placeholder, "source": "/dev/null"},
+            {"destination": "/etc/x", "source": "/h/x"}]});
+        let after = json!({"mounts": []});
+        let mut a = diff(&before, &after);
+        keep_device_plugin_mounts(&mut a);
+        let mounts: Vec<&str> = a.mounts.iter().map(|m| m.destination.as_str()).collect();
+        assert_eq!(mounts, ["-/etc/x"]);
     }
 
     /// The SONAME link becomes a second bind mount of the library; a link to a directory

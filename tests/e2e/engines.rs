@@ -1705,7 +1705,21 @@ mod cri {
             .version(VersionRequest::default())
             .await
             .expect("CRI Version");
-        assert_eq!(version.get_ref().runtime_name, "containerd");
+        // containerd, or CRI-O for tests/e2e/nri.rs under `NVSHIM_CRIO`.
+        let name = version.get_ref().runtime_name.clone();
+        assert!(
+            name == "containerd" || name == "cri-o",
+            "CRI runtime {name}"
+        );
+        // CRI-O: each container its own PID namespace, as the kubelet asks without
+        // `shareProcessNamespace`. CRI-O then runs no pause container, whose oom_score_adj
+        // (-998) these machines refuse (no CAP_SYS_RESOURCE; containerd's is clamped by
+        // `restrict_oom_score_adj`).
+        let pid = if name == "cri-o" {
+            NamespaceMode::Container
+        } else {
+            NamespaceMode::Pod
+        };
         let mut images = ImageServiceClient::new(channel);
         let listed = images
             .list_images(ListImagesRequest::default())
@@ -1742,7 +1756,7 @@ mod cri {
                         } else {
                             NamespaceMode::Node
                         } as i32,
-                        pid: NamespaceMode::Pod as i32,
+                        pid: pid as i32,
                         ipc: NamespaceMode::Pod as i32,
                         userns_options: userns,
                         ..Default::default()
@@ -1800,6 +1814,7 @@ mod cri {
             devices: &[(&str, &str)],
         ) -> Result<String, String> {
             let log_name = format!("{name}.log");
+            let pod = self.config.metadata.clone().unwrap_or_default();
             let config = ContainerConfig {
                 metadata: Some(ContainerMetadata {
                     name: name.into(),
@@ -1807,6 +1822,8 @@ mod cri {
                 }),
                 image: Some(ImageSpec {
                     image: IMAGE.into(),
+                    // As the kubelet sends it: CRI-O checks its signature policy against it.
+                    user_specified_image: IMAGE.into(),
                     ..Default::default()
                 }),
                 command: vec!["sh".into(), "-c".into()],
@@ -1822,6 +1839,17 @@ mod cri {
                     .iter()
                     .map(|(k, v)| ((*k).into(), (*v).into()))
                     .collect(),
+                // The labels the kubelet gives every container: CRI-O names the container to
+                // NRI plugins by `io.kubernetes.container.name`.
+                labels: [
+                    ("io.kubernetes.container.name", name),
+                    ("io.kubernetes.pod.name", &pod.name),
+                    ("io.kubernetes.pod.namespace", &pod.namespace),
+                    ("io.kubernetes.pod.uid", &pod.uid),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
                 log_path: log_name.clone(),
                 linux: Some(LinuxContainerConfig {
                     // The pod's namespaces, its user namespace among them, as the kubelet
@@ -1834,7 +1862,9 @@ mod cri {
                             .as_ref()
                             .and_then(|l| l.security_context.as_ref())
                             .and_then(|c| c.namespace_options.clone())
-                            .filter(|n| n.userns_options.is_some()),
+                            .filter(|n| {
+                                n.userns_options.is_some() || n.pid != NamespaceMode::Pod as i32
+                            }),
                         ..Default::default()
                     }),
                     ..Default::default()

@@ -2,7 +2,8 @@
 //! default `runc` handler: no `nvidia` runtime class, nvshim-runtime nowhere in the path. The
 //! plugin gets its requests over containerd's NRI socket (turned on in the test's config,
 //! as containerd 2.x has it by default) and each container's view of its GPUs is checked
-//! from inside with the probe script. containerd 1.6 has no NRI: skipped there.
+//! from inside with the probe script. containerd 1.6 has no NRI: skipped there. With
+//! `NVSHIM_CRIO` set (CRI-O built by hand, see [`crio_binary`]) the same tests drive CRI-O.
 
 use super::*;
 
@@ -38,6 +39,201 @@ fn containerd_configured_with(w: &World, d: &Path, nri_sock: &Path, args: &[&str
     })
 }
 
+/// CRI-O's binary when `NVSHIM_CRIO` names one: the tests then drive CRI-O instead of
+/// containerd. CI has none (no registry here packages CRI-O): it is built by hand from its
+/// repository, `NVSHIM_CRIO_PINNS` (default: `pinns` beside it) and `NVSHIM_CRIO_CONMON`
+/// (default: Debian's /usr/bin/conmon) with it.
+fn crio_binary() -> Option<PathBuf> {
+    std::env::var_os("NVSHIM_CRIO").map(PathBuf::from)
+}
+
+/// The engine behind the NRI socket, driven through its CRI.
+enum Engine {
+    Containerd(Containerd),
+    Crio(Crio),
+}
+
+impl Engine {
+    /// containerd on PATH, or CRI-O where [`crio_binary`] names it, with NRI on at
+    /// `nri_sock` and the test images in its store.
+    fn start(w: &World, d: &Path, nri_sock: &Path) -> Engine {
+        match crio_binary() {
+            Some(crio) => Engine::Crio(Crio::start(w, d, nri_sock, &crio)),
+            None => {
+                let ctd = containerd_with_nri(w, d, nri_sock);
+                ctd.import_images("k8s.io");
+                Engine::Containerd(ctd)
+            }
+        }
+    }
+
+    fn sock(&self) -> &Path {
+        match self {
+            Engine::Containerd(c) => &c.sock,
+            Engine::Crio(c) => &c.sock,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        match self {
+            Engine::Containerd(c) => c.log_tail(),
+            Engine::Crio(c) => c.daemon.log_tail(),
+        }
+    }
+
+    /// Whether it injects the CDI devices an adjustment names (containerd 2.1, CRI-O 1.34).
+    fn injects_cdi(&self) -> bool {
+        match self {
+            Engine::Containerd(_) => containerd_version() >= (2, 1),
+            Engine::Crio(c) => c.version >= (1, 34),
+        }
+    }
+}
+
+/// CRI-O in its own directories under `d`: its storage (vfs), run dir, CRI socket, namespace
+/// pins and CNI config there, runc (first on PATH) as its default runtime with cgroupfs, NRI
+/// on at its socket, CDI specs read from the test's spec dirs.
+struct Crio {
+    daemon: Daemon,
+    sock: PathBuf,
+    version: (u64, u64),
+}
+
+impl Crio {
+    fn start(w: &World, d: &Path, nri_sock: &Path, crio: &Path) -> Crio {
+        fs::create_dir_all(d).unwrap();
+        let version = crio_version(crio);
+        let p = |name: &str| d.join(name);
+        let sock = p("crio.sock");
+        let pinns = std::env::var_os("NVSHIM_CRIO_PINNS")
+            .map_or_else(|| crio.with_file_name("pinns"), PathBuf::from);
+        let conmon = std::env::var_os("NVSHIM_CRIO_CONMON")
+            .map_or_else(|| PathBuf::from("/usr/bin/conmon"), PathBuf::from);
+        let runc = nvshim::runtime::find_on_path(std::env::var_os("PATH").as_deref(), "runc")
+            .expect("runc on PATH");
+        Crio::import_images(d);
+        // Accept the local images: CRI-O reads a signature policy even for them.
+        fs::write(
+            p("policy.json"),
+            r#"{"default": [{"type": "insecureAcceptAnything"}]}"#,
+        )
+        .unwrap();
+        for dir in ["hooks.d", "conf.d", "cni", "cni-bin"] {
+            fs::create_dir_all(p(dir)).unwrap();
+        }
+        let strings = |v: &[PathBuf]| v.iter().map(|p| s(p)).collect::<toml_edit::Array>();
+        let mut doc = toml_edit::DocumentMut::new();
+        let crio_t = &mut doc["crio"];
+        crio_t["root"] = toml_edit::value(s(&p("root")));
+        crio_t["runroot"] = toml_edit::value(s(&p("run")));
+        crio_t["storage_driver"] = toml_edit::value("vfs");
+        crio_t["log_dir"] = toml_edit::value(s(&p("pod-logs")));
+        crio_t["version_file"] = toml_edit::value(s(&p("version")));
+        crio_t["version_file_persist"] = toml_edit::value(s(&p("version-persist")));
+        crio_t["clean_shutdown_file"] = toml_edit::value(s(&p("clean.shutdown")));
+        crio_t["api"]["listen"] = toml_edit::value(s(&sock));
+        crio_t["api"]["stream_address"] = toml_edit::value("127.0.0.1");
+        crio_t["api"]["stream_port"] = toml_edit::value("0");
+        let rt = &mut crio_t["runtime"];
+        rt["default_runtime"] = toml_edit::value("runc");
+        rt["cgroup_manager"] = toml_edit::value("cgroupfs");
+        // CRI-O's default capabilities and MKNOD, which containerd's have: the probe checks
+        // the device cgroup with mknod.
+        rt["default_capabilities"] = toml_edit::value(toml_edit::Array::from_iter([
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FSETID",
+            "FOWNER",
+            "SETGID",
+            "SETUID",
+            "SETPCAP",
+            "NET_BIND_SERVICE",
+            "KILL",
+            "MKNOD",
+        ]));
+        rt["pinns_path"] = toml_edit::value(s(&pinns));
+        rt["namespaces_dir"] = toml_edit::value(s(&p("ns")));
+        rt["container_exits_dir"] = toml_edit::value(s(&p("exits")));
+        rt["container_attach_socket_dir"] = toml_edit::value(s(&p("attach")));
+        rt["hooks_dir"] = toml_edit::value(strings(&[p("hooks.d")]));
+        rt["cdi_spec_dirs"] = toml_edit::value(strings(&config_cdi_dirs(w)));
+        rt["decryption_keys_path"] = toml_edit::value(s(&p("keys")));
+        rt["irqbalance_config_file"] = toml_edit::value(s(&p("irqbalance")));
+        let runc_t = &mut rt["runtimes"]["runc"];
+        runc_t["runtime_path"] = toml_edit::value(s(&runc));
+        runc_t["runtime_root"] = toml_edit::value(s(&p("runc")));
+        runc_t["monitor_path"] = toml_edit::value(s(&conmon));
+        runc_t["monitor_cgroup"] = toml_edit::value("pod");
+        let image = &mut crio_t["image"];
+        image["pause_image"] = toml_edit::value(PAUSE);
+        // The pause image's own entrypoint (a `sleep`).
+        image["pause_command"] = toml_edit::value("");
+        image["signature_policy"] = toml_edit::value(s(&p("policy.json")));
+        crio_t["network"]["network_dir"] = toml_edit::value(s(&p("cni")));
+        crio_t["network"]["plugin_dirs"] = toml_edit::value(strings(&[p("cni-bin")]));
+        let nri = &mut crio_t["nri"];
+        nri["enable_nri"] = toml_edit::value(true);
+        nri["nri_listen"] = toml_edit::value(s(nri_sock));
+        nri["nri_plugin_dir"] = toml_edit::value(s(&p("nri-plugins")));
+        nri["nri_plugin_config_dir"] = toml_edit::value(s(&p("nri-conf")));
+        let config = p("crio.toml");
+        fs::write(&config, doc.to_string()).unwrap();
+        let mut cmd = Command::new(crio);
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--config-dir")
+            .arg(p("conf.d"))
+            .env("NVSHIM_CONFIG", &w.config);
+        let mut daemon = Daemon::spawn("crio", d, cmd);
+        let answering = |sock: &Path| std::os::unix::net::UnixStream::connect(sock).is_ok();
+        daemon.wait_until("answering", Duration::from_secs(60), || answering(&sock));
+        Crio {
+            daemon,
+            sock,
+            version,
+        }
+    }
+
+    /// The busybox and pause images, put into CRI-O's storage by podman (CRI-O's CRI has
+    /// no import and no registry is reachable).
+    fn import_images(d: &Path) {
+        let images = d.join("images");
+        fs::create_dir_all(&images).unwrap();
+        let layer = busybox_tar(&images);
+        let podman = |args: &[&str]| {
+            run(
+                Command::new("podman")
+                    .args(["--root", s(&d.join("root")), "--runroot", s(&d.join("run"))])
+                    .args(["--storage-driver", "vfs", "--events-backend", "none"])
+                    .args(args),
+                Duration::from_secs(120),
+            )
+            .expect_ok()
+        };
+        let busybox = json!({"Env": [PATH_ENV], "Cmd": ["sh"]});
+        let pause = json!({"Env": [PATH_ENV], "Entrypoint": ["/bin/sleep", "3600"]});
+        for (name, config) in [(IMAGE, busybox), (PAUSE, pause)] {
+            let archive = oci_archive(&images, &layer, name, config);
+            let pulled = podman(&["pull", "-q", &format!("oci-archive:{}", s(&archive))]);
+            podman(&["tag", pulled.stdout.trim(), name]);
+        }
+    }
+}
+
+/// `crio --version`'s release: `crio version 1.36.3`.
+fn crio_version(crio: &Path) -> (u64, u64) {
+    let out = run(Command::new(crio).arg("--version"), Duration::from_secs(30)).expect_ok();
+    let v = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("crio version "))
+        .unwrap_or_else(|| panic!("no version in {out}"))
+        .trim()
+        .to_string();
+    let mut parts = v.split('.').map(|n| n.parse::<u64>().unwrap());
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
 /// The plugin, registered with the engine behind `nri_sock`; `env`: its environment's
 /// additions (the fake NVML's topology).
 fn start_plugin(
@@ -68,16 +264,16 @@ fn wait_registered(plugin: &mut Daemon, times: usize) {
     });
 }
 
-fn logs(plugin: &Daemon, ctd: &Containerd) -> String {
+fn logs(plugin: &Daemon, ctd: &Engine) -> String {
     format!(
-        "--- nvshim-nri ---\n{}\n--- containerd ---\n{}",
+        "--- nvshim-nri ---\n{}\n--- engine ---\n{}",
         plugin.log_tail(),
         ctd.log_tail()
     )
 }
 
 fn nri_available() -> bool {
-    if containerd_version() < (1, 7) {
+    if crio_binary().is_none() && containerd_version() < (1, 7) {
         eprintln!("skipped: containerd {:?} has no NRI", containerd_version());
         return false;
     }
@@ -98,8 +294,7 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
     write_cdi_spec(&w, &w.run_cdi);
     let d = dir(&w, "nri");
     let nri_sock = d.join("nri.sock");
-    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
-    ctd.import_images("k8s.io");
+    let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let mut plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
     let script = script(&w);
     let tokio = tokio::runtime::Builder::new_current_thread()
@@ -107,9 +302,12 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
         .build()
         .unwrap();
     tokio.block_on(async {
-        let channel = cri::connect(&ctd.sock).await;
+        let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
-        let cases: [(&str, &[Pair], &[Pair], usize); 3] = [
+        // "env-cdi": a CDI name only the plugin reads (engines resolve annotations and CRI's
+        // CDI_devices themselves): where the engine injects CDI, only its NRI CDI injection
+        // can give the GPU.
+        let cases: [(&str, &[Pair], &[Pair], usize); 4] = [
             ("env", &[("NVIDIA_VISIBLE_DEVICES", "1")], &[], 1),
             (
                 "annotation",
@@ -120,6 +318,12 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
             (
                 "env-uuid",
                 &[("NVIDIA_VISIBLE_DEVICES", w.gpu(1).uuid.as_str())],
+                &[],
+                1,
+            ),
+            (
+                "env-cdi",
+                &[("NVIDIA_VISIBLE_DEVICES", "nvidia.com/gpu=1")],
                 &[],
                 1,
             ),
@@ -201,44 +405,45 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
             .unwrap_or_else(|e| panic!("{what}: {e}\n{}", logs(&plugin, &ctd)));
         pod.mounts.clear();
         assert_gpus(&w, what, &ProbeReport::parse(&out), &[w.gpu(0)]);
-        // containerd 1.7.24 keeps the placeholder the plugin asks to remove (seen here); it is
-        // the device plugin's `/dev/null`, harmless, and the GPU is served either way.
-        if containerd_version() >= (2, 0) {
-            assert!(
-                !out.lines()
-                    .any(|l| l.starts_with("DPMOUNT ") && l.contains("GPU-")),
-                "{what}: the device plugin's mount is still there:\n{out}"
-            );
-        }
+        // The device plugin's `/dev/null` placeholder stays (harmless): it is the request the
+        // plugin plans again at StartContainer.
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("DPMOUNT ") && l.contains(&w.gpu(0).uuid)),
+            "{what}: the device plugin's mount is gone:\n{out}"
+        );
         w.configure("");
         pod.remove().await;
     });
-    // How each was served, in the plugin's log: containerd 2.1 injects CDI devices named in
-    // an adjustment itself; before it, the plugin sends the spec's edits.
+    // How each was served, in the plugin's log: containerd 2.1 and CRI-O 1.34 inject CDI
+    // devices named in an adjustment themselves; before them, the plugin sends the spec's edits.
     let log = fs::read_to_string(&plugin.log).unwrap();
     eprintln!("{log}");
     assert!(
         log.contains("container env ") && log.contains("raw adjustment"),
         "{log}"
     );
-    let cdi_how = if containerd_version() >= (2, 1) {
+    // Each served container, planned again at StartContainer, has what it asked for.
+    assert!(!log.contains("at StartContainer"), "{log}");
+    let cdi_how = if ctd.injects_cdi() {
         "NRI CDI injection"
     } else {
         "raw adjustment"
     };
-    assert!(
-        log.lines()
-            .any(|l| l.contains("container annotation ") && l.contains(cdi_how)),
-        "{log}"
-    );
+    for name in ["annotation", "env-cdi"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&format!("container {name} ")) && l.contains(cdi_how)),
+            "{name}: {log}"
+        );
+    }
     // The engine restarted (a new containerd on the same NRI socket): the plugin connects
     // again by itself and serves the next pod.
     drop(ctd);
-    let ctd = containerd_with_nri(&w, &d.join("ctd2"), &nri_sock);
-    ctd.import_images("k8s.io");
+    let ctd = Engine::start(&w, &d.join("ctd2"), &nri_sock);
     wait_registered(&mut plugin, 2);
     tokio.block_on(async {
-        let channel = cri::connect(&ctd.sock).await;
+        let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods2")).await;
         let what = "NRI after the engine restarted, NVIDIA_VISIBLE_DEVICES=0";
         let out = pod
@@ -275,8 +480,7 @@ fn nri_plugin_serves_mig_and_imex_requests() {
     w.host.add_imex_channels(&[0, 3, 5]).unwrap();
     let d = dir(&w, "nri-mig");
     let nri_sock = d.join("nri.sock");
-    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
-    ctd.import_images("k8s.io");
+    let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let plugin = start_plugin(
         &w,
         &d,
@@ -301,7 +505,7 @@ fn nri_plugin_serves_mig_and_imex_requests() {
         .build()
         .unwrap();
     tokio.block_on(async {
-        let channel = cri::connect(&ctd.sock).await;
+        let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
         let what = format!("NRI, MIG device {}", mig.uuid);
         let out = pod
@@ -362,7 +566,13 @@ fn nri_plugin_serves_mig_and_imex_requests() {
             "{err}"
         );
         pod.remove().await;
-        let channel = cri::connect(&ctd.sock).await;
+        if matches!(ctd, Engine::Crio(_)) {
+            // CRI-O gives a privileged container every capability it knows; runc cannot
+            // apply CAP_SYS_RESOURCE, which these machines' bounding set lacks (seen).
+            eprintln!("skipped on CRI-O: a privileged container (CAP_SYS_RESOURCE)");
+            return;
+        }
+        let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod_with(channel, "runc", &d.join("pods-priv"), true).await;
         let out = pod
             .run_container("mig-config-priv", &script, &env, &[], &[], &[])
@@ -397,8 +607,7 @@ fn nri_plugin_restarted_finds_containers_created_without_it() {
     let w = World::builder().spec_dirs(SpecDirs::Run).build();
     let d = dir(&w, "nri-restart");
     let nri_sock = d.join("nri.sock");
-    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
-    ctd.import_images("k8s.io");
+    let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let script = script(&w);
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -409,7 +618,7 @@ fn nri_plugin_restarted_finds_containers_created_without_it() {
         let plugin_dir = d.join(mode);
         let plugin = start_plugin(&w, &plugin_dir, &nri_sock, extra, &[]);
         tokio.block_on(async {
-            let channel = cri::connect(&ctd.sock).await;
+            let channel = cri::connect(ctd.sock()).await;
             let mut pod = cri::run_pod(channel, "runc", &d.join(format!("pods-{mode}"))).await;
             let out = pod
                 .run_container("served", &script, &env, &[], &[], &[])
@@ -500,8 +709,7 @@ fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
     let w = World::builder().spec_dirs(SpecDirs::Run).build();
     let d = dir(&w, "nri-no-hooks");
     let nri_sock = d.join("nri.sock");
-    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
-    ctd.import_images("k8s.io");
+    let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let plugin = start_plugin(&w, &d, &nri_sock, &["--no-hooks"], &[]);
     let lib = w.host.container_lib_path("libcuda");
     let soname = format!("{}/libcuda.so.1", lib.rsplit_once('/').unwrap().0);
@@ -511,7 +719,7 @@ fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
         .build()
         .unwrap();
     tokio.block_on(async {
-        let channel = cri::connect(&ctd.sock).await;
+        let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
         let script = format!("{}\necho libcuda\nsha256sum {soname}\n", script(&w));
         let out = pod
@@ -554,10 +762,10 @@ fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
 /// `Container.linux.namespaces`, its adjustment bind-mounts the GPU's node from dev-root
 /// (src/userns.rs) and adds the node at its host path for the cgroup rule. Checked from inside
 /// as in [`super::super::userns`]. By `cdi.k8s.io` annotation: refused at create with the
-/// reason. containerd 2.0 is the first with user-namespaced pods.
+/// reason. containerd 2.0 is the first with user-namespaced pods; CRI-O has them.
 #[test]
 fn nri_plugin_serves_a_user_namespaced_pod() {
-    if !nri_available() || containerd_version() < (2, 0) {
+    if !nri_available() || (crio_binary().is_none() && containerd_version() < (2, 0)) {
         eprintln!("skipped: no NRI or no user-namespaced pods in this containerd");
         return;
     }
@@ -570,8 +778,7 @@ fn nri_plugin_serves_a_user_namespaced_pod() {
     let d = dir(&w, "nri-userns");
     let nri_sock = d.join("nri.sock");
     ptp_cni(&d.join("ctd"));
-    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
-    ctd.import_images("k8s.io");
+    let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
     let script = script();
     let map = vec![k8s_cri::v1::IdMapping {
@@ -589,7 +796,7 @@ fn nri_plugin_serves_a_user_namespaced_pod() {
         .build()
         .unwrap();
     tokio.block_on(async {
-        let channel = cri::connect(&ctd.sock).await;
+        let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod_in(channel, "runc", &d.join("pods"), Some(userns)).await;
         let what = "NRI, user-namespaced pod, NVIDIA_VISIBLE_DEVICES=1";
         let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
