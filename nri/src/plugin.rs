@@ -163,6 +163,22 @@ impl Handler {
         }
     }
 
+    /// `StartContainer`: [`Handler::verify`], whose error fails the start on containerd.
+    /// CRI-O (1.36.3, seen) only logs a plugin's error there and starts the container: on
+    /// CRI-O the created container's process (runc init, waiting for the start) is killed
+    /// instead, and the start fails.
+    fn verify_start(&self, container: &nri::Container) -> Result<(), String> {
+        let result = self.verify(container, "StartContainer");
+        let crio = self.engine.lock().unwrap_or_else(|e| e.into_inner()).name == "cri-o";
+        if let (Err(text), true) = (&result, crio) {
+            if let Err(e) = stop::kill_container_process(container.pid, &container.id) {
+                let e = nvshim::report::error_text(&e);
+                tracing::error!("{text}; CRI-O starts it anyway, and it could not be stopped: {e}");
+            }
+        }
+        result
+    }
+
     /// What the container lacks of its request, planned again as it now is.
     fn unserved(&self, container: &nri::Container) -> Option<Unserved> {
         let engine = self
@@ -367,7 +383,7 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::StartContainerRequest,
     ) -> ttrpc::Result<nri::StartContainerResponse> {
-        self.verify(req.container.get_or_default(), "StartContainer")
+        self.verify_start(req.container.get_or_default())
             .map_err(rpc_error)?;
         Ok(nri::StartContainerResponse::default())
     }
@@ -382,9 +398,7 @@ impl nri_ttrpc::Plugin for Handler {
             POST_CREATE_CONTAINER => self
                 .verify(container, "PostCreateContainer")
                 .map_err(rpc_error)?,
-            START_CONTAINER => self
-                .verify(container, "StartContainer")
-                .map_err(rpc_error)?,
+            START_CONTAINER => self.verify_start(container).map_err(rpc_error)?,
             _ => {}
         }
         Ok(nri::Empty::default())
