@@ -264,11 +264,29 @@ fn wait_registered(plugin: &mut Daemon, times: usize) {
     });
 }
 
-fn logs(plugin: &Daemon, ctd: &Engine) -> String {
+/// An engine whose log a failing test prints: [`Engine`], or a containerd a test of
+/// containerd's own settings starts.
+trait EngineLog {
+    fn engine_log(&self) -> String;
+}
+
+impl EngineLog for Engine {
+    fn engine_log(&self) -> String {
+        self.log_tail()
+    }
+}
+
+impl EngineLog for Containerd {
+    fn engine_log(&self) -> String {
+        self.log_tail()
+    }
+}
+
+fn logs(plugin: &Daemon, engine: &impl EngineLog) -> String {
     format!(
         "--- nvshim-nri ---\n{}\n--- engine ---\n{}",
         plugin.log_tail(),
-        ctd.log_tail()
+        engine.engine_log()
     )
 }
 
