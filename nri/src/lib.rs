@@ -2,9 +2,11 @@
 //! CRI-O) running containers with their default runtime (no `nvidia` runtime class).
 //!
 //! [`plugin`] talks to the engine ([`mux`] is NRI's connection multiplexer), [`adjust`] turns
-//! a container into nvshim's create plan and the plan into an NRI adjustment.
+//! a container into nvshim's create plan and the plan into an NRI adjustment; [`events`] puts
+//! fail-open warnings and refusals on the pod as Kubernetes events.
 
 pub mod adjust;
+pub mod events;
 pub mod mux;
 pub mod plugin;
 pub mod proto;

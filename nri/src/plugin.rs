@@ -16,6 +16,7 @@ use nvshim::install::{self, Tools};
 use thiserror::Error;
 
 use crate::adjust::{self, Engine, How, Options};
+use crate::events::{self, Events, Reason};
 use crate::mux;
 use crate::proto::{nri, nri_ttrpc};
 use crate::specs::Specs;
@@ -61,6 +62,8 @@ pub struct Handler {
     engine: Mutex<Engine>,
     /// The CDI registry of the configured spec directories, kept current ([`crate::specs`]).
     specs: Specs,
+    /// Warnings and refusals as Kubernetes events on the pod, where there is an API server.
+    events: Option<Events>,
 }
 
 impl Handler {
@@ -76,7 +79,36 @@ impl Handler {
             mandatory,
             engine: Mutex::new(Engine::default()),
             specs,
+            events: None,
         }
+    }
+
+    /// Also puts warnings and refusals on the pod as Kubernetes events ([`crate::events`]).
+    pub fn with_events(mut self, events: Option<Events>) -> Handler {
+        self.events = events;
+        self
+    }
+
+    /// `text` as a Warning event on `container`'s pod, where events are on and the pod is
+    /// known; never waits. Also for a container stopped at `Synchronize`
+    /// ([`Reason::ContainerStoppedWithoutGpus`]).
+    pub fn tell(
+        &self,
+        pod: Option<&nri::PodSandbox>,
+        container: &nri::Container,
+        reason: Reason,
+        text: &str,
+    ) {
+        let (Some(sink), Some(pod)) = (&self.events, pod) else {
+            return;
+        };
+        let target = events::Pod {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            container: Some(container.name.clone()).filter(|n| !n.is_empty()),
+        };
+        sink.warn(target, reason, text);
     }
 
     /// Sets the engine as `Configure` names it (tests and benchmarks call this directly).
@@ -150,7 +182,12 @@ impl Handler {
     /// between the events, so this also finds a container created while the plugin was down
     /// (the engine then creates it unadjusted). Mandatory: an error to the engine (the start
     /// fails); otherwise a warning.
-    pub fn verify(&self, container: &nri::Container, event: &str) -> Result<(), String> {
+    pub fn verify(
+        &self,
+        pod: Option<&nri::PodSandbox>,
+        container: &nri::Container,
+        event: &str,
+    ) -> Result<(), String> {
         let engine = self
             .engine
             .lock()
@@ -173,9 +210,15 @@ impl Handler {
         let text = format!("nvshim: {who} at {event}: {problem}");
         if self.mandatory {
             tracing::error!("{text}");
+            // At Synchronize it already runs: the event is the stop's.
+            if event != "Synchronize" {
+                self.tell(pod, container, Reason::GpuRequestRefused, &text);
+            }
             Err(text)
         } else {
-            tracing::warn!("{text} (fail-open: it runs as it is; --mandatory stops it)");
+            let text = format!("{text} (fail-open: it runs as it is; --mandatory stops it)");
+            tracing::warn!("{text}");
+            self.tell(pod, container, Reason::GpusMissing, &text);
             Ok(())
         }
     }
@@ -232,7 +275,8 @@ impl nri_ttrpc::Plugin for Handler {
         // Containers created (and started) while the plugin was away: named in the log. An
         // error here would only fail the registration.
         for c in &req.containers {
-            let _ = self.verify(c, "Synchronize");
+            let pod = req.pods.iter().find(|p| p.id == c.pod_sandbox_id);
+            let _ = self.verify(pod, c, "Synchronize");
         }
         Ok(nri::SynchronizeResponse::default())
     }
@@ -255,8 +299,12 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::PostCreateContainerRequest,
     ) -> ttrpc::Result<nri::PostCreateContainerResponse> {
-        self.verify(req.container.get_or_default(), "PostCreateContainer")
-            .map_err(rpc_error)?;
+        self.verify(
+            req.pod.as_ref(),
+            req.container.get_or_default(),
+            "PostCreateContainer",
+        )
+        .map_err(rpc_error)?;
         Ok(nri::PostCreateContainerResponse::default())
     }
 
@@ -265,8 +313,12 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::StartContainerRequest,
     ) -> ttrpc::Result<nri::StartContainerResponse> {
-        self.verify(req.container.get_or_default(), "StartContainer")
-            .map_err(rpc_error)?;
+        self.verify(
+            req.pod.as_ref(),
+            req.container.get_or_default(),
+            "StartContainer",
+        )
+        .map_err(rpc_error)?;
         Ok(nri::StartContainerResponse::default())
     }
 
@@ -278,10 +330,10 @@ impl nri_ttrpc::Plugin for Handler {
         let container = req.container.get_or_default();
         match req.event {
             POST_CREATE_CONTAINER => self
-                .verify(container, "PostCreateContainer")
+                .verify(req.pod.as_ref(), container, "PostCreateContainer")
                 .map_err(rpc_error)?,
             START_CONTAINER => self
-                .verify(container, "StartContainer")
+                .verify(req.pod.as_ref(), container, "StartContainer")
                 .map_err(rpc_error)?,
             _ => {}
         }
