@@ -20,7 +20,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::json;
 use thiserror::Error;
-use ureq::tls::{ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
 
 /// Where a pod's service account is mounted (in-cluster credentials) unless told otherwise.
 pub const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -52,6 +52,8 @@ pub enum EventsError {
         server: String,
         source: ureq::Error,
     },
+    #[error("the client certificate for {server} cannot be used: {why}; it must be an X.509 v3 certificate (as Kubernetes issues them) whose key is the kubeconfig's client-key")]
+    ClientCert { server: String, why: String },
     #[error("cannot start the thread that posts Kubernetes events: {0}")]
     Thread(std::io::Error),
 }
@@ -420,6 +422,10 @@ fn agent(api: &ApiServer) -> Result<ureq::Agent, EventsError> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(pem_err("client certificate"))?;
             let key = PrivateKey::from_pem(key).map_err(pem_err("client key"))?;
+            check_client_cert(&chain, &key).map_err(|why| EventsError::ClientCert {
+                server: api.server.clone(),
+                why,
+            })?;
             Some(ClientCert::new_with_certs(&chain, key))
         }
         _ => None,
@@ -436,6 +442,28 @@ fn agent(api: &ApiServer) -> Result<ureq::Agent, EventsError> {
         .timeout_global(Some(Duration::from_secs(5)))
         .build()
         .into())
+}
+
+/// What rustls, under ureq, checks of a client certificate when it first connects, checked
+/// here: ureq's connector panics on a certificate rustls refuses (a v1 certificate, a key
+/// that is not the certificate's).
+fn check_client_cert(
+    chain: &[Certificate<'static>],
+    key: &PrivateKey<'static>,
+) -> Result<(), String> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = chain
+        .iter()
+        .map(|c| CertificateDer::from(c.der().to_vec()))
+        .collect();
+    let key = PrivateKeyDer::try_from(key.der().to_vec()).map_err(str::to_string)?;
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain, key)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 fn post(agent: &ureq::Agent, api: &ApiServer, node: &str, event: &Event) -> Result<(), String> {
@@ -563,6 +591,44 @@ users:
                 cert: b"PEM".to_vec(),
                 key: b"PEM".to_vec()
             }
+        );
+    }
+
+    /// A throwaway self-signed X.509 v1 certificate and its key (`openssl x509 -req
+    /// -signkey`, no extensions: v1), as a hand-made client certificate may be.
+    const V1_CERT_AND_KEY: &str = "-----BEGIN CERTIFICATE-----\n\
+MIIBIzCBywIUHMcKnqUHfRwpO0d7kXe780DinewwCgYIKoZIzj0EAwIwFDESMBAG\n\
+A1UEAwwJdjEtY2xpZW50MCAXDTI2MTEyODE3MjQzMFoYDzIxMjYxMTA0MTcyNDMw\n\
+WjAUMRIwEAYDVQQDDAl2MS1jbGllbnQwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNC\n\
+AAQIZA2JYczavp8fM85zUaHJbkeWxI6M9r7fk4A26kGOjMLDWr6Qkmbl/+7/wZV9\n\
+jbCiCk6WYodqHUvAJ9KGtyGjMAoGCCqGSM49BAMCA0cAMEQCIF4A+Gs/gGul72FF\n\
+7k9zSDvg8rbLZK/hyAxN6fXAExsrAiBkpTyXtQC1BV3TgpKNJK+B56lFUv9siJxA\n\
+EgqT5MW1KQ==\n\
+-----END CERTIFICATE-----\n\
+-----BEGIN PRIVATE KEY-----\n\
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgF8Wi0g13+PB5C3rX\n\
+wovrdBPJIRjSveg1mAzYnBz7BiWhRANCAAQIZA2JYczavp8fM85zUaHJbkeWxI6M\n\
+9r7fk4A26kGOjMLDWr6Qkmbl/+7/wZV9jbCiCk6WYodqHUvAJ9KGtyGj\n\
+-----END PRIVATE KEY-----\n\
+";
+
+    /// ureq's connector panics at the first post on a certificate rustls refuses: refused at
+    /// start instead, saying what the certificate must be.
+    #[test]
+    fn unusable_client_certificate_is_an_error_at_start() {
+        let pem = V1_CERT_AND_KEY.as_bytes().to_vec();
+        let api = ApiServer {
+            server: "https://127.0.0.1:6443".into(),
+            ca: pem.clone(),
+            auth: Auth::ClientCert {
+                cert: pem.clone(),
+                key: pem,
+            },
+        };
+        let err = Events::start(api, "n".into()).err().unwrap().to_string();
+        assert!(
+            err.contains("UnsupportedCertVersion") && err.contains("X.509 v3"),
+            "{err}"
         );
     }
 
