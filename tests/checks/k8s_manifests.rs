@@ -391,18 +391,11 @@ fn check_nri_daemon_set(m: &Manifests) {
             .find(|d| d.metadata.name.as_deref() == Some(n))
             .unwrap_or_else(|| panic!("DaemonSet {n}"))
     };
-    let container = |n: &str| {
-        by_name(n)
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0]
-            .clone()
+    let pod_spec = |n: &str| {
+        let spec = by_name(n).spec.as_ref().unwrap();
+        spec.template.spec.clone().unwrap()
     };
+    let container = |n: &str| pod_spec(n).containers[0].clone();
     let installer = container("nvshim-installer");
     let plugin = container("nvshim-nri");
     assert_eq!(plugin.image, installer.image, "the installer's image");
@@ -422,14 +415,7 @@ fn check_nri_daemon_set(m: &Manifests) {
     let script = fs::read_to_string(root().join("packaging/kubernetes/nvshim-install.sh")).unwrap();
     assert!(script.contains("nvshim-nri") && script.contains("--nri"));
     // Its Kubernetes events: posted as its service account, bound to a role that creates them.
-    let pod = by_name("nvshim-nri")
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .clone()
-        .unwrap();
+    let pod = pod_spec("nvshim-nri");
     let sa = pod
         .service_account_name
         .as_deref()
