@@ -690,11 +690,12 @@ fn events_endpoint(dir: &Path) -> EventsEndpoint {
     EventsEndpoint { kubeconfig, posted }
 }
 
-/// Fail-open made visible to Kubernetes: a container created while the plugin was down runs
-/// without its GPUs, and the plugin, started with a kubeconfig, posts a Warning event on its
-/// pod (what `kubectl describe pod` lists), naming the container.
+/// Fail-open and fail-closed made visible to Kubernetes: a container created while the plugin
+/// was down runs without its GPUs (fail-open) or is refused its start (`--mandatory`), and the
+/// plugin, started with a kubeconfig, posts a Warning event on its pod (what `kubectl describe
+/// pod` lists) naming the container: `GPUsMissing` or `GPURequestRefused`.
 #[test]
-fn nri_plugin_fail_open_puts_a_warning_event_on_the_pod() {
+fn nri_plugin_puts_a_warning_event_on_the_pod() {
     if !nri_available() {
         return;
     }
@@ -706,77 +707,85 @@ fn nri_plugin_fail_open_puts_a_warning_event_on_the_pod() {
     ctd.import_images("k8s.io");
     let script = script(&w);
     let api = events_endpoint(&d.join("api"));
-    let extra = [
-        "--kubeconfig",
-        s(&api.kubeconfig),
-        "--node-name",
-        "gpu-node-1",
-    ];
     let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
     let tokio = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    tokio.block_on(async {
-        let channel = cri::connect(&ctd.sock).await;
-        let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
-        let created = pod
-            .create_container("unserved", &script, &env, &[], &[], &[])
-            .await
-            .expect("containerd creates containers with no NRI plugin");
-        let plugin = start_plugin(&w, &d.join("plugin"), &nri_sock, &extra, &[]);
-        let out = pod
-            .start_to_end("unserved", created)
-            .await
-            .unwrap_or_else(|e| panic!("fail-open: {e}\n{}", logs(&plugin, &ctd)));
-        assert_gpus(&w, "fail-open", &ProbeReport::parse(&out), &[]);
-        let meta = pod.config.metadata.clone().unwrap();
-        let start = Instant::now();
-        let event = loop {
-            let posted = api.posted.lock().unwrap().clone();
-            if let Some(e) = posted
-                .into_iter()
-                .find(|(_, e)| e["reason"] == "GPUsMissing")
-            {
-                break e;
+    for (mode, reason) in [
+        ("fail-open", "GPUsMissing"),
+        ("mandatory", "GPURequestRefused"),
+    ] {
+        let mut extra = vec![
+            "--kubeconfig",
+            s(&api.kubeconfig),
+            "--node-name",
+            "gpu-node-1",
+        ];
+        if mode == "mandatory" {
+            extra.push("--mandatory");
+        }
+        tokio.block_on(async {
+            let channel = cri::connect(&ctd.sock).await;
+            let mut pod = cri::run_pod(channel, "runc", &d.join(format!("pods-{mode}"))).await;
+            let created = pod
+                .create_container("unserved", &script, &env, &[], &[], &[])
+                .await
+                .expect("containerd creates containers with no NRI plugin");
+            let plugin = start_plugin(&w, &d.join(mode), &nri_sock, &extra, &[]);
+            let started = pod.start_to_end("unserved", created).await;
+            match mode {
+                "mandatory" => assert!(started.is_err(), "{mode}: {started:?}"),
+                _ => {
+                    let out =
+                        started.unwrap_or_else(|e| panic!("{mode}: {e}\n{}", logs(&plugin, &ctd)));
+                    assert_gpus(&w, mode, &ProbeReport::parse(&out), &[]);
+                }
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no GPUsMissing event posted\n{}",
-                logs(&plugin, &ctd)
+            let meta = pod.config.metadata.clone().unwrap();
+            let start = Instant::now();
+            let (line, body) = loop {
+                let posted = api.posted.lock().unwrap().clone();
+                let ours = |e: &Value| e["involvedObject"]["uid"] == *meta.uid;
+                if let Some(e) = posted
+                    .into_iter()
+                    .find(|(_, e)| e["reason"] == reason && ours(e))
+                {
+                    break e;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{mode}: no {reason} event posted\n{}",
+                    logs(&plugin, &ctd)
+                );
+                sleep(Duration::from_millis(100));
+            };
+            let events = format!("POST /api/v1/namespaces/{}/events HTTP/1.1", meta.namespace);
+            assert_eq!(line, events);
+            assert_eq!(body["type"], "Warning");
+            let o = &body["involvedObject"];
+            assert_eq!(
+                (
+                    o["kind"].as_str(),
+                    o["namespace"].as_str(),
+                    o["name"].as_str()
+                ),
+                (Some("Pod"), Some(&*meta.namespace), Some(&*meta.name)),
+                "{body}"
             );
-            sleep(Duration::from_millis(100));
-        };
-        let (line, body) = event;
-        let events = format!("POST /api/v1/namespaces/{}/events HTTP/1.1", meta.namespace);
-        assert_eq!(line, events);
-        assert_eq!(body["type"], "Warning");
-        let o = &body["involvedObject"];
-        assert_eq!(
-            (
-                o["kind"].as_str(),
-                o["namespace"].as_str(),
-                o["name"].as_str(),
-                o["uid"].as_str()
-            ),
-            (
-                Some("Pod"),
-                Some(&*meta.namespace),
-                Some(&*meta.name),
-                Some(&*meta.uid)
-            ),
-            "{body}"
-        );
-        assert_eq!(o["fieldPath"], "spec.containers{unserved}");
-        assert_eq!(body["source"]["host"], "gpu-node-1");
-        let message = body["message"].as_str().unwrap();
-        assert!(
-            message.contains("container unserved") && message.contains("fail-open"),
-            "{message}"
-        );
-        pod.remove().await;
-        drop(plugin);
-    });
+            assert_eq!(o["fieldPath"], "spec.containers{unserved}");
+            assert_eq!(body["source"]["host"], "gpu-node-1");
+            let message = body["message"].as_str().unwrap();
+            assert!(message.contains("container unserved"), "{message}");
+            assert_eq!(
+                message.contains("fail-open"),
+                mode == "fail-open",
+                "{message}"
+            );
+            pod.remove().await;
+            drop(plugin);
+        });
+    }
     drop(ctd);
     assert_nothing_mounted_below(w.tmp.path());
 }
