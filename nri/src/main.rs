@@ -98,8 +98,16 @@ fn explain(config: &Config, options: &Options, engine: Engine, path: &Path) -> a
 }
 
 /// The Kubernetes events sink: `--kubeconfig`, else the service account in a pod, else none
-/// (said once in the log).
-fn events(cli: &Cli) -> anyhow::Result<Option<Events>> {
+/// (said once in the log). Events are optional: a credential that cannot be used is a warning,
+/// and the plugin serves containers without them.
+fn events(cli: &Cli) -> Option<Events> {
+    start_events(cli).unwrap_or_else(|e| {
+        tracing::warn!("Kubernetes events off: {e:#}");
+        None
+    })
+}
+
+fn start_events(cli: &Cli) -> anyhow::Result<Option<Events>> {
     let api = match &cli.kubeconfig {
         Some(path) => ApiServer::from_kubeconfig(path)?,
         None => match ApiServer::in_cluster(&cli.service_account_dir) {
@@ -151,7 +159,7 @@ fn main() -> anyhow::Result<()> {
         };
         return explain(&config, &options, engine, path);
     }
-    let events = events(&cli)?;
+    let events = events(&cli);
     let handler = Arc::new(Handler::new(config_path, options, cli.mandatory).with_events(events));
     let conn = Connection {
         socket: cli.socket,
