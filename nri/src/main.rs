@@ -8,6 +8,7 @@ use clap::Parser;
 use nvshim::config::Config;
 use nvshim::install::{self, Tools};
 use nvshim_nri::adjust::{self, Engine, Options};
+use nvshim_nri::events::{ApiServer, Events};
 use nvshim_nri::plugin::{self, Connection, Handler};
 
 /// Serves nvshim's GPU requests (NVIDIA_VISIBLE_DEVICES, device-plugin mounts and
@@ -45,6 +46,18 @@ struct Cli {
     /// raw adjustments, hooks or not) and exit, without connecting.
     #[arg(long, value_name = "CONFIG_JSON")]
     explain: Option<PathBuf>,
+    /// Post warnings and refusals as Kubernetes events with this kubeconfig's current context
+    /// (a node's /etc/kubernetes/kubelet.conf may); default: the pod's service account when
+    /// run in a pod, else no events.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// The service account's token and ca.crt, used when $KUBERNETES_SERVICE_HOST is set and
+    /// there is no --kubeconfig (the DaemonSet mounts them here for the chrooted plugin).
+    #[arg(long, value_name = "DIR", default_value = nvshim_nri::events::SERVICE_ACCOUNT)]
+    service_account_dir: PathBuf,
+    /// The node, as the events name their source; default $NODE_NAME, else the hostname.
+    #[arg(long)]
+    node_name: Option<String>,
     /// With --explain: the engine, as its NRI `Configure` names it.
     #[arg(long, default_value = "containerd", requires = "explain")]
     engine: String,
@@ -87,6 +100,42 @@ fn explain(config: &Config, options: &Options, engine: Engine, path: &Path) -> a
     Ok(())
 }
 
+/// The Kubernetes events sink: `--kubeconfig`, else the service account in a pod, else none
+/// (said once in the log). Events are optional: a credential that cannot be used is a warning,
+/// and the plugin serves containers without them.
+fn events(cli: &Cli) -> Option<Events> {
+    start_events(cli).unwrap_or_else(|e| {
+        tracing::warn!("Kubernetes events off: {e:#}");
+        None
+    })
+}
+
+fn start_events(cli: &Cli) -> anyhow::Result<Option<Events>> {
+    let api = match &cli.kubeconfig {
+        Some(path) => ApiServer::from_kubeconfig(path)?,
+        None => match ApiServer::in_cluster(&cli.service_account_dir) {
+            Some(api) => api?,
+            None => {
+                tracing::info!("Kubernetes events off: no --kubeconfig and no service account (warnings go to this log only)");
+                return Ok(None);
+            }
+        },
+    };
+    let node = match cli
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok())
+    {
+        Some(n) => n,
+        None => nix::unistd::gethostname()
+            .context("cannot read the hostname; give --node-name")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    tracing::info!(server = %api.server, node = %node, "Kubernetes events on");
+    Ok(Some(Events::start(api, node)?))
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -95,6 +144,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let config_path = cli
         .config
+        .clone()
         .unwrap_or_else(|| Config::path_from_env(std::env::var_os("NVSHIM_CONFIG")));
     // Read now to fail early on a broken config; read again for every container.
     let config = Config::load(&config_path)?;
@@ -112,7 +162,8 @@ fn main() -> anyhow::Result<()> {
         };
         return explain(&config, &options, engine, path);
     }
-    let handler = Arc::new(Handler::new(config_path, options, cli.mandatory));
+    let events = events(&cli);
+    let handler = Arc::new(Handler::new(config_path, options, cli.mandatory).with_events(events));
     let conn = Connection {
         socket: cli.socket,
         name: cli.name,

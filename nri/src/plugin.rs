@@ -16,6 +16,7 @@ use nvshim::install::{self, Tools};
 use thiserror::Error;
 
 use crate::adjust::{self, Engine, How, Options};
+use crate::events::{self, Events, Reason};
 use crate::mux;
 use crate::proto::{nri, nri_ttrpc};
 use crate::specs::Specs;
@@ -63,6 +64,8 @@ pub struct Handler {
     engine: Mutex<Engine>,
     /// The CDI registry of the configured spec directories, kept current ([`crate::specs`]).
     specs: Specs,
+    /// Warnings and refusals as Kubernetes events on the pod, where there is an API server.
+    events: Option<Events>,
 }
 
 impl Handler {
@@ -78,6 +81,27 @@ impl Handler {
             mandatory,
             engine: Mutex::new(Engine::default()),
             specs,
+            events: None,
+        }
+    }
+
+    /// Also puts warnings and refusals on the pod as Kubernetes events ([`crate::events`]).
+    pub fn with_events(mut self, events: Option<Events>) -> Handler {
+        self.events = events;
+        self
+    }
+
+    /// `text` as a Warning event on `container`'s pod, where events are on and the pod is
+    /// known; never waits.
+    pub fn tell(
+        &self,
+        pod: Option<&nri::PodSandbox>,
+        container: &nri::Container,
+        reason: Reason,
+        text: &str,
+    ) {
+        if let (Some(sink), Some(target)) = (&self.events, event_target(pod, container)) {
+            sink.warn(target, reason, text);
         }
     }
 
@@ -156,10 +180,15 @@ impl Handler {
     /// between the events, so this also finds a container created while the plugin was down
     /// (the engine then creates it unadjusted). Mandatory: an error to the engine (the start
     /// fails); otherwise a warning.
-    pub fn verify(&self, container: &nri::Container, event: &str) -> Result<(), String> {
+    pub fn verify(
+        &self,
+        pod: Option<&nri::PodSandbox>,
+        container: &nri::Container,
+        event: &str,
+    ) -> Result<(), String> {
         match self.unserved(container) {
             None => Ok(()),
-            Some(u) => self.report(container, event, &u),
+            Some(u) => self.report(pod, container, event, &u),
         }
     }
 
@@ -167,8 +196,12 @@ impl Handler {
     /// CRI-O (1.36.3, seen) only logs a plugin's error there and starts the container: on
     /// CRI-O the created container's process (runc init, waiting for the start) is killed
     /// instead, and the start fails.
-    fn verify_start(&self, container: &nri::Container) -> Result<(), String> {
-        let result = self.verify(container, "StartContainer");
+    fn verify_start(
+        &self,
+        pod: Option<&nri::PodSandbox>,
+        container: &nri::Container,
+    ) -> Result<(), String> {
+        let result = self.verify(pod, container, "StartContainer");
         let crio = self.engine.lock().unwrap_or_else(|e| e.into_inner()).name == "cri-o";
         if let (Err(text), true) = (&result, crio) {
             if let Err(e) = stop::kill_container_process(container.pid, &container.id) {
@@ -201,9 +234,15 @@ impl Handler {
         }
     }
 
-    /// Logs what `unserved` found: mandatory, an error (returned, for the engine); otherwise
-    /// a warning.
-    fn report(&self, container: &nri::Container, event: &str, u: &Unserved) -> Result<(), String> {
+    /// Logs what `unserved` found and puts it on the pod as an event: mandatory, an error
+    /// (returned, for the engine); otherwise a warning.
+    fn report(
+        &self,
+        pod: Option<&nri::PodSandbox>,
+        container: &nri::Container,
+        event: &str,
+        u: &Unserved,
+    ) -> Result<(), String> {
         let who = format!("container {} ({})", container.name, short(&container.id));
         let problem = match u {
             Unserved::Devices(m) => format!("it lacks device nodes its request names: {}; was it created while nvshim-nri was down, or did the engine drop them (its log: CDI registry, NRI validators)?", m.join(", ")),
@@ -212,9 +251,15 @@ impl Handler {
         let text = format!("nvshim: {who} at {event}: {problem}");
         if self.mandatory {
             tracing::error!("{text}");
+            // At Synchronize it already runs: the event is the stop's.
+            if event != "Synchronize" {
+                self.tell(pod, container, Reason::GpuRequestRefused, &text);
+            }
             Err(text)
         } else {
-            tracing::warn!("{text} (fail-open: it runs as it is; --mandatory stops it)");
+            let text = format!("{text} (fail-open: it runs as it is; --mandatory stops it)");
+            tracing::warn!("{text}");
+            self.tell(pod, container, Reason::GpusMissing, &text);
             Ok(())
         }
     }
@@ -240,7 +285,7 @@ impl Handler {
                 continue;
             };
             // An error here would only fail the registration.
-            let _ = self.report(c, "Synchronize", &u);
+            let _ = self.report(pod, c, "Synchronize", &u);
             if let (true, CONTAINER_RUNNING, Unserved::Devices(m)) = (self.mandatory, state, u) {
                 to_stop.push(Running {
                     id: c.id.clone(),
@@ -249,15 +294,31 @@ impl Handler {
                         || c.pod_sandbox_id.clone(),
                         |p| format!("{}/{}", p.namespace, p.name),
                     ),
+                    target: event_target(pod, c),
                     pid: c.pid,
                     missing: m,
                 });
             }
         }
         if !to_stop.is_empty() {
-            std::thread::spawn(move || to_stop.iter().for_each(stop_unserved));
+            let events = self.events.clone();
+            std::thread::spawn(move || {
+                for c in &to_stop {
+                    stop_unserved(c, events.as_ref());
+                }
+            });
         }
     }
+}
+
+/// The pod (and container) an event names, where the engine named the pod.
+fn event_target(pod: Option<&nri::PodSandbox>, container: &nri::Container) -> Option<events::Pod> {
+    pod.map(|pod| events::Pod {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        container: Some(container.name.clone()).filter(|n| !n.is_empty()),
+    })
 }
 
 /// A pod of the `nvidia` runtime class (the handler `nvshim runtime configure` installs:
@@ -280,12 +341,15 @@ struct Running {
     name: String,
     /// `namespace/name`.
     pod: String,
+    /// Where the stop's event goes.
+    target: Option<events::Pod>,
     pid: u32,
     missing: Vec<String>,
 }
 
-/// Kills the container's process ([`stop::kill_container_process`]) and says so.
-fn stop_unserved(c: &Running) {
+/// Kills the container's process ([`stop::kill_container_process`]) and says so, in the log
+/// and on the pod.
+fn stop_unserved(c: &Running, events: Option<&Events>) {
     let who = format!(
         "container {} ({}) of pod {}, process {}",
         c.name,
@@ -297,9 +361,13 @@ fn stop_unserved(c: &Running) {
         "it runs without device nodes its request names ({}): it was started while nvshim-nri was down or ran without --mandatory",
         c.missing.join(", ")
     );
-    match stop::kill_container_process(c.pid, &c.id) {
-        Ok(()) => tracing::error!("nvshim: stopped {who} with SIGKILL (--mandatory): {why}; the pod's restartPolicy decides what follows: a new container is served (restartPolicy Never: delete the pod and create it again)"),
-        Err(e) => tracing::error!("nvshim: {who}: {why}, and --mandatory could not stop it: {}", nvshim::report::error_text(&e)),
+    let text = match stop::kill_container_process(c.pid, &c.id) {
+        Ok(()) => format!("nvshim: stopped {who} with SIGKILL (--mandatory): {why}; the pod's restartPolicy decides what follows: a new container is served (restartPolicy Never: delete the pod and create it again)"),
+        Err(e) => format!("nvshim: {who}: {why}, and --mandatory could not stop it: {}", nvshim::report::error_text(&e)),
+    };
+    tracing::error!("{text}");
+    if let (Some(sink), Some(target)) = (events, c.target.clone()) {
+        sink.warn(target, Reason::ContainerStoppedWithoutGpus, &text);
     }
 }
 
@@ -373,8 +441,12 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::PostCreateContainerRequest,
     ) -> ttrpc::Result<nri::PostCreateContainerResponse> {
-        self.verify(req.container.get_or_default(), "PostCreateContainer")
-            .map_err(rpc_error)?;
+        self.verify(
+            req.pod.as_ref(),
+            req.container.get_or_default(),
+            "PostCreateContainer",
+        )
+        .map_err(rpc_error)?;
         Ok(nri::PostCreateContainerResponse::default())
     }
 
@@ -383,7 +455,7 @@ impl nri_ttrpc::Plugin for Handler {
         _ctx: &ttrpc::TtrpcContext,
         req: nri::StartContainerRequest,
     ) -> ttrpc::Result<nri::StartContainerResponse> {
-        self.verify_start(req.container.get_or_default())
+        self.verify_start(req.pod.as_ref(), req.container.get_or_default())
             .map_err(rpc_error)?;
         Ok(nri::StartContainerResponse::default())
     }
@@ -396,9 +468,11 @@ impl nri_ttrpc::Plugin for Handler {
         let container = req.container.get_or_default();
         match req.event {
             POST_CREATE_CONTAINER => self
-                .verify(container, "PostCreateContainer")
+                .verify(req.pod.as_ref(), container, "PostCreateContainer")
                 .map_err(rpc_error)?,
-            START_CONTAINER => self.verify_start(container).map_err(rpc_error)?,
+            START_CONTAINER => self
+                .verify_start(req.pod.as_ref(), container)
+                .map_err(rpc_error)?,
             _ => {}
         }
         Ok(nri::Empty::default())

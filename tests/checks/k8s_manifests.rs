@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use nvshim::config::Config;
 use serde::de::DeserializeOwned;
@@ -125,6 +126,9 @@ struct Manifests {
     runtime_classes: Vec<RuntimeClass>,
     pods: Vec<(PathBuf, Pod)>,
     claims: Vec<(PathBuf, ResourceClaim)>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
 }
 
 fn manifests() -> Manifests {
@@ -143,6 +147,13 @@ fn typed_manifests(docs: Vec<(PathBuf, usize, Value)>) -> Manifests {
             ("v1", "Pod") => m.pods.push((file.clone(), typed(&what, &doc))),
             ("apps/v1", "DaemonSet") => m.daemon_sets.push(typed(&what, &doc)),
             ("node.k8s.io/v1", "RuntimeClass") => m.runtime_classes.push(typed(&what, &doc)),
+            ("v1", "ServiceAccount") => m.service_accounts.push(typed(&what, &doc)),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
+                m.cluster_roles.push(typed(&what, &doc))
+            }
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                m.cluster_role_bindings.push(typed(&what, &doc))
+            }
             ("resource.k8s.io/v1", "ResourceClaim") => {
                 m.claims.push((file.clone(), typed(&what, &doc)))
             }
@@ -381,30 +392,16 @@ fn check_nri_daemon_set(m: &Manifests) {
             .find(|d| d.metadata.name.as_deref() == Some(n))
             .unwrap_or_else(|| panic!("DaemonSet {n}"))
     };
-    let container = |n: &str| {
-        by_name(n)
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0]
-            .clone()
+    let pod_spec = |n: &str| {
+        let spec = by_name(n).spec.as_ref().unwrap();
+        spec.template.spec.clone().unwrap()
     };
+    let container = |n: &str| pod_spec(n).containers[0].clone();
     let installer = container("nvshim-installer");
     let plugin = container("nvshim-nri");
     // `--mandatory` kills a container's process by the pid the engine gives (nri/src/stop.rs).
-    let pod_spec = by_name("nvshim-nri")
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .clone();
     assert_eq!(
-        pod_spec.unwrap().host_pid,
+        pod_spec("nvshim-nri").host_pid,
         Some(true),
         "nvshim-nri needs hostPID"
     );
@@ -444,6 +441,40 @@ fn check_nri_daemon_set(m: &Manifests) {
             "{name}: {annotations:?}"
         );
     }
+    // Its Kubernetes events: posted as its service account, bound to a role that creates them.
+    let pod = pod_spec("nvshim-nri");
+    let sa = pod
+        .service_account_name
+        .as_deref()
+        .expect("serviceAccountName");
+    let ns = by_name("nvshim-nri").metadata.namespace.clone();
+    assert!(m
+        .service_accounts
+        .iter()
+        .any(|a| a.metadata.name.as_deref() == Some(sa) && a.metadata.namespace == ns));
+    let binding = m
+        .cluster_role_bindings
+        .iter()
+        .find(|b| {
+            b.subjects
+                .iter()
+                .flatten()
+                .any(|s| s.kind == "ServiceAccount" && s.name == sa && s.namespace == ns)
+        })
+        .expect("a ClusterRoleBinding of the plugin's service account");
+    let role = m
+        .cluster_roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(binding.role_ref.name.as_str()))
+        .expect("the bound ClusterRole");
+    assert!(role.rules.iter().flatten().any(|r| {
+        r.resources.iter().flatten().any(|x| x == "events")
+            && r.api_groups.iter().flatten().any(|g| g.is_empty())
+            && r.verbs.iter().any(|v| v == "create")
+    }));
+    let node = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME");
+    let field = node.and_then(|e| e.value_from.as_ref()?.field_ref.as_ref());
+    assert_eq!(field.map(|f| f.field_path.as_str()), Some("spec.nodeName"));
 }
 
 /// What each overlay changes in the base's config, and nothing else (the rest of its config

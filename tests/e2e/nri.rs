@@ -6,6 +6,8 @@
 //! `NVSHIM_CRIO` set (CRI-O built by hand, see [`crio_binary`]) the same tests drive CRI-O.
 
 use super::*;
+use std::io::{BufRead, Read, Write};
+use std::sync::Arc;
 
 /// `nvshim-nri`, which `cargo build --workspace` puts next to the root package's binaries.
 fn plugin_binary() -> PathBuf {
@@ -1122,5 +1124,230 @@ fn nri_plugin_beside_the_nvidia_runtime_class() {
     }
     drop(ctd);
     drop(plugin);
+    assert_nothing_mounted_below(w.tmp.path());
+}
+
+/// A stand-in for the Kubernetes API's events endpoint (`POST /api/v1/namespaces/NS/events`,
+/// answered 201 as kube-apiserver answers it), over HTTPS with a certificate openssl makes:
+/// it takes requests with its bearer token only and keeps their paths and JSON bodies. The
+/// plugin's request itself was checked by hand against kube-apiserver v1.36.2 (accepted,
+/// shown by `kubectl describe pod`).
+struct EventsEndpoint {
+    /// A kubeconfig for `nvshim-nri --kubeconfig`: the server, its CA and the token.
+    kubeconfig: PathBuf,
+    posted: Arc<Mutex<Vec<(String, Value)>>>,
+}
+
+fn events_endpoint(dir: &Path) -> EventsEndpoint {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    const TOKEN: &str = "nvshim-nri-test-token";
+    fs::create_dir_all(dir).unwrap();
+    // A CA and the server's certificate it signs, as a cluster's are (webpki refuses a CA
+    // certificate as the server's own).
+    let (ca, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    let openssl = |subject: &str, key: &Path, cert: &Path, extra: &[&str]| {
+        let made = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args([
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                subject,
+                "-keyout",
+                s(key),
+                "-out",
+                s(cert),
+            ])
+            .args(extra)
+            .output()
+            .expect("openssl");
+        assert!(made.status.success(), "{made:?}");
+    };
+    openssl("/CN=test-ca", &ca_key, &ca, &[]);
+    let signed = [
+        "-CA",
+        s(&ca),
+        "-CAkey",
+        s(&ca_key),
+        "-addext",
+        "basicConstraints=CA:FALSE",
+    ];
+    let san = ["-addext", "subjectAltName=IP:127.0.0.1"];
+    openssl(
+        "/CN=127.0.0.1",
+        &key,
+        &cert,
+        &[&signed[..], &san[..]].concat(),
+    );
+    let certs = CertificateDer::pem_file_iter(&cert)
+        .unwrap()
+        .map(Result::unwrap);
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs.collect(), PrivateKeyDer::from_pem_file(&key).unwrap())
+    .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let posted = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&posted);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let conn = rustls::ServerConnection::new(Arc::clone(&config)).unwrap();
+            let mut tls = std::io::BufReader::new(rustls::StreamOwned::new(conn, stream));
+            let (mut line, mut head) = (String::new(), Vec::new());
+            while tls.read_line(&mut line).unwrap_or(0) > 2 {
+                head.push(std::mem::take(&mut line).trim_end().to_string());
+            }
+            let header = |name: &str| {
+                head.iter()
+                    .find_map(|h| {
+                        h.split_once(": ")
+                            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                    })
+                    .map(|(_, v)| v.to_string())
+            };
+            let length = header("content-length")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; length];
+            let _ = tls.read_exact(&mut body);
+            let path = head.first().cloned().unwrap_or_default();
+            let status = if header("authorization") == Some(format!("Bearer {TOKEN}")) {
+                let doc = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                kept.lock().unwrap().push((path, doc));
+                "201 Created"
+            } else {
+                "401 Unauthorized"
+            };
+            let tls = tls.get_mut();
+            let answer = format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}");
+            let _ = tls.write_all(answer.as_bytes()).and_then(|()| tls.flush());
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        }
+    });
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: test\nclusters:\n- name: test\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: ca.crt\ncontexts:\n- name: test\n  context: {{cluster: test, user: plugin}}\nusers:\n- name: plugin\n  user:\n    token: {TOKEN}\n"
+        ),
+    )
+    .unwrap();
+    EventsEndpoint { kubeconfig, posted }
+}
+
+/// Fail-open and fail-closed made visible to Kubernetes: a container created while the plugin
+/// was down runs without its GPUs (fail-open) or is refused its start (`--mandatory`), and the
+/// plugin, started with a kubeconfig, posts a Warning event on its pod (what `kubectl describe
+/// pod` lists) naming the container: `GPUsMissing` or `GPURequestRefused`.
+#[test]
+fn nri_plugin_puts_a_warning_event_on_the_pod() {
+    if !nri_available() {
+        return;
+    }
+    let _one_engine = serial();
+    let w = World::builder().spec_dirs(SpecDirs::Run).build();
+    let d = dir(&w, "nri-events");
+    let nri_sock = d.join("nri.sock");
+    let ctd = containerd_with_nri(&w, &d.join("ctd"), &nri_sock);
+    ctd.import_images("k8s.io");
+    let script = script(&w);
+    let api = events_endpoint(&d.join("api"));
+    let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for (mode, reason) in [
+        ("fail-open", "GPUsMissing"),
+        ("mandatory", "GPURequestRefused"),
+    ] {
+        let mut extra = vec![
+            "--kubeconfig",
+            s(&api.kubeconfig),
+            "--node-name",
+            "gpu-node-1",
+        ];
+        if mode == "mandatory" {
+            extra.push("--mandatory");
+        }
+        tokio.block_on(async {
+            let channel = cri::connect(&ctd.sock).await;
+            let mut pod = cri::run_pod(channel, "runc", &d.join(format!("pods-{mode}"))).await;
+            let created = pod
+                .create_container("unserved", &script, &env, &[], &[], &[])
+                .await
+                .expect("containerd creates containers with no NRI plugin");
+            let plugin = start_plugin(&w, &d.join(mode), &nri_sock, &extra, &[]);
+            let started = pod.start_to_end("unserved", created).await;
+            match mode {
+                "mandatory" => assert!(started.is_err(), "{mode}: {started:?}"),
+                _ => {
+                    let out =
+                        started.unwrap_or_else(|e| panic!("{mode}: {e}\n{}", logs(&plugin, &ctd)));
+                    assert_gpus(&w, mode, &ProbeReport::parse(&out), &[]);
+                }
+            }
+            let meta = pod.config.metadata.clone().unwrap();
+            let start = Instant::now();
+            let (line, body) = loop {
+                let posted = api.posted.lock().unwrap().clone();
+                let ours = |e: &Value| e["involvedObject"]["uid"] == *meta.uid;
+                if let Some(e) = posted
+                    .into_iter()
+                    .find(|(_, e)| e["reason"] == reason && ours(e))
+                {
+                    break e;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{mode}: no {reason} event posted\n{}",
+                    logs(&plugin, &ctd)
+                );
+                sleep(Duration::from_millis(100));
+            };
+            let events = format!("POST /api/v1/namespaces/{}/events HTTP/1.1", meta.namespace);
+            assert_eq!(line, events);
+            assert_eq!(body["type"], "Warning");
+            let o = &body["involvedObject"];
+            assert_eq!(
+                (
+                    o["kind"].as_str(),
+                    o["namespace"].as_str(),
+                    o["name"].as_str()
+                ),
+                (Some("Pod"), Some(&*meta.namespace), Some(&*meta.name)),
+                "{body}"
+            );
+            assert_eq!(o["fieldPath"], "spec.containers{unserved}");
+            assert_eq!(body["source"]["host"], "gpu-node-1");
+            let message = body["message"].as_str().unwrap();
+            assert!(message.contains("container unserved"), "{message}");
+            assert_eq!(
+                message.contains("fail-open"),
+                mode == "fail-open",
+                "{message}"
+            );
+            pod.remove().await;
+            drop(plugin);
+        });
+    }
+    drop(ctd);
     assert_nothing_mounted_below(w.tmp.path());
 }
