@@ -1255,7 +1255,8 @@ fn events_endpoint(dir: &Path) -> EventsEndpoint {
 /// Fail-open and fail-closed made visible to Kubernetes: a container created while the plugin
 /// was down runs without its GPUs (fail-open) or is refused its start (`--mandatory`), and the
 /// plugin, started with a kubeconfig, posts a Warning event on its pod (what `kubectl describe
-/// pod` lists) naming the container: `GPUsMissing` or `GPURequestRefused`.
+/// pod` lists) naming the container: `GPUsMissing` or `GPURequestRefused`; one started while
+/// the plugin was down is stopped under `--mandatory`, as `ContainerStoppedWithoutGPUs`.
 #[test]
 fn nri_plugin_puts_a_warning_event_on_the_pod() {
     if !nri_available() {
@@ -1294,6 +1295,16 @@ fn nri_plugin_puts_a_warning_event_on_the_pod() {
                 .create_container("unserved", &script, &env, &[], &[], &[])
                 .await
                 .expect("containerd creates containers with no NRI plugin");
+            // Mandatory: also one started while the plugin is down, which it stops.
+            if mode == "mandatory" {
+                let running = pod
+                    .create_container("unserved-running", "exec sleep 600", &env, &[], &[], &[])
+                    .await
+                    .expect("containerd creates containers with no NRI plugin");
+                pod.start(&running)
+                    .await
+                    .expect("containerd starts containers with no NRI plugin");
+            }
             let plugin = start_plugin(&w, &d.join(mode), &nri_sock, &extra, &[]);
             let started = pod.start_to_end("unserved", created).await;
             match mode {
@@ -1344,6 +1355,30 @@ fn nri_plugin_puts_a_warning_event_on_the_pod() {
                 mode == "fail-open",
                 "{message}"
             );
+            if mode == "mandatory" {
+                let start = Instant::now();
+                let stopped = loop {
+                    let posted = api.posted.lock().unwrap().clone();
+                    if let Some((_, e)) = posted.into_iter().find(|(_, e)| {
+                        e["reason"] == "ContainerStoppedWithoutGPUs"
+                            && e["involvedObject"]["uid"] == *meta.uid
+                    }) {
+                        break e;
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(10),
+                        "no ContainerStoppedWithoutGPUs event posted\n{}",
+                        logs(&plugin, &ctd)
+                    );
+                    sleep(Duration::from_millis(100));
+                };
+                assert_eq!(
+                    stopped["involvedObject"]["fieldPath"],
+                    "spec.containers{unserved-running}"
+                );
+                let message = stopped["message"].as_str().unwrap();
+                assert!(message.contains("SIGKILL"), "{message}");
+            }
             pod.remove().await;
             drop(plugin);
         });
