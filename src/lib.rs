@@ -23,7 +23,8 @@
 //!   process keeps), [`rootfs`], [`request`] (what the container asked for, and the route with its
 //!   reason), [`legacy`] (`NVIDIA_VISIBLE_DEVICES` resolved against the inventory, into edits
 //!   grouped by cause), [`memory_limits`], [`userns`] (containers with their own user
-//!   namespace), [`create`] (the pipeline itself).
+//!   namespace), [`nri_answer`] (how nvshim-nri answers a route), [`create`] (the pipeline
+//!   itself).
 //! - [`ops`]: the operator tool (`nvshim`): CDI generate/refresh, explain, doctor, engine
 //!   configuration, node set-up.
 
@@ -42,6 +43,7 @@ pub mod json;
 pub mod legacy;
 pub mod logging;
 pub mod memory_limits;
+pub mod nri_answer;
 pub mod nvidia;
 pub mod ops;
 pub mod report;

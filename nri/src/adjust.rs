@@ -17,33 +17,7 @@ use thiserror::Error;
 
 use crate::proto::nri;
 
-/// What the engine can do with an adjustment, from its name and version in `Configure`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Engine {
-    pub name: String,
-    pub version: String,
-}
-
-impl Engine {
-    /// Whether the engine resolves CDI device names in an adjustment itself: containerd
-    /// 2.1 and CRI-O 1.34 were the first to.
-    pub fn injects_cdi(&self) -> bool {
-        let Some((major, minor)) = major_minor(&self.version) else {
-            return false;
-        };
-        match self.name.as_str() {
-            "containerd" => (major, minor) >= (2, 1),
-            "cri-o" | "crio" | "CRI-O" => (major, minor) >= (1, 34),
-            _ => false,
-        }
-    }
-}
-
-fn major_minor(version: &str) -> Option<(u32, u32)> {
-    let v = version.trim().trim_start_matches('v');
-    let mut parts = v.split(|c: char| !c.is_ascii_digit());
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
+pub use nvshim::nri_answer::Engine;
 
 /// The plugin's settings (command line).
 #[derive(Debug, Clone, Default)]
@@ -54,26 +28,7 @@ pub struct Options {
     pub no_native_cdi: bool,
 }
 
-/// How a container was served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum How {
-    /// No GPU request.
-    Nothing,
-    /// Device nodes, mounts, env and hooks from nvshim's resolvers.
-    Raw,
-    /// CDI device names for the engine to inject, from its own CDI registry.
-    NativeCdi,
-}
-
-impl How {
-    pub fn name(self) -> &'static str {
-        match self {
-            How::Nothing => "nothing",
-            How::Raw => "raw adjustment",
-            How::NativeCdi => "NRI CDI injection",
-        }
-    }
-}
+pub use nvshim::nri_answer::How;
 
 /// The answer to one `CreateContainer`.
 #[derive(Debug, Clone)]
@@ -360,21 +315,20 @@ pub fn answer(
         .collect();
     let mut adjust = diff(&view, &doc);
     keep_device_plugin_mounts(&mut adjust);
-    let how = match &plan.route {
-        Route::Nothing(_) if !plan.touched => How::Nothing,
-        // In a user namespace the engine's own CDI injection would give runc device nodes to
-        // bind-mount from their container path, not from dev-root: the plan's mounts instead.
-        Route::Cdi(names, _)
-            if engine.injects_cdi()
-                && !options.no_native_cdi
-                && !nvshim::userns::has_user_namespace(&view) =>
-        {
-            native_cdi(&mut adjust, names);
-            How::NativeCdi
-        }
-        _ => How::Raw,
-    };
-    if nvshim::userns::has_user_namespace(&view) {
+    // In a user namespace the engine's own CDI injection would give runc device nodes to
+    // bind-mount from their container path, not from dev-root: the plan's mounts instead.
+    let user_namespace = nvshim::userns::has_user_namespace(&view);
+    let how = nvshim::nri_answer::how(
+        &plan.route,
+        plan.touched,
+        engine,
+        options.no_native_cdi,
+        user_namespace,
+    );
+    if let (How::NativeCdi, Route::Cdi(names, _)) = (how, &plan.route) {
+        native_cdi(&mut adjust, names);
+    }
+    if user_namespace {
         device_rules_for_binds(&mut adjust);
     }
     let dropped = if options.no_hooks {
@@ -707,21 +661,6 @@ pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn engine_versions_that_inject_cdi() {
-        let e = |name: &str, version: &str| Engine {
-            name: name.into(),
-            version: version.into(),
-        };
-        assert!(e("containerd", "v2.1.9").injects_cdi());
-        assert!(e("containerd", "2.3.0-rc.1").injects_cdi());
-        assert!(!e("containerd", "v2.0.5").injects_cdi());
-        assert!(!e("containerd", "1.7.24").injects_cdi());
-        assert!(e("cri-o", "1.34.0").injects_cdi());
-        assert!(!e("cri-o", "1.33.2").injects_cdi());
-        assert!(!e("containerd", "unknown").injects_cdi());
-    }
 
     #[test]
     fn privileged_is_the_allow_all_device_rule() {

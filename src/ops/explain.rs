@@ -67,6 +67,10 @@ pub struct Explanation {
     pub privileged: bool,
     /// How the request is served: `none`, `legacy` or `cdi`, with the reason.
     pub route: Option<RouteItem>,
+    /// How `nvshim-nri` would answer the same container (its NRI adjustment), where create
+    /// would plan it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nri: Option<String>,
     /// GPUs resolved (legacy).
     pub gpus: Vec<GpuItem>,
     /// The edits, by cause, in the order they apply.
@@ -247,6 +251,7 @@ pub fn explain(
         requirements_disabled: false,
         privileged: false,
         route: None,
+        nri: None,
         gpus: Vec::new(),
         groups: Vec::new(),
         removed_hooks: Vec::new(),
@@ -293,6 +298,11 @@ pub fn explain(
     out.warnings = trace.warnings.clone();
     match result {
         Ok(plan) => {
+            out.nri = Some(crate::nri_answer::describe(
+                &plan.route,
+                plan.touched,
+                crate::userns::has_user_namespace(&original),
+            ));
             out.gpus = plan.gpus.iter().map(GpuItem::from).collect();
             let base = skeleton(&original);
             let groups = &plan.groups;
@@ -771,6 +781,9 @@ pub fn render_text(e: &Explanation) -> String {
         for d in &r.cdi_devices {
             line(format!("  device {d}"));
         }
+    }
+    if let Some(n) = &e.nri {
+        line(format!("Under nvshim-nri: {n}"));
     }
     if !e.gpus.is_empty() {
         line(String::new());

@@ -36,6 +36,7 @@ const ORDER: &[&str] = &[
     "legacy",
     "memory_limits",
     "userns",
+    "nri_answer",
     "create",
     // the operator tool
     "ops",

@@ -766,6 +766,7 @@ fn explain_legacy_request_matches_what_create_does() {
     let text = explain_text(&w, &["--bundle", b.dir().to_str().unwrap()]);
     for needle in [
         "Mode: legacy",
+        "Under nvshim-nri: raw adjustment",
         &format!("GPU 1 ({}", gpu.uuid),
         "device  /dev/nvidia0  c 195:0",
         "cgroup  allow c 195:0 rwm",
@@ -847,6 +848,17 @@ fn explain_cdi_request_groups_by_device_and_spec() {
     // Index 0 is /dev/nvidia1.
     assert_eq!(groups[1]["deviceNodes"][0]["path"], "/dev/nvidia1");
     assert_eq!(groups[1]["cgroupRules"][0]["minor"], 1);
+    // What nvshim-nri would answer instead (nri/src/adjust.rs takes the same choice).
+    let nri = e["nri"].as_str().unwrap();
+    assert!(
+        nri.starts_with("NRI CDI injection on containerd 2.1+ and CRI-O 1.34+"),
+        "{nri}"
+    );
+    let text = explain_text(&w, &["--bundle", b.dir().to_str().unwrap()]);
+    assert!(
+        text.contains("Under nvshim-nri: NRI CDI injection"),
+        "{text}"
+    );
 }
 
 /// containerd 2.x, CRI-O and podman apply CDI devices themselves; the spec's
