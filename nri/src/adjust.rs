@@ -26,6 +26,9 @@ pub struct Options {
     pub no_hooks: bool,
     /// Answer CDI requests with raw edits even where the engine injects CDI devices.
     pub no_native_cdi: bool,
+    /// The runtime handlers whose pods `nvshim-runtime` serves (the `nvidia` runtime class):
+    /// their config.json, which NRI does not show, has the GPUs.
+    pub runtime_handlers: Vec<String>,
 }
 
 pub use nvshim::nri_answer::How;

@@ -42,6 +42,15 @@ struct Cli {
     /// CDI devices itself.
     #[arg(long)]
     no_native_cdi: bool,
+    /// A runtime handler whose pods nvshim-runtime serves (the name `nvshim runtime
+    /// configure --runtime-name` gave it): their containers are not stopped or refused for
+    /// what NRI cannot see in their config.json. Repeat for several.
+    #[arg(
+        long = "runtime-handler",
+        value_name = "NAME",
+        default_value = "nvidia"
+    )]
+    runtime_handlers: Vec<String>,
     /// Say what the plugin would answer for a container of this config.json (native CDI or
     /// raw adjustments, hooks or not) and exit, without connecting.
     #[arg(long, value_name = "CONFIG_JSON")]
@@ -154,6 +163,7 @@ fn main() -> anyhow::Result<()> {
     let options = Options {
         no_hooks: cli.no_hooks,
         no_native_cdi: cli.no_native_cdi,
+        runtime_handlers: cli.runtime_handlers.clone(),
     };
     if let Some(path) = &cli.explain {
         let engine = Engine {

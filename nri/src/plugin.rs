@@ -140,7 +140,7 @@ impl Handler {
         };
         let config = Config::load(&self.config).map_err(|e| refuse(&e))?;
         // The `nvidia` runtime class's nvshim-runtime rewrites such nodes itself.
-        if !runtime_class_pod(pod) {
+        if !self.runtime_class_pod(pod) {
             adjust::engine_devices_in_user_namespace(&config, container).map_err(|e| refuse(&e))?;
         }
         let tools = self.tools(&config);
@@ -212,6 +212,11 @@ impl Handler {
         result
     }
 
+    /// A pod of a runtime class whose handler is nvshim-runtime (`--runtime-handler`).
+    fn runtime_class_pod(&self, pod: &nri::PodSandbox) -> bool {
+        self.options.runtime_handlers.contains(&pod.runtime_handler)
+    }
+
     /// What the container lacks of its request, planned again as it now is.
     fn unserved(&self, container: &nri::Container) -> Option<Unserved> {
         let engine = self
@@ -278,7 +283,7 @@ impl Handler {
             let pod = req.pods.iter().find(|p| p.id == c.pod_sandbox_id);
             // A runtime-class pod's nvshim-runtime served it in config.json, which NRI does
             // not show.
-            if state == CONTAINER_STOPPED || pod.is_some_and(runtime_class_pod) {
+            if state == CONTAINER_STOPPED || pod.is_some_and(|p| self.runtime_class_pod(p)) {
                 continue;
             }
             let Some(u) = self.unserved(c) else {
@@ -319,12 +324,6 @@ fn event_target(pod: Option<&nri::PodSandbox>, container: &nri::Container) -> Op
         uid: pod.uid.clone(),
         container: Some(container.name.clone()).filter(|n| !n.is_empty()),
     })
-}
-
-/// A pod of the `nvidia` runtime class (the handler `nvshim runtime configure` installs:
-/// src/ops/engine's `DEFAULT_RUNTIME_NAME`), whose containers nvshim-runtime serves.
-fn runtime_class_pod(pod: &nri::PodSandbox) -> bool {
-    pod.runtime_handler == "nvidia"
 }
 
 /// What a container lacks of its request.
@@ -551,4 +550,28 @@ pub fn session(conn: &Connection, handler: Arc<Handler>) -> Result<(), PluginErr
     server.shutdown();
     result?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pods nvshim-runtime serves are those of the handlers named, `nvidia` where the
+    /// command line names none (main.rs's default), or another `--runtime-name`.
+    #[test]
+    fn runtime_class_pods_are_those_of_the_named_handlers() {
+        let options = Options {
+            runtime_handlers: vec!["nvidia".into(), "gpu".into()],
+            ..Options::default()
+        };
+        let handler = Handler::new("/nonexistent/config.toml".into(), options, true);
+        let pod = |h: &str| nri::PodSandbox {
+            runtime_handler: h.into(),
+            ..Default::default()
+        };
+        assert!(handler.runtime_class_pod(&pod("nvidia")));
+        assert!(handler.runtime_class_pod(&pod("gpu")));
+        assert!(!handler.runtime_class_pod(&pod("runc")));
+        assert!(!handler.runtime_class_pod(&pod("")));
+    }
 }
