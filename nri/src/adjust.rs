@@ -211,19 +211,7 @@ pub fn container_of(doc: &Value) -> nri::Container {
             .into_iter()
             .map(String::from)
             .collect(),
-        mounts: list(doc, "/mounts")
-            .iter()
-            .map(|m| nri::Mount {
-                destination: str_of(m, "destination").into(),
-                type_: str_of(m, "type").into(),
-                source: str_of(m, "source").into(),
-                options: strings(m.get("options"))
-                    .into_iter()
-                    .map(String::from)
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
+        mounts: list(doc, "/mounts").iter().map(nri_mount).collect(),
         annotations: doc
             .get("annotations")
             .and_then(Value::as_object)
@@ -544,6 +532,20 @@ fn optional_u32(d: &Value, key: &str) -> Option<nri::OptionalUInt32> {
 
 /// What the plan changed in the document, as an NRI adjustment: env set or removed, mounts
 /// added or removed (a `-` before the destination removes), device nodes and cgroup rules
+/// An OCI mount (config.json's shape) as NRI's.
+fn nri_mount(m: &Value) -> nri::Mount {
+    nri::Mount {
+        destination: str_of(m, "destination").into(),
+        type_: str_of(m, "type").into(),
+        source: str_of(m, "source").into(),
+        options: strings(m.get("options"))
+            .into_iter()
+            .map(String::from)
+            .collect(),
+        ..Default::default()
+    }
+}
+
 /// and hooks added.
 pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
     let mut adjust = nri::ContainerAdjustment::new();
@@ -581,16 +583,7 @@ pub fn diff(before: &Value, after: &Value) -> nri::ContainerAdjustment {
     }
     for m in mounts_after {
         if !mounts_before.contains(m) {
-            adjust.mounts.push(nri::Mount {
-                destination: str_of(m, "destination").into(),
-                type_: str_of(m, "type").into(),
-                source: str_of(m, "source").into(),
-                options: strings(m.get("options"))
-                    .into_iter()
-                    .map(String::from)
-                    .collect(),
-                ..Default::default()
-            });
+            adjust.mounts.push(nri_mount(m));
         }
     }
     let devices = added_devices(before, after);

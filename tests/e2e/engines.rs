@@ -1636,6 +1636,30 @@ mod cri {
     use k8s_cri::v1::*;
     use tonic::transport::{Channel, Endpoint, Uri};
 
+    /// The one-thread runtime a test drives its CRI calls on.
+    pub fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A pod's own user namespace, as the kubelet asks for `hostUsers: false`: ids 0..SIZE
+    /// mapped from HOST_ID (tests/e2e/userns.rs's mapping).
+    pub fn pod_user_namespace() -> UserNamespace {
+        use super::super::userns::{HOST_ID, SIZE};
+        let map = vec![IdMapping {
+            host_id: HOST_ID,
+            container_id: 0,
+            length: SIZE,
+        }];
+        UserNamespace {
+            mode: NamespaceMode::Pod as i32,
+            uids: map.clone(),
+            gids: map,
+        }
+    }
+
     pub async fn connect(sock: &Path) -> Channel {
         let sock = sock.to_path_buf();
         Endpoint::try_from("http://[::]:50051")
@@ -2020,10 +2044,7 @@ fn containerd_cri_runs_gpu_pods_with_runtime_handler_nvidia() {
     ctd.import_images("k8s.io");
     let script = script(&w);
 
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;
@@ -2121,7 +2142,7 @@ fn containerd_cri_runs_gpu_pods_in_a_user_namespace() {
         );
         return;
     }
-    use super::userns::{problems, script, HOST_ID, SIZE};
+    use super::userns::{problems, script};
     let _one_engine = serial();
     let w = World::builder().spec_dirs(SpecDirs::Run).build();
     // runc init and the hook run as host uid 100000: the bundles and the fake host below the
@@ -2135,21 +2156,9 @@ fn containerd_cri_runs_gpu_pods_in_a_user_namespace() {
     let ctd = Containerd::start(&w, &d);
     ctd.import_images("k8s.io");
     let script = script();
-    let map = vec![k8s_cri::v1::IdMapping {
-        host_id: HOST_ID,
-        container_id: 0,
-        length: SIZE,
-    }];
-    let userns = k8s_cri::v1::UserNamespace {
-        mode: k8s_cri::v1::NamespaceMode::Pod as i32,
-        uids: map.clone(),
-        gids: map,
-    };
+    let userns = cri::pod_user_namespace();
 
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod_in(channel, "nvidia", &d.join("pods"), Some(userns)).await;
@@ -2210,10 +2219,7 @@ fn containerd_cri_refused_request_fails_the_container_with_the_reason() {
     let gpu = w.gpu(1);
     let node = w.host.dev_root().join(format!("dev/nvidia{}", gpu.minor));
     let container_node = format!("/dev/nvidia{}", gpu.minor);
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;

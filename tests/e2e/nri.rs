@@ -317,10 +317,7 @@ fn nri_plugin_serves_gpu_requests_through_containerd_cri() {
     let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let mut plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
     let script = script(&w);
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
@@ -520,10 +517,7 @@ fn nri_plugin_serves_mig_and_imex_requests() {
     .collect();
     want_caps.sort_unstable();
     let script = script(&w);
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
@@ -629,10 +623,7 @@ fn nri_plugin_restarted_finds_containers_created_without_it() {
     let nri_sock = d.join("nri.sock");
     let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let script = script(&w);
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
     for (mode, extra) in [("mandatory", &["--mandatory"][..]), ("fail-open", &[][..])] {
         let plugin_dir = d.join(mode);
@@ -741,10 +732,7 @@ fn nri_plugin_without_hooks_still_gives_libcuda_so_1() {
     let lib = w.host.container_lib_path("libcuda");
     let soname = format!("{}/libcuda.so.1", lib.rsplit_once('/').unwrap().0);
     let host_sum = sha256(&w.host.host_path(&lib));
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
@@ -796,7 +784,7 @@ fn nri_plugin_serves_a_user_namespaced_pod() {
         eprintln!("skipped: no NRI or no user-namespaced pods in this containerd");
         return;
     }
-    use super::super::userns::{problems, script, HOST_ID, SIZE};
+    use super::super::userns::{problems, script};
     let _one_engine = serial();
     let w = World::builder().spec_dirs(SpecDirs::Run).build();
     // runc init and the hook run as host uid 100000: the fake host must be reachable.
@@ -808,20 +796,8 @@ fn nri_plugin_serves_a_user_namespaced_pod() {
     let ctd = Engine::start(&w, &d.join("ctd"), &nri_sock);
     let plugin = start_plugin(&w, &d, &nri_sock, &[], &[]);
     let script = script();
-    let map = vec![k8s_cri::v1::IdMapping {
-        host_id: HOST_ID,
-        container_id: 0,
-        length: SIZE,
-    }];
-    let userns = k8s_cri::v1::UserNamespace {
-        mode: k8s_cri::v1::NamespaceMode::Pod as i32,
-        uids: map.clone(),
-        gids: map,
-    };
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let userns = cri::pod_user_namespace();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(ctd.sock()).await;
         let mut pod = cri::run_pod_in(channel, "runc", &d.join("pods"), Some(userns)).await;
@@ -928,10 +904,7 @@ fn nri_required_refuses_containers_while_the_plugin_is_absent() {
     ctd.import_images("k8s.io");
     let script = script(&w);
     let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod(channel, "runc", &d.join("pods")).await;
@@ -1032,10 +1005,7 @@ fn nri_plugin_beside_the_nvidia_runtime_class() {
         "{}\nawk '{{print \"MOUNTPOINT \" $5}}' /proc/self/mountinfo\nsleep 1\n",
         script(&w)
     );
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     tokio.block_on(async {
         let channel = cri::connect(&ctd.sock).await;
         let mut pod = cri::run_pod(channel, "nvidia", &d.join("pods")).await;
@@ -1271,10 +1241,7 @@ fn nri_plugin_puts_a_warning_event_on_the_pod() {
     let script = script(&w);
     let api = events_endpoint(&d.join("api"));
     let env = [("NVIDIA_VISIBLE_DEVICES", "1")];
-    let tokio = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let tokio = cri::runtime();
     for (mode, reason) in [
         ("fail-open", "GPUsMissing"),
         ("mandatory", "GPURequestRefused"),
